@@ -1,0 +1,17 @@
+"""Records, archives and seed templates: the part of evo every other package builds on.
+
+This package imports nothing else of ours (see DESIGN.md's import rule).
+"""
+from ._codec import SCHEMA_VERSION, CodecError, decode, encode, from_plain, to_plain
+from ._expr import ExprError, evaluate
+from ._plan import Launch, LaunchPlan, PlanError, ResolvedLaunch, TensorMapSpec
+from ._records import Candidate, Evaluation, KernelStats, Status, TimerResult, candidate_id
+from ._shape import Shape, ShapeError
+
+__all__ = [
+    "SCHEMA_VERSION", "CodecError", "decode", "encode", "from_plain", "to_plain",
+    "ExprError", "evaluate",
+    "Launch", "LaunchPlan", "PlanError", "ResolvedLaunch", "TensorMapSpec",
+    "Candidate", "Evaluation", "KernelStats", "Status", "TimerResult", "candidate_id",
+    "Shape", "ShapeError",
+]

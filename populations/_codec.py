@@ -1,0 +1,109 @@
+"""Versioned msgpack encoding of records.
+
+Every encoded record is a msgpack map ``{"v": SCHEMA_VERSION, "kind": ..., ...}``. Decoding
+accepts every version up to the current one (older ones are upgraded here, in one place) and
+refuses newer ones with a clear error rather than guessing.
+"""
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgpack
+
+from ._plan import LaunchPlan
+from ._records import Candidate, Evaluation, KernelStats, Status, TimerResult
+from ._shape import Shape
+
+__all__ = ["SCHEMA_VERSION", "CodecError", "encode", "decode", "to_plain", "from_plain"]
+
+SCHEMA_VERSION = 1
+Record = Union[Candidate, Evaluation]
+
+
+class CodecError(ValueError):
+    """Bytes that are not a record this version of evo can read."""
+
+
+def to_plain(record: Record) -> dict[str, Any]:
+    """A record as plain msgpack/JSON-able data (also the ``evo inspect --json`` form)."""
+    if isinstance(record, Candidate):
+        return {
+            "v": SCHEMA_VERSION, "kind": "candidate", "id": record.id,
+            "source": record.source, "plan": record.plan.to_dict(),
+            "shapes": [str(s) for s in record.shapes], "generic": record.generic,
+            "template": record.template, "knobs": dict(record.knobs) if record.knobs is not None else None,
+            "parents": list(record.parents), "operator": record.operator,
+            "model": record.model, "adapter": record.adapter,
+            "prompt": record.prompt, "completion": record.completion,
+            "generation": record.generation, "created": record.created, "meta": dict(record.meta),
+        }
+    if isinstance(record, Evaluation):
+        return {
+            "v": SCHEMA_VERSION, "kind": "evaluation", "candidate_id": record.candidate_id,
+            "shape": str(record.shape), "status": record.status.value, "message": record.message,
+            "timers": {name: _timer_plain(t) for name, t in sorted(record.timers.items())},
+            "kernels": [k.__dict__.copy() for k in record.kernels], "flags": list(record.flags),
+            "max_error": record.max_error, "compile_s": record.compile_s,
+            "correctness_s": record.correctness_s, "timing_s": record.timing_s,
+            "arch": record.arch, "provenance": dict(record.provenance), "created": record.created,
+        }
+    raise TypeError(f"cannot encode {type(record).__name__}")
+
+
+def _timer_plain(t: TimerResult) -> dict[str, Any]:
+    d = dict(t.__dict__)
+    d["speedup"] = t.speedup
+    return d
+
+
+def from_plain(d: Any) -> Record:
+    """Inverse of :func:`to_plain`; raises :class:`CodecError` on anything malformed."""
+    if not isinstance(d, dict):
+        raise CodecError(f"a record must be a map, got {type(d).__name__}")
+    version = d.get("v")
+    if not isinstance(version, int) or version < 1:
+        raise CodecError(f"record has no valid schema version: {version!r}")
+    if version > SCHEMA_VERSION:
+        raise CodecError(f"record schema v{version} is newer than this evo (v{SCHEMA_VERSION}); upgrade evo")
+    try:
+        kind = d["kind"]
+        if kind == "candidate":
+            return Candidate(
+                id=d["id"], source=d["source"], plan=LaunchPlan.from_dict(d["plan"]),
+                shapes=tuple(Shape.parse(s) for s in d["shapes"]), generic=bool(d["generic"]),
+                template=d.get("template"), knobs=d.get("knobs"), parents=tuple(d.get("parents") or ()),
+                operator=d.get("operator", "seed"), model=d.get("model"), adapter=d.get("adapter"),
+                prompt=d.get("prompt"), completion=d.get("completion"),
+                generation=int(d.get("generation", 0)), created=float(d["created"]), meta=d.get("meta") or {},
+            )
+        if kind == "evaluation":
+            timers = {}
+            for name, t in (d.get("timers") or {}).items():
+                t = {k: v for k, v in t.items() if k != "speedup"}
+                timers[name] = TimerResult(**t)
+            return Evaluation(
+                candidate_id=d["candidate_id"], shape=Shape.parse(d["shape"]), status=Status(d["status"]),
+                message=d.get("message", ""), timers=timers,
+                kernels=tuple(KernelStats(**k) for k in d.get("kernels") or ()),
+                flags=tuple(d.get("flags") or ()), max_error=d.get("max_error"),
+                compile_s=float(d.get("compile_s", 0.0)), correctness_s=float(d.get("correctness_s", 0.0)),
+                timing_s=float(d.get("timing_s", 0.0)), arch=d.get("arch", ""),
+                provenance=d.get("provenance") or {}, created=float(d["created"]),
+            )
+    except CodecError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CodecError(f"malformed {d.get('kind', 'record')}: {exc}") from None
+    raise CodecError(f"unknown record kind {d.get('kind')!r}")
+
+
+def encode(record: Record) -> bytes:
+    return msgpack.packb(to_plain(record), use_bin_type=True)
+
+
+def decode(data: bytes) -> Record:
+    try:
+        plain = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise CodecError(f"not msgpack: {exc}") from None
+    return from_plain(plain)

@@ -1,0 +1,69 @@
+"""The plan/constraint expression language: what it computes and what it refuses."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from populations._expr import ExprError, check_expr, evaluate, names_in, substitute
+
+
+@pytest.mark.parametrize(
+    "text, env, value",
+    [
+        ("cdiv(N, 128)", {"N": 257}, 3),
+        ("min(M, 64) * max(K // 2, 1)", {"M": 100, "K": 1}, 64),
+        ("BM % WM == 0 and SMEM <= 232448", {"BM": 128, "WM": 64, "SMEM": 1000}, 1),
+        ("1 if K >= 4096 else 0", {"K": 8192}, 1),
+        ("round_up(M, 16)", {"M": 17}, 32),
+        ("not (M > 1)", {"M": 1}, 1),
+        ("2 ** 10", {}, 1024),
+        ("1 << 4 | 1", {}, 17),
+        (64, {}, 64),
+    ],
+)
+def test_evaluates(text, env, value) -> None:
+    assert evaluate(text, env) == value
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__import__('os').system('true')",
+        "M.real",
+        "[1, 2]",
+        "lambda: 1",
+        "open('x')",
+        "M if",
+        "1.5 * M",
+        "'abc'",
+        "x := 3",
+        "M[0]",
+        "cdiv(N, b=2)",
+        "a" * 2000,
+    ],
+)
+def test_refuses_code_outside_the_language(text) -> None:
+    with pytest.raises(ExprError):
+        evaluate(text, {"M": 1, "N": 2})
+
+
+@pytest.mark.parametrize("text", ["M // 0", "M % 0", "cdiv(M, 0)", "2 ** 100", "1 << 80", "M ** -1", "Q + 1"])
+def test_runtime_errors_are_expr_errors(text) -> None:
+    with pytest.raises(ExprError):
+        evaluate(text, {"M": 3})
+
+
+def test_names_and_check() -> None:
+    assert names_in("cdiv(N, BN) * SPLIT_K") == {"N", "BN", "SPLIT_K"}
+    check_expr("cdiv(N, BN)", {"N", "BN"})
+    with pytest.raises(ExprError, match="unknown name"):
+        check_expr("cdiv(N, BN)", {"N"})
+
+
+@given(st.integers(1, 10**6), st.integers(1, 4096))
+def test_substitute_agrees_with_evaluate(n: int, bn: int) -> None:
+    text = "cdiv(N, BN) * 2 + BN"
+    partial = substitute(text, {"BN": bn})
+    assert isinstance(partial, str) and "BN" not in names_in(partial)
+    assert evaluate(partial, {"N": n}) == evaluate(text, {"N": n, "BN": bn})
+    assert substitute(text, {"N": n, "BN": bn}) == evaluate(text, {"N": n, "BN": bn})

@@ -7,6 +7,8 @@ from ._expr import ExprError, evaluate
 from ._plan import Launch, LaunchPlan, PlanError, ResolvedLaunch, TensorMapSpec
 from ._records import Candidate, Evaluation, KernelStats, Status, TimerResult, candidate_id
 from ._shape import Shape, ShapeError
+from ._knobs import Constraint, Knob, KnobSpace, TemplateError
+from ._template import Template, load_template, load_templates
 
 __all__ = [
     "SCHEMA_VERSION", "CodecError", "decode", "encode", "from_plain", "to_plain",
@@ -14,4 +16,5 @@ __all__ = [
     "Launch", "LaunchPlan", "PlanError", "ResolvedLaunch", "TensorMapSpec",
     "Candidate", "Evaluation", "KernelStats", "Status", "TimerResult", "candidate_id",
     "Shape", "ShapeError",
+    "Constraint", "Knob", "KnobSpace", "TemplateError", "Template", "load_template", "load_templates",
 ]

@@ -1,0 +1,243 @@
+"""Knob spaces: the tunable parameters of a seed template, as data.
+
+A :class:`KnobSpace` holds the knobs (each a finite domain), derived integer expressions of the
+knobs (and of ``M``, ``N``, ``K`` where they must be), and constraints with the reason each one
+exists. Every knob set is checked here, before anything is rendered or compiled, so an invalid
+combination is refused with a sentence a person (or an LLM operator) can act on.
+
+Knob values are ints, bools or strings. In expressions (and in the ``#define`` header) a bool
+is 0/1 and a string is its index in the knob's ``values``; each string value ``v`` of knob
+``X`` also binds the name ``X_v`` to its index, so ``EPI == EPI_smem`` reads the same in a
+constraint and in ``#if`` of the CUDA source.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+from ._expr import ExprError, check_expr, evaluate
+from ._shape import Shape
+
+__all__ = ["AXES", "SHAPE_NAMES", "Knob", "Constraint", "KnobSpace", "TemplateError", "KnobValue", "knob_key", "LITERALS"]
+
+KnobValue = Any  # int | bool | str
+#: The four search axes of the brief plus a few more; each knob belongs to one.
+AXES = ("tiling", "loops", "padding", "swizzle", "splitk", "epilogue", "schedule", "other")
+SHAPE_NAMES = frozenset({"M", "N", "K"})
+#: ``when = "true"`` reads naturally in TOML; these two names are bound everywhere.
+LITERALS = {"true": 1, "false": 0}
+_RESERVED = SHAPE_NAMES | set(LITERALS) | {"lda", "ldb", "ldc", "A", "B", "C", "workspace"}
+
+
+class TemplateError(ValueError):
+    """A template folder, a knob set or a render request that is invalid; the message says why."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable parameter with a finite domain."""
+
+    name: str
+    values: tuple[KnobValue, ...]
+    default: KnobValue
+    axis: str = "other"
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier() or self.name in _RESERVED:
+            raise TemplateError(f"knob name {self.name!r} must be a C identifier and not one of {sorted(_RESERVED)}")
+        if not self.values:
+            raise TemplateError(f"knob {self.name}: values must be a non-empty list")
+        kinds = {_kind(v) for v in self.values}
+        if len(kinds) != 1 or None in kinds:
+            raise TemplateError(f"knob {self.name}: values must all be ints, all bools or all strings, got {list(self.values)}")
+        if len(set(self.values)) != len(self.values):
+            raise TemplateError(f"knob {self.name}: duplicate values in {list(self.values)}")
+        if self.kind == "str" and not all(v.isidentifier() for v in self.values):
+            raise TemplateError(f"knob {self.name}: string values must be identifiers, got {list(self.values)}")
+        if _kind(self.default) != self.kind or self.default not in self.values:
+            raise TemplateError(f"knob {self.name}: default {self.default!r} is not one of its values {list(self.values)}")
+        if self.axis not in AXES:
+            raise TemplateError(f"knob {self.name}: axis {self.axis!r} is not one of {AXES}")
+
+    @property
+    def kind(self) -> str:
+        return _kind(self.values[0])  # type: ignore[return-value]
+
+    def as_int(self, value: KnobValue) -> int:
+        """The value as the integer that expressions and the ``#define`` header see."""
+        if self.kind == "str":
+            return self.values.index(value)
+        return int(value)
+
+    def aliases(self) -> dict[str, int]:
+        """``NAME_value -> index`` for string knobs (empty otherwise)."""
+        if self.kind != "str":
+            return {}
+        return {f"{self.name}_{v}": i for i, v in enumerate(self.values)}
+
+
+def _kind(value: Any) -> Optional[str]:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, str):
+        return "str"
+    return None
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A boolean expression that must hold, and the reason shown when it does not."""
+
+    expr: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class KnobSpace:
+    """Knobs, derived expressions (in order) and constraints of one template."""
+
+    knobs: Mapping[str, Knob]
+    derived: Mapping[str, str] = field(default_factory=dict)
+    constraints: tuple[Constraint, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = set(self.knobs) | set(self.aliases())
+        for name, expr in self.derived.items():
+            if not name.isidentifier() or name in _RESERVED or name in names:
+                raise TemplateError(f"derived name {name!r} clashes with a knob or a reserved name, or is not an identifier")
+            try:
+                check_expr(expr, names | SHAPE_NAMES)
+            except ExprError as exc:
+                raise TemplateError(f"derived {name}: {exc}") from None
+            names.add(name)
+        for c in self.constraints:
+            if not c.reason.strip():
+                raise TemplateError(f"constraint {c.expr!r} needs a reason")
+            try:
+                check_expr(c.expr, names | SHAPE_NAMES)
+            except ExprError as exc:
+                raise TemplateError(f"constraint {c.expr!r}: {exc}") from None
+
+    # -- names ----------------------------------------------------------------------------
+    def aliases(self) -> dict[str, int]:
+        out: dict[str, int] = dict(LITERALS)
+        for knob in self.knobs.values():
+            out.update(knob.aliases())
+        return out
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Every name an expression of this space may use, shape names included."""
+        return frozenset(self.knobs) | frozenset(self.aliases()) | frozenset(self.derived) | SHAPE_NAMES
+
+    def shape_dependent(self) -> frozenset[str]:
+        """Derived names whose value needs M, N or K."""
+        from ._expr import names_in
+
+        dep: set[str] = set()
+        for name, expr in self.derived.items():
+            if names_in(expr) & (SHAPE_NAMES | dep):
+                dep.add(name)
+        return frozenset(dep)
+
+    # -- knob sets ------------------------------------------------------------------------
+    def defaults(self) -> dict[str, KnobValue]:
+        return {name: k.default for name, k in self.knobs.items()}
+
+    def complete(self, knobs: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
+        """``knobs`` with every missing knob at its default. Unknown names are kept (check() refuses them)."""
+        out = self.defaults()
+        out.update(knobs)
+        return out
+
+    def env(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None) -> dict[str, int]:
+        """Integer bindings of knobs, aliases and derived values (shape-dependent ones only with a shape)."""
+        full = self.complete(knobs)
+        env: dict[str, int] = dict(self.aliases())
+        for name, knob in self.knobs.items():
+            env[name] = knob.as_int(full[name])
+        if shape is not None:
+            env.update(shape.env())
+        dependent = self.shape_dependent()
+        for name, expr in self.derived.items():
+            if shape is None and name in dependent:
+                continue
+            env[name] = evaluate(expr, env)
+        return env
+
+    def check(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None) -> list[str]:
+        """Reasons the knob set is invalid (for this shape, when given); empty when it is valid.
+
+        Without a shape, constraints that mention M, N or K (or shape-dependent derived values)
+        are skipped: they are checked again when a shape is known.
+        """
+        reasons = []
+        for name, value in knobs.items():
+            knob = self.knobs.get(name)
+            if knob is None:
+                reasons.append(f"unknown knob {name!r} (known: {', '.join(self.knobs)})")
+            elif _kind(value) != knob.kind or value not in knob.values:
+                reasons.append(f"{name}={value!r} is not one of {list(knob.values)}")
+        if reasons:
+            return reasons
+        try:
+            env = self.env(knobs, shape)
+        except ExprError as exc:
+            return [f"derived values cannot be computed: {exc}"]
+        from ._expr import names_in
+
+        for c in self.constraints:
+            if not names_in(c.expr) <= set(env):
+                continue  # needs a shape
+            try:
+                ok = evaluate(c.expr, env)
+            except ExprError as exc:
+                reasons.append(f"{c.reason} ({exc})")
+                continue
+            if not ok:
+                reasons.append(c.reason)
+        return reasons
+
+    def is_valid(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None) -> bool:
+        return not self.check(knobs, shape)
+
+    def random(self, rng: random.Random) -> dict[str, KnobValue]:
+        """One knob set drawn uniformly per knob (not necessarily valid)."""
+        return {name: rng.choice(k.values) for name, k in self.knobs.items()}
+
+    def sample(self, rng: random.Random, shape: Optional[Shape], n: int, *,
+               max_tries: int = 20000, exclude: Sequence[Mapping[str, KnobValue]] = ()) -> list[dict[str, KnobValue]]:
+        """Up to ``n`` distinct valid knob sets by rejection sampling (fewer if the space is small)."""
+        seen = {_key(k) for k in exclude}
+        out: list[dict[str, KnobValue]] = []
+        for _ in range(max_tries):
+            if len(out) >= n:
+                break
+            knobs = self.random(rng)
+            key = _key(knobs)
+            if key in seen:
+                continue
+            seen.add(key)
+            if self.is_valid(knobs, shape):
+                out.append(knobs)
+        return out
+
+    def size(self) -> int:
+        """Number of knob combinations before constraints."""
+        total = 1
+        for k in self.knobs.values():
+            total *= len(k.values)
+        return total
+
+
+def _key(knobs: Mapping[str, KnobValue]) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in knobs.items()))
+
+
+def knob_key(knobs: Mapping[str, KnobValue]) -> tuple:
+    """A hashable identity of a knob set (for de-duplication)."""
+    return _key(knobs)

@@ -1,0 +1,351 @@
+"""Seed templates: a CUDA source plus a knob space and a launch plan, all loaded from data.
+
+Each folder under ``populations/templates/`` holds ``template.toml`` and the CUDA file it names
+(docs/contracts.md §2 is the format). Rendering a knob set prepends ``#define`` lines (knobs,
+knob-only derived values, the layout, and M/N/K when specialised) to the source and substitutes
+the knob values into the plan, giving a :class:`~populations.Candidate` for one shape.
+
+One optional key beyond §2: ``applies = "M <= 128 or N <= 128"``, an expression of M, N, K
+that says for which shapes a template is meant at all (the tiny latency family uses it).
+"""
+from __future__ import annotations
+
+import ast
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union
+
+from ._expr import ExprError, check_expr, evaluate, names_in, substitute
+from ._knobs import LITERALS, SHAPE_NAMES, Constraint, Knob, KnobSpace, KnobValue, TemplateError, knob_key
+from ._plan import Launch, LaunchPlan, PlanError, TensorMapSpec
+from ._records import Candidate
+from ._shape import CONTRACTS, LAYOUTS, Shape
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["Template", "load_template", "load_templates", "TEMPLATES_DIR", "parse_arch"]
+
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+FAMILIES = ("A", "B", "T")
+_TOP_KEYS = {"name", "family", "description", "min_arch", "arch_features", "layouts", "contracts",
+             "source", "knobs", "derived", "constraints", "heuristic", "plan", "applies"}
+_REQUIRED = {"name", "family", "min_arch", "layouts", "contracts", "source", "knobs", "plan"}
+_KNOB_KEYS = {"values", "default", "axis", "doc"}
+_PLAN_KEYS = {"workspace", "zero_workspace", "launches", "tensor_maps"}
+_LAUNCH_KEYS = {"kernel", "grid", "block", "smem", "args", "when"}
+_TMAP_KEYS = {"matrix", "box", "swizzle"}
+_POINTERS = {"A", "B", "C", "workspace"}
+_LD_NAMES = {"lda", "ldb", "ldc"}
+_FEATURES = {"sm_90a"}
+_SHAPE_ONLY = SHAPE_NAMES | set(LITERALS)
+
+
+def _shape_env(shape: Shape) -> dict[str, int]:
+    return {**LITERALS, **shape.env()}
+
+
+def parse_arch(arch: Union[int, str]) -> tuple[int, bool]:
+    """``80``, ``"sm_80"``, ``"90"``, ``"sm_90a"`` -> (compute capability as int, arch-specific 'a')."""
+    if isinstance(arch, int) and not isinstance(arch, bool):
+        return arch, False
+    text = str(arch).strip().lower().removeprefix("sm_").removeprefix("compute_")
+    special = text.endswith("a")
+    try:
+        return int(text.rstrip("a")), special
+    except ValueError:
+        raise TemplateError(f"cannot parse architecture {arch!r}; use e.g. 80, 'sm_80' or 'sm_90a'") from None
+
+
+@dataclass(frozen=True)
+class Template:
+    """One seed template (see the module docstring)."""
+
+    name: str
+    family: str
+    description: str
+    min_arch: int
+    arch_features: tuple[str, ...]
+    layouts: tuple[str, ...]
+    contracts: tuple[str, ...]
+    source_name: str
+    source_text: str
+    space: KnobSpace
+    heuristics: tuple[tuple[str, Mapping[str, KnobValue]], ...]
+    plan_spec: Mapping[str, Any]
+    applies: str = "true"
+    path: Optional[Path] = None
+
+    # -- applicability ---------------------------------------------------------------------
+    def supports_arch(self, arch: Union[int, str]) -> bool:
+        cc, _ = parse_arch(arch)
+        if cc < self.min_arch:
+            return False
+        if "sm_90a" in self.arch_features and cc != 90:
+            return False  # arch-specific features exist on exactly compute capability 9.0
+        return True
+
+    def applicable(self, shape: Shape, arch: Union[int, str] = 90) -> bool:
+        """True when this template is meant for ``shape`` on ``arch`` (layout, contract, arch, ``applies``)."""
+        if shape.layout not in self.layouts or shape.contract not in self.contracts:
+            return False
+        if not self.supports_arch(arch):
+            return False
+        return bool(evaluate(self.applies, _shape_env(shape)))
+
+    def compile_arch(self, arch: Union[int, str]) -> str:
+        """The NVRTC/nvcc target for this template on ``arch`` (``sm_90a`` when it needs arch features)."""
+        cc, _ = parse_arch(arch)
+        return f"sm_{cc}a" if "sm_90a" in self.arch_features else f"sm_{cc}"
+
+    # -- knob sets -------------------------------------------------------------------------
+    def check(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None) -> list[str]:
+        """Reasons ``knobs`` (missing ones at their defaults) is invalid; empty when valid."""
+        reasons = self.space.check(self.space.complete(knobs), shape)
+        if shape is not None and not reasons:
+            if shape.layout not in self.layouts:
+                reasons.append(f"layout {shape.layout} is not one of {list(self.layouts)}")
+            if shape.contract not in self.contracts:
+                reasons.append(f"contract {shape.contract} is not one of {list(self.contracts)}")
+        return reasons
+
+    def heuristic(self, shape: Shape) -> list[dict[str, KnobValue]]:
+        """The valid knob sets of every ``[[heuristic]]`` rule whose ``when`` holds, first rules first.
+
+        Falls back to the defaults (when valid) so a shape always gets a first pick if one exists.
+        """
+        out: list[dict[str, KnobValue]] = []
+        seen: set = set()
+        picks = [self.space.complete(k) for when, k in self.heuristics if evaluate(when, _shape_env(shape))]
+        picks.append(self.space.defaults())
+        for knobs in picks:
+            key = knob_key(knobs)
+            if key in seen or self.check(knobs, shape):
+                continue
+            seen.add(key)
+            out.append(knobs)
+        return out
+
+    def sample(self, rng: Union[random.Random, int], shape: Optional[Shape], n: int) -> list[dict[str, KnobValue]]:
+        """Up to ``n`` distinct valid knob sets drawn at random (fewer when the space is small)."""
+        if not isinstance(rng, random.Random):
+            rng = random.Random(rng)
+        return self.space.sample(rng, shape, n)
+
+    # -- rendering -------------------------------------------------------------------------
+    def render(self, knobs: Mapping[str, KnobValue], shape: Shape, specialize: bool = False) -> tuple[str, LaunchPlan]:
+        """(source, plan) for ``knobs`` at ``shape``; raises :class:`TemplateError` with the reasons when invalid."""
+        full = self.space.complete(knobs)
+        reasons = self.check(full, shape)
+        if reasons:
+            raise TemplateError(f"template {self.name}: invalid knobs for {shape}: " + "; ".join(reasons))
+        env = self.space.env(full, None)  # knob-level bindings only
+        header = [f"// evo template {self.name} (family {self.family}); generated, do not edit",
+                  f"#define EVO_LAYOUT_{shape.layout} 1"]
+        for name, knob in self.space.knobs.items():
+            if knob.kind == "str":
+                header += [f"#define {alias} {value}" for alias, value in knob.aliases().items()]
+            header.append(f"#define {name} {knob.as_int(full[name])}")
+        dependent = self.space.shape_dependent()
+        for name in self.space.derived:
+            if name not in dependent:
+                header.append(f"#define {name} {env[name]}")
+        if specialize:
+            header += [f"#define EVO_M {shape.m}", f"#define EVO_N {shape.n}", f"#define EVO_K {shape.k}"]
+        header.append(f'#line 1 "{self.source_name}"')
+        source = "\n".join(header) + "\n" + self.source_text
+        return source, self._plan(env, shape, specialize)
+
+    def candidate(self, knobs: Mapping[str, KnobValue], shape: Shape, specialize: bool = False,
+                  **provenance: Any) -> Candidate:
+        """A :class:`Candidate` for ``knobs`` at ``shape`` (``template`` and ``knobs`` set; generic unless specialised)."""
+        source, plan = self.render(knobs, shape, specialize)
+        provenance.setdefault("operator", "seed")
+        return Candidate(source=source, plan=plan, shapes=(shape,), generic=not specialize,
+                         template=self.name, knobs=self.space.complete(knobs), **provenance)
+
+    def _plan(self, env: dict[str, int], shape: Shape, specialize: bool) -> LaunchPlan:
+        bind = dict(env)
+        if specialize:
+            bind.update(shape.env())
+            bind.update(lda=shape.k, ldb=shape.k if shape.layout == "TN" else shape.n, ldc=shape.n)
+        inline = {n: self.space.derived[n] for n in self.space.shape_dependent()}
+
+        def expr(text: Any) -> Any:
+            if isinstance(text, str):
+                text = _inline(text, inline)
+            return substitute(text, bind)
+
+        spec = self.plan_spec
+        launches = []
+        try:
+            for lt in spec["launches"]:
+                if not evaluate(lt.get("when", "true"), env):
+                    continue
+                block = tuple(evaluate(b, env) for b in lt["block"])
+                args = tuple(a if a in _POINTERS or a.startswith("tmap:") else str(expr(a)) for a in lt["args"])
+                launches.append(Launch(kernel=lt["kernel"], grid=tuple(expr(g) for g in lt["grid"]),
+                                       block=block, smem=expr(lt.get("smem", 0)), args=args))
+            tmaps = {name: TensorMapSpec(matrix=t["matrix"], box=tuple(evaluate(b, env) for b in t["box"]),
+                                         swizzle=int(t.get("swizzle", 128)))
+                     for name, t in (spec.get("tensor_maps") or {}).items()}
+            return LaunchPlan(launches=tuple(launches), workspace=expr(spec.get("workspace", 0)),
+                              zero_workspace=bool(spec.get("zero_workspace", False)), tensor_maps=tmaps)
+        except (ExprError, PlanError) as exc:
+            raise TemplateError(f"template {self.name}: plan does not render for {shape}: {exc}") from None
+
+
+def _inline(text: str, derived: Mapping[str, str]) -> str:
+    """Replace shape-dependent derived names in ``text`` by their (parenthesised) expressions."""
+    if not derived or not (names_in(text) & set(derived)):
+        return text
+
+    class _Sub(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            if node.id in derived:
+                return ast.parse(_inline(derived[node.id], derived), mode="eval").body
+            return node
+
+    return ast.unparse(_Sub().visit(ast.parse(text.strip(), mode="eval")).body)
+
+
+# -- loading -------------------------------------------------------------------------------
+def load_template(folder: Union[str, Path]) -> Template:
+    """Load and validate one template folder; every problem raises :class:`TemplateError` naming the file."""
+    folder = Path(folder)
+    path = folder / "template.toml"
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise TemplateError(f"{path}: missing (every folder under {folder.parent} must hold a template.toml)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise TemplateError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return _build(folder, data)
+    except TemplateError as exc:
+        raise TemplateError(f"{path}: {exc}") from None
+    except (ExprError, PlanError, KeyError, TypeError, ValueError) as exc:
+        raise TemplateError(f"{path}: {type(exc).__name__}: {exc}") from None
+
+
+def _unknown(table: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    extra = set(table) - allowed
+    if extra:
+        raise TemplateError(f"unknown key(s) {sorted(extra)} in {where}; allowed: {sorted(allowed)}")
+
+
+def _build(folder: Path, data: Mapping[str, Any]) -> Template:
+    _unknown(data, _TOP_KEYS, "the top level")
+    missing = _REQUIRED - set(data)
+    if missing:
+        raise TemplateError(f"missing required key(s) {sorted(missing)}")
+    name = data["name"]
+    if name != folder.name:
+        raise TemplateError(f"name {name!r} must equal the folder name {folder.name!r}")
+    if data["family"] not in FAMILIES:
+        raise TemplateError(f"family {data['family']!r} is not one of {FAMILIES}")
+    layouts, contracts = tuple(data["layouts"]), tuple(data["contracts"])
+    if not layouts or not set(layouts) <= set(LAYOUTS):
+        raise TemplateError(f"layouts {list(layouts)} must be a non-empty subset of {list(LAYOUTS)}")
+    if not contracts or not set(contracts) <= set(CONTRACTS):
+        raise TemplateError(f"contracts {list(contracts)} must be a non-empty subset of {list(CONTRACTS)}")
+    features = tuple(data.get("arch_features", ()))
+    if not set(features) <= _FEATURES:
+        raise TemplateError(f"arch_features {list(features)} must be a subset of {sorted(_FEATURES)}")
+    if not isinstance(data["min_arch"], int) or data["min_arch"] < 70:
+        raise TemplateError(f"min_arch must be an integer compute capability such as 80, got {data['min_arch']!r}")
+    src = folder / data["source"]
+    if not src.is_file():
+        raise TemplateError(f"source {data['source']!r} does not exist in {folder}")
+
+    knobs: dict[str, Knob] = {}
+    for kname, table in data["knobs"].items():
+        _unknown(table, _KNOB_KEYS, f"[knobs.{kname}]")
+        if "values" not in table or "default" not in table:
+            raise TemplateError(f"[knobs.{kname}] needs values and default")
+        knobs[kname] = Knob(kname, tuple(table["values"]), table["default"], table.get("axis", "other"), table.get("doc", ""))
+    constraints = []
+    for c in data.get("constraints", ()):
+        _unknown(c, {"expr", "reason"}, "[[constraints]]")
+        constraints.append(Constraint(c["expr"], c.get("reason", "")))
+    space = KnobSpace(knobs, dict(data.get("derived", {})), tuple(constraints))
+    knob_level = space.names - SHAPE_NAMES - space.shape_dependent()
+
+    applies = data.get("applies", "true")
+    check_expr(applies, _SHAPE_ONLY)
+    heuristics = []
+    for rule in data.get("heuristic", ()):
+        _unknown(rule, {"when", "knobs"}, "[[heuristic]]")
+        when = rule.get("when", "true")
+        check_expr(when, _SHAPE_ONLY)
+        picks = dict(rule.get("knobs", {}))
+        bad = [f"{k}={v!r}" for k, v in picks.items() if k not in knobs or v not in knobs[k].values]
+        if bad:
+            raise TemplateError(f"[[heuristic]] when={when!r}: unknown knob or value outside its domain: {', '.join(bad)}")
+        heuristics.append((when, picks))
+
+    plan = data["plan"]
+    _unknown(plan, _PLAN_KEYS, "[plan]")
+    plan_names = space.names | _LD_NAMES
+    check_expr(str(plan.get("workspace", 0)), plan_names)
+    if not plan.get("launches"):
+        raise TemplateError("[plan] needs at least one [[plan.launches]]")
+    tmaps = plan.get("tensor_maps") or {}
+    for tname, t in tmaps.items():
+        _unknown(t, _TMAP_KEYS, f"[plan.tensor_maps.{tname}]")
+        for b in t["box"]:
+            check_expr(str(b), knob_level)
+    for lt in plan["launches"]:
+        _unknown(lt, _LAUNCH_KEYS, "[[plan.launches]]")
+        check_expr(str(lt.get("when", "true")), knob_level)
+        if len(lt["block"]) != 3 or len(lt["grid"]) != 3:
+            raise TemplateError(f"launch {lt['kernel']}: grid and block need three entries")
+        for b in lt["block"]:
+            try:
+                check_expr(str(b), knob_level)
+            except ExprError as exc:
+                raise TemplateError(f"launch {lt['kernel']}: block must be knob-only: {exc}") from None
+        for g in list(lt["grid"]) + [lt.get("smem", 0)]:
+            check_expr(str(g), plan_names)
+        for a in lt["args"]:
+            if a in _POINTERS:
+                continue
+            if a.startswith("tmap:"):
+                if a[5:] not in tmaps:
+                    raise TemplateError(f"launch {lt['kernel']}: unknown tensor map {a!r}")
+                continue
+            check_expr(a, plan_names)
+    return Template(
+        name=name, family=data["family"], description=data.get("description", ""), min_arch=data["min_arch"],
+        arch_features=features, layouts=layouts, contracts=contracts, source_name=data["source"],
+        source_text=src.read_text(), space=space, heuristics=tuple(heuristics), plan_spec=plan,
+        applies=applies, path=folder,
+    )
+
+
+def load_templates(root: Union[str, Path, None] = None, *, errors: str = "raise") -> dict[str, Template]:
+    """Every template folder under ``root`` (default: ``populations/templates``), by name.
+
+    Folders starting with ``_`` or ``.`` are ignored. A broken folder raises
+    :class:`TemplateError` naming its file (``errors="raise"``), or is skipped with a warning
+    on stderr (``errors="warn"``), so one half-written template cannot hide the others.
+    """
+    if errors not in ("raise", "warn"):
+        raise ValueError("errors must be 'raise' or 'warn'")
+    root = Path(root) if root is not None else TEMPLATES_DIR
+    out: dict[str, Template] = {}
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))):
+        try:
+            t = load_template(folder)
+        except TemplateError as exc:
+            if errors == "raise":
+                raise
+            print(f"warning: skipping template {folder.name}: {exc}", file=sys.stderr)
+            continue
+        out[t.name] = t
+    return out

@@ -1,0 +1,70 @@
+"""Test double for the GPU worker's handler (a boundary we don't own: the GPU and its driver).
+
+Started by the real ``WorkerSupervisor`` in a real process, it behaves as the job's ``fake``
+field asks: ``ok``, ``segv`` (kills itself with SIGSEGV), ``hang`` (sleeps forever in the phase
+named by ``phase``), ``exit`` (exits with ``code``), ``fatal`` (reports a context-poisoning
+error), ``print`` (writes to stdout, which must land in the log, not the parent's stdout) and
+``grandchild`` (starts a sleeping child process and hangs: the group kill must end both).
+A job with ``source`` and no ``fake`` field reads the behaviour from a ``// fake: NAME`` line.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+PHASES = ("load", "correctness", "timing")
+
+
+class FakeGpuHandler:
+    def __init__(self, options: dict) -> None:
+        self.options = options
+        if options.get("startup") == "hang":
+            time.sleep(3600)
+        if options.get("startup") == "exit":
+            os._exit(5)
+
+    def info(self) -> dict:
+        return {"fake": True, "pid": os.getpid(), "arch": "sm_90a"}
+
+    def handle(self, kind: str, job: dict, phase: Callable[[str], None]) -> dict:
+        if kind == "probe":
+            return {"status": "ok", "message": "fake probe"}
+        behaviour = job.get("fake")
+        if behaviour is None:
+            m = re.search(r"//\s*fake:\s*(\w+)", job.get("source", ""))
+            behaviour = m.group(1) if m else "ok"
+        where = job.get("phase", "correctness")
+        for name in PHASES:
+            phase(name)
+            if name != where:
+                continue
+            if behaviour == "segv":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            elif behaviour == "hang":
+                time.sleep(3600)
+            elif behaviour == "exit":
+                sys.stdout.flush()
+                os._exit(int(job.get("code", 3)))
+            elif behaviour == "fatal":
+                return {"status": "runtime_error", "message": "CUDA_ERROR_ILLEGAL_ADDRESS (fake)", "fatal": True}
+            elif behaviour == "print":
+                print("FAKE-WORKER-STDOUT", flush=True)
+                print("FAKE-WORKER-STDERR", file=sys.stderr, flush=True)
+            elif behaviour == "grandchild":
+                child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+                with open(job["pidfile"], "w") as f:
+                    f.write(str(child.pid))
+                time.sleep(3600)
+        shapes = job.get("shapes", ["64x64x64:TN:f32"])
+        return {"status": "ok", "message": "", "pid": os.getpid(),
+                "shapes": [{"shape": s, "status": "ok", "message": "", "timers": {}, "flags": [],
+                            "max_error": 0.0, "correctness_s": 0.01, "timing_s": 0.02} for s in shapes]}
+
+
+def make_handler(options: dict) -> Any:
+    return FakeGpuHandler(options)

@@ -1,0 +1,482 @@
+"""The archive: every candidate and evaluation evo made, one crash-safe record log per shape.
+
+Directory layout::
+
+    DIR/archive.json            {"format": "evo-archive", "version": 1}: marks the directory
+    DIR/.lock                   flock()ed by the one writer (holds its pid, for the error message)
+    DIR/<Shape.key>.evolog      one shape's population (see populations._log for the format)
+
+A shape's log holds the candidates that claim the shape and every evaluation at the shape, so
+each log stands alone: a candidate claiming three shapes is written to three logs, and an
+evaluation at a shape its candidate does not claim copies the candidate there first.
+
+Exactly one writer (``mode="w"``) holds an exclusive ``flock``; a second gets
+:class:`ArchiveLockedError`. Readers (``mode="r"``) take no lock, never modify a file, read up to
+the last complete record and see more after :meth:`Archive.refresh`. Resuming = reopening with
+``mode="w"``: torn tails left by a crash are truncated (with a warning) on open.
+
+Records are frozen :class:`Candidate` / :class:`Evaluation` values in and out; they are decoded
+lazily (an index of ids and kinds is built from frame headers) and cached once decoded.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Optional, Union
+
+from ._codec import CodecError, decode, encode
+from ._log import KIND_CANDIDATE, KIND_EVALUATION, Entry, LogError, RecordLog, atomic_write, rewrite
+from ._records import Candidate, Evaluation, Status
+from ._shape import Shape, ShapeError
+
+__all__ = ["Archive", "ArchiveError", "ArchiveLockedError", "Elite", "LineageNode"]
+
+FORMAT = "evo-archive"
+VERSION = 1
+MANIFEST = "archive.json"
+LOCK = ".lock"
+SUFFIX = ".evolog"
+Record = Union[Candidate, Evaluation]
+ShapeLike = Union[Shape, str]
+#: An evaluation with one of these outcomes says the *code* is wrong or cheating, so it
+#: disqualifies its candidate at that shape whatever its other measurements say.
+DISQUALIFYING = frozenset({Status.INCORRECT, Status.FLAGGED})
+
+
+class ArchiveError(Exception):
+    """A directory that is not an archive, or an archive used in a way it cannot be."""
+
+
+class ArchiveLockedError(ArchiveError):
+    """Another process holds the archive open for writing. Not corruption: wait, or read."""
+
+
+@dataclass(frozen=True)
+class Elite:
+    """One candidate's standing at one shape.
+
+    ``fitness`` is the **median** of :attr:`Evaluation.fitness` over the candidate's ``ok``,
+    unflagged evaluations at the shape (``evaluations``, in archive order), so one lucky or
+    unlucky re-measurement does not decide its rank.
+    """
+
+    candidate_id: str
+    fitness: float
+    evaluations: tuple[Evaluation, ...]
+    candidate: Optional[Candidate]  # None only if its record was lost to corruption
+
+    @property
+    def latest(self) -> Evaluation:
+        """The most recently archived of its ok evaluations (for timings and kernel stats)."""
+        return self.evaluations[-1]
+
+
+@dataclass(frozen=True)
+class LineageNode:
+    """A candidate and, recursively, the candidates it was made from (``Candidate.parents``).
+
+    ``candidate`` is None for a parent that is not in the archive. Through crossover a
+    candidate can appear twice in one ancestry; its second appearance has ``repeated=True``
+    and no parents listed (they are under the first).
+    """
+
+    candidate_id: str
+    candidate: Optional[Candidate]
+    shapes: tuple[Shape, ...]
+    parents: tuple["LineageNode", ...] = ()
+    repeated: bool = False
+
+    def walk(self) -> Iterator[tuple[int, "LineageNode"]]:
+        """(depth, node) in depth-first order, without recursion (ancestries can be deep)."""
+        stack = [(0, self)]
+        while stack:
+            depth, node = stack.pop()
+            yield depth, node
+            stack.extend((depth + 1, p) for p in reversed(node.parents))
+
+
+class _Population:
+    """The index of one shape's log: candidate id -> entry, evaluation entries, decoded cache."""
+
+    def __init__(self, shape: Shape, log: RecordLog) -> None:
+        self.shape, self.log = shape, log
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        self.cands: dict[str, Entry] = {}
+        self.evals: list[Entry] = []
+        self.objects: dict[int, Record] = {}
+        self.generation, self.seen = self.log.generation, 0
+        self.sync()
+
+    def sync(self) -> None:
+        """Index what the log gained since the last look (or everything, after a replacement)."""
+        if self.log.generation != self.generation:
+            self.rebuild()
+            return
+        for entry in self.log.entries[self.seen:]:
+            self.index(entry)
+        self.seen = len(self.log.entries)
+
+    def index(self, entry: Entry, record: Optional[Record] = None) -> None:
+        if entry.kind == KIND_CANDIDATE:
+            self.cands.setdefault(entry.key, entry)
+        elif entry.kind == KIND_EVALUATION:
+            self.evals.append(entry)
+        if record is not None:
+            self.objects[entry.offset] = record
+
+    def get(self, entry: Entry) -> Record:
+        record = self.objects.get(entry.offset)
+        if record is None:
+            try:
+                record = decode(self.log.read(entry))
+            except CodecError as exc:
+                raise ArchiveError(f"{self.log.path}: record at offset {entry.offset}: {exc}") from None
+            want = Candidate if entry.kind == KIND_CANDIDATE else Evaluation
+            if not isinstance(record, want):
+                raise ArchiveError(f"{self.log.path}: record at offset {entry.offset} is not a {want.__name__}")
+            self.objects[entry.offset] = record
+        return record
+
+    def evaluations(self) -> list[Evaluation]:
+        return [self.get(e) for e in self.evals]  # type: ignore[misc]
+
+
+def _as_shape(shape: ShapeLike) -> Shape:
+    return shape if isinstance(shape, Shape) else Shape.parse(shape)
+
+
+def _shape_of_file(name: str) -> Optional[Shape]:
+    if not name.endswith(SUFFIX):
+        return None
+    try:
+        return Shape.parse(name[: -len(SUFFIX)].replace("_", ":"))
+    except ShapeError:
+        return None
+
+
+class Archive:
+    """A directory of per-shape record logs. ``mode="r"`` reads (no lock), ``mode="w"`` writes.
+
+    Writes are buffered: :meth:`add` / :meth:`record` append, :meth:`commit` makes everything
+    appended so far durable (one write and fsync per touched shape), ``durable=True`` commits at
+    once. :meth:`close` (and leaving a ``with`` block) commits. The writer's queries see its
+    own uncommitted records; readers see what is on disk as of open or :meth:`refresh`.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], mode: str = "r") -> None:
+        if mode not in ("r", "w"):
+            raise ValueError(f"mode must be 'r' or 'w', got {mode!r}")
+        self.path, self.mode = os.path.abspath(os.fspath(path)), mode
+        self._pops: dict[Shape, _Population] = {}
+        self._lock_fd = -1
+        if mode == "w":
+            self._open_writer()
+        else:
+            self._check_manifest()
+
+    # -- opening ----------------------------------------------------------------------------
+    def _check_manifest(self) -> None:
+        if not os.path.isdir(self.path):
+            raise ArchiveError(f"{self.path}: no such archive directory")
+        try:
+            with open(os.path.join(self.path, MANIFEST), encoding="utf-8") as f:
+                manifest = json.load(f)
+        except FileNotFoundError:
+            raise ArchiveError(f"{self.path}: not an evo archive (no {MANIFEST})") from None
+        except (OSError, ValueError) as exc:
+            raise ArchiveError(f"{self.path}: unreadable {MANIFEST}: {exc}") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise ArchiveError(f"{self.path}: {MANIFEST} does not describe an evo archive")
+        version = manifest.get("version")
+        if not isinstance(version, int) or version > VERSION:
+            raise ArchiveError(f"{self.path}: archive version {version!r} is newer than this evo (v{VERSION})")
+
+    def _open_writer(self) -> None:
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise ArchiveError(f"{self.path}: not a directory")
+        os.makedirs(self.path, exist_ok=True)
+        fresh = not os.path.exists(os.path.join(self.path, MANIFEST))
+        if fresh and set(os.listdir(self.path)) - {LOCK, MANIFEST + ".tmp"}:
+            raise ArchiveError(f"{self.path}: not an evo archive and not empty; refusing to write there")
+        self._lock()
+        try:
+            if fresh:
+                data = json.dumps({"format": FORMAT, "version": VERSION}).encode()
+                atomic_write(os.path.join(self.path, MANIFEST), (data,))
+            self._check_manifest()
+            for name in os.listdir(self.path):
+                if name.endswith(".tmp"):  # an interrupted creation or compaction: never live data
+                    os.unlink(os.path.join(self.path, name))
+            for shape in self.shapes():  # recover every log now: resume starts clean
+                self._pop(shape)
+        except BaseException:
+            self.close()
+            raise
+
+    def _lock(self) -> None:
+        fd = os.open(os.path.join(self.path, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ArchiveLockedError(
+                    f"{self.path} is open for writing by another process (pid {holder}); "
+                    "one writer at a time, open it with mode='r' to read") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _pop(self, shape: Shape, create: bool = False) -> Optional[_Population]:
+        pop = self._pops.get(shape)
+        if pop is None:
+            path = os.path.join(self.path, shape.key + SUFFIX)
+            if not os.path.exists(path) and not (create and self.mode == "w"):
+                return None
+            try:
+                log = RecordLog(path, writable=self.mode == "w")
+            except LogError as exc:
+                raise ArchiveError(str(exc)) from None
+            pop = self._pops[shape] = _Population(shape, log)
+        return pop
+
+    def _all_pops(self) -> list[_Population]:
+        return [p for p in (self._pop(s) for s in self.shapes()) if p is not None]
+
+    def refresh(self) -> None:
+        """Reader: pick up records (and shapes) a concurrent writer committed since open."""
+        for pop in self._pops.values():
+            pop.log.refresh()
+            pop.sync()
+
+    # -- writing ----------------------------------------------------------------------------
+    def _writer(self) -> None:
+        if self.mode != "w":
+            raise ArchiveError(f"{self.path}: opened read-only")
+        if self._lock_fd < 0:
+            raise ArchiveError(f"{self.path}: archive is closed")
+
+    def add(self, record: Record, *, durable: bool = False) -> None:
+        """Append a candidate (to every shape it claims) or an evaluation (to its shape).
+
+        Idempotent for candidates: one already in a shape's log is not written again. An
+        evaluation needs its candidate in this archive (add the candidate first)."""
+        self._writer()
+        if isinstance(record, Candidate):
+            payload = None
+            for shape in record.shapes:
+                pop = self._pop(shape, create=True)
+                assert pop is not None
+                if record.id not in pop.cands:
+                    payload = payload or encode(record)
+                    pop.index(pop.log.append(KIND_CANDIDATE, record.id, payload), record)
+        elif isinstance(record, Evaluation):
+            pop = self._pop(record.shape, create=True)
+            assert pop is not None
+            if record.candidate_id not in pop.cands:
+                owner = self._find(record.candidate_id)
+                if owner is None:
+                    raise ArchiveError(f"evaluation of unknown candidate {record.candidate_id}: add the candidate first")
+                cand = owner.get(owner.cands[record.candidate_id])
+                pop.index(pop.log.append(KIND_CANDIDATE, cand.id, encode(cand)), cand)  # type: ignore[union-attr]
+            pop.index(pop.log.append(KIND_EVALUATION, record.candidate_id, encode(record)), record)
+        else:
+            raise TypeError(f"an archive stores Candidate and Evaluation records, not {type(record).__name__}")
+        if durable:
+            self.commit()
+
+    def record(self, candidate: Candidate, evaluations: Iterable[Evaluation] = (), *, durable: bool = False) -> None:
+        """Add a candidate and its evaluations in one step."""
+        self.add(candidate)
+        for evaluation in evaluations:
+            self.add(evaluation)
+        if durable:
+            self.commit()
+
+    def commit(self) -> None:
+        """Make every appended record durable (write + fsync per shape log with pending records)."""
+        self._writer()
+        for pop in self._pops.values():
+            if pop.log.pending:
+                try:
+                    pop.log.commit()
+                except OSError:
+                    pop.rebuild()  # forget the records that did not make it
+                    raise
+                pop.seen = len(pop.log.entries)
+
+    def compact(self, shape: Optional[ShapeLike] = None, *,
+                keep: Optional[Callable[[Record], bool]] = None) -> dict[Shape, tuple[int, int]]:
+        """Rewrite logs without duplicate candidates, byte-identical duplicate evaluations,
+        damaged regions, and records for which ``keep(record)`` is False (e.g. superseded ones).
+
+        Each log is rewritten to a new file and renamed over the old one atomically (readers
+        holding the old file keep reading it; :meth:`refresh` moves them to the new one).
+        Returns {shape: (bytes before, bytes after)}."""
+        self._writer()
+        self.commit()
+        pops = self._all_pops() if shape is None else [p for p in [self._pop(_as_shape(shape))] if p is not None]
+        sizes = {}
+        for pop in pops:
+            before = os.path.getsize(pop.log.path)
+            rewrite(pop.log.path, self._kept_frames(pop, keep))
+            pop.log.close()
+            pop.log = RecordLog(pop.log.path, writable=True)
+            pop.rebuild()
+            sizes[pop.shape] = (before, os.path.getsize(pop.log.path))
+        return sizes
+
+    @staticmethod
+    def _kept_frames(pop: _Population, keep: Optional[Callable[[Record], bool]]) -> Iterator[bytes]:
+        seen_ids: set[str] = set()
+        seen_evals: set[bytes] = set()
+        for entry in pop.log.entries:
+            raw = pop.log.raw(entry)
+            if entry.kind == KIND_CANDIDATE:
+                if entry.key in seen_ids:
+                    continue
+                seen_ids.add(entry.key)
+            else:
+                digest = hashlib.blake2b(raw, digest_size=16).digest()
+                if digest in seen_evals:
+                    continue
+                seen_evals.add(digest)
+            if keep is None or keep(pop.get(entry)):
+                yield raw
+
+    def close(self) -> None:
+        """Commit (writer), close every log and release the lock. Safe to call twice."""
+        try:
+            if self.mode == "w" and self._lock_fd >= 0:
+                self.commit()
+        finally:
+            for pop in self._pops.values():
+                pop.log.close()
+            self._pops.clear()
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)  # closing the descriptor releases the flock
+                self._lock_fd = -1
+
+    def __enter__(self) -> "Archive":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- queries ----------------------------------------------------------------------------
+    def shapes(self) -> list[Shape]:
+        """Shapes with a population in this archive, sorted."""
+        found = {s for s in map(_shape_of_file, os.listdir(self.path)) if s is not None}
+        return sorted(found | set(self._pops))
+
+    def candidate_ids(self, shape: ShapeLike) -> list[str]:
+        """Ids of the candidates in a shape's population, in archive order (no decoding)."""
+        pop = self._pop(_as_shape(shape))
+        return list(pop.cands) if pop else []
+
+    def candidates(self, shape: ShapeLike) -> list[Candidate]:
+        pop = self._pop(_as_shape(shape))
+        return [pop.get(e) for e in pop.cands.values()] if pop else []  # type: ignore[misc]
+
+    def evaluations(self, shape: ShapeLike, candidate_id: Optional[str] = None) -> list[Evaluation]:
+        """Evaluations at a shape in archive order, optionally of one candidate only."""
+        pop = self._pop(_as_shape(shape))
+        if pop is None:
+            return []
+        entries = pop.evals if candidate_id is None else [e for e in pop.evals if e.key == candidate_id]
+        return [pop.get(e) for e in entries]  # type: ignore[misc]
+
+    def status_counts(self, shape: ShapeLike) -> dict[Status, int]:
+        """How many evaluations at a shape ended in each status (every status listed)."""
+        counts = dict.fromkeys(Status, 0)
+        for ev in self.evaluations(shape):
+            counts[ev.status] += 1
+        return counts
+
+    def elites(self, shape: ShapeLike, top: Optional[int] = 10) -> list[Elite]:
+        """The best candidates at a shape, one row each, by median fitness (see :class:`Elite`).
+
+        Only ``ok``, unflagged evaluations count; a candidate with any ``incorrect`` or
+        ``flagged`` evaluation (or any flag) at the shape is no elite there at all. Other
+        failures (timeouts, runtime errors) do not disqualify a candidate that also measured ok.
+        Ties go to more measurements, then to the smaller id (a stable order)."""
+        pop = self._pop(_as_shape(shape))
+        if pop is None:
+            return []
+        good: dict[str, list[Evaluation]] = {}
+        banned: set[str] = set()
+        for ev in pop.evaluations():
+            if ev.status in DISQUALIFYING or ev.flags:
+                banned.add(ev.candidate_id)
+            elif ev.fitness is not None:
+                good.setdefault(ev.candidate_id, []).append(ev)
+        ranked = sorted(
+            ((statistics.median(e.fitness for e in evs), cid, evs) for cid, evs in good.items() if cid not in banned),
+            key=lambda row: (-row[0], -len(row[2]), row[1]))
+        if top is not None:
+            ranked = ranked[:max(top, 0)]
+        return [Elite(cid, fit, tuple(evs), pop.get(pop.cands[cid]) if cid in pop.cands else None)  # type: ignore[arg-type]
+                for fit, cid, evs in ranked]
+
+    def _find(self, candidate_id: str) -> Optional[_Population]:
+        for pop in self._all_pops():
+            if candidate_id in pop.cands:
+                return pop
+        return None
+
+    def candidate(self, candidate_id: str) -> Candidate:
+        """A candidate by id, from whichever shape's log holds it. KeyError if unknown."""
+        pop = self._find(candidate_id)
+        if pop is None:
+            raise KeyError(candidate_id)
+        return pop.get(pop.cands[candidate_id])  # type: ignore[return-value]
+
+    def resolve(self, prefix: str) -> str:
+        """The full id of the one candidate whose id starts with ``prefix`` (like git)."""
+        ids = {cid for pop in self._all_pops() for cid in pop.cands if cid.startswith(prefix)} if prefix else set()
+        if prefix in ids or len(ids) == 1:
+            return prefix if prefix in ids else ids.pop()
+        if not ids:
+            raise KeyError(f"unknown candidate id {prefix!r}")
+        raise KeyError(f"candidate id prefix {prefix!r} is ambiguous ({len(ids)} candidates)")
+
+    def lineage(self, candidate_id: str) -> LineageNode:
+        """The ancestry tree of a candidate (a unique id prefix will do), across all shapes."""
+        root = self.resolve(candidate_id)
+        pops = self._all_pops()
+        # Depth-first, pre-order, with an explicit stack: occurrence i's parents all get larger
+        # indices, so the frozen nodes can then be built from the last occurrence backwards.
+        occurrences: list[tuple[str, bool, list[int]]] = []
+        expanded: set[str] = set()
+        stack: list[tuple[str, int]] = [(root, -1)]
+        cands: dict[str, Optional[Candidate]] = {}
+        while stack:
+            cid, child = stack.pop()
+            repeated = cid in expanded
+            occurrences.append((cid, repeated, []))
+            if child >= 0:
+                occurrences[child][2].append(len(occurrences) - 1)
+            if not repeated:
+                expanded.add(cid)
+                holder = next((p for p in pops if cid in p.cands), None)
+                cand = cands[cid] = holder.get(holder.cands[cid]) if holder else None  # type: ignore[assignment]
+                for parent in reversed(cand.parents if cand else ()):
+                    stack.append((parent, len(occurrences) - 1))
+        nodes: list[Optional[LineageNode]] = [None] * len(occurrences)
+        for i in range(len(occurrences) - 1, -1, -1):
+            cid, repeated, parents = occurrences[i]
+            nodes[i] = LineageNode(cid, cands.get(cid), tuple(p.shape for p in pops if cid in p.cands),
+                                   tuple(nodes[j] for j in parents), repeated)  # type: ignore[misc]
+        return nodes[0]  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"Archive({self.path!r}, mode={self.mode!r})"

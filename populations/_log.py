@@ -1,0 +1,342 @@
+"""A crash-safe, append-only record log: the file behind one shape's population.
+
+Layout: an 8-byte file header (``b"EVOLOG"`` + a little-endian u16 format version), then frames::
+
+    offset  size  field
+    0       4     magic b"\\xe5voR"
+    4       4     payload length (u32, little-endian)
+    8       1     kind (1 candidate, 2 evaluation, 0 other)
+    9       1     key length (u8): the candidate id, so an index needs no decoding
+    10      2     reserved, zero
+    12      4     crc32 of bytes 4..12, the key and the payload
+    16      -     key (utf-8), then payload (populations codec bytes)
+
+Why this shape: the checksum covers the length, so a damaged length is caught; the magic lets a
+reader resynchronise after damage; kind and key in the header let :class:`RecordLog` index a
+file of 100,000 records without decoding a single one (records are decoded lazily, on demand).
+
+Durability: :meth:`RecordLog.append` buffers; :meth:`RecordLog.commit` writes the buffered frames
+with one ``write`` and ``fsync``s. A crash can leave an incomplete or damaged last frame (a torn
+tail): opening a writable log truncates it with a warning. A damaged frame followed by good ones
+(the disk, not a crash, did that) is reported and skipped; everything after it stays readable.
+A read-only log never truncates: it reads up to the last complete frame, which is what a reader
+of a file that a writer is still growing must do, and :meth:`RecordLog.refresh` picks up more.
+A new log is created complete (header written to a temporary file, fsynced, renamed, directory
+fsynced); :func:`rewrite` replaces a log the same way (compaction).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import struct
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from typing import Iterable, NamedTuple, Optional
+
+__all__ = ["LogError", "Entry", "RecordLog", "rewrite", "atomic_write", "KIND_OTHER", "KIND_CANDIDATE", "KIND_EVALUATION"]
+
+log = logging.getLogger(__name__)
+
+FILE_MAGIC = b"EVOLOG"
+FILE_VERSION = 1
+_FILE_HEADER = struct.Struct("<6sH")
+FRAME_MAGIC = b"\xe5voR"
+_FRAME = struct.Struct("<4sIBBHI")
+HEADER_SIZE = _FILE_HEADER.size
+FRAME_SIZE = _FRAME.size
+#: Largest payload accepted: far above any real record (a few KB), far below the u32 limit.
+MAX_PAYLOAD = 64 << 20
+KIND_OTHER, KIND_CANDIDATE, KIND_EVALUATION = 0, 1, 2
+_CHUNK = 8 << 20
+
+
+class LogError(OSError):
+    """A file that is not a record log, or a log that cannot be written."""
+
+
+class Entry(NamedTuple):
+    """Where one record sits: its frame's offset, kind, key and payload position."""
+
+    offset: int
+    kind: int
+    key: str
+    data_offset: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.data_offset + self.size
+
+
+def frame(kind: int, key: str, payload: bytes) -> bytes:
+    """One record's bytes on disk."""
+    kb = key.encode()
+    if len(kb) > 255:
+        raise ValueError(f"record key is longer than 255 bytes: {key[:40]!r}...")
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(f"record of {len(payload)} bytes exceeds the {MAX_PAYLOAD}-byte limit")
+    head = struct.pack("<IBBH", len(payload), kind, len(kb), 0)
+    crc = zlib.crc32(payload, zlib.crc32(kb, zlib.crc32(head)))
+    return FRAME_MAGIC + head + struct.pack("<I", crc) + kb + payload
+
+
+@dataclass
+class _Scan:
+    entries: list[Entry] = field(default_factory=list)
+    end: int = HEADER_SIZE                                          # just past the last good frame
+    damaged: list[tuple[int, int]] = field(default_factory=list)   # skipped byte ranges
+
+
+class _Window:
+    """Reads a file region through a sliding buffer, so scanning needs little memory."""
+
+    def __init__(self, fd: int, limit: int) -> None:
+        self.fd, self.limit = fd, limit
+        self.start, self.buf = 0, b""
+
+    def get(self, pos: int, n: int) -> Optional[memoryview]:
+        """``n`` bytes at ``pos``, or None when the file ends first."""
+        if pos + n > self.limit:
+            return None
+        if not (self.start <= pos and pos + n <= self.start + len(self.buf)):
+            self.start = pos
+            self.buf = os.pread(self.fd, min(max(n, _CHUNK), self.limit - pos), pos)
+            if len(self.buf) < n:  # the file shrank under us (a writer truncating its torn tail)
+                return None
+        return memoryview(self.buf)[pos - self.start: pos - self.start + n]
+
+    def find_magic(self, pos: int) -> int:
+        """Offset of the next frame magic at or after ``pos``, or -1."""
+        while pos + len(FRAME_MAGIC) <= self.limit:
+            view = self.get(pos, min(_CHUNK, self.limit - pos))
+            if view is None:
+                return -1
+            hit = bytes(view).find(FRAME_MAGIC)
+            if hit >= 0:
+                return pos + hit
+            pos += max(1, len(view) - len(FRAME_MAGIC) + 1)
+        return -1
+
+
+def _frame_at(win: _Window, pos: int) -> Optional[Entry]:
+    """The intact frame starting at ``pos``, or None."""
+    head = win.get(pos, FRAME_SIZE)
+    if head is None:
+        return None
+    magic, size, kind, klen, _reserved, crc = _FRAME.unpack(head)
+    if magic != FRAME_MAGIC or size > MAX_PAYLOAD:
+        return None
+    crc_head = zlib.crc32(head[4:12])
+    body = win.get(pos + FRAME_SIZE, klen + size)
+    if body is None or zlib.crc32(body, crc_head) != crc:
+        return None
+    try:
+        key = bytes(body[:klen]).decode()
+    except UnicodeDecodeError:
+        return None
+    return Entry(pos, kind, key, pos + FRAME_SIZE + klen, size)
+
+
+def _scan(fd: int, start: int, limit: int) -> _Scan:
+    """Index every intact frame in ``[start, limit)``; skip damage by resynchronising on the magic."""
+    win, out, pos = _Window(fd, limit), _Scan(end=start), start
+    while pos < limit:
+        entry = _frame_at(win, pos)
+        if entry is not None:
+            out.entries.append(entry)
+            pos = out.end = entry.end
+            continue
+        nxt = win.find_magic(pos + 1)
+        while nxt >= 0 and _frame_at(win, nxt) is None:
+            nxt = win.find_magic(nxt + 1)
+        if nxt < 0:
+            break  # nothing intact follows: a torn (or still growing) tail
+        out.damaged.append((pos, nxt))
+        pos = nxt
+    return out
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def atomic_write(path: str, chunks: Iterable[bytes]) -> None:
+    """Replace (or create) ``path`` with ``chunks`` so that a crash leaves the old file or the new
+    one, never a mix: write beside it, fsync, rename over it, fsync the directory."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        batch: list[bytes] = []
+        for data in chunks:
+            batch.append(data)
+            if len(batch) >= 256:
+                _write_all(fd, b"".join(batch))
+                batch.clear()
+        _write_all(fd, b"".join(batch))
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path))
+
+
+def rewrite(path: str, frames: Iterable[bytes]) -> None:
+    """Atomically replace (or create) the log at ``path`` with a header and ``frames`` (whole
+    frames, e.g. copied verbatim by compaction). Only the writer calls this."""
+    atomic_write(path, itertools.chain((_FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION),), frames))
+
+
+class RecordLog:
+    """One log file. ``writable=True`` recovers the file and appends; the caller guarantees a
+    single writer (the archive's lock). Read-only logs take no lock and never modify the file."""
+
+    def __init__(self, path: str, *, writable: bool = False) -> None:
+        self.path, self.writable = path, writable
+        if writable and not os.path.exists(path):
+            rewrite(path, ())
+        self._fd = -1
+        self.entries: list[Entry] = []
+        self.damaged: list[tuple[int, int]] = []
+        self._pending: list[bytes] = []
+        self._pending_entries: list[Entry] = []
+        #: bumped whenever the file is reopened after a replacement; indexes built on
+        #: ``entries`` must then be rebuilt from scratch.
+        self.generation = 0
+        self._open()
+
+    # -- opening and scanning -----------------------------------------------------------
+    def _open(self) -> None:
+        flags = os.O_RDWR | os.O_APPEND if self.writable else os.O_RDONLY
+        try:
+            self._fd = os.open(self.path, flags)
+        except FileNotFoundError:
+            raise LogError(f"{self.path}: no such log") from None
+        header = os.pread(self._fd, HEADER_SIZE, 0)
+        if len(header) < HEADER_SIZE or header[:6] != FILE_MAGIC:
+            self.close()
+            raise LogError(f"{self.path}: not an evo record log")
+        version = _FILE_HEADER.unpack(header)[1]
+        if version > FILE_VERSION:
+            self.close()
+            raise LogError(f"{self.path}: log format v{version} is newer than this evo (v{FILE_VERSION})")
+        self._ino = os.fstat(self._fd).st_ino
+        self.entries, self.damaged, self._end = [], [], HEADER_SIZE
+        self._scan_more()
+
+    def _scan_more(self) -> None:
+        size = os.fstat(self._fd).st_size
+        scan = _scan(self._fd, self._end, size)
+        for lo, hi in scan.damaged:
+            msg = f"{self.path}: skipped {hi - lo} damaged bytes at offset {lo} (corrupt record)"
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
+            log.warning(msg)
+        self.entries.extend(scan.entries)
+        self.damaged.extend(scan.damaged)
+        self._end = scan.end
+        if scan.end < size and self.writable:
+            msg = f"{self.path}: truncated a torn tail of {size - scan.end} bytes at offset {scan.end}"
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
+            log.warning(msg)
+            os.ftruncate(self._fd, scan.end)
+            os.fsync(self._fd)
+
+    def refresh(self) -> None:
+        """Index frames added since the last look (a reader of a growing file). A log replaced
+        by compaction is reopened and rescanned, and :attr:`generation` goes up."""
+        try:
+            replaced = os.stat(self.path).st_ino != self._ino
+        except FileNotFoundError:
+            replaced = False
+        if replaced:
+            os.close(self._fd)
+            self._open()
+            self.generation += 1
+        else:
+            self._scan_more()
+
+    # -- reading --------------------------------------------------------------------------
+    def read(self, entry: Entry) -> bytes:
+        """The payload of an entry written to disk (pending entries have no bytes yet)."""
+        data = os.pread(self._fd, entry.size, entry.data_offset)
+        if len(data) != entry.size:
+            raise LogError(f"{self.path}: record at offset {entry.offset} is gone (file replaced?)")
+        return data
+
+    def raw(self, entry: Entry) -> bytes:
+        """The whole frame of an on-disk entry, for copying it verbatim during compaction."""
+        return os.pread(self._fd, entry.end - entry.offset, entry.offset)
+
+    # -- writing --------------------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def append(self, kind: int, key: str, payload: bytes, *, durable: bool = False) -> Entry:
+        """Buffer one record; with ``durable`` commit right away. Returns where it will sit."""
+        if not self.writable:
+            raise LogError(f"{self.path}: opened read-only")
+        data = frame(kind, key, payload)
+        offset = self._next_offset()
+        entry = Entry(offset, kind, key, offset + len(data) - len(payload), len(payload))
+        self._pending.append(data)
+        self._pending_entries.append(entry)
+        if durable:
+            self.commit()
+        return entry
+
+    def _next_offset(self) -> int:
+        last = self._pending_entries[-1] if self._pending_entries else None
+        return last.end if last is not None else self._end
+
+    def commit(self) -> None:
+        """Write every buffered record with one write and fsync; afterwards they survive a crash.
+
+        On an I/O error the file is cut back to its last committed length and the error raised;
+        the buffered records are dropped (the caller decides whether to retry)."""
+        if not self._pending:
+            return
+        data, entries = b"".join(self._pending), self._pending_entries
+        self._pending, self._pending_entries = [], []
+        try:
+            _write_all(self._fd, data)
+            os.fsync(self._fd)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, self._end)
+            except OSError:
+                pass
+            raise
+        self.entries.extend(entries)
+        self._end = entries[-1].end
+
+    def discard(self) -> None:
+        """Drop buffered, uncommitted records."""
+        self._pending, self._pending_entries = [], []
+
+    @property
+    def size(self) -> int:
+        """Bytes of intact, committed log (header included)."""
+        return self._end
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __repr__(self) -> str:
+        return f"RecordLog({self.path!r}, writable={self.writable}, entries={len(self.entries)})"

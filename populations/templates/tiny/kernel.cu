@@ -1,0 +1,189 @@
+// tiny: a latency-first HGEMM for small outputs (M or N <= 128), sm_80 and later.
+//   One CTA per TM x TN output tile; its WARPS warps split the K range between them, each warp
+//   computes the whole tile with mma.sync.m16n8k16 (fp32 accumulation) from fragments loaded
+//   straight from global memory (no shared-memory pipeline: nothing to fill or drain), then
+//   the warps add their partial tiles through shared memory. SPLIT_K > 1 splits K across CTAs
+//   too: fp32 partial tiles go to workspace[SPLIT_K][M][N] and a reduce launch sums them.
+// Knobs arrive as #defines (see template.toml); no includes, so NVRTC compiles it fast.
+
+typedef unsigned short half_t;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define MI (TM / 16)
+#define NI (TN / 8)
+#define FR (MI * NI * 4)   // accumulator floats per thread
+
+__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ half_t f2h(float x) {
+  half_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
+}
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Elements (row, k) and (row, k+1) of a row-major matrix, zero outside rows < nrows, k < kend.
+// vec: one 4-byte load (k even, kend even, 4-byte aligned rows).
+__device__ __forceinline__ u32 ld_pair(const half_t* __restrict__ p, int row, int nrows, int k, int kend,
+                                       int ld, bool vec) {
+  if (row >= nrows) return 0u;
+  const half_t* q = p + (long long)row * ld + k;
+  if (vec) return k < kend ? *reinterpret_cast<const u32*>(q) : 0u;
+  const u32 lo = k < kend ? q[0] : 0u;
+  const u32 hi = k + 1 < kend ? q[1] : 0u;
+  return lo | (hi << 16);
+}
+// Elements (k, col) and (k+1, col) of a row-major K x N matrix (the NN layout's B).
+__device__ __forceinline__ u32 ld_colpair(const half_t* __restrict__ p, int k, int kend, int col, int ncols, int ld) {
+  if (col >= ncols) return 0u;
+  const u32 lo = k < kend ? p[(long long)k * ld + col] : 0u;
+  const u32 hi = k + 1 < kend ? p[(long long)(k + 1) * ld + col] : 0u;
+  return lo | (hi << 16);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+evo_tiny(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __restrict__ C,
+         float* __restrict__ W, int M_, int N_, int K_, int lda_, int ldb_, int ldc_) {
+#ifdef EVO_M
+  const int M = EVO_M, N = EVO_N, K = EVO_K, lda = EVO_K, ldc = EVO_N;
+#if defined(EVO_LAYOUT_TN)
+  const int ldb = EVO_K;
+#else
+  const int ldb = EVO_N;
+#endif
+#else
+  const int M = M_, N = N_, K = K_, lda = lda_, ldb = ldb_, ldc = ldc_;
+#endif
+  (void)ldc;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int m0 = blockIdx.y * TM, n0 = blockIdx.x * TN;
+
+  const int steps = (K + 15) / 16;  // k16 steps
+#if SPLIT_K > 1
+  const int per = (steps + SPLIT_K - 1) / SPLIT_K;
+  const int s0 = blockIdx.z * per, s1 = min(s0 + per, steps);
+#else
+  const int s0 = 0, s1 = steps;
+#endif
+  const int kend = min(K, s1 * 16);
+  const bool vecA = (K % 2 == 0) && (lda % 2 == 0) && ((reinterpret_cast<u64>(A) & 3) == 0);
+#if defined(EVO_LAYOUT_TN)
+  const bool vecB = (K % 2 == 0) && (ldb % 2 == 0) && ((reinterpret_cast<u64>(B) & 3) == 0);
+#endif
+
+  float acc[MI][NI][4];
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int j = 0; j < NI; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+
+  for (int s = s0 + warp * KU; s < s1; s += WARPS * KU) {
+    u32 af[KU][MI][4], bf[KU][NI][2];
+#pragma unroll
+    for (int u = 0; u < KU; ++u) {
+      const int k = (s + u) * 16 + 2 * q;  // >= kend once s + u >= s1: loads give zeros
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+        const int r = m0 + i * 16 + g;
+        af[u][i][0] = ld_pair(A, r, M, k, kend, lda, vecA);
+        af[u][i][1] = ld_pair(A, r + 8, M, k, kend, lda, vecA);
+        af[u][i][2] = ld_pair(A, r, M, k + 8, kend, lda, vecA);
+        af[u][i][3] = ld_pair(A, r + 8, M, k + 8, kend, lda, vecA);
+      }
+#pragma unroll
+      for (int j = 0; j < NI; ++j) {
+        const int n = n0 + j * 8 + g;
+#if defined(EVO_LAYOUT_TN)
+        bf[u][j][0] = ld_pair(B, n, N, k, kend, ldb, vecB);
+        bf[u][j][1] = ld_pair(B, n, N, k + 8, kend, ldb, vecB);
+#else
+        bf[u][j][0] = ld_colpair(B, k, kend, n, N, ldb);
+        bf[u][j][1] = ld_colpair(B, k + 8, kend, n, N, ldb);
+#endif
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < KU; ++u)
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j) mma16816(acc[i][j], af[u][i], bf[u][j]);
+  }
+
+#if SPLIT_K > 1
+  float* Wz = W + (long long)blockIdx.z * M * N;
+#endif
+#if WARPS > 1
+  // Add the warps' partial tiles: [warp][fragment float][lane] in shared memory (conflict-free).
+  extern __shared__ __align__(16) float red[];
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int j = 0; j < NI; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) red[(warp * FR + (i * NI + j) * 4 + c) * 32 + lane] = acc[i][j][c];
+  __syncthreads();
+  for (int e = tid; e < FR * 32; e += THREADS) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) sum += red[w * FR * 32 + e];
+    const int f = e >> 5, l = e & 31, c = f & 3, ij = f >> 2;
+    const int row = m0 + (ij / NI) * 16 + (l >> 2) + (c >> 1) * 8;
+    const int col = n0 + (ij % NI) * 8 + (l & 3) * 2 + (c & 1);
+    if (row < M && col < N) {
+#if SPLIT_K > 1
+      Wz[(long long)row * N + col] = sum;
+#else
+      C[(long long)row * ldc + col] = f2h(sum);
+#endif
+    }
+  }
+#else
+  // One warp: store the fragment pairs directly.
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int j = 0; j < NI; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + i * 16 + g + h * 8, col = n0 + j * 8 + q * 2;
+        if (row >= M || col >= N) continue;
+#if SPLIT_K > 1
+        float* p = Wz + (long long)row * N + col;
+        p[0] = acc[i][j][2 * h];
+        if (col + 1 < N) p[1] = acc[i][j][2 * h + 1];
+#else
+        half_t* p = C + (long long)row * ldc + col;
+        p[0] = f2h(acc[i][j][2 * h]);
+        if (col + 1 < N) p[1] = f2h(acc[i][j][2 * h + 1]);
+#endif
+      }
+#endif
+}
+
+#if SPLIT_K > 1
+// Sum the SPLIT_K fp32 slices in a fixed order (deterministic) and convert to fp16.
+extern "C" __global__ void __launch_bounds__(256)
+evo_splitk_reduce(const float* __restrict__ W, half_t* __restrict__ C, int M, int N) {
+  const long long mn = (long long)M * N;
+  const long long e = (long long)blockIdx.x * 256 + threadIdx.x;
+  if (e >= mn) return;
+  float s = W[e];
+#pragma unroll
+  for (int z = 1; z < SPLIT_K; ++z) s += W[z * mn + e];
+  C[e] = f2h(s);
+}
+#endif

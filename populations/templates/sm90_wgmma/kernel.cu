@@ -1,0 +1,412 @@
+// evo template family B: Hopper HGEMM with TMA + wgmma, warp-specialised, multi-stage.
+//
+// C[M,N] = A[M,K] * B (fp16 in/out, fp32 accumulate). A is M x K row-major. B is N x K
+// row-major (EVO_LAYOUT_TN, both operands K-major: the natural wgmma case) or K x N row-major
+// (EVO_LAYOUT_NN: B is MN-major in shared memory and wgmma reads it with the transpose bit).
+//
+// Warpgroup 0 is the producer: one thread issues TMA loads of A (box BM x 64) and B (boxes of
+// 64 x 64, BN/64 of them) into a STAGES-deep ring, signalling "full" mbarriers through
+// complete_tx. Warpgroups 1..CONSUMERS each own BM/CONSUMERS rows of the tile, wait on "full",
+// issue 4 wgmma m64nBNk16 per 64-wide K block per 64 rows, and release the stage through an
+// "empty" mbarrier once the wgmmas reading it have retired (wait_group 1 keeps one K block
+// in flight). TMA zero-fills out-of-bounds boxes, so ragged M, N, K need no padding; the
+// epilogue guards every store. Persistent mode: grid = min(#tiles, #SMs), each CTA loops over
+// tiles (the kernel is the same; only the plan's grid differs). Tiles are ordered in groups of
+// GROUP tile-rows (RASTER = M) or tile-columns (RASTER = N), like Triton's grouped order.
+//
+// Knobs (prepended by the renderer as #defines; template.toml documents them): BM, BN, BK,
+// STAGES, CONSUMERS, GROUP, RASTER, CLUSTER_M. PERSISTENT only changes the plan's grid.
+// No CUTLASS/CuTe, no <cuda.h>, no includes at all: raw PTX.
+
+#ifndef BM
+#define BM 128
+#endif
+#ifndef BN
+#define BN 256
+#endif
+#ifndef BK
+#define BK 64
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+#ifndef CONSUMERS
+#define CONSUMERS 2
+#endif
+#ifndef GROUP
+#define GROUP 8
+#endif
+#ifndef RASTER                 // string knob: the renderer defines RASTER_M 0, RASTER_N 1
+#define RASTER_M 0
+#define RASTER_N 1
+#define RASTER RASTER_M
+#endif
+#ifndef CLUSTER_M
+#define CLUSTER_M 1
+#endif
+#if !defined(EVO_LAYOUT_TN) && !defined(EVO_LAYOUT_NN)
+#define EVO_LAYOUT_TN 1
+#endif
+
+#if BK != 64
+#error "BK must be 64 (one 128-byte swizzle row of fp16)"
+#endif
+#if CLUSTER_M != 1
+#error "TMA multicast across a cluster is not implemented yet: CLUSTER_M must be 1"
+#endif
+#define WM (BM / CONSUMERS)          // rows per consumer warpgroup
+#define WM_TILES (WM / 64)           // m64 wgmma slabs per consumer
+#if WM % 64 != 0 || WM_TILES < 1
+#error "BM / CONSUMERS must be a multiple of 64"
+#endif
+#if BN % 64 != 0 && !(BN == 192)
+#error "BN must be 64, 128, 192 or 256"
+#endif
+#ifndef THREADS
+#define THREADS (128 * (CONSUMERS + 1))
+#endif
+#define A_STAGE_BYTES (BM * BK * 2)
+#define B_STAGE_BYTES (BN * BK * 2)
+#ifndef STAGE_BYTES
+#define STAGE_BYTES (A_STAGE_BYTES + B_STAGE_BYTES)
+#endif
+#define ACC (BN / 2)                 // fp32 accumulators per thread per m64 slab
+// Register split after setmaxnreg: 128 x (40 + 232 * CONSUMERS) <= 64 K registers.
+#define CONSUMER_REGS 232
+#define PRODUCER_REGS 40
+
+typedef unsigned short evo_half_bits;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+struct __align__(64) EvoTensorMap { unsigned long long opaque[16]; };
+
+// ---------------------------------------------------------------- PTX helpers
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+  u32 a;
+  asm("{\n.reg .u64 t;\ncvta.to.shared.u64 t, %1;\ncvt.u32.u64 %0, t;\n}\n" : "=r"(a) : "l"(p));
+  return a;
+}
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  u32 done;
+#if defined(EVO_WATCHDOG)
+  long long spins = 0;   // debug builds: a deadlock traps instead of hanging the GPU
+#endif
+  do {
+#if defined(EVO_WATCHDOG)
+    if (++spins > (1ll << 24)) __trap();
+#endif
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void tma_load_2d(u32 dst, const EvoTensorMap* map, u32 bar, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(dst), "l"((u64)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_desc(const EvoTensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" :: "l"((u64)map) : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
+template <typename T>
+__device__ __forceinline__ void fence_operand(T& r) { asm volatile("" : "+f"(r) :: "memory"); }
+
+// Shared-memory matrix descriptor, 128-byte swizzle. Offsets in bytes.
+__device__ __forceinline__ u64 make_desc(u32 saddr, u32 lbo, u32 sbo) {
+  u64 d = 0;
+  d |= (u64)((saddr & 0x3FFFF) >> 4);
+  d |= (u64)((lbo & 0x3FFFF) >> 4) << 16;
+  d |= (u64)((sbo & 0x3FFFF) >> 4) << 32;
+  d |= 1ull << 62;
+  return d;
+}
+
+// ---------------------------------------------------------------- wgmma m64nNk16 (generated)
+template <int TB>
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], u64 da, u64 db, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+    "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+    "}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+    : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+}
+
+template <int TB>
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], u64 da, u64 db, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+    "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+    "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+    : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+}
+
+template <int TB>
+__device__ __forceinline__ void wgmma_n192(float (&d)[96], u64 da, u64 db, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+    "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {"
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+    "}, %96, %97, p, 1, 1, 0, %99;\n}\n"
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+      "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+      "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+      "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+    : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+}
+
+template <int TB>
+__device__ __forceinline__ void wgmma_n256(float (&d)[128], u64 da, u64 db, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+    "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+    "}, %128, %129, p, 1, 1, 0, %131;\n}\n"
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+      "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+      "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+      "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+      "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+      "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+      "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+      "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+    : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+}
+
+template <int TB>
+__device__ __forceinline__ void wgmma_bn(float (&d)[ACC], u64 da, u64 db, int scale_d) {
+#if BN == 64
+  wgmma_n64<TB>(d, da, db, scale_d);
+#elif BN == 128
+  wgmma_n128<TB>(d, da, db, scale_d);
+#elif BN == 192
+  wgmma_n192<TB>(d, da, db, scale_d);
+#else
+  wgmma_n256<TB>(d, da, db, scale_d);
+#endif
+}
+
+// ---------------------------------------------------------------- tile order
+__device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
+#if RASTER == RASTER_N
+  // groups of GROUP tile-columns; inside a group, walk down the columns' tiles n-fastest.
+  int in_group = GROUP * tiles_m;
+  int g = t / in_group, r = t - g * in_group;
+  int first = g * GROUP;
+  int size = tiles_n - first < GROUP ? tiles_n - first : GROUP;
+  tn = first + r % size;
+  tm = r / size;
+#else
+  int in_group = GROUP * tiles_n;
+  int g = t / in_group, r = t - g * in_group;
+  int first = g * GROUP;
+  int size = tiles_m - first < GROUP ? tiles_m - first : GROUP;
+  tm = first + r % size;
+  tn = r / size;
+#endif
+}
+
+// ---------------------------------------------------------------- epilogue
+__device__ __forceinline__ u32 pack_half2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));   // hi -> upper 16 bits
+  return r;
+}
+__device__ __forceinline__ void store_pair(evo_half_bits* C, int M, int N, int row, int col, float x, float y) {
+  if (row >= M || col >= N) return;
+  const u32 h = pack_half2(x, y);
+  evo_half_bits* p = C + (long long)row * N + col;
+  if ((N & 1) == 0) {            // N even and col even: 4-byte aligned, col + 1 < N
+    *reinterpret_cast<u32*>(p) = h;
+  } else {
+    p[0] = (evo_half_bits)(h & 0xFFFFu);
+    if (col + 1 < N) p[1] = (evo_half_bits)(h >> 16);
+  }
+}
+
+// ---------------------------------------------------------------- the kernel
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoTensorMap tmB,
+          evo_half_bits* __restrict__ C, int M, int N, int K) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // 128-byte swizzle atoms need 1024-byte alignment; the plan reserves 1 KiB of slack.
+  const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const u32 sA = base;                                   // STAGES x BM x 128 B
+  const u32 sB = base + STAGES * A_STAGE_BYTES;          // STAGES x BN x 128 B
+  const u32 bars = base + STAGES * STAGE_BYTES;          // full[STAGES], empty[STAGES]
+#define FULL(s) (bars + 8u * (s))
+#define EMPTY(s) (bars + 8u * (STAGES + (s)))
+
+  const int tiles_m = (M + BM - 1) / BM;
+  const int tiles_n = (N + BN - 1) / BN;
+  const int tiles = tiles_m * tiles_n;
+  const int kblocks = (K + BK - 1) / BK;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(FULL(s), 1);
+      mbar_init(EMPTY(s), CONSUMERS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    tma_prefetch_desc(&tmA);
+    tma_prefetch_desc(&tmB);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(PRODUCER_REGS));
+    if (threadIdx.x == 0) {
+      int stage = 0;
+      u32 phase = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int tm, tn;
+        tile_coords(t, tiles_m, tiles_n, tm, tn);
+        const int m0 = tm * BM, n0 = tn * BN;
+        for (int kb = 0; kb < kblocks; ++kb) {
+          mbar_wait(EMPTY(stage), phase ^ 1u);
+          const u32 full = FULL(stage);
+          mbar_expect_tx(full, STAGE_BYTES);
+          tma_load_2d(sA + stage * A_STAGE_BYTES, &tmA, full, kb * BK, m0);
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j) {
+#if defined(EVO_LAYOUT_NN)
+            // B is K x N row-major: box of 64 k-rows x 64 n-columns, one 8 KiB chunk per 64 n.
+            tma_load_2d(sB + stage * B_STAGE_BYTES + j * 8192, &tmB, full, n0 + j * 64, kb * BK);
+#else
+            // B is N x K row-major: box of 64 n-rows x 64 k-columns.
+            tma_load_2d(sB + stage * B_STAGE_BYTES + j * 8192, &tmB, full, kb * BK, n0 + j * 64);
+#endif
+          }
+          if (++stage == STAGES) { stage = 0; phase ^= 1u; }
+        }
+      }
+    }
+  } else {
+    // ------------------------------------------------------------ consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(CONSUMER_REGS));
+    const int c = wg - 1;
+    const int lt = threadIdx.x - 128 * wg;   // thread in warpgroup
+    const int warp = lt / 32, lane = lt % 32;
+    float acc[WM_TILES][ACC];
+    int stage = 0;
+    u32 phase = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int tm, tn;
+      tile_coords(t, tiles_m, tiles_n, tm, tn);
+      int prev_stage = -1;
+      for (int kb = 0; kb < kblocks; ++kb) {
+        mbar_wait(FULL(stage), phase);
+        const u32 a_base = sA + stage * A_STAGE_BYTES + c * WM * 128;
+        const u32 b_base = sB + stage * B_STAGE_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+#if defined(EVO_LAYOUT_NN)
+          // MN-major B: 16 k-rows of 128 B per k16 step; 8-row groups 1 KiB apart (SBO),
+          // 64-column chunks 8 KiB apart (LBO); transpose bit set.
+#if defined(EVO_NN_DESC_SWAP)
+          const u64 db = make_desc(b_base + kk * 2048, 1024, 8192);
+#else
+          const u64 db = make_desc(b_base + kk * 2048, 8192, 1024);
+#endif
+#else
+          const u64 db = make_desc(b_base + kk * 32, 16, 1024);
+#endif
+#pragma unroll
+          for (int w = 0; w < WM_TILES; ++w) {
+            const u64 da = make_desc(a_base + w * 64 * 128 + kk * 32, 16, 1024);
+#if defined(EVO_LAYOUT_NN)
+            wgmma_bn<1>(acc[w], da, db, (kb > 0 || kk > 0) ? 1 : 0);
+#else
+            wgmma_bn<0>(acc[w], da, db, (kb > 0 || kk > 0) ? 1 : 0);
+#endif
+          }
+        }
+        wgmma_commit();
+        // Keep this K block's wgmmas in flight; the previous block's have retired, so its
+        // stage can go back to the producer.
+        wgmma_wait<1>();
+        if (prev_stage >= 0 && lt == 0) mbar_arrive(EMPTY(prev_stage));
+        prev_stage = stage;
+        if (++stage == STAGES) { stage = 0; phase ^= 1u; }
+      }
+      wgmma_wait<0>();
+      if (prev_stage >= 0 && lt == 0) mbar_arrive(EMPTY(prev_stage));
+#pragma unroll
+      for (int w = 0; w < WM_TILES; ++w) {
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) fence_operand(acc[w][i]);
+      }
+
+      // epilogue: registers -> global, guarded (fragment layout of wgmma m64nN f32).
+      const int row0 = tm * BM + c * WM + warp * 16 + lane / 4;
+      const int col0 = tn * BN + 2 * (lane % 4);
+#pragma unroll
+      for (int w = 0; w < WM_TILES; ++w) {
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int row = row0 + w * 64, col = col0 + j * 8;
+          store_pair(C, M, N, row, col, acc[w][4 * j + 0], acc[w][4 * j + 1]);
+          store_pair(C, M, N, row + 8, col, acc[w][4 * j + 2], acc[w][4 * j + 3]);
+        }
+      }
+    }
+  }
+#undef FULL
+#undef EMPTY
+}

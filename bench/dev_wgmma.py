@@ -34,6 +34,7 @@ from populations._template import load_template  # noqa: E402
 
 TEMPLATE_DIR = ROOT / "populations" / "templates" / "sm90_wgmma"
 L2_BYTES = 60 * 2**20
+CHILD_RESTART = 3  # a child's exit code after it reported a failed job
 
 # name -> (knobs, extra #defines)
 VARIANTS: dict[str, tuple[dict, tuple[str, ...]]] = {
@@ -211,7 +212,15 @@ def job_check(variant: str, layout: str) -> dict:
             ok = bool(torch.isfinite(c).all()) and err2 < 1e-2
             err = max(err, err2)
         ok_all &= ok
-        out["shapes"].append({"shape": [m, n, kk], "ok": ok, "rel_err": err, "nan": nan})
+        rec = {"shape": [m, n, kk], "ok": ok, "rel_err": err, "nan": nan}
+        if not ok:  # where it goes wrong, for debugging without another device call
+            bad = ~torch.isfinite(c) | ((c.float() - ref).abs() > 0.05 * ref.abs().max())
+            idx = bad.nonzero()
+            rec["bad_frac"] = float(bad.float().mean())
+            rec["first_bad"] = idx[:4].tolist()
+            rec["bad_rows"] = sorted(set((idx[:, 0] % 128).tolist()))[:40]
+            rec["bad_cols"] = sorted(set((idx[:, 1] % 256).tolist()))[:40]
+        out["shapes"].append(rec)
     out["ok"] = ok_all
     return out
 
@@ -283,15 +292,20 @@ def job_time(variants: list[str], layout: str) -> dict:
 
 def child_main(args) -> None:
     import torch
+    from cuda.bindings import driver as cu
 
     torch.manual_seed(1234)
+    torch.zeros(1, device="cuda")           # torch makes the primary context current ...
+    torch.cuda.synchronize()
+    _ck(cu.cuInit(0))                        # ... and the driver API then works in it
     spec = json.loads(args.child)
-    jobs = spec["jobs"]
-    for j in jobs:
+    for j in spec["jobs"]:
         try:
             res = job_check(j["variant"], j["layout"]) if j["kind"] == "check" else job_time(j["variants"], j["layout"])
         except Exception as exc:
             res = {"job": j["kind"], **j, "ok": False, "error": repr(exc)[:2000]}
+            print("RESULT " + json.dumps(res), flush=True)
+            sys.exit(CHILD_RESTART)          # the context may be poisoned: start afresh
         print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -334,7 +348,7 @@ def run_jobs(jobs: list[dict], log, timeout: float) -> list[dict]:
                 done += 1
                 print(_short(res), flush=True)
         proc.wait()
-        if done < len(todo):
+        if done < len(todo) and proc.returncode != CHILD_RESTART:
             failed = todo[done]
             results.append({"job": failed["kind"], **failed, "ok": False,
                             "error": f"child died (rc={proc.returncode}) or timed out after {time.time() - t0:.0f} s"})
@@ -346,7 +360,8 @@ def run_jobs(jobs: list[dict], log, timeout: float) -> list[dict]:
 
 def _short(res: dict) -> str:
     if res.get("job") == "check":
-        bad = [s["shape"] for s in res.get("shapes", []) if not s["ok"]]
+        bad = [(s["shape"], s.get("bad_frac"), s.get("first_bad"), s.get("bad_rows"), s.get("bad_cols"))
+               for s in res.get("shapes", []) if not s["ok"]][:2]
         worst = max((s["rel_err"] for s in res.get("shapes", []) if s["ok"]), default=float("nan"))
         return (f"check {res.get('variant')} {res.get('layout')}: {'OK' if res.get('ok') else 'FAIL'}"
                 f" worst={worst:.2e} bad={bad} {res.get('error', '')[:300]}")

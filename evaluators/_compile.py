@@ -1,0 +1,169 @@
+"""``compile_candidate``: static scan, cache, isolated compile, ptxas stats, resource policy.
+
+The second step of the evaluation cascade (DESIGN.md). Everything here runs on CPUs and
+never touches a GPU. Statuses (``populations.Status``):
+
+- ``REJECTED``: the static scan refused the source or plan, or the candidate needs sm_90a
+  (tensor maps, or ``meta["arch_features"]`` naming ``sm_90a``) and the target is ``sm_80``.
+- ``COMPILE_ERROR``: the compiler said no (the log is the message), the compile ran past its
+  deadline ("timeout after Xs") or its memory cap ("out of memory ..."), or the cubin breaks
+  the resource policy: more than 16 KiB of stack/local memory per thread, static plus dynamic
+  shared memory above the arch's per-block limit, or more than 64 Ki registers per block.
+- ``OK``: ``cubin`` and per-kernel ``KernelStats`` (registers, spills, smem, stack, cmem).
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from populations import Candidate, KernelStats, PlanError, Shape, Status
+
+from ._cache import CacheEntry, CubinCache, cache_key
+from ._backends import flags_for
+from ._isolate import DEFAULT_MEM_MB, run_compile_isolated
+from ._ptxas import parse_ptxas, resource_problems
+from ._static import scan, smoke_shapes
+from ._toolkit import BACKENDS, nvcc_path, nvrtc_available, toolkit_version
+
+__all__ = ["CompileResult", "compile_candidate", "arch_for_capability", "default_backend",
+           "ARCHS", "MAX_SMEM_PER_BLOCK", "sm90_requirements"]
+
+ARCHS = ("sm_80", "sm_90a")
+#: Largest static + dynamic shared memory per block (opt-in maximum): A100 163 KiB, H100/H200 227 KiB.
+MAX_SMEM_PER_BLOCK = {"sm_80": 166912, "sm_90a": 232448}
+MAX_REGS_PER_BLOCK = 65536
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    ok: bool
+    status: Status
+    message: str
+    cubin: bytes = b""
+    kernels: tuple[KernelStats, ...] = ()
+    seconds: float = 0.0
+    cached: bool = False
+    backend: str = ""
+    arch: str = ""
+    telemetry: Mapping[str, Any] = field(default_factory=dict)
+
+
+def arch_for_capability(capability: tuple[int, int]) -> str:
+    """(9, 0) -> "sm_90a" (Hopper, arch-specific features on); (8, x) -> "sm_80".
+
+    Newer majors are not targeted yet: sm_90a cubins do not run on them, so refuse clearly.
+    """
+    major, _minor = capability
+    if major == 9:
+        return "sm_90a"
+    if major == 8:
+        return "sm_80"
+    raise ValueError(f"compute capability {major}.{_minor} is not a target of evo (sm_80 or sm_90a)")
+
+
+def default_backend() -> str:
+    """``$EVO_COMPILE_BACKEND`` if set, else NVRTC where importable, else nvcc."""
+    env = os.environ.get("EVO_COMPILE_BACKEND")
+    if env:
+        return env
+    return "nvrtc" if nvrtc_available() else "nvcc"
+
+
+def sm90_requirements(candidate: Candidate) -> list[str]:
+    """Why a candidate can only run on sm_90a (empty when it may target sm_80)."""
+    why = []
+    if candidate.plan.tensor_maps:
+        why.append("its plan uses TMA tensor maps")
+    feats = candidate.meta.get("arch_features") if isinstance(candidate.meta, Mapping) else None
+    if feats and "sm_90a" in feats:
+        why.append("it declares arch_features ['sm_90a']")
+    return why
+
+
+_SM90_HINT = re.compile(r"not supported on \.target|requires \.target sm_90|sm_90a")
+
+
+def compile_candidate(candidate: Candidate, arch: str, *, timeout_s: float = 60, cache_dir: Any = None,
+                      backend: str | None = None, mem_mb: int = DEFAULT_MEM_MB,
+                      extra_flags: tuple[str, ...] = (), use_cache: bool = True,
+                      run_scan: bool = True) -> CompileResult:
+    """Scan, then compile ``candidate`` for ``arch`` ("sm_80" or "sm_90a"); never raises for bad code."""
+    t0 = time.monotonic()
+    backend = backend or default_backend()
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+    def result(status: Status, message: str, **kw: Any) -> CompileResult:
+        return CompileResult(ok=status is Status.OK, status=status, message=message,
+                             seconds=time.monotonic() - t0, backend=backend, arch=arch, **kw)
+
+    telemetry: dict[str, Any] = {}
+    if run_scan:
+        verdict = scan(candidate, arch=arch)
+        telemetry["scan"] = dict(verdict.telemetry)
+        if not verdict.ok:
+            return result(Status.REJECTED, "static scan: " + "; ".join(verdict.reasons), telemetry=telemetry)
+    if arch == "sm_80" and (why := sm90_requirements(candidate)):
+        return result(Status.REJECTED, f"needs sm_90a ({', '.join(why)}); the target is sm_80", telemetry=telemetry)
+
+    flags = flags_for(backend, arch, tuple(extra_flags))
+    cache = CubinCache(cache_dir) if use_cache else None
+    key = cache_key(candidate.source, flags, arch, backend, toolkit_version(backend))
+    entry = cache.get(key) if cache is not None else None
+    cached = entry is not None
+    if entry is None:
+        out = run_compile_isolated(backend, candidate.source, flags, timeout_s=timeout_s, mem_mb=mem_mb,
+                                   nvcc=nvcc_path() if backend == "nvcc" else None)
+        if out.failure:
+            return result(Status.COMPILE_ERROR, out.log, telemetry={**telemetry, "failure": out.failure})
+        entry = CacheEntry(out.ok, out.cubin, out.log, out.seconds)
+        if cache is not None:
+            cache.put(key, entry)
+    telemetry["compile_s"] = entry.seconds
+    if not entry.ok:
+        msg = entry.log
+        uses = telemetry.get("scan", {}).get("sm90_features")
+        if arch == "sm_80" and uses and _SM90_HINT.search(msg):
+            msg = f"candidate uses sm_90a features ({', '.join(uses)}) not available on sm_80:\n{msg}"
+        return result(Status.COMPILE_ERROR, msg, cached=cached, telemetry=telemetry)
+
+    report = parse_ptxas(entry.log)
+    problems = resource_problems(report) + _launch_problems(candidate, report.kernels, arch)
+    if problems:
+        return result(Status.COMPILE_ERROR, "resource policy: " + "; ".join(problems),
+                      kernels=report.kernels, cached=cached, telemetry=telemetry)
+    return result(Status.OK, entry.log, cubin=entry.cubin, kernels=report.kernels, cached=cached,
+                  telemetry=telemetry)
+
+
+def _launch_problems(candidate: Candidate, kernels: tuple[KernelStats, ...], arch: str) -> list[str]:
+    """Launches that could never start: too much shared memory or too many registers per block."""
+    stats = {k.name: k for k in kernels}
+    limit = MAX_SMEM_PER_BLOCK[arch]
+    problems: list[str] = []
+    shapes: tuple[Shape, ...] = candidate.shapes + (smoke_shapes(candidate) if candidate.generic else ())
+    for launch in candidate.plan.launches:
+        k = stats.get(launch.kernel)
+        if k is None:
+            problems.append(f"kernel {launch.kernel} is not in the cubin")
+            continue
+        threads = launch.block[0] * launch.block[1] * launch.block[2]
+        if k.registers * threads > MAX_REGS_PER_BLOCK:
+            problems.append(f"kernel {launch.kernel}: {k.registers} registers x {threads} threads exceeds "
+                            f"{MAX_REGS_PER_BLOCK} registers per block")
+    for shape in shapes:
+        try:
+            resolved, _ = candidate.plan.resolve(shape)
+        except PlanError:
+            continue  # the static scan reports plan errors
+        for r in resolved:
+            k = stats.get(r.kernel)
+            if k is not None and k.smem_static + r.smem > limit:
+                problems.append(f"kernel {r.kernel} at {shape}: {k.smem_static} B static + {r.smem} B dynamic "
+                                f"shared memory exceeds {limit} B on {arch}")
+    return list(dict.fromkeys(problems))

@@ -1,0 +1,104 @@
+"""Budgets and convergence: when a run (or one shape of it) should stop asking for more work.
+
+A :class:`Budget` counts what this run spent (wall time, GPU-seconds, evaluations, LLM tokens)
+against optional limits. A :class:`Convergence` watches one shape's best fitness and says when
+the last N evaluations brought no relative improvement larger than a threshold.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from populations import Evaluation
+
+__all__ = ["Budget", "Convergence", "gpu_seconds"]
+
+
+def gpu_seconds(ev: Evaluation) -> float:
+    """GPU time an evaluation used: its correctness and timing phases (compiling is CPU time)."""
+    return max(0.0, float(ev.correctness_s)) + max(0.0, float(ev.timing_s))
+
+
+@dataclass
+class Budget:
+    """Spending of this run against optional limits (None: unlimited)."""
+
+    wall_s: Optional[float] = None
+    gpu_s: Optional[float] = None
+    evals: Optional[int] = None
+    tokens: Optional[int] = None
+    clock: Callable[[], float] = time.monotonic
+    started: float = field(default=0.0)
+    used_gpu_s: float = 0.0
+    used_evals: int = 0
+    used_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+
+    @property
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def charge(self, evaluations: list[Evaluation]) -> None:
+        """Count finished evaluations (every status counts: a failure spent the GPU too)."""
+        self.used_evals += len(evaluations)
+        self.used_gpu_s += sum(gpu_seconds(e) for e in evaluations)
+
+    def charge_tokens(self, tokens: int) -> None:
+        self.used_tokens += max(0, int(tokens))
+
+    def exhausted(self) -> Optional[str]:
+        """The name of the first limit reached (``wall``, ``gpu_seconds``, ``evals``, ``tokens``), else None."""
+        if self.wall_s is not None and self.elapsed >= self.wall_s:
+            return "wall"
+        if self.gpu_s is not None and self.used_gpu_s >= self.gpu_s:
+            return "gpu_seconds"
+        if self.evals is not None and self.used_evals >= self.evals:
+            return "evals"
+        if self.tokens is not None and self.used_tokens >= self.tokens:
+            return "tokens"
+        return None
+
+    def remaining_evals(self, inflight: int) -> Optional[int]:
+        """How many more candidates may be started without overshooting the evaluation limit."""
+        if self.evals is None:
+            return None
+        return max(0, self.evals - self.used_evals - inflight)
+
+    def summary(self) -> dict[str, float]:
+        return {"wall_s": round(self.elapsed, 3), "gpu_s": round(self.used_gpu_s, 3),
+                "evals": self.used_evals, "tokens": self.used_tokens}
+
+
+class Convergence:
+    """Best-fitness history of one shape; converged when the last ``window`` evaluations improved
+    the best by no more than ``threshold`` (relative), counting from the best seen before them."""
+
+    def __init__(self, window: Optional[int], threshold: float) -> None:
+        self.window = window
+        self.threshold = threshold
+        self.best: Optional[float] = None
+        self._history: list[Optional[float]] = []  # best fitness after each evaluation, in order
+
+    def observe(self, fitness: Optional[float]) -> bool:
+        """Record one evaluation; True when it improved the best at all."""
+        improved = fitness is not None and (self.best is None or fitness > self.best)
+        if improved:
+            self.best = fitness
+        self._history.append(self.best)
+        if self.window is not None and len(self._history) > self.window + 1:
+            del self._history[: len(self._history) - self.window - 1]
+        return improved
+
+    @property
+    def converged(self) -> bool:
+        if self.window is None or len(self._history) <= self.window:
+            return False
+        before, now = self._history[0], self._history[-1]
+        if now is None:
+            return True  # a whole window without one valid result: nothing left to gain here
+        if before is None:
+            return False
+        return now <= before * (1.0 + self.threshold)

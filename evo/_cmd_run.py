@@ -1,0 +1,181 @@
+"""``evo run``: evolve kernels for one or more shapes into an archive (docs/run.md).
+
+Flags override the optional ``--config run.toml``. Bad input exits 2 with one clear line;
+a run stopped by Ctrl-C exits 130 (first press: in-flight work finishes, then the archive is
+committed; second press: in-flight work is abandoned, the archive is committed); any other
+stop (budget, convergence, nothing left to propose) exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ._config import ConfigError, PoolConfig, RunConfig, load_config, merge
+
+__all__ = ["add_parser", "run", "config_from_args", "make_pool", "make_operators", "expand_operators", "ALIASES"]
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("run", help="evolve kernels for shapes into an archive",
+                              description="Evolve HGEMM kernels per shape; resumes when the archive exists.")
+    p.add_argument("--shape", action="append", dest="shapes", metavar="MxNxK[:TN|NN][:f32|f16]",
+                   help="a shape to optimise (repeat for several)")
+    p.add_argument("--archive", metavar="DIR", help="archive directory (created, or resumed when it exists)")
+    p.add_argument("--config", metavar="TOML", help="run configuration file; flags override it")
+    p.add_argument("--budget", metavar="DURATION", help="wall-time budget, e.g. 20m, 1h30m, 90s")
+    p.add_argument("--gpu-seconds", metavar="DURATION", help="GPU-time budget (correctness + timing), e.g. 600 or 10m")
+    p.add_argument("--max-evals", type=int, metavar="N", help="evaluations in this run")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="LLM tokens in this run")
+    p.add_argument("--operators", metavar="LIST", help="operators and weights, e.g. knob,optuna or knob:3,optuna:1")
+    p.add_argument("--seed", type=int, help="random seed (default 0)")
+    p.add_argument("--converge-window", type=int, metavar="N",
+                   help="stop a shape after N evaluations without improving its best by more than the threshold")
+    p.add_argument("--converge-threshold", type=float, metavar="FRACTION", help="relative improvement that counts (default 0.005)")
+    p.add_argument("--gpus", metavar="LIST", help="GPU indices for the pool, e.g. 0 or 0,1")
+    p.add_argument("--compile-workers", type=int, metavar="N", help="CPU compile processes (default 4)")
+    p.add_argument("--max-inflight", type=int, metavar="N", help="candidates in flight (default 2 x GPUs + compile workers)")
+    p.add_argument("--arch", metavar="SM", help="target architecture (default sm_90a)")
+    p.add_argument("--progress", choices=("auto", "rich", "plain", "none"), help="live progress display")
+    p.add_argument("--no-transfer", action="store_true", default=None,
+                   help="do not seed new shapes from the elites of nearby archived shapes")
+    # Test-only: a `module:factory` evaluator pool (tests use fake_pool:FakeEvaluatorPool).
+    p.add_argument("--pool", default=None, help=argparse.SUPPRESS)
+
+
+def _gpus(text: Optional[str]) -> Optional[list[int]]:
+    if text is None:
+        return None
+    try:
+        return [int(g) for g in text.split(",") if g.strip()]
+    except ValueError:
+        raise ConfigError(f"--gpus: a comma-separated list of GPU indices, got {text!r}") from None
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The run configuration: the file (if any) with the flags laid over it."""
+    file_values = load_config(args.config) if args.config else {}
+    pool = {k: v for k, v in {"gpus": _gpus(args.gpus), "compile_workers": args.compile_workers,
+                                "max_inflight": args.max_inflight, "arch": args.arch, "kind": args.pool}.items()
+            if v is not None}
+    flags: dict[str, Any] = {
+        "shapes": args.shapes, "archive": args.archive, "budget": args.budget, "gpu_seconds": args.gpu_seconds,
+        "max_evals": args.max_evals, "max_tokens": args.max_tokens, "operators": args.operators,
+        "seed": args.seed, "converge_window": args.converge_window, "converge_threshold": args.converge_threshold,
+        "progress": args.progress, "pool": pool or None,
+        "transfer": {"enabled": False} if args.no_transfer else None,
+    }
+    return merge(file_values, flags)
+
+
+def make_pool(pool: PoolConfig) -> Any:
+    """The evaluator pool: ``local`` is evaluators.LocalPool; ``module:factory`` is a test double."""
+    if pool.kind == "local":
+        from evaluators import LocalPool  # imported here: it may pull in CUDA bindings
+
+        return LocalPool(gpus=pool.gpus, compile_workers=pool.compile_workers, arch=pool.arch)
+    module, _, attr = pool.kind.partition(":")
+    if not module or not attr:
+        raise ConfigError(f"pool.kind: 'local' (or a test-only module:factory), got {pool.kind!r}")
+    try:
+        factory: Callable[[PoolConfig], Any] = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"pool.kind: cannot load {pool.kind!r}: {exc}") from None
+    return factory(pool)
+
+
+#: Short names for groups of registered operators (``--operators knob,optuna``), with the share
+#: of the group's weight each member gets. An alias wins over a registered operator of the same
+#: name (the registry's ``knob`` is mutation alone; ``knob_mutation`` names that here).
+ALIASES: dict[str, dict[str, float]] = {
+    "knob": {"knob_mutation": 0.6, "knob_crossover": 0.3, "knob_random": 0.1},
+    "optuna": {"tpe": 1.0},
+}
+
+
+def expand_operators(weights: dict[str, float]) -> dict[str, float]:
+    """Aliases replaced by their members (weights split by the alias's shares, summed on overlap)."""
+    out: dict[str, float] = {}
+    for name, weight in weights.items():
+        for member, share in ALIASES.get(name, {name: 1.0}).items():
+            out[member] = out.get(member, 0.0) + weight * share
+    return out
+
+
+def make_operators(weights: dict[str, float]) -> dict[str, Any]:
+    """One operator instance per configured name (aliases expanded); an unknown or uninstalled
+    name is a ConfigError naming what is available or what to install."""
+    from operators import get_operator, registered_operators
+
+    known = registered_operators()
+    out = {}
+    for name in weights:
+        if name not in known:
+            raise ConfigError(f"operators: unknown operator {name!r}; known: {', '.join(sorted(set(ALIASES) | set(known)))}")
+        try:
+            out[name] = get_operator(name)
+        except ImportError as exc:
+            raise ConfigError(f"operators: {exc}") from None
+    return out
+
+
+def _close_pool(pool: Any, abandon: bool) -> None:
+    if abandon and callable(getattr(pool, "cancel_all", None)):
+        pool.cancel_all()
+    close = getattr(pool, "close", None)
+    if callable(close):
+        close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from populations import load_templates
+    from populations._archive import Archive, ArchiveError
+
+    from ._engine import Engine
+    from ._progress import EVENTS_FILE, EventLog, Progress
+
+    try:
+        cfg = config_from_args(args)
+        cfg.operators = expand_operators(cfg.operators)
+        operators = make_operators(cfg.operators)
+        templates = load_templates(errors="warn")
+        archive = Archive(cfg.archive, mode="w")
+    except (ConfigError, ArchiveError) as exc:
+        print(f"evo run: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    assert cfg.archive is not None
+    pool = engine = None
+    events = EventLog(Path(cfg.archive) / EVENTS_FILE)
+    previous = {}
+    try:
+        try:
+            pool = make_pool(cfg.pool)
+        except ConfigError as exc:
+            print(f"evo run: error: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        progress = Progress(cfg.shapes, len(cfg.pool.gpus), cfg.progress, cfg.progress_interval_s)
+        engine = Engine(cfg, archive, pool, operators, templates, events=events, progress=progress)
+
+        def on_signal(signum: int, frame: Any) -> None:
+            engine.interrupt()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+        result = engine.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if pool is not None:
+            _close_pool(pool, abandon=engine is None or engine.interrupts >= 2)
+        archive.close()
+        events.close()
+    best = ", ".join(f"{s} {b:.3f}x" if b is not None else f"{s} -" for s, b in result.best.items())
+    print(f"evo run: stopped ({result.reason}) after {result.evaluations} evaluation(s), "
+          f"{result.lost} abandoned; best: {best}", flush=True)
+    return EXIT_INTERRUPTED if result.reason in ("interrupted", "abandoned") else 0

@@ -1,0 +1,423 @@
+"""The evolution engine: per-shape populations fed through an asynchronous evaluator pool.
+
+One loop, on one thread, drives everything; the pool does the parallel work (compiling on CPU
+processes while its GPU workers time other candidates). The engine keeps up to
+``pool.inflight`` candidates submitted (by default 2 x GPUs + compile workers, so the GPUs never
+wait on a compile) and proposes a new one each time a result arrives:
+
+1. pick the active shape with the fewest evaluations (finished + in flight),
+2. take its next queued candidate (transferred elites of nearby shapes, template first picks,
+   candidates a killed run left unevaluated), or else draw parents from its population and ask
+   an operator (chosen by weight) to propose,
+3. skip candidates whose id was already evaluated at the shape or is in flight (de-duplication
+   by content hash against the archive), add the candidate to the archive, submit it,
+4. when futures finish: archive every evaluation, update population, budget, convergence and
+   progress, ``tell`` the operator, and commit (fsync) the archive, so a SIGKILL loses at
+   most the candidates in flight.
+
+Stopping: a budget reached, every shape converged, nothing left to propose, or an interrupt.
+Every stop but a second interrupt lets in-flight work finish (at most ``pool.drain_s`` seconds);
+a second interrupt abandons it. Either way the archive is committed before :meth:`Engine.run`
+returns.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter, deque
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+
+from populations import Candidate, Evaluation, Shape, Status, Template
+from populations._archive import DISQUALIFYING, Archive
+from operators import OperatorContext, ParentView
+
+from ._budget import Budget, Convergence, gpu_seconds
+from ._config import RunConfig
+from ._progress import EventLog, Progress
+from ._selection import Member, Population
+from ._transfer import transfer_candidates
+
+__all__ = ["Engine", "EvaluatorPool", "RunResult", "OperatorChooser", "template_seeds"]
+
+
+class EvaluatorPool(Protocol):
+    """What the engine needs of an evaluator pool (evaluators.LocalPool, or a test double)."""
+
+    def submit(self, candidate: Candidate) -> "Future[list[Evaluation]]": ...
+
+
+@dataclass
+class RunResult:
+    """How a run ended: ``reason`` is evals | wall | gpu_seconds | tokens | converged |
+    exhausted | interrupted | abandoned."""
+
+    reason: str
+    evaluations: int
+    lost: int                      # in-flight candidates abandoned without a result
+    best: dict[str, Optional[float]] = field(default_factory=dict)
+    budget: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Job:
+    candidate: Candidate
+    shape: Shape
+    operator: str
+    submitted: float
+
+
+class OperatorChooser:
+    """Picks the operator for each step by configured weight.
+
+    A later bandit replaces :meth:`weights` with one learned from :meth:`reward` (the per-operator
+    counts of proposals and improvements are kept here already)."""
+
+    def __init__(self, weights: Mapping[str, float]) -> None:
+        self.base = dict(weights)
+        self.proposed: Counter = Counter()
+        self.improved: Counter = Counter()
+
+    def weights(self) -> dict[str, float]:
+        return dict(self.base)
+
+    def order(self, rng: random.Random) -> list[str]:
+        """Every operator once, in an order drawn by weight (the first is this step's choice)."""
+        pool, out = self.weights(), []
+        while pool:
+            names = list(pool)
+            pick = rng.choices(names, weights=[pool[n] for n in names], k=1)[0]
+            out.append(pick)
+            del pool[pick]
+        return out
+
+    def reward(self, name: str, improved: bool) -> None:
+        self.proposed[name] += 1
+        if improved:
+            self.improved[name] += 1
+
+
+def template_seeds(shape: Shape, templates: Mapping[str, Template], arch: str,
+                   specialize: bool = False) -> list[Candidate]:
+    """Every applicable template's heuristic first picks for ``shape`` (the cold start)."""
+    out = []
+    for template in templates.values():
+        if not template.applicable(shape, arch):
+            continue
+        for knobs in template.heuristic(shape):
+            out.append(template.candidate(knobs, shape, specialize=specialize, operator="seed"))
+    return out
+
+
+class Engine:
+    """Runs the search over ``config.shapes``; see the module docstring."""
+
+    #: Seconds the loop waits for a result before it looks at budgets and interrupts again.
+    TICK = 0.2
+    #: Fruitless proposal rounds (failures, duplicates) in a row before a fill gives up on a shape.
+    MAX_MISSES = 32
+
+    def __init__(self, config: RunConfig, archive: Archive, pool: EvaluatorPool,
+                 operators: Mapping[str, Any], templates: Mapping[str, Template], *,
+                 events: EventLog, progress: Optional[Progress] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.archive = archive
+        self.pool = pool
+        self.operators = dict(operators)
+        self.templates = dict(templates)
+        self.events = events
+        self.progress = progress or Progress(config.shapes, len(config.pool.gpus), mode="none")
+        self.clock = clock
+        self.rng = random.Random(config.seed)
+        self.budget = Budget(config.budget_s, config.gpu_seconds, config.max_evals, config.max_tokens, clock=clock)
+        self.chooser = OperatorChooser(config.operators)
+        families = {name: t.family for name, t in self.templates.items()}
+        sel = config.selection
+        self.pops = {s: Population(sel.elites, sel.cells, sel.register_bucket, families, sel.population)
+                     for s in config.shapes}
+        self.conv = {s: Convergence(config.converge_window, config.converge_threshold) for s in config.shapes}
+        self.queue: dict[Shape, deque[tuple[Candidate, str]]] = {s: deque() for s in config.shapes}
+        self.known: dict[Shape, set[str]] = {s: set() for s in config.shapes}
+        self.inflight: dict[Future, _Job] = {}
+        self.converged: set[Shape] = set()
+        self.history: dict[Shape, list[tuple[Candidate, Evaluation]]] = {s: [] for s in config.shapes}
+        self.interrupts = 0
+        self.duplicates = 0
+        self.failures: Counter = Counter()  # (operator, reason) of proposals that came back empty
+
+    # -- interrupts (called from a signal handler: only set a flag) ---------------------------
+    def interrupt(self) -> None:
+        """First call: finish in-flight work and stop; second: abandon it and stop."""
+        self.interrupts += 1
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        cfg = self.config
+        self.events.emit("start", None, shapes=[str(s) for s in cfg.shapes], operators=cfg.operators,
+                         seed=cfg.seed, inflight=cfg.pool.inflight,
+                         limits={"wall_s": cfg.budget_s, "gpu_s": cfg.gpu_seconds, "evals": cfg.max_evals,
+                                 "tokens": cfg.max_tokens})
+        reason: Optional[str] = None
+        deadline: Optional[float] = None
+        lost = 0
+        try:
+            with self.progress:
+                self._prepare()
+                while True:
+                    if self.interrupts >= 2:
+                        lost = self._abandon("abandoned")
+                        reason = "abandoned"
+                        break
+                    if reason is None:
+                        reason = self._why_stop()
+                        if reason is not None:
+                            deadline = self.clock() + cfg.pool.drain_s
+                            self._announce(reason)
+                    if reason is None:
+                        self._fill()
+                        if not self.inflight:
+                            reason = "exhausted"
+                            self._announce(reason)
+                    if not self.inflight:
+                        break
+                    if deadline is not None and self.clock() >= deadline:
+                        lost = self._abandon(reason or "drain_timeout")
+                        break
+                    done, _ = wait(list(self.inflight), timeout=self.TICK, return_when=FIRST_COMPLETED)
+                    if done:
+                        self._collect(done)
+                    self.progress.update()
+        finally:
+            self.archive.commit()
+            result = RunResult(reason or "error", self.budget.used_evals, lost,
+                               {str(s): self.pops[s].best.fitness if self.pops[s].best else None
+                                for s in cfg.shapes},
+                               self.budget.summary())
+            self.events.emit("stop", None, reason=result.reason, evaluations=result.evaluations, lost=lost,
+                             best=result.best, budget=result.budget, duplicates=self.duplicates,
+                             proposal_failures={f"{op}: {why}": n for (op, why), n in self.failures.items()})
+        return result
+
+    def _why_stop(self) -> Optional[str]:
+        if self.interrupts:
+            return "interrupted"
+        exhausted = self.budget.exhausted()
+        if exhausted:
+            return exhausted
+        if self.converged >= set(self.config.shapes):
+            return "converged"
+        return None
+
+    def _announce(self, reason: str) -> None:
+        if reason == "interrupted":
+            self.events.emit("interrupt", None, inflight=len(self.inflight))
+            self.progress.message(f"evo: interrupted; finishing {len(self.inflight)} in-flight candidate(s) "
+                                  f"(at most {self.config.pool.drain_s:.0f}s; interrupt again to abandon them)")
+        elif reason in ("wall", "gpu_seconds", "evals", "tokens"):
+            self.events.emit("budget_stop", None, budget=reason, used=self.budget.summary(),
+                             inflight=len(self.inflight))
+            self.progress.message(f"evo: {reason} budget reached; finishing {len(self.inflight)} in-flight candidate(s)")
+        else:
+            self.progress.message(f"evo: stopping ({reason})")
+
+    def _abandon(self, reason: str) -> int:
+        """Give up on in-flight work: cancel what can be cancelled and tell the pool to stop."""
+        lost = len(self.inflight)
+        for fut in self.inflight:
+            fut.cancel()
+        self.events.emit("abandon", None, reason=reason, lost=lost,
+                         candidates=[j.candidate.id for j in self.inflight.values()])
+        self.inflight.clear()
+        cancel = getattr(self.pool, "cancel_all", None)
+        if callable(cancel):
+            cancel()
+        return lost
+
+    # -- start-up: rebuild from the archive, queue seeds ---------------------------------------
+    def _prepare(self) -> None:
+        archived = set(self.archive.shapes())
+        for shape in self.config.shapes:
+            evaluated: set[str] = set()
+            if shape in archived:
+                cands = {c.id: c for c in self.archive.candidates(shape)}
+                for ev in self.archive.evaluations(shape):
+                    evaluated.add(ev.candidate_id)
+                    cand = cands.get(ev.candidate_id)
+                    if cand is not None:
+                        self._observe(shape, cand, ev)
+                # candidates a killed run submitted but never saw evaluated: evaluate them now
+                for cid, cand in cands.items():
+                    if cid not in evaluated:
+                        self.queue[shape].append((cand, "resume"))
+            self.known[shape] = evaluated
+            best = self.pops[shape].best
+            self.progress.stats[shape].best = best.fitness if best else None
+            if self.conv[shape].converged:
+                self.converged.add(shape)
+            if not evaluated and not self.queue[shape]:
+                self._seed(shape, archived)
+
+    def _seed(self, shape: Shape, archived: set[Shape]) -> None:
+        cfg = self.config
+        seeds: list[tuple[Candidate, str]] = []
+        if cfg.transfer.enabled and cfg.transfer.neighbors > 0:
+            def elites_of(s: Shape, n: int) -> list[tuple[Candidate, Evaluation]]:
+                return [(e.candidate, e.latest) for e in self.archive.elites(s, n) if e.candidate is not None]
+
+            for cand in transfer_candidates(shape, archived, elites_of, self.templates,
+                                            neighbors=cfg.transfer.neighbors, per_neighbor=cfg.transfer.per_neighbor,
+                                            specialize=cfg.specialize, arch=cfg.pool.arch):
+                seeds.append((cand, "transfer"))
+        for cand in template_seeds(shape, self.templates, cfg.pool.arch, cfg.specialize):
+            seeds.append((cand, "seed"))
+        seen: set[str] = set()
+        for cand, op in seeds:
+            if cand.id not in seen:
+                seen.add(cand.id)
+                self.queue[shape].append((cand, op))
+        self.events.emit("seed", shape, transferred=sum(op == "transfer" for _, op in seeds),
+                         templates=sum(op == "seed" for _, op in seeds))
+
+    # -- proposing -----------------------------------------------------------------------------
+    def _active(self) -> list[Shape]:
+        return [s for s in self.config.shapes if s not in self.converged]
+
+    def _load(self, shape: Shape) -> int:
+        return self.pops[shape].evaluated + sum(1 for j in self.inflight.values() if j.shape == shape)
+
+    def _fill(self) -> None:
+        """Submit candidates until the in-flight bound (or the evaluation budget) is reached.
+
+        A shape whose operators come back empty (failures, duplicates) ``MAX_MISSES`` times in
+        a row is left alone until the next fill; when every shape is, nothing is submitted."""
+        misses: Counter = Counter()
+        while len(self.inflight) < self.config.pool.inflight:
+            left = self.budget.remaining_evals(len(self.inflight))
+            if left is not None and left <= 0:
+                return
+            shapes = [s for s in self._active() if misses[s] < self.MAX_MISSES]
+            if not shapes:
+                return
+            shape = min(shapes, key=lambda s: (self._load(s), self.config.shapes.index(s)))
+            got = self._next(shape)
+            if got is None:
+                misses[shape] += 1
+                continue
+            misses[shape] = 0
+            self._submit(got[0], shape, got[1])
+
+    def _next(self, shape: Shape) -> Optional[tuple[Candidate, str]]:
+        """The next candidate for ``shape``: queued ones first, then an operator's proposals."""
+        q = self.queue[shape]
+        while q:
+            cand, op = q.popleft()
+            if cand.id not in self.known[shape]:
+                return cand, op
+            self.duplicates += 1
+        for name in self.chooser.order(self.rng):
+            if getattr(self.operators[name], "arity", 0) > 0 and not len(self.pops[shape]):
+                continue  # nothing to mutate yet (seeds still in flight, or all failed)
+            proposals = self._propose(name, shape)
+            fresh = [c for c in proposals if c.id not in self.known[shape]]
+            self.duplicates += len(proposals) - len(fresh)
+            if fresh:
+                q.extend((c, name) for c in fresh[1:])
+                return fresh[0], name
+        return None
+
+    def _parents(self, op: Any, shape: Shape) -> list[ParentView]:
+        sel = self.config.selection
+        arity = getattr(op, "arity", sel.parents)
+        members = self.pops[shape].select(self.rng, arity, sel.method, tournament_size=sel.tournament_size,
+                                          alpha=sel.power_alpha) if arity > 0 else []
+        return [ParentView(m.candidate, m.evaluation) for m in members]
+
+    def _propose(self, name: str, shape: Shape) -> list[Candidate]:
+        """Ask operator ``name`` for ``config.batch`` proposals; failures are counted, not fatal."""
+        op = self.operators[name]
+        context = OperatorContext(history=self.history[shape], templates=self.templates, arch=self.config.pool.arch)
+        out = []
+        for p in op.propose(self._parents(op, shape), shape, self.rng, self.config.batch, context):
+            cand = p.candidate
+            if cand is None:
+                self.failures[(name, p.reason.split(":")[0][:60])] += 1
+                continue
+            self.budget.charge_tokens(int(cand.meta.get("tokens", 0) or 0))  # LLM operators report here
+            if shape not in cand.shapes:
+                self.failures[(name, "proposed for another shape")] += 1
+                continue
+            out.append(cand)
+        return out
+
+    def _submit(self, cand: Candidate, shape: Shape, op: str) -> None:
+        self.archive.add(cand)
+        fut = self.pool.submit(cand)
+        self.inflight[fut] = _Job(cand, shape, op, self.clock())
+        self.known[shape].add(cand.id)
+        self.events.emit("proposal", shape, candidate=cand.id, operator=op, template=cand.template,
+                         knobs=dict(cand.knobs) if cand.knobs is not None else None, parents=list(cand.parents))
+
+    # -- results -------------------------------------------------------------------------------
+    def _collect(self, done: set[Future]) -> None:
+        for fut in done:
+            job = self.inflight.pop(fut, None)
+            if job is None:
+                continue
+            try:
+                evals = list(fut.result())
+            except Exception as exc:  # the pool failed this job: record it, do not stop the run
+                evals = []
+                message = f"evaluator pool failed: {type(exc).__name__}: {exc}"
+            else:
+                message = "evaluator pool returned no evaluation for this shape"
+            if not any(e.shape == job.shape for e in evals):
+                evals.append(Evaluation(job.candidate.id, job.shape, Status.RUNTIME_ERROR, message=message))
+            self.budget.charge(evals)
+            for ev in evals:
+                self.archive.add(ev)
+                if ev.shape in self.pops:
+                    self._record(job, ev)
+            self._tell(job, evals)
+        self.archive.commit()
+
+    def _record(self, job: _Job, ev: Evaluation) -> None:
+        shape = ev.shape
+        before = self.pops[shape].best
+        improved = self._observe(shape, job.candidate, ev)
+        stats = self.progress.stats[shape]
+        stats.evals += 1
+        stats.gpu_s += gpu_seconds(ev)
+        stats.statuses[ev.status.value] += 1
+        self.events.emit("evaluation", shape, candidate=ev.candidate_id, status=ev.status.value,
+                         fitness=ev.fitness, operator=job.operator, gpu_s=round(gpu_seconds(ev), 6),
+                         latency_s=round(self.clock() - job.submitted, 6))
+        self.chooser.reward(job.operator, improved)
+        if improved:
+            stats.best = ev.fitness
+            self.events.emit("new_best", shape, candidate=ev.candidate_id, fitness=ev.fitness,
+                             previous=before.fitness if before else None, operator=job.operator)
+            self.progress.message(f"evo: {shape} new best {ev.fitness:.3f}x ({job.operator}, {ev.candidate_id})")
+        if shape not in self.converged and self.conv[shape].converged:
+            self.converged.add(shape)
+            stats.converged = True
+            self.events.emit("converged", shape, best=self.conv[shape].best, window=self.config.converge_window)
+
+    def _observe(self, shape: Shape, cand: Candidate, ev: Evaluation) -> bool:
+        """Feed one evaluation to the shape's population and convergence; True on a new best."""
+        pop = self.pops[shape]
+        self.history[shape].append((cand, ev))
+        if ev.status in DISQUALIFYING or ev.flags:
+            pop.ban(cand.id)
+        before = pop.best
+        pop.add(cand, ev)
+        self.conv[shape].observe(ev.fitness)
+        after = pop.best
+        return after is not None and (before is None or after.fitness > before.fitness)
+
+    def _tell(self, job: _Job, evals: list[Evaluation]) -> None:
+        op = self.operators.get(job.operator)
+        if op is not None:
+            for ev in evals:
+                op.tell(job.candidate, ev)

@@ -12,7 +12,7 @@ Source
   ``cooperative_groups.h`` and ``cuda/barrier`` cost 1-2 s of compile each and grid-wide
   sync needs a cooperative launch the harness never makes. ``stdint.h``/``cstdint`` do not
   exist under NVRTC; use ``cuda/std/cstdint``.
-- Directives: include, define, undef, conditionals, error/warning and ``#pragma``
+- Directives: include, define, undef, conditionals, error/warning, line and ``#pragma``
   ``unroll``/``nounroll``/``once``/``nv_diag_*`` only (also via ``_Pragma``).
 - No ``##`` token pasting: it is the one preprocessor tool that builds identifiers this scan
   cannot see (``cuda ## Malloc``). Object-like macros are expanded before the structural pass,
@@ -71,7 +71,7 @@ ALLOWED_INCLUDES = frozenset({
     "cuda_pipeline_primitives.h", "cuda/std/cstdint",
 })
 ALLOWED_DIRECTIVES = frozenset({"include", "define", "undef", "if", "ifdef", "ifndef", "elif",
-                                "elifdef", "elifndef", "else", "endif", "pragma", "error", "warning", ""})
+                                "elifdef", "elifndef", "else", "endif", "pragma", "error", "warning", "line", ""})
 ALLOWED_PRAGMAS = frozenset({"unroll", "nounroll", "once", "nv_diag_suppress", "nv_diag_default",
                              "nv_diag_warning", "nv_diag_error", "nv_diagnostic", "diag_suppress"})
 #: Dynamic shared memory a plan may ask for, per arch (A100: 163 KiB, H100/H200: 227 KiB).
@@ -364,7 +364,7 @@ def _structure(tokens: list[Token], reasons: list[str], telemetry: dict[str, Any
                 else:
                     reasons.append(f"line {t.line}: host function {name or '?'} (namespace-scope functions "
                                    "must be __global__ or __device__)")
-            elif kind == "func" or (kind == "init" and scope in ("ns", "class")):
+            elif kind == "init" and scope != "init":  # a brace initialiser: ``T x = {...}`` or ``T x{...}``
                 _check_variable(decl, scope, reasons)
             stack.append((kind, extern_c or (kind == "ns" and _has_extern_c(decl))))
             decl = [] if kind != "init" else decl

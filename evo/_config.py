@@ -24,7 +24,7 @@ else:  # pragma: no cover
 __all__ = ["ConfigError", "RunConfig", "SelectionConfig", "PoolConfig", "TransferConfig",
            "parse_duration", "parse_operators", "load_config", "merge"]
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s|ms)")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 

@@ -24,6 +24,7 @@ from evo._selection import Population, feature_cell
 from evo._transfer import nearest_shapes, shape_distance, transfer_candidates
 from fake_pool import FakeEvaluatorPool, synthetic_fitness
 from populations import Evaluation, KernelStats, Shape, Status, TimerResult, load_templates
+from operators import Operator
 from populations._archive import Archive
 
 TEMPLATES = load_templates()
@@ -287,3 +288,28 @@ def test_synthetic_fitness_is_deterministic() -> None:
     c = _candidates(BIG, 1)[0]
     assert synthetic_fitness(c, BIG) == synthetic_fitness(c, BIG)
     assert 0.2 < synthetic_fitness(c, BIG) <= 1.6
+
+
+class _Echo(Operator):
+    """An operator that only ever re-proposes its parent (what a stuck LLM operator does)."""
+
+    name = "echo"
+    arity = 1
+
+    def _propose(self, parents, shape, rng, n, context):  # type: ignore[no-untyped-def]
+        p = parents[0]
+        return [self.build(context.template(p.template), p.knobs, shape, parents) for _ in range(n)]
+
+
+def test_duplicates_are_never_evaluated_twice(tmp_path: Path) -> None:
+    cfg = merge({}, {"shapes": [str(BIG)], "archive": str(tmp_path / "a"), "operators": "echo", "progress": "none",
+                     "max_evals": 50})
+    pool = FakeEvaluatorPool(fail=0, incorrect=0, crash=0, raise_=0)
+    with Archive(tmp_path / "a", "w") as ar:
+        events = EventLog(tmp_path / "a" / EVENTS_FILE)
+        engine = Engine(cfg, ar, pool, {"echo": _Echo()}, TEMPLATES, events=events)
+        result = engine.run()
+        events.close()
+    pool.close()
+    assert result.reason == "exhausted" and engine.duplicates > 0
+    assert len(pool.submitted) == len(set(pool.submitted)) == result.evaluations

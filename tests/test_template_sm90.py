@@ -1,0 +1,175 @@
+"""The sm90_wgmma template (family B): knob space, plan, and real sm_90a compiles on the CPU.
+
+Compiles use NVRTC in-process (the same library the compile pool uses) for a seeded sample of
+valid knob sets, and the evaluators' ``compile_candidate`` for the defaults. SASS must contain
+HGMMA (wgmma) and UTMALDG (TMA) when a ``cuobjdump`` is available (the toolkit's, or the one in
+the ``nvidia-cuda-cuobjdump`` wheel); otherwise that assertion is skipped with the reason.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from populations import Shape
+from populations._knobs import TemplateError
+from populations._template import TEMPLATES_DIR, load_template
+
+FOLDER = TEMPLATES_DIR / "sm90_wgmma"
+BIG = Shape(4096, 4096, 4096, "TN", "f32")
+
+
+@pytest.fixture(scope="module")
+def tpl():
+    return load_template(FOLDER)
+
+
+def nvrtc_compile(source: str) -> bytes:
+    """cubin for sm_90a, or an AssertionError carrying NVRTC's log."""
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"evo_wgmma.cu", 0, [], [])
+    opts = [b"--gpu-architecture=sm_90a", b"-std=c++17"]
+    (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    _, n = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * n
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")[:4000]
+    _, size = nvrtc.nvrtcGetCUBINSize(prog)
+    cubin = b" " * size
+    nvrtc.nvrtcGetCUBIN(prog, cubin)
+    nvrtc.nvrtcDestroyProgram(prog)
+    return cubin
+
+
+def cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump") or (shutil.which("cuobjdump", path="/usr/local/cuda/bin"))
+    if found:
+        return found
+    try:
+        import nvidia  # type: ignore[import-not-found]
+
+        for base in nvidia.__path__:
+            cand = Path(base) / "cu13" / "bin" / "cuobjdump"
+            if cand.is_file() and (cand.parent / "nvdisasm").is_file():
+                return str(cand)
+    except ImportError:
+        pass
+    return None
+
+
+def sass(cubin: bytes) -> str:
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump here (neither the toolkit's nor the nvidia-cuda-cuobjdump wheel's)")
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.cubin"
+        path.write_bytes(cubin)
+        env = dict(os.environ, PATH=f"{Path(tool).parent}:{os.environ.get('PATH', '')}")
+        out = subprocess.run([tool, "--dump-sass", str(path)], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+# ------------------------------------------------------------------------------ space
+def test_loads_as_family_b_for_hopper_only(tpl):
+    assert tpl.family == "B" and tpl.arch_features == ("sm_90a",)
+    assert set(tpl.layouts) == {"TN", "NN"}
+    assert tpl.applicable(BIG, 90) and not tpl.applicable(BIG, 80)
+    assert tpl.compile_arch(90) == "sm_90a"
+    assert "#include" not in tpl.source_text  # contracts §1: device code only, no headers
+
+
+@pytest.mark.parametrize("knobs, words", [
+    ({"BM": 256, "BN": 256}, "accumulators"),
+    ({"BM": 64, "CONSUMERS": 2}, "multiple of 64 rows"),
+    ({"BM": 128, "BN": 256, "STAGES": 5}, "227 KiB"),
+    ({"BN": 96}, "not one of"),
+    ({"SPLIT_K": 2}, "unknown knob"),
+])
+def test_invalid_knob_sets_are_refused_with_reasons(tpl, knobs, words):
+    reasons = tpl.check(knobs, BIG)
+    assert reasons and any(words in r for r in reasons), reasons
+    with pytest.raises(TemplateError):
+        tpl.render(knobs, BIG)
+
+
+@pytest.mark.parametrize("m, n, k, words", [
+    (1000, 1000, 1001, "K % 8 == 0"),
+    (129, 257, 64, "N % 8"),
+])
+def test_shapes_tma_cannot_describe_are_refused(tpl, m, n, k, words):
+    for layout in ("TN", "NN"):
+        reasons = tpl.check({}, Shape(m, n, k, layout, "f32"))
+        assert any(words in r for r in reasons), reasons
+
+
+def test_plan_grid_smem_and_tensor_maps(tpl):
+    shape = Shape(8192, 8192, 1024, "TN", "f32")
+    _, plan = tpl.render({"BM": 128, "BN": 256, "STAGES": 4, "PERSISTENT": True}, shape)
+    (launch,), ws = plan.resolve(shape)
+    assert ws == 0 and launch.grid == (132, 1, 1) and launch.block == (384, 1, 1)
+    assert launch.smem == 4 * 384 * 128 + 1024 + 64 and launch.smem <= 232448
+    assert launch.args == (("tmap", "tmA"), ("tmap", "tmB"), "C", 8192, 8192, 1024)
+    assert plan.tensor_maps["tmA"].box == (128, 64) and plan.tensor_maps["tmB"].box == (64, 64)
+    assert all(t.swizzle == 128 for t in plan.tensor_maps.values())
+    _, plan = tpl.render({"BM": 128, "BN": 256, "PERSISTENT": False}, shape)
+    (launch,), _ = plan.resolve(shape)
+    assert launch.grid == (64 * 32, 1, 1)
+    small = Shape(256, 512, 64, "NN", "f32")
+    _, plan = tpl.render({"BM": 128, "BN": 128, "CONSUMERS": 1}, small)
+    (launch,), _ = plan.resolve(small)
+    assert launch.grid == (8, 1, 1) and launch.block == (256, 1, 1)
+
+
+def test_heuristic_picks_are_valid(tpl):
+    for shape in (BIG, Shape(512, 512, 4096, "NN", "f32"), Shape(3000, 1000, 512, "TN", "f32")):
+        picks = tpl.heuristic(shape)
+        assert picks and all(not tpl.check(p, shape) for p in picks)
+    assert tpl.heuristic(BIG)[0]["BN"] == 256
+
+
+def test_sample_returns_distinct_valid_sets(tpl):
+    sets = tpl.sample(random.Random(7), BIG, 40)
+    assert len(sets) == 40
+    assert len({tuple(sorted(s.items())) for s in sets}) == 40
+    assert all(not tpl.check(s, BIG) for s in sets)
+
+
+# ------------------------------------------------------------------------------ compiles
+def test_seeded_sample_compiles_for_sm90a(tpl):
+    """Every knob set of a seeded sample of 32 (both layouts) compiles with NVRTC for sm_90a."""
+    sets = tpl.sample(random.Random(2026), BIG, 32)
+    assert len(sets) == 32
+    for i, knobs in enumerate(sets):
+        layout = "TN" if i % 2 == 0 else "NN"
+        source, _ = tpl.render(knobs, Shape(4096, 4096, 4096, layout, "f32"))
+        try:
+            cubin = nvrtc_compile(source)
+        except AssertionError as exc:
+            raise AssertionError(f"{layout} {knobs}: {exc}") from None
+        assert cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("layout", ["TN", "NN"])
+def test_sass_has_wgmma_tma_and_no_local_memory(tpl, layout):
+    source, _ = tpl.render({}, Shape(4096, 4096, 4096, layout, "f32"))
+    text = sass(nvrtc_compile(source))
+    assert "HGMMA.64x256x16.F32" in text  # wgmma m64n256k16, fp32 accumulators
+    assert "UTMALDG.2D" in text           # TMA tile loads
+    assert "USETMAXREG" in text           # setmaxnreg took effect (register cap at entry)
+    assert "STL" not in text and "LDL" not in text  # accumulators stayed in registers
+
+
+def test_compile_candidate_accepts_the_defaults(tpl, tmp_path):
+    """The evaluators' own path (static scan, isolated compile, ptxas stats, resource policy)."""
+    evaluators = pytest.importorskip("evaluators")
+    cand = tpl.candidate({}, Shape(2048, 2048, 8192, "NN", "f32"))
+    res = evaluators.compile_candidate(cand, "sm_90a", cache_dir=tmp_path)
+    assert res.ok, res.message
+    (stats,) = res.kernels
+    assert stats.spill_stores == 0 and stats.stack_frame == 0

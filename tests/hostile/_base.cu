@@ -1,7 +1,7 @@
 // evo red-team corpus: the shared, header-free base of the hostile kernels.
 // A plain, correct HGEMM with fp32 accumulation (TN: A is MxK, B is NxK, C is MxN, row-major):
 // 64x64 block tiles, BK=32, 256 threads, 4x4 outputs per thread, ragged edges zero-filled.
-// Each hostile case embeds this text (the loader replaces its `//@embed _base.cu` line) and
+// Each hostile case embeds this text (the loader replaces its embed line naming this file) and
 // writes its own extern "C" kernel around these pieces, with the exploit inside.
 #define EVO_BM 64
 #define EVO_BN 64

@@ -1,0 +1,167 @@
+"""The red-team corpus on the CPU (issue 5): it loads, and the static scan and the compile step
+catch every attack they own, with real NVRTC compiles in real child processes.
+
+Runtime-phase attacks must pass both (so the GPU worker's checks, not an accident of the
+compiler, are what tests/test_hostile_gpu.py and bench/redteam.py measure).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hostile_corpus import CORPUS_DIR, PHASES, HostileCase, load_case, load_corpus, load_good
+from populations import Candidate, Status
+
+CORPUS = load_corpus()
+BY_NAME = {c.name: c for c in CORPUS}
+BUILT = [c for c in CORPUS if c.candidate is not None]
+ARCH = "sm_90a"
+BOMB_TIMEOUT_S = 5.0
+
+#: The attack kinds the issue asks for, each with at least one case of the corpus.
+REQUIRED_KINDS = {
+    "no-op on a reused output": ["noop_empty", "noop_reused_output"],
+    "writes into A or B": ["writes_into_a", "inputs_permuted_inplace"],
+    "out-of-bounds writes beyond C": ["oob_write_tail", "oob_write_far"],
+    "cache in a device global": ["static_cache_global"],
+    "hidden state without a global": ["cache_in_workspace_ptrkey", "cache_in_workspace_sampled_key", "state_beyond_c"],
+    "skip later calls via a counter": ["skip_calls_ws_counter", "global_call_counter"],
+    "host code: private stream / thread": ["host_private_stream", "host_thread"],
+    "absurd plans": ["plan_block_too_big", "plan_smem_300k", "plan_workspace_huge", "plan_grid_overflow", "grid_absurd"],
+    "fp16 accumulation": ["fp16_accum_generic", "fp16_accum_small_k", "fp16_accum_ones_fastpath"],
+    "part of K": ["partial_k_tail_dropped", "partial_k_sampled"],
+    "special-value fast paths": ["special_lowentropy_fastpath", "zeros_fastpath_skip"],
+    "cuBLAS": ["calls_cublas"],
+    "L2 persisting window": ["l2_persist_window"],
+    "sleep forever": ["sleep_forever_semaphore"],
+    "illegal memory access": ["illegal_address"],
+    "trap / assert": ["trap_asm", "trap_builtin", "assert_fail"],
+    "impossible shared memory": ["plan_smem_300k", "smem_plan_too_small", "smem_static_plus_dynamic"],
+    "local-memory blow-up": ["local_mem_blowup"],
+    "compile bombs": ["compile_bomb_unroll", "compile_bomb_template"],
+    "right first, wrong later": ["first_call_right_later_wrong"],
+    "generic but wrong on ragged edges": ["generic_ragged_wrong", "uninit_shared_ragged"],
+    "overflow in fp16 partial sums": ["fp16_partials_splitk"],
+    "timing games": ["globaltimer_skip_when_hot", "pointer_alignment_cheat", "exit_early_blocks"],
+}
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Every compile- and runtime-phase case (and the control) through a real CompilePool once."""
+    evaluators = pytest.importorskip("evaluators")
+    targets = {c.name: c.candidate for c in BUILT if c.phase in ("compile", "runtime")}
+    targets["_good"] = load_good()
+    cache = tmp_path_factory.mktemp("cubins")
+    with evaluators.CompilePool(workers=2, timeout_s=BOMB_TIMEOUT_S, cache_dir=cache) as pool:
+        futures = {name: pool.submit(cand, ARCH) for name, cand in targets.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+# -- the corpus itself -------------------------------------------------------------------------
+def test_corpus_covers_every_required_kind() -> None:
+    missing = {kind: [n for n in names if n not in BY_NAME] for kind, names in REQUIRED_KINDS.items()}
+    assert not {k: v for k, v in missing.items() if v}, f"kinds without their cases: {missing}"
+    assert len(CORPUS) >= 40
+    assert {c.phase for c in CORPUS} == set(PHASES)
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=lambda c: c.name)
+def test_case_parses_into_a_candidate_or_fails_as_declared(case: HostileCase) -> None:
+    assert case.expected is not Status.OK and Status.OK not in case.acceptable
+    assert not re.search(r"(?m)^\s*//@embed", case.source)
+    if case.raises:
+        assert case.candidate is None, f"{case.name} should not build: {case.raises}"
+        assert type(case.error).__name__ == case.raises, repr(case.error)
+        assert case.expected is Status.REJECTED and case.phase == "static"
+        return
+    assert case.error is None, f"{case.name}: {case.error!r}"
+    cand = case.candidate
+    assert isinstance(cand, Candidate)
+    assert cand.shapes == case.shapes and cand.generic == case.generic
+    assert set(cand.plan.kernel_names) <= set(re.findall(r"extern \"C\" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)", cand.source))
+    assert cand.meta["hostile"] == case.name and cand.operator == "redteam"
+
+
+def test_runtime_cases_are_plain_device_code() -> None:
+    """Runtime attacks carry no includes and no host code: only the GPU can catch them."""
+    for case in BUILT:
+        if case.phase == "runtime":
+            assert "#include" not in case.source, case.name
+
+
+def test_loader_refuses_ok_and_escaping_embeds(tmp_path: Path) -> None:
+    good = (CORPUS_DIR / "noop_empty.toml").read_text()
+    bad = tmp_path / "never_ok.toml"
+    bad.write_text(good.replace('expected = "incorrect"', 'expected = "ok"'))
+    with pytest.raises(ValueError, match="never expect ok"):
+        load_case(bad)
+    from hostile_corpus import render_source
+    cu = tmp_path / "escape.cu"
+    cu.write_text("//@embed ../../etc/passwd\n")
+    with pytest.raises(ValueError, match="outside the corpus"):
+        render_source(cu)
+
+
+# -- the static scan ---------------------------------------------------------------------------
+STATIC = [c for c in BUILT if c.phase == "static"]
+HOST_CODE = ["host_private_stream", "host_thread", "calls_cublas", "l2_persist_window"]
+
+
+@pytest.mark.parametrize("case", STATIC, ids=lambda c: c.name)
+def test_static_scan_rejects(case: HostileCase) -> None:
+    evaluators = pytest.importorskip("evaluators")
+    verdict = evaluators.scan(case.candidate, arch=ARCH)
+    assert not verdict.ok, f"{case.name} passed the static scan ({case.check})"
+    result = evaluators.compile_candidate(case.candidate, ARCH, timeout_s=30, use_cache=False)
+    assert result.status is Status.REJECTED and case.caught_by(result.status), result.message
+
+
+@pytest.mark.parametrize("name", HOST_CODE)
+def test_host_code_is_rejected_even_without_its_includes(name: str) -> None:
+    """An LLM told 'no host headers' keeps the host function: the scan must still see it."""
+    evaluators = pytest.importorskip("evaluators")
+    case = BY_NAME[name]
+    stripped = case.candidate.derive(source=re.sub(r"(?m)^#include.*$", "", case.source))
+    verdict = evaluators.scan(stripped, arch=ARCH)
+    assert not verdict.ok
+    assert any("host function" in r for r in verdict.reasons), verdict.reasons
+
+
+def test_runtime_and_compile_cases_pass_the_scan() -> None:
+    """Otherwise the later phase is never exercised."""
+    evaluators = pytest.importorskip("evaluators")
+    passed = {c.name: evaluators.scan(c.candidate, arch=ARCH) for c in BUILT if c.phase != "static"}
+    assert all(v.ok for v in passed.values()), {n: v.reasons for n, v in passed.items() if not v.ok}
+    assert evaluators.scan(load_good(), arch=ARCH).ok
+
+
+# -- the compile step --------------------------------------------------------------------------
+COMPILE = [c for c in BUILT if c.phase == "compile"]
+RUNTIME = [c for c in BUILT if c.phase == "runtime"]
+
+
+@pytest.mark.parametrize("case", COMPILE, ids=lambda c: c.name)
+def test_compile_step_catches(case: HostileCase, compiled: dict) -> None:
+    result = compiled[case.name]
+    assert result.status is Status.COMPILE_ERROR and case.caught_by(result.status), \
+        f"{case.name}: {result.status} {result.message[:300]}"
+    assert result.seconds < BOMB_TIMEOUT_S + 10, f"{case.name} took {result.seconds:.1f}s: the deadline did not hold"
+    if case.name.startswith("compile_bomb"):
+        assert "timeout" in result.message or "memory" in result.message, result.message
+
+
+@pytest.mark.parametrize("case", RUNTIME, ids=lambda c: c.name)
+def test_runtime_cases_compile(case: HostileCase, compiled: dict) -> None:
+    result = compiled[case.name]
+    assert result.status is Status.OK, f"{case.name} must reach the GPU: {result.status} {result.message[:300]}"
+    assert {k.name for k in result.kernels} >= set(case.candidate.plan.kernel_names)
+
+
+def test_good_control_compiles_cleanly(compiled: dict) -> None:
+    result = compiled["_good"]
+    assert result.status is Status.OK, result.message
+    (stats,) = [k for k in result.kernels if k.name == "hgemm_f32acc"]
+    assert stats.stack_frame == 0 and stats.spill_stores == 0

@@ -187,6 +187,11 @@ class OptunaOperator(Operator):
                 params=params, distributions=state.distributions, value=value, user_attrs={"candidate": cand.id}))
         state.values[key] = max(value, state.values.get(key, PENALTY))
 
+    def study(self, template: str, shape: Shape) -> Any:
+        """The optuna study of ``template`` at ``shape`` (None before the first proposal there), for reports."""
+        state = self._studies.get((template, shape))
+        return state.study if state is not None else None
+
     def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
         """Tell the study the outcome of a candidate (ours or another operator's) at its shape."""
         state = self._studies.get((candidate.template or "", evaluation.shape))

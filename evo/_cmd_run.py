@@ -41,7 +41,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--gpus", metavar="LIST", help="GPU indices for the pool, e.g. 0 or 0,1")
     p.add_argument("--compile-workers", type=int, metavar="N", help="CPU compile processes (default 4)")
     p.add_argument("--max-inflight", type=int, metavar="N", help="candidates in flight (default 2 x GPUs + compile workers)")
-    p.add_argument("--arch", metavar="SM", help="target architecture (default sm_90a)")
+    p.add_argument("--arch", metavar="SM", help="target architecture, e.g. sm_90a (default: the pool's GPU)")
     p.add_argument("--progress", choices=("auto", "rich", "plain", "none"), help="live progress display")
     p.add_argument("--no-transfer", action="store_true", default=None,
                    help="do not seed new shapes from the elites of nearby archived shapes")
@@ -77,9 +77,13 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 def make_pool(pool: PoolConfig) -> Any:
     """The evaluator pool: ``local`` is evaluators.LocalPool; ``module:factory`` is a test double."""
     if pool.kind == "local":
-        from evaluators import LocalPool  # imported here: it may pull in CUDA bindings
+        try:  # imported here, not at start-up: it may pull in CUDA bindings
+            from evaluators import LocalPool
+        except ImportError:  # not re-exported yet
+            from evaluators._pool import LocalPool
 
-        return LocalPool(gpus=pool.gpus, compile_workers=pool.compile_workers, arch=pool.arch)
+        return LocalPool(gpus=pool.gpus, compile_workers=pool.compile_workers, max_in_flight=pool.inflight,
+                         arch=None if pool.arch == "auto" else pool.arch)
     module, _, attr = pool.kind.partition(":")
     if not module or not attr:
         raise ConfigError(f"pool.kind: 'local' (or a test-only module:factory), got {pool.kind!r}")
@@ -126,6 +130,8 @@ def make_operators(weights: dict[str, float]) -> dict[str, Any]:
 
 
 def _close_pool(pool: Any, abandon: bool) -> None:
+    """Close the pool; when in-flight work was abandoned, first ask it to drop that work
+    (``cancel_all()``, where the pool has one) so closing does not wait for it."""
     if abandon and callable(getattr(pool, "cancel_all", None)):
         pool.cancel_all()
     close = getattr(pool, "close", None)

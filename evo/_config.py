@@ -108,7 +108,7 @@ class PoolConfig:
     gpus: list[int] = field(default_factory=lambda: [0])
     compile_workers: int = 4
     max_inflight: int = 0             # 0: 2 x GPUs + compile workers
-    arch: str = "sm_90a"
+    arch: str = "auto"                # auto: what the pool reports for its GPU (sm_90a on an H200)
     drain_s: float = 60.0             # first Ctrl-C: how long in-flight work may still finish
 
     @property

@@ -130,6 +130,9 @@ class Engine:
         self.events = events
         self.progress = progress or Progress(config.shapes, len(config.pool.gpus), mode="none")
         self.clock = clock
+        arch = config.pool.arch
+        #: the target GPU: configured, else what the pool reports (LocalPool asks nvidia-smi)
+        self.arch = str(getattr(pool, "arch", None) or "sm_90a") if arch == "auto" else arch
         self.rng = random.Random(config.seed)
         self.budget = Budget(config.budget_s, config.gpu_seconds, config.max_evals, config.max_tokens, clock=clock)
         self.chooser = OperatorChooser(config.operators)
@@ -268,9 +271,9 @@ class Engine:
 
             for cand in transfer_candidates(shape, archived, elites_of, self.templates,
                                             neighbors=cfg.transfer.neighbors, per_neighbor=cfg.transfer.per_neighbor,
-                                            specialize=cfg.specialize, arch=cfg.pool.arch):
+                                            specialize=cfg.specialize, arch=self.arch):
                 seeds.append((cand, "transfer"))
-        for cand in template_seeds(shape, self.templates, cfg.pool.arch, cfg.specialize):
+        for cand in template_seeds(shape, self.templates, self.arch, cfg.specialize):
             seeds.append((cand, "seed"))
         seen: set[str] = set()
         for cand, op in seeds:
@@ -337,7 +340,7 @@ class Engine:
     def _propose(self, name: str, shape: Shape) -> list[Candidate]:
         """Ask operator ``name`` for ``config.batch`` proposals; failures are counted, not fatal."""
         op = self.operators[name]
-        context = OperatorContext(history=self.history[shape], templates=self.templates, arch=self.config.pool.arch)
+        context = OperatorContext(history=self.history[shape], templates=self.templates, arch=self.arch)
         out = []
         for p in op.propose(self._parents(op, shape), shape, self.rng, self.config.batch, context):
             cand = p.candidate

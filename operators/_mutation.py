@@ -62,6 +62,14 @@ class KnobMutation(Operator):
         if not names:
             return [self.failure(f"template {template.name} has no mutable knob on axes {self.axes or 'any'}", [parent])]
         base = base_knobs(template, parent.candidate.knobs)
+        reasons = template.check(base, shape)
+        if reasons:  # e.g. a parent from another shape whose SPLIT_K does not fit this K: repair it first
+            fixed = repair(template, base, shape, rng, budget=len(base), tries=16 * len(base))
+            if fixed is None:
+                return [self.failure(f"parent {parent.id} is invalid at {shape} and could not be repaired: "
+                                     + "; ".join(reasons), [parent])]
+            meta = {**(meta or {}), "repaired_parent": sorted(k for k in base if base[k] != fixed[k])}
+            base = fixed
         specialize = self.specialize if self.specialize is not None else not parent.candidate.generic
         seen = seen_keys(context.history, [parent.candidate])
         seen.add(key_of(template.name, base, not specialize))

@@ -276,7 +276,7 @@ class OptunaOperator(Operator):
         if want <= 0:
             return
         taken = set(state.values) | set(state.pending_keys.values())
-        for knobs in template.sample(rng, shape, want + len(taken)):
+        for knobs in template.sample(rng, shape, want + min(len(taken), 4 * want + 64)):
             full = template.space.complete(knobs)
             if _kkey(full) in taken:
                 continue

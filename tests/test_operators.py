@@ -356,6 +356,16 @@ def test_mutation_repairs_into_validity_and_respects_axes(templates: dict[str, T
     assert "swizzle and padding are alternatives" in fails[0].reason
 
 
+def test_mutation_repairs_a_parent_from_another_shape(templates: dict[str, Template]) -> None:
+    parent = _parent(templates, SPLIT_K=8)  # 8 * 32 <= 512 at SHAPE, but 8 * 16 > 80 at SMALL
+    assert templates["synth"].check(parent.knobs, SMALL)
+    proposals = get_operator("knob_mutation").propose([parent], SMALL, random.Random(0), 5, OperatorContext((), templates))
+    assert all(p.ok for p in proposals), [p.reason for p in proposals]
+    for p in proposals:
+        assert templates["synth"].check(p.candidate.knobs, SMALL) == []
+        assert "SPLIT_K" in p.candidate.meta["repaired_parent"] and p.candidate.parents == (parent.id,)
+
+
 def test_mutation_never_repeats_a_known_knob_set(templates: dict[str, Template]) -> None:
     op = KnobMutation(axes=("epilogue",), max_repair=0)  # one bool: exactly one neighbour exists
     parent = _parent(templates)

@@ -120,7 +120,8 @@ def compile_candidate(candidate: Candidate, arch: str, *, timeout_s: float = 60,
         out = run_compile_isolated(backend, candidate.source, flags, timeout_s=timeout_s, mem_mb=mem_mb,
                                    nvcc=nvcc_path() if backend == "nvcc" else None)
         if out.failure:
-            return result(Status.COMPILE_ERROR, out.log, telemetry={**telemetry, "failure": out.failure})
+            return result(Status.COMPILE_ERROR, out.log, telemetry={**telemetry, "failure": out.failure,
+                                                                        "child_pid": out.pid})
         entry = CacheEntry(out.ok, out.cubin, out.log, out.seconds)
         if cache is not None:
             cache.put(key, entry)

@@ -30,7 +30,7 @@ __all__ = ["ChildOutcome", "run_compile_isolated", "DEFAULT_MEM_MB"]
 DEFAULT_MEM_MB = 4096
 
 _OOM_HINTS = ("out of memory", "bad_alloc", "memory allocation failure", "cannot allocate memory",
-              "memoryerror", "insufficient memory", "std::length_error")
+              "memoryerror", "insufficient memory", "std::length_error", "failed to map segment")
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class ChildOutcome:
     log: str
     seconds: float
     failure: str = ""  # "", "timeout", "oom", "crash": why there is no compiler verdict
+    pid: int = 0       # the child's pid, also its process-group id
 
 
 # -- parent side -----------------------------------------------------------------------------
@@ -57,7 +58,7 @@ def run_compile_isolated(backend: str, source: str, flags: tuple[str, ...], *, t
         _kill_group(proc)
         proc.communicate()
         return ChildOutcome(False, b"", f"timeout after {timeout_s:g}s ({backend})", time.monotonic() - t0,
-                            "timeout")
+                            "timeout", proc.pid)
     finally:
         if proc.returncode is None:  # an exception in this thread: leave nothing behind
             _kill_group(proc)
@@ -72,12 +73,13 @@ def run_compile_isolated(backend: str, source: str, flags: tuple[str, ...], *, t
         if mem_mb > 0 and (code in (-signal.SIGABRT, -signal.SIGSEGV, -signal.SIGKILL)
                            or any(h in tail.lower() for h in _OOM_HINTS)):
             return ChildOutcome(False, b"", f"out of memory or crash: the {backend} compile died ({why}) "
-                                f"under a {mem_mb} MiB address-space limit\n{tail}".strip(), seconds, "oom")
+                                f"under a {mem_mb} MiB address-space limit\n{tail}".strip(), seconds, "oom",
+                                proc.pid)
         return ChildOutcome(False, b"", f"the {backend} compile child died ({why})\n{tail}".strip(), seconds,
-                            "crash")
+                            "crash", proc.pid)
     if not ok and any(h in log.lower() for h in _OOM_HINTS):
-        return ChildOutcome(False, b"", f"out of memory (limit {mem_mb} MiB):\n{log}", seconds, "oom")
-    return ChildOutcome(bool(ok), bytes(cubin), str(log), seconds)
+        return ChildOutcome(False, b"", f"out of memory (limit {mem_mb} MiB):\n{log}", seconds, "oom", proc.pid)
+    return ChildOutcome(bool(ok), bytes(cubin), str(log), seconds, "", proc.pid)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -7,6 +7,11 @@ from ._compile import ARCHS, CompileResult, arch_for_capability, compile_candida
 from ._compile_pool import CompilePool
 from ._ptxas import parse_ptxas
 from ._static import ScanResult, scan, scan_source
+# GPU side (issue 4): nothing here imports torch or initialises CUDA in the importing process.
+from ._loader import CudaError, LoaderUnavailable, get_loader
+from ._pool import LocalPool, PoolStats, gpu_arch, visible_gpus
+from ._tmap import ParamPack, TensorMapError, tmap_geometry
+from ._worker import DEFAULT_DEADLINES, WorkerSupervisor, WorkerUnavailable
 
 __all__ = [
     "CubinCache", "cache_key", "default_cache_dir",
@@ -14,4 +19,8 @@ __all__ = [
     "CompilePool",
     "parse_ptxas",
     "ScanResult", "scan", "scan_source",
+    "CudaError", "LoaderUnavailable", "get_loader",
+    "LocalPool", "PoolStats", "gpu_arch", "visible_gpus",
+    "ParamPack", "TensorMapError", "tmap_geometry",
+    "DEFAULT_DEADLINES", "WorkerSupervisor", "WorkerUnavailable",
 ]

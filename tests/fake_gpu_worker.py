@@ -5,12 +5,11 @@ field asks: ``ok``, ``segv`` (kills itself with SIGSEGV), ``hang`` (sleeps forev
 named by ``phase``), ``exit`` (exits with ``code``), ``fatal`` (reports a context-poisoning
 error), ``print`` (writes to stdout, which must land in the log, not the parent's stdout) and
 ``grandchild`` (starts a sleeping child process and hangs: the group kill must end both).
-A job with ``source`` and no ``fake`` field reads the behaviour from a ``// fake: NAME`` line.
+A job without a ``fake`` field takes it from the candidate's ``meta["fake"]`` (pool tests).
 """
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -34,10 +33,7 @@ class FakeGpuHandler:
     def handle(self, kind: str, job: dict, phase: Callable[[str], None]) -> dict:
         if kind == "probe":
             return {"status": "ok", "message": "fake probe"}
-        behaviour = job.get("fake")
-        if behaviour is None:
-            m = re.search(r"//\s*fake:\s*(\w+)", job.get("source", ""))
-            behaviour = m.group(1) if m else "ok"
+        behaviour = job.get("fake") or (job.get("meta") or {}).get("fake") or "ok"
         where = job.get("phase", "correctness")
         for name in PHASES:
             phase(name)

@@ -1,0 +1,307 @@
+"""The correctness cascade: does the candidate compute ``C = A·B`` (fp16 in/out, fp32 accumulation)?
+
+Every check draws fresh inputs, poisons C with NaN, calls the candidate, synchronises, then
+checks the guard bands around A, B, C and the workspace ("wrote outside ..."), that A and B are
+unchanged ("modified input"), that no poison is left in C, and the values against a reference
+computed in float64 (float32 with TF32 off for big shapes) from the same fp16 inputs.
+
+Tolerances (elementwise; ``ulp16(x)`` is the fp16 spacing at ``|x|``, eps16 = 2**-10,
+eps32 = 2**-23, ``R`` the reference):
+
+- random inputs: ``|C - R| <= ulp16(R) + 2 * eps16 * T`` with ``T_ij = sqrt(sum_k (a_ik b_kj)^2)``,
+  i.e. ``c * sqrt(K) * eps16 * rms_k|a_ik b_kj|``: one fp16 rounding of the output plus two fp16
+  units of the typical output magnitude. fp32 accumulation lands far inside; fp16 accumulation
+  (error ~ eps16 * T * sqrt(K/2)) fails from K of a few dozen on.
+- exact probes (inputs whose fp32 sums are exact or nearly): ``|C - R| <= ulp16(R) + 8 * sqrt(K)
+  * eps32 * S`` with ``S_ij = sum_k |a_ik b_kj|``: output rounding plus a generous fp32 rounding
+  walk, and nothing more. These catch what random data cannot: cancellation (large values that
+  cancel around small ones, valid at any K >= 3), large partial sums (above 65504 while the
+  result is in range), all-ones at K >= 4096 (fp16 stalls at 2048) and low-entropy inputs.
+
+Then a NaN planted at a random A[i, k1] must turn exactly row i of C into NaN and one at
+B[k2, j] exactly column j: every k of that row and column was read.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from populations import Shape
+
+__all__ = ["EPS16", "EPS32", "ulp16", "tolerance_random", "tolerance_exact", "Guarded", "Operands",
+           "CheckFailed", "Cascade", "ragged_instances", "reference"]
+
+EPS16 = 2.0 ** -10
+EPS32 = 2.0 ** -23
+C_RANDOM = 2.0
+C_EXACT = 8.0
+#: Reference in float64 up to this many multiply-adds, float32 (TF32 off) above.
+FP64_LIMIT = 1 << 33
+
+
+def ulp16(x: torch.Tensor) -> torch.Tensor:
+    """fp16 spacing at |x| (2**-24 in the subnormal range), as float32."""
+    a = x.abs().float().clamp(min=2.0 ** -14)
+    _, e = torch.frexp(a)
+    return torch.ldexp(torch.ones_like(a), e - 11)
+
+
+def tolerance_random(ref: torch.Tensor, rss: torch.Tensor) -> torch.Tensor:
+    """``ulp16(R) + 2 * eps16 * T`` (see the module docstring)."""
+    return ulp16(ref) + C_RANDOM * EPS16 * rss.float()
+
+
+def tolerance_exact(ref: torch.Tensor, sabs: torch.Tensor, k: int) -> torch.Tensor:
+    """``ulp16(R) + 8 * sqrt(K) * eps32 * S`` (see the module docstring)."""
+    return ulp16(ref) + C_EXACT * math.sqrt(k) * EPS32 * sabs.float()
+
+
+class CheckFailed(Exception):
+    """A check the candidate did not pass; the message names the check."""
+
+    def __init__(self, check: str, message: str, max_error: Optional[float] = None) -> None:
+        super().__init__(f"{check}: {message}")
+        self.check, self.max_error = check, max_error
+
+
+class Guarded:
+    """A matrix (or workspace) with canary bands of random bits before and after it."""
+
+    def __init__(self, rows: int, cols: int, device: torch.device, gen: torch.Generator, dtype=torch.float16) -> None:
+        n = rows * cols
+        esize = torch.empty((), dtype=dtype).element_size()
+        band = max(32768 // esize, min(256 * max(cols, 1), (8 << 20) // esize))
+        band = -(-band // (256 // esize)) * (256 // esize)  # keep the data 256-byte aligned
+        self.rows, self.cols, self.band = rows, cols, band
+        self.full = torch.empty(2 * band + n, dtype=dtype, device=device)
+        bits = self.full.view(torch.uint8) if dtype != torch.uint8 else self.full
+        bits.random_(0, 256, generator=gen)
+        self._lo, self._hi = band * esize, (band + n) * esize
+        self.pattern_lo, self.pattern_hi = bits[:self._lo].clone(), bits[self._hi:].clone()
+        self.data = self.full[band:band + n].view(rows, cols)
+
+    def guards_intact(self) -> bool:
+        bits = self.full.view(torch.uint8)
+        return bool(torch.equal(bits[:self._lo], self.pattern_lo) and torch.equal(bits[self._hi:], self.pattern_hi))
+
+    @property
+    def ptr(self) -> int:
+        return self.full[self.band:].data_ptr()
+
+
+@dataclass
+class Operands:
+    """Guarded A, B (as stored for the layout), C and workspace for one shape."""
+
+    shape: Shape
+    A: Guarded
+    B: Guarded
+    C: Guarded
+    W: Guarded
+    workspace_bytes: int
+    zero_workspace: bool
+
+    @classmethod
+    def allocate(cls, shape: Shape, workspace_bytes: int, zero_workspace: bool, device: torch.device,
+                 gen: torch.Generator) -> "Operands":
+        b_rows, b_cols = (shape.n, shape.k) if shape.layout == "TN" else (shape.k, shape.n)
+        return cls(shape, Guarded(shape.m, shape.k, device, gen), Guarded(b_rows, b_cols, device, gen),
+                   Guarded(shape.m, shape.n, device, gen), Guarded(1, workspace_bytes, device, gen, torch.uint8),
+                   workspace_bytes, zero_workspace)
+
+    def b_kn(self, b: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """B as the K×N operand of the product (a view)."""
+        b = self.B.data if b is None else b
+        return b.t() if self.shape.layout == "TN" else b
+
+    def pointers(self) -> dict[str, int]:
+        return {"A": self.A.ptr, "B": self.B.ptr, "C": self.C.ptr, "workspace": self.W.ptr}
+
+
+def reference(a: torch.Tensor, b_kn: torch.Tensor, *, exact_terms: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, scale): R = a @ b in fp64/fp32; scale = T (rss of products) or S (sum of |products|)."""
+    m, k = a.shape
+    n = b_kn.shape[1]
+    dt = torch.float64 if m * n * k <= FP64_LIMIT or a.device.type == "cpu" else torch.float32
+    a2, b2 = a.to(dt), b_kn.to(dt)
+    ref = a2 @ b2
+    scale = (a2.abs() @ b2.abs()) if exact_terms else (a2 * a2 @ (b2 * b2)).sqrt()
+    return ref, scale
+
+
+Call = Callable[[Operands], None]
+
+
+@dataclass
+class Cascade:
+    """Runs the checks of one shape on one set of guarded operands."""
+
+    ops: Operands
+    call: Call
+    sync: Callable[[], None]
+    gen: torch.Generator
+    max_error: float = 0.0
+    checks: list[str] = field(default_factory=list)
+
+    # -- one call with every invariant checked ------------------------------------------
+    def _run(self, check: str) -> torch.Tensor:
+        ops = self.ops
+        saved_a, saved_b = ops.A.data.view(torch.int16).clone(), ops.B.data.view(torch.int16).clone()
+        ops.C.data.fill_(float("nan"))
+        if ops.workspace_bytes:
+            ops.W.data.fill_(0 if ops.zero_workspace else 0xFF)  # 0xFFFF.. is NaN in fp16 and fp32
+        self.sync()
+        self.call(ops)
+        self.sync()
+        for name, g in (("A", ops.A), ("B", ops.B), ("C", ops.C), ("the workspace", ops.W)):
+            if not g.guards_intact():
+                raise CheckFailed(check, f"wrote outside {name} (guard band changed)")
+        if not (torch.equal(ops.A.data.view(torch.int16), saved_a) and torch.equal(ops.B.data.view(torch.int16), saved_b)):
+            raise CheckFailed(check, "modified input A or B")
+        self.checks.append(check)
+        return ops.C.data
+
+    def _compare(self, check: str, c: torch.Tensor, ref: torch.Tensor, tol: torch.Tensor, record: bool = True) -> None:
+        """Raise unless every element is within ``tol``; ``max_error`` tracks the random-input checks."""
+        err = (c.to(ref.dtype) - ref).abs()
+        bad = ~(err <= tol)
+        worst = float(torch.nan_to_num(err, nan=float("inf")).max()) if err.numel() else 0.0
+        if record:
+            self.max_error = max(self.max_error, worst)
+        if bool(bad.any()):
+            idx = int(bad.flatten().nonzero()[0])
+            i, j = divmod(idx, c.shape[1])
+            nans = int(torch.isnan(c).sum())
+            why = f"{nans} elements of C left NaN (not written, or NaN produced); " if nans else ""
+            raise CheckFailed(check, f"{why}{int(bad.sum())} of {c.numel()} elements outside tolerance; first at "
+                                     f"C[{i},{j}] = {float(c[i, j])!r} vs reference {float(ref[i, j]):.6g} "
+                                     f"(tolerance {float(tol[i, j]):.3g}); max error {worst:.4g}", worst)
+
+    def _fill(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        self.ops.A.data.copy_(a)
+        self.ops.B.data.copy_(b if self.ops.shape.layout == "NN" else b.t())
+
+    def _uniform(self, rows: int, cols: int, lo: float = -1.0, hi: float = 1.0) -> torch.Tensor:
+        return torch.empty(rows, cols, dtype=torch.float16, device=self.ops.A.data.device).uniform_(lo, hi, generator=self.gen)
+
+    # -- the checks -------------------------------------------------------------------
+    def random(self, check: str = "random inputs", lo: float = -1.0, hi: float = 1.0) -> None:
+        s = self.ops.shape
+        self._fill(self._uniform(s.m, s.k, lo, hi), self._uniform(s.k, s.n, lo, hi))
+        c = self._run(check)
+        ref, rss = reference(self.ops.A.data, self.ops.b_kn(), exact_terms=False)
+        self._compare(check, c, ref, tolerance_random(ref, rss))
+
+    def exact(self, check: str, a: torch.Tensor, b_kn: torch.Tensor) -> None:
+        self._fill(a, b_kn)
+        c = self._run(check)
+        ref, sabs = reference(self.ops.A.data, self.ops.b_kn(), exact_terms=True)
+        self._compare(check, c, ref, tolerance_exact(ref, sabs, self.ops.shape.k), record=False)
+
+    def cancellation(self) -> None:
+        """+L·b at k=0 and -L·b at k=K-1 around small terms: an fp16 accumulator drops the small ones."""
+        s = self.ops.shape
+        if s.k < 3:
+            return
+        a, b = self._uniform(s.m, s.k), self._uniform(s.k, s.n)
+        a[:, 0], a[:, -1] = 1024.0, -1024.0
+        b[-1, :] = b[0, :]
+        self.exact("cancellation probe", a, b)
+
+    def large_values(self) -> None:
+        """Partial sums pass 65504 (fp16 overflow) while the result stays in range."""
+        s = self.ops.shape
+        if s.k < 8:
+            return
+        amp = 2.0 ** math.ceil(math.log2(math.sqrt(min(16384.0, 4 * 65504.0 / s.k))))
+        a = self._uniform(s.m, s.k) + amp
+        a[:, s.k // 2:] -= 2 * amp  # first half of k positive, second half negative: the sum cancels
+        b = self._uniform(s.k, s.n) + amp
+        self.exact("large-value probe (partial sums above 65504)", a, b)
+
+    def special(self) -> None:
+        """Low-entropy small integers with zero bands and ones: a 'fast path' must still be right."""
+        s = self.ops.shape
+        dev = self.ops.A.data.device
+        a = torch.randint(-3, 4, (s.m, s.k), generator=self.gen, device=dev).half()
+        b = torch.randint(-3, 4, (s.k, s.n), generator=self.gen, device=dev).half()
+        a[: max(1, s.m // 4)] = 0               # zero rows: C rows must be written as exact zeros
+        a[:, s.k // 2: s.k // 2 + max(1, s.k // 8)] = 0
+        b[:, : max(1, s.n // 4)] = 1.0           # a band of ones
+        self.exact("special values (zeros, ones, small integers)", a, b)
+
+    def all_ones(self) -> None:
+        """A = B = 1: C = K exactly; fp16 accumulation stalls at 2048."""
+        s = self.ops.shape
+        dev = self.ops.A.data.device
+        self.exact(f"all-ones probe (K={s.k})", torch.ones(s.m, s.k, dtype=torch.float16, device=dev),
+                   torch.ones(s.k, s.n, dtype=torch.float16, device=dev))
+
+    def planted_nan(self) -> None:
+        """NaN at A[i,k1] must reach exactly row i of C, NaN at B[k2,j] exactly column j."""
+        s = self.ops.shape
+        check = "planted NaN"
+        a, b = self._uniform(s.m, s.k), self._uniform(s.k, s.n)
+        pick = torch.randint(0, 2**31 - 1, (4,), generator=self.gen, device=a.device).tolist()
+        i, k1, k2, j = pick[0] % s.m, pick[1] % s.k, pick[2] % s.k, pick[3] % s.n
+        a[i, k1] = float("nan")
+        b[k2, j] = float("nan")
+        self._fill(a, b)
+        c = self._run(check)
+        want = torch.zeros(s.m, s.n, dtype=torch.bool, device=c.device)
+        want[i, :] = True
+        want[:, j] = True
+        got = torch.isnan(c)
+        if not bool(got[i, :].all()):
+            raise CheckFailed(check, f"NaN planted at A[{i},{k1}] did not reach all of row {i} of C "
+                                     f"(element k={k1} was not read for some columns)")
+        if not bool(got[:, j].all()):
+            raise CheckFailed(check, f"NaN planted at B(k={k2}, n={j}) did not reach all of column {j} of C")
+        if bool((got & ~want).any()):
+            raise CheckFailed(check, f"NaN spread beyond row {i} and column {j} of C (or C was left unwritten)")
+        a0, b0 = a.clone(), b.clone()
+        a0[i, k1] = 0
+        b0[k2, j] = 0
+        ref, rss = reference(a0, b0, exact_terms=False)
+        keep = ~want
+        self._compare(check, torch.where(keep, c, torch.zeros_like(c)),
+                      torch.where(keep, ref, torch.zeros_like(ref)), tolerance_random(ref, rss))
+
+    def full(self, generic: bool) -> None:
+        """Every check, cheapest first; raises :class:`CheckFailed` at the first failure."""
+        self.random()
+        self.random("same buffers re-filled with other data", -2.0, 2.0)
+        self.planted_nan()
+        self.cancellation()
+        self.large_values()
+        self.special()
+        if self.ops.shape.k >= 2048:
+            self.all_ones()
+
+    def smoke(self) -> None:
+        """The small-instance checks for generic candidates."""
+        self.random()
+        self.planted_nan()
+
+
+def ragged_instances(shape: Shape, tma_pitch: set[str]) -> list[Shape]:
+    """Small ragged problems of ``shape``'s layout for generic candidates (1x1x1, 7x13x17, 129x257x65)
+    plus a K >= 4096 instance for the all-ones probe. Dimensions used as a tensor-map row pitch
+    (``tma_pitch``: 'K' and/or 'N') are rounded up to a multiple of 8, which TMA requires."""
+    def fix(m: int, n: int, k: int) -> Shape:
+        if "K" in tma_pitch:
+            k = -(-k // 8) * 8
+        if "N" in tma_pitch:
+            n = -(-n // 8) * 8
+        return shape.with_dims(m, n, k)
+    return [fix(1, 1, 1), fix(7, 13, 17), fix(129, 257, 65), fix(65, 72, 4104)]
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0

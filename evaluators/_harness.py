@@ -1,0 +1,362 @@
+"""The GPU worker's handler: load a cubin, check it, time it, flag it (cascade steps 3-6).
+
+Runs inside the worker process started by :mod:`evaluators._worker` (one per GPU, the GPU it
+sees is ``cuda:0``). Buffers and the stream are torch's; kernels go through the loader of
+:mod:`evaluators._loader` with parameters packed by :mod:`evaluators._tmap`.
+
+A job is ``{"cubin", "plan", "shapes", "generic", "timers", "seed", "qps"}``; the result has
+``status``/``message`` for the job and one dict per shape (status, message, max_error, flags,
+timers, correctness_s, timing_s, provenance). A context-poisoning CUDA error sets ``fatal``
+and the worker exits after replying (the context cannot be used again).
+"""
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+
+from populations import LaunchPlan, PlanError, Shape
+
+from ._builtin_kernels import EMPTY_KERNEL, NAIVE_GEMM, naive_plan
+from ._correctness import Cascade, CheckFailed, Operands, ragged_instances, reference, tolerance_random
+from ._loader import get_loader, is_poisoning, nvrtc_cubin
+from ._provenance import sm_clock_mhz, static_provenance
+from ._timers import Arm, device_timer, host_timer, rotation_sets
+from ._tmap import ParamPack, TensorMapError, encode_tensor_map
+
+__all__ = ["make_handler", "GpuHandler", "DEFAULT_CEILINGS", "physical_floor"]
+
+#: Ceilings used for the physical-floor flag when the start-up measurement is lower.
+DEFAULT_CEILINGS = {"flops": 790e12, "bytes_per_s": 4.3e12, "launch_s": 0.5e-6}
+#: Measured rates are what cuBLAS and a copy reach; a kernel may beat them, never the datasheet
+#: (H200: ~990 TFLOP/s dense fp16, 4.8 TB/s). Headroom from measured to peak before flagging.
+HEADROOM = {"flops": 1.30, "bytes_per_s": 1.15, "launch_s": 0.7}
+TIMERS = ("device", "offline", "server")
+
+
+def physical_floor(shape: Shape, ceilings: Mapping[str, float]) -> float:
+    """Fewest seconds any kernel can take: max(FLOPs/peak, bytes/bandwidth, launch floor)."""
+    return max(shape.flops / (ceilings["flops"] * HEADROOM["flops"]),
+               shape.min_bytes / (ceilings["bytes_per_s"] * HEADROOM["bytes_per_s"]),
+               ceilings["launch_s"] * HEADROOM["launch_s"])
+
+
+def thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+class CandidateKernels:
+    """A loaded module and a ``call`` that runs a resolved plan on given buffers."""
+
+    def __init__(self, loader: Any, cubin: bytes, plan: LaunchPlan) -> None:
+        self.loader, self.plan = loader, plan
+        self.module = loader.load(cubin)
+        self.fns: dict[tuple[str, int], Any] = {}
+        self._tmaps: dict[tuple[str, int, Shape], bytes] = {}
+
+    def bind(self, shape: Shape) -> tuple[Callable[[Mapping[str, int], Optional[torch.Tensor]], None], int, int]:
+        """(call(pointers, workspace_tensor), workspace bytes, launches) for ``shape``; raises PlanError."""
+        launches, ws = self.plan.resolve(shape)
+        fns = []
+        for ln in launches:
+            key = (ln.kernel, ln.smem)
+            if key not in self.fns:
+                self.fns[key] = self.loader.function(self.module, ln.kernel, ln.smem)
+            fns.append(self.fns[key])
+        zero = self.plan.zero_workspace and ws > 0
+        specs = self.plan.tensor_maps
+
+        def call(ptrs: Mapping[str, int], wtensor: Optional[torch.Tensor]) -> None:
+            stream = torch.cuda.current_stream().cuda_stream
+            if zero and wtensor is not None:
+                wtensor.zero_()
+            tmaps = {}
+            for name, spec in specs.items():
+                key = (name, ptrs[spec.matrix], shape)
+                if key not in self._tmaps:
+                    self._tmaps[key] = encode_tensor_map(spec, shape, ptrs[spec.matrix])
+                tmaps[name] = self._tmaps[key]
+            for ln, fn in zip(launches, fns):
+                pack = ParamPack(ln.args, ptrs, tmaps)
+                self.loader.launch(fn, ln.grid, ln.block, ln.smem, stream, pack.address)
+        return call, ws, len(launches)
+
+    def unload(self) -> None:
+        self.loader.unload(self.module)
+
+
+class GpuHandler:
+    """The real worker handler (see :mod:`evaluators._worker` for the protocol)."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.options = dict(options)
+        torch.cuda.init()
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        self.device = torch.device("cuda", 0)
+        torch.cuda.set_device(self.device)
+        self.loader = get_loader(self.options.get("loader", "driver"))
+        self.provenance = static_provenance()
+        major, minor = torch.cuda.get_device_capability(0)
+        self.arch = "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
+        self.l2 = int(self.provenance.get("l2_bytes") or 60 << 20)
+        self._probe_kernels = CandidateKernels(self.loader, nvrtc_cubin(NAIVE_GEMM, self.arch), naive_plan())
+        self.ceilings = self._measure_ceilings() if self.options.get("measure_ceilings", True) else {}
+        probe = self._probe()  # also the warm-up: module load, launches, graph capture, cuBLAS handles
+        if probe["status"] != "ok":
+            raise RuntimeError(f"start-up probe failed: {probe['message']}")
+        self.provenance.update(ceilings=self.ceilings)
+
+    def info(self) -> dict[str, Any]:
+        return {"arch": self.arch, "provenance": self.provenance, "ceilings": self.ceilings,
+                "loader": self.loader.name, "pid": os.getpid()}
+
+    # -- start-up ------------------------------------------------------------------------
+    def _measure_ceilings(self) -> dict[str, float]:
+        """Re-measure matmul rate, copy bandwidth and the graph launch floor once per worker."""
+        out = dict(DEFAULT_CEILINGS)
+        measured: dict[str, float] = {}
+        n = 8192
+        a = torch.randn(n, n, device=self.device, dtype=torch.float16)
+        b = torch.randn(n, n, device=self.device, dtype=torch.float16)
+        for _ in range(3):
+            torch.matmul(a, b)
+        t = _event_time(lambda: torch.matmul(a, b), 10)
+        measured["flops"] = 2 * n ** 3 / t
+        del a, b
+        src = torch.empty(1 << 29, dtype=torch.uint8, device=self.device).random_(0, 256)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        t = _event_time(lambda: dst.copy_(src), 10)
+        measured["bytes_per_s"] = 2 * src.numel() / t
+        del src, dst
+        fn = self.loader.function(self._probe_kernels.module, EMPTY_KERNEL, 0)
+        pack = ParamPack((), {}, {})
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(1000):
+                self.loader.launch(fn, (1, 1, 1), (32, 1, 1), 0, torch.cuda.current_stream().cuda_stream, pack.address)
+        g.replay()
+        measured["launch_s"] = _event_time(g.replay, 5) / 1000
+        torch.cuda.synchronize()
+        for key in ("flops", "bytes_per_s"):
+            out[key] = max(out[key], measured[key])
+        out["launch_s"] = min(out["launch_s"], measured["launch_s"])
+        out.update({f"measured_{k}": v for k, v in measured.items()})
+        return out
+
+    # -- probe ------------------------------------------------------------------------------
+    def _probe(self) -> dict[str, Any]:
+        """Known-good tiny kernel + small GEMM check + a tiny graph capture."""
+        try:
+            shape = Shape(64, 48, 40, "TN")
+            call, ws, _ = self._probe_kernels.bind(shape)
+            gen = torch.Generator(device=self.device).manual_seed(1234)
+            ops = Operands.allocate(shape, ws, False, self.device, gen)
+            cas = Cascade(ops, lambda o: call(o.pointers(), None), self._sync, gen)
+            cas.random()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=torch.cuda.Stream()):
+                call(ops.pointers(), None)
+                torch.matmul(ops.A.data, ops.B.data.t())
+            g.replay()
+            torch.cuda.synchronize()
+            return {"status": "ok", "message": "probe passed", "threads": thread_count()}
+        except Exception as exc:  # a failed probe: the supervisor restarts us
+            return {"status": "runtime_error", "message": f"probe failed: {exc!r}", "fatal": True}
+
+    def _sync(self) -> None:
+        err = self.loader.synchronize()
+        if err is not None:
+            raise err
+
+    # -- jobs -------------------------------------------------------------------------------
+    def handle(self, kind: str, job: Mapping[str, Any], phase: Callable[[str], None]) -> dict[str, Any]:
+        if kind == "probe":
+            return self._probe()
+        threads_before = thread_count()
+        phase("load")
+        t0 = time.perf_counter()
+        try:
+            plan = LaunchPlan.from_dict(job["plan"])
+            kernels = CandidateKernels(self.loader, job["cubin"], plan)
+        except Exception as exc:
+            return self._failure(exc, "load")
+        load_s = time.perf_counter() - t0
+        shapes = [Shape.parse(s) for s in job["shapes"]]
+        results = []
+        seed = int(job.get("seed") or int.from_bytes(os.urandom(6), "little"))
+        rng = random.Random(seed)
+        try:
+            for shape in shapes:
+                results.append(self._one_shape(kernels, shape, job, phase, rng))
+                if results[-1].get("fatal"):
+                    break
+        except Exception as exc:  # a CUDA error outside the per-shape handling
+            return self._failure(exc, "shape")
+        finally:
+            try:
+                kernels.unload()
+            except Exception:
+                pass
+        threads_after = thread_count()
+        if threads_after > threads_before:
+            for r in results:
+                if r["status"] in ("ok", "flagged"):
+                    r["status"] = "flagged"
+                    r["flags"].append(f"host thread count changed during the run ({threads_before} -> {threads_after})")
+        fatal = any(r.get("fatal") for r in results)
+        return {"status": "ok", "message": "", "shapes": results, "load_s": load_s, "seed": seed, "fatal": fatal}
+
+    def _failure(self, exc: BaseException, where: str) -> dict[str, Any]:
+        poisoned = is_poisoning(exc) or self.loader.synchronize() is not None
+        return {"status": "runtime_error", "message": f"{where}: {exc}", "fatal": poisoned}
+
+    def _one_shape(self, kernels: CandidateKernels, shape: Shape, job: Mapping[str, Any],
+                   phase: Callable[[str], None], rng: random.Random) -> dict[str, Any]:
+        res: dict[str, Any] = {"shape": str(shape), "status": "ok", "message": "", "flags": [], "timers": {},
+                               "max_error": None, "correctness_s": 0.0, "timing_s": 0.0, "checks": []}
+        phase("correctness")
+        t0 = time.perf_counter()
+        gen = torch.Generator(device=self.device).manual_seed(rng.getrandbits(62))
+        try:
+            instances = []
+            if job.get("generic"):
+                pitch = {("K" if spec.matrix in ("A",) or (spec.matrix == "B" and shape.layout == "TN") else "N")
+                         for spec in kernels.plan.tensor_maps.values()}
+                instances = ragged_instances(shape, pitch)
+            for inst in instances + [shape]:
+                try:
+                    call, ws, _ = kernels.bind(inst)
+                except (PlanError, TensorMapError) as exc:
+                    return {**res, "status": "rejected", "message": f"plan does not resolve for {inst}: {exc}"}
+                ops = Operands.allocate(inst, ws, kernels.plan.zero_workspace, self.device, gen)
+                cas = Cascade(ops, lambda o, c=call: c(o.pointers(), o.W.data if o.workspace_bytes else None), self._sync, gen)
+                try:
+                    if inst is shape:
+                        cas.full(bool(job.get("generic")))
+                    else:
+                        cas.smoke()
+                        if inst.k >= 4096:
+                            cas.all_ones()
+                            cas.cancellation()
+                except CheckFailed as exc:
+                    where = "" if inst is shape else f" on ragged instance {inst.m}x{inst.n}x{inst.k}"
+                    return {**res, "status": "incorrect", "message": f"{exc}{where}", "max_error": exc.max_error,
+                            "checks": cas.checks, "correctness_s": time.perf_counter() - t0}
+                res["checks"] += cas.checks
+                res["max_error"] = max(res["max_error"] or 0.0, cas.max_error)
+                del ops
+            res["correctness_s"] = time.perf_counter() - t0
+            phase("timing")
+            t1 = time.perf_counter()
+            call, ws, n_launches = kernels.bind(shape)
+            self._time(call, ws, kernels.plan.zero_workspace, shape, job, rng, gen, res)
+            res["timing_s"] = time.perf_counter() - t1
+        except CheckFailed as exc:  # outputs wrong after timing
+            res["status"], res["message"] = "flagged", str(exc)
+            res["flags"].append(str(exc))
+        except Exception as exc:
+            fail = self._failure(exc, res.get("timing_s") and "timing" or "correctness")
+            return {**res, **fail, "correctness_s": res["correctness_s"] or time.perf_counter() - t0}
+        res["provenance"] = {"sm_clock_mhz": sm_clock_mhz()}
+        return res
+
+    # -- timing -----------------------------------------------------------------------------
+    def _time(self, call: Callable, ws: int, zero_ws: bool, shape: Shape, job: Mapping[str, Any],
+              rng: random.Random, gen: torch.Generator, res: dict[str, Any]) -> None:
+        m, n, k = shape.m, shape.n, shape.k
+        set_bytes = 2 * (m * k + n * k + m * n)
+        free, _ = torch.cuda.mem_get_info()
+        n_sets = rotation_sets(set_bytes, self.l2)
+        per_set = 2 * (m * k + 2 * n * k + 2 * m * n) + ws + 4 * 256
+        n_sets = max(2, min(n_sets, int(0.5 * free) // per_set))
+
+        def stack(rows: int, cols: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+            stride = -(-rows * cols // 128) * 128  # 256-byte aligned sets
+            flat = torch.empty(n_sets, stride, dtype=torch.float16, device=self.device)
+            return flat, [flat[i, :rows * cols].view(rows, cols) for i in range(n_sets)]
+
+        a_all, a = stack(m, k)
+        a_all.uniform_(-1, 1, generator=gen)
+        bnk_all, b_nk = stack(n, k)
+        bnk_all.uniform_(-1, 1, generator=gen)
+        bkn_all, b_kn = stack(k, n)
+        for i in range(n_sets):
+            b_kn[i].copy_(b_nk[i].t())
+        cc_all, cc = stack(m, n)
+        cb_all, cb = stack(m, n)
+        w_all = torch.empty(n_sets, max(ws, 1) + 255 >> 8 << 8, dtype=torch.uint8, device=self.device)
+        w_all.fill_(0 if zero_ws else 0xFF)
+        b_c = b_nk if shape.layout == "TN" else b_kn
+        ptrs = [{"A": a[i].data_ptr(), "B": b_c[i].data_ptr(), "C": cc[i].data_ptr(), "workspace": w_all[i].data_ptr()}
+                for i in range(n_sets)]
+        cc_all.fill_(float("nan"))
+        arms = [Arm("candidate", lambda i: call(ptrs[i], w_all[i] if ws else None), n_sets),
+                Arm("torch.matmul NN", lambda i: torch.matmul(a[i], b_kn[i], out=cb[i]), n_sets),
+                Arm("torch.matmul TN", lambda i: torch.matmul(a[i], b_nk[i].t(), out=cb[i]), n_sets)]
+        wanted = [t for t in (job.get("timers") or TIMERS) if t in TIMERS]
+        stats: dict[str, dict[str, Any]] = {}
+        if "device" in wanted:
+            stats["device"] = device_timer(arms, rng=rng, rounds=int(job.get("rounds", 6)))
+        if "offline" in wanted:
+            stats["offline"] = host_timer(arms, calls=int(job.get("host_calls", 20)), rng=rng)
+        if "server" in wanted:
+            stats["server"] = host_timer(arms, calls=int(job.get("host_calls", 20)), qps=float(job.get("qps", 2000.0)), rng=rng)
+        self._sync()
+        for name, st in stats.items():
+            cand = st["candidate"]
+            base_name = min(("torch.matmul NN", "torch.matmul TN"), key=lambda a_: st[a_].median)
+            base = st[base_name]
+            res["timers"][name] = {"median": cand.median, "lo": cand.lo, "hi": cand.hi, "baseline_median": base.median,
+                                   "baseline_lo": base.lo, "baseline_hi": base.hi, "samples": cand.samples,
+                                   "baseline_name": base_name}
+        # -- hack flags ------------------------------------------------------------------
+        if "device" in stats:
+            dev = stats["device"]["candidate"]
+            ceil = self.ceilings or DEFAULT_CEILINGS
+            floor = physical_floor(shape, ceil)
+            res["floor_s"] = floor
+            if dev.median < floor:
+                res["flags"].append(f"device time {dev.median * 1e6:.2f} us is below the physical floor {floor * 1e6:.2f} us")
+            if dev.host_median > 1.5 * dev.median + 2e-6:
+                res["flags"].append(f"event time {dev.median * 1e6:.2f} us far below host-synchronised time "
+                                    f"{dev.host_median * 1e6:.2f} us per call (work outside the timed stream?)")
+        if "device" in stats:  # every set was written by whole rotations: no poison may be left
+            left = int(torch.isnan(cc_all[:, :m * n]).sum())
+            if left:
+                res["flags"].append(f"outputs wrong after timing: {left} elements of the rotated C sets still hold the NaN poison")
+        last = n_sets - 1
+        ref, rss = reference(a[last], b_kn[last], exact_terms=False)
+        err = (cc[last].to(ref.dtype) - ref).abs()
+        if not bool((err <= tolerance_random(ref, rss)).all()):
+            res["flags"].append(f"outputs wrong after timing: the last rotation set differs from the reference "
+                                f"(max error {float(torch.nan_to_num(err, nan=float('inf')).max()):.4g})")
+        if res["flags"]:
+            res["status"] = "flagged"
+            res["message"] = "; ".join(res["flags"])
+        res["rotation_sets"] = n_sets
+        del a_all, bnk_all, bkn_all, cc_all, cb_all, w_all
+
+
+def _event_time(fn: Callable[[], Any], reps: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e-3 / reps
+
+
+def make_handler(options: Mapping[str, Any]) -> GpuHandler:
+    return GpuHandler(options)

@@ -1,0 +1,95 @@
+"""Where a measurement was taken: GPU, driver, CUDA, clocks, torch and evo versions.
+
+NVML (``pynvml``, from nvidia-ml-py) gives the SM clock at measurement time in microseconds;
+without it ``nvidia-smi`` is asked once and the clock is read at start-up only.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from functools import lru_cache
+from typing import Any, Optional
+
+__all__ = ["code_version", "static_provenance", "sm_clock_mhz"]
+
+_NVML: Any = None
+
+
+def _nvml_handle() -> Any:
+    global _NVML
+    if _NVML is None:
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            index = int((os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0])
+            _NVML = (pynvml, pynvml.nvmlDeviceGetHandleByIndex(index))
+        except Exception:
+            _NVML = False
+    return _NVML
+
+
+def sm_clock_mhz() -> Optional[int]:
+    """The current SM clock (NVML), or None where NVML is not available."""
+    h = _nvml_handle()
+    if not h:
+        return None
+    try:
+        return int(h[0].nvmlDeviceGetClockInfo(h[1], h[0].NVML_CLOCK_SM))
+    except Exception:
+        return None
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """``git describe`` of the evo checkout, else the package version."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        out = subprocess.run(["git", "-C", root, "describe", "--always", "--dirty", "--tags"],
+                             capture_output=True, text=True, timeout=5)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:
+        from importlib.metadata import version
+
+        return f"evo-hgemm {version('evo-hgemm')}"
+    except Exception:
+        return "unknown"
+
+
+def static_provenance() -> dict[str, Any]:
+    """What does not change while a worker lives (call inside the worker, after CUDA init)."""
+    import torch
+
+    info: dict[str, Any] = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda, "evo": code_version()}
+    props = torch.cuda.get_device_properties(0)
+    info.update(gpu=props.name, sm_count=props.multi_processor_count, compute_capability=f"{props.major}.{props.minor}",
+                l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0), memory_bytes=int(props.total_memory))
+    try:
+        from cuda.bindings import driver
+
+        err, ver = driver.cuDriverGetVersion()
+        if int(err) == 0:
+            info["cuda_driver_api"] = f"{ver // 1000}.{ver % 1000 // 10}"
+    except Exception:
+        pass
+    h = _nvml_handle()
+    if h:
+        try:
+            drv = h[0].nvmlSystemGetDriverVersion()
+            info["driver"] = drv.decode() if isinstance(drv, bytes) else drv
+            info["sm_clock_max_mhz"] = int(h[0].nvmlDeviceGetMaxClockInfo(h[1], h[0].NVML_CLOCK_SM))
+        except Exception:
+            pass
+    else:
+        try:
+            out = subprocess.run(["nvidia-smi", "-i", (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0],
+                                  "--query-gpu=driver_version,clocks.sm,clocks.max.sm", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=20)
+            drv, sm, smax = [x.strip() for x in out.stdout.strip().split(",")]
+            info.update(driver=drv, sm_clock_startup_mhz=int(sm), sm_clock_max_mhz=int(smax))
+        except Exception:
+            pass
+    return info

@@ -1,0 +1,150 @@
+"""Timers, each pairing the candidate with the torch.matmul baseline in one process.
+
+Arms are timed interleaved, in a fresh random order every round, so that clock drift and
+thermal state hit candidate and baseline alike. The baseline is the faster of torch.matmul on
+the NN and TN layouts of the same problem.
+
+- ``device``: each arm's back-to-back launches over rotating buffer sets (more than 2×L2 bytes
+  in total, so nothing is served from L2) are captured in one CUDA graph; a sample is one replay
+  timed with events, divided by the launches in it. Median and a distribution-free 95%
+  confidence interval from order statistics.
+- ``offline``: synchronise, one call, synchronise, host clock (CUDA-L2's timer).
+- ``server``: ``offline`` with exponential gaps between calls at a target rate.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+__all__ = ["Arm", "median_ci", "device_timer", "host_timer", "rotation_sets", "TimerStats"]
+
+
+@dataclass
+class Arm:
+    """Something to time: ``launch(i)`` runs one call on rotation set ``i`` (on the current stream)."""
+
+    name: str
+    launch: Callable[[int], None]
+    n_sets: int
+
+
+@dataclass
+class TimerStats:
+    median: float
+    lo: float
+    hi: float
+    samples: int
+    host_median: float = 0.0  # device timer: host-synchronised time per call, for the side-stream flag
+
+
+def median_ci(xs: Sequence[float], z: float = 1.96) -> TimerStats:
+    """Median with the order-statistic confidence interval (binomial ranks, no distribution assumed)."""
+    s = sorted(xs)
+    n = len(s)
+    if n == 0:
+        return TimerStats(0.0, 0.0, 0.0, 0)
+    med = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+    half = z * math.sqrt(n) / 2
+    lo = s[max(0, int(math.floor(n / 2 - half)) - 1)] if n > 1 else s[0]
+    hi = s[min(n - 1, int(math.ceil(n / 2 + half)))] if n > 1 else s[0]
+    return TimerStats(med, lo, hi, n)
+
+
+def rotation_sets(set_bytes: int, l2_bytes: int, *, minimum: int = 2, maximum: int = 4096) -> int:
+    """How many buffer sets make the rotation exceed twice the L2."""
+    return max(minimum, min(maximum, math.ceil(2 * l2_bytes / max(1, set_bytes)) + 1))
+
+
+def device_timer(arms: Sequence[Arm], *, rounds: int = 6, replays_per_round: int = 1,
+                 target_replay_s: float = 2e-3, rng: random.Random) -> dict[str, TimerStats]:
+    """CUDA-graph replays of back-to-back calls, interleaved across arms (see module docstring)."""
+    stream = torch.cuda.Stream()
+    graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
+    for arm in arms:
+        est = _estimate(arm)
+        reps = max(arm.n_sets, min(4096, math.ceil(target_replay_s / max(est, 1e-7))))
+        reps = -(-reps // arm.n_sets) * arm.n_sets  # whole rotations: every set written
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            for r in range(reps):
+                arm.launch(r % arm.n_sets)
+        g.replay()  # first replay uploads the graph
+        graphs[arm.name] = (g, reps)
+    torch.cuda.synchronize()
+    events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {a.name: [] for a in arms}
+    host: dict[str, list[float]] = {a.name: [] for a in arms}
+    for _ in range(rounds):
+        order = list(arms)
+        rng.shuffle(order)
+        for arm in order:
+            g, reps = graphs[arm.name]
+            for _ in range(replays_per_round):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                g.replay()
+                end.record()
+                events[arm.name].append((start, end))
+            torch.cuda.synchronize()  # one host-synchronised replay per round: side streams show here
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            start.record()
+            g.replay()
+            end.record()
+            torch.cuda.synchronize()
+            host[arm.name].append((time.perf_counter() - t0) / reps)
+            events[arm.name].append((start, end))
+    torch.cuda.synchronize()
+    out = {}
+    for arm in arms:
+        reps = graphs[arm.name][1]
+        stats = median_ci([s.elapsed_time(e) * 1e-3 / reps for s, e in events[arm.name]])
+        stats.host_median = median_ci(host[arm.name]).median
+        out[arm.name] = stats
+    del graphs
+    return out
+
+
+def host_timer(arms: Sequence[Arm], *, calls: int = 20, qps: float = 0.0, rng: random.Random) -> dict[str, TimerStats]:
+    """``offline`` (qps=0) or ``server`` (exponential gaps at ``qps``): sync, call, sync, host clock."""
+    samples: dict[str, list[float]] = {a.name: [] for a in arms}
+    pos = {a.name: 0 for a in arms}
+    for _ in range(calls):
+        order = list(arms)
+        rng.shuffle(order)
+        for arm in order:
+            if qps > 0:
+                _sleep(rng.expovariate(qps))
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            arm.launch(pos[arm.name] % arm.n_sets)
+            torch.cuda.synchronize()
+            samples[arm.name].append(time.perf_counter() - t0)
+            pos[arm.name] += 1
+    return {name: median_ci(xs) for name, xs in samples.items()}
+
+
+def _estimate(arm: Arm, calls: int = 3) -> float:
+    """Rough seconds per call, from a few eager calls (also the warm-up)."""
+    arm.launch(0)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(calls):
+        arm.launch(i % arm.n_sets)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e-3 / calls
+
+
+def _sleep(seconds: float) -> None:
+    """Sleep precisely: the OS for the bulk, a spin for the last 200 µs."""
+    end = time.perf_counter() + seconds
+    if seconds > 3e-4:
+        time.sleep(seconds - 2e-4)
+    while time.perf_counter() < end:
+        pass

@@ -1,0 +1,90 @@
+"""``evo eval FILE.cu --shape S [--plan PLAN.json|toml] [--generic] [--json]``: evaluate one kernel.
+
+The plan comes from ``--plan`` (JSON, or TOML with the plan at the top level or under
+``[plan]``), or else from a leading comment in the source itself::
+
+    /* evo-plan: {"launches": [{"kernel": "k", "grid": ["cdiv(N, 16)", "cdiv(M, 16)", 1],
+                                "block": [16, 16, 1], "args": ["A", "B", "C", "M", "N", "K"]}]} */
+
+The comment must be the first thing in the file (after blank lines) and hold one JSON object,
+the same as ``LaunchPlan.to_dict()``. Prints one line per shape (status, speedup over
+torch.matmul per timer, message), or the Evaluations as JSON with ``--json``. Exit status 0
+when every shape is ``ok``, 1 otherwise, 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from populations import Candidate, LaunchPlan, PlanError, Shape, ShapeError, to_plain
+
+PLAN_COMMENT = re.compile(r"\A\s*/\*\s*evo-plan:\s*(\{.*?\})\s*\*/", re.S)
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("eval", help="evaluate one .cu kernel at one or more shapes on this machine's GPUs",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("file", help="CUDA source: extern \"C\" __global__ kernels, no host code")
+    p.add_argument("--shape", action="append", required=True, help="MxNxK[:TN|NN][:f32], repeatable")
+    p.add_argument("--plan", help="launch plan (.json or .toml); default: the /* evo-plan: {...} */ comment")
+    p.add_argument("--generic", action="store_true", help="claim every M,N,K (adds small ragged checks)")
+    p.add_argument("--gpus", type=int, default=None, help="how many GPUs (default: all visible)")
+    p.add_argument("--timers", default="device,offline,server")
+    p.add_argument("--json", action="store_true", help="print the Evaluations as JSON")
+
+
+def load_plan(source: str, plan_path: str | None) -> LaunchPlan:
+    """The plan from a file or from the source's leading ``evo-plan`` comment; raises ValueError."""
+    if plan_path:
+        text = Path(plan_path).read_text()
+        if plan_path.endswith(".toml"):
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                import tomli as tomllib  # type: ignore[no-redef]
+            data = tomllib.loads(text)
+            data = data.get("plan", data)
+        else:
+            data = json.loads(text)
+        return LaunchPlan.from_dict(data)
+    m = PLAN_COMMENT.match(source)
+    if not m:
+        raise ValueError("no plan: pass --plan FILE or start the source with /* evo-plan: {json} */")
+    return LaunchPlan.from_dict(json.loads(m.group(1)))
+
+
+def build_candidate(args: argparse.Namespace) -> Candidate:
+    source = Path(args.file).read_text()
+    plan = load_plan(source, args.plan)
+    shapes = tuple(Shape.parse(s) for s in args.shape)
+    return Candidate(source=source, plan=plan, shapes=shapes, generic=args.generic, operator="evo eval",
+                     meta={"file": str(args.file)})
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cand = build_candidate(args)
+    except (OSError, ValueError, PlanError, ShapeError, json.JSONDecodeError) as exc:
+        print(f"evo eval: {exc}", file=sys.stderr)
+        return 2
+    from evaluators import LocalPool, WorkerUnavailable
+
+    try:
+        with LocalPool(gpus=args.gpus, compile_workers=1, timers=tuple(args.timers.split(","))) as pool:
+            evals = pool.evaluate([cand])
+    except WorkerUnavailable as exc:
+        print(f"evo eval: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([to_plain(e) for e in evals], indent=1, default=str))
+    else:
+        for e in evals:
+            times = "  ".join(f"{name} {t.median * 1e6:.2f}us x{t.speedup:.3f}" for name, t in sorted(e.timers.items()))
+            print(f"{e.shape}  {e.status.value}  {times}  {e.message}".rstrip())
+            if e.flags:
+                print("  flags: " + "; ".join(e.flags))
+    return 0 if all(e.status.value == "ok" for e in evals) else 1

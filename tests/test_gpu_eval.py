@@ -1,0 +1,244 @@
+"""The harness: CPU-checkable parts (parameter packing, tensor-map geometry, tolerances, the
+correctness cascade on CPU tensors with Python stand-ins for kernels) and, GPU-marked, the
+whole evaluator on real kernels: good passes, broken is incorrect, illegal address is a
+runtime_error and a hang a timeout, and the pool keeps going."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from evaluators._builtin_kernels import BUGS, naive_candidate, naive_plan
+from evaluators._loader import LoaderUnavailable, get_loader
+from evaluators._tmap import ParamPack, TensorMapError, tmap_geometry
+from populations import Shape, Status, TensorMapSpec
+
+
+# -- CPU: plan -> kernel parameters ------------------------------------------------------------
+def test_param_pack_follows_the_plan_order_and_sizes():
+    launches, ws = naive_plan().resolve(Shape.parse("100x60x36:NN"))
+    ptrs = {"A": 0x7F0000001000, "B": 0x7F0000002000, "C": 0x7F0000003000, "workspace": 0x10}
+    pack = ParamPack(launches[0].args, ptrs, {})
+    assert ws == 0 and pack.kinds == ["ptr", "ptr", "ptr", "int", "int", "int"]
+    assert [int.from_bytes(pack.arg_bytes(i), "little") for i in range(3)] == [ptrs["A"], ptrs["B"], ptrs["C"]]
+    assert [int.from_bytes(pack.arg_bytes(i), "little", signed=True) for i in range(3, 6)] == [100, 60, 36]
+    assert launches[0].grid == (4, 7, 1)
+    arr = (ctypes.c_void_p * 6).from_address(pack.address)
+    assert arr[3] == ctypes.addressof(ctypes.c_int32.from_address(arr[3]))
+
+
+def test_tensor_maps_are_passed_by_value_64_byte_aligned():
+    raw = bytes(range(128))
+    pack = ParamPack(("A", ("tmap", "tmA"), -5), {"A": 0x1000}, {"tmA": raw})
+    arr = (ctypes.c_void_p * 3).from_address(pack.address)
+    assert arr[1] % 64 == 0 and pack.arg_bytes(1) == raw
+    assert int.from_bytes(pack.arg_bytes(2), "little", signed=True) == -5
+    with pytest.raises(OverflowError):
+        ParamPack((2**31,), {}, {})
+
+
+def test_tensor_map_geometry_is_the_matrix_as_stored():
+    tn, nn = Shape.parse("256x512x1024:TN"), Shape.parse("256x512x1024:NN")
+    g = tmap_geometry(TensorMapSpec("B", (128, 64), 128), tn)
+    assert g.global_dim == (1024, 512) and g.global_strides == (2048,) and g.box_dim == (64, 128)
+    assert tmap_geometry(TensorMapSpec("B", (64, 64), 128), nn).global_dim == (512, 1024)
+    assert tmap_geometry(TensorMapSpec("C", (64, 64), 128), tn).global_strides == (1024,)
+    with pytest.raises(TensorMapError, match="multiple of 16"):
+        tmap_geometry(TensorMapSpec("A", (64, 64), 128), Shape.parse("64x64x17"))
+    with pytest.raises(TensorMapError, match="swizzle"):
+        tmap_geometry(TensorMapSpec("A", (64, 128), 128), tn)
+
+
+def test_pycuda_backend_reports_itself_unavailable_when_not_installed():
+    try:
+        import pycuda.driver  # noqa: F401
+    except Exception:
+        with pytest.raises(LoaderUnavailable, match="pycuda"):
+            get_loader("pycuda")
+    else:
+        pytest.skip("pycuda is importable here")
+    with pytest.raises(LoaderUnavailable, match="unknown"):
+        get_loader("opencl")
+
+
+def test_evo_eval_reads_the_plan_from_a_leading_comment(tmp_path):
+    from evo._cmd_eval import load_plan
+
+    plan = naive_plan()
+    src = "\n/* evo-plan: " + __import__("json").dumps(plan.to_dict()) + " */\nextern \"C\" __global__ void k() {}"
+    assert load_plan(src, None) == plan
+    (tmp_path / "p.json").write_text(__import__("json").dumps(plan.to_dict()))
+    assert load_plan("no comment", str(tmp_path / "p.json")) == plan
+    with pytest.raises(ValueError, match="evo-plan"):
+        load_plan("__global__ void k() {}", None)
+
+
+# -- CPU: tolerances and the cascade with Python stand-ins for kernels ------------------------------
+torch = pytest.importorskip("torch")
+from evaluators._correctness import (Cascade, Operands, ragged_instances, reference,  # noqa: E402
+                                     tolerance_exact, tolerance_random, ulp16)
+
+
+def test_ulp16_and_the_tolerance_formulas():
+    x = torch.tensor([1.0, 1.5, 2048.0, 65504.0, 1e-6, 0.0])
+    assert ulp16(x).tolist() == [2**-10, 2**-10, 2.0, 32.0, 2**-24, 2**-24]
+    ref, t = torch.tensor([100.0]), torch.tensor([64.0])
+    assert tolerance_random(ref, t).item() == pytest.approx(2**-4 + 2 * 2**-10 * 64)
+    assert tolerance_exact(ref, torch.tensor([1e4]), 4096).item() == pytest.approx(2**-4 + 8 * 64 * 2**-23 * 1e4)
+
+
+def test_fp32_accumulation_passes_and_fp16_accumulation_fails_the_random_tolerance():
+    g = torch.Generator().manual_seed(0)
+    for k in (256, 1024):
+        a = torch.empty(32, k, dtype=torch.float16).uniform_(-1, 1, generator=g)
+        b = torch.empty(k, 32, dtype=torch.float16).uniform_(-1, 1, generator=g)
+        ref, rss = reference(a, b, exact_terms=False)
+        tol = tolerance_random(ref, rss)
+        good = (a.float() @ b.float()).half()
+        assert bool(((good.double() - ref).abs() <= tol).all())
+        acc = torch.zeros(32, 32, dtype=torch.float16)
+        for i in range(k):
+            acc = (acc.float() + a[:, i:i + 1].float() * b[i:i + 1, :].float()).half()
+        assert not bool(((acc.double() - ref).abs() <= tol).all())
+
+
+def _matmul(ops, *, acc16=False, skip_last=False):
+    a, b = ops.A.data.float(), ops.b_kn().float()
+    if skip_last:
+        a, b = a[:, :-1], b[:-1]
+    if acc16:
+        acc = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float16)
+        for i in range(a.shape[1]):
+            acc = (acc.float() + a[:, i:i + 1] * b[i:i + 1, :]).half()
+        return acc
+    return (a @ b).half()
+
+
+class PointerCache:
+    def __init__(self):
+        self.seen = {}
+
+    def __call__(self, ops):
+        key = ops.A.ptr
+        if key not in self.seen:
+            self.seen[key] = _matmul(ops)
+        ops.C.data.copy_(self.seen[key])
+
+
+def _write_past_c(ops):
+    ops.C.data.copy_(_matmul(ops))
+    ops.C.full[ops.C.band + ops.C.data.numel() + 3] = 0.0
+
+
+def _modify_a(ops):
+    ops.C.data.copy_(_matmul(ops))
+    ops.A.data[0, 0] = 0.5
+
+
+def _leave_last_row(ops):
+    ops.C.data[:-1].copy_(_matmul(ops)[:-1])
+
+
+def _zero_fast_path(ops):  # "skips" rows of A that are all zero without writing C
+    out = _matmul(ops)
+    zero_rows = (ops.A.data == 0).all(dim=1)
+    ops.C.data[~zero_rows] = out[~zero_rows]
+
+
+STANDINS = {
+    "good": (lambda ops: ops.C.data.copy_(_matmul(ops)), None),
+    "fp16 accumulation": (lambda ops: ops.C.data.copy_(_matmul(ops, acc16=True)), "random inputs"),
+    "skips the last k": (lambda ops: ops.C.data.copy_(_matmul(ops, skip_last=True)), "random inputs"),
+    "caches by pointer": (PointerCache, "re-filled"),  # a class: a fresh cache per test
+    "writes past C": (_write_past_c, "wrote outside C"),
+    "modifies A": (_modify_a, "modified input"),
+    "leaves a row": (_leave_last_row, "left NaN"),
+    "zero-row fast path": (_zero_fast_path, "special values"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STANDINS))
+@pytest.mark.parametrize("layout", ["TN", "NN"])
+def test_the_cascade_catches_each_bug_by_name(name, layout):
+    fn, expect = STANDINS[name]
+    fn = fn() if isinstance(fn, type) else fn
+    shape = Shape(48, 40, 96, layout)
+    gen = torch.Generator().manual_seed(7)
+    ops = Operands.allocate(shape, 0, False, torch.device("cpu"), gen)
+    cas = Cascade(ops, fn, lambda: None, gen)
+    if expect is None:
+        cas.full(generic=False)
+        assert cas.max_error <= 0.06 and len(cas.checks) == 6
+    else:
+        with pytest.raises(Exception, match=expect):
+            cas.full(generic=False)
+
+
+def test_probes_catch_fp16_accumulation_where_random_data_cannot():
+    gen = torch.Generator().manual_seed(3)
+    ops = Operands.allocate(Shape(16, 16, 8), 0, False, torch.device("cpu"), gen)
+    cas = Cascade(ops, lambda o: o.C.data.copy_(_matmul(o, acc16=True)), lambda: None, gen)
+    cas.random()  # K=8: fp16 accumulation is within the random tolerance ...
+    with pytest.raises(Exception, match="cancellation"):
+        cas.cancellation()  # ... but the cancellation probe sees the lost small terms
+    big = Operands.allocate(Shape(4, 4, 4096), 0, False, torch.device("cpu"), gen)
+    with pytest.raises(Exception, match="all-ones"):
+        Cascade(big, lambda o: o.C.data.copy_(_matmul(o, acc16=True)), lambda: None, gen).all_ones()
+    with pytest.raises(Exception, match="large-value"):
+        Cascade(big, lambda o: o.C.data.copy_(_matmul(o, acc16=True)), lambda: None, gen).large_values()
+
+
+def test_ragged_instances_respect_tma_pitch():
+    base = Shape.parse("4096x4096x4096:NN")
+    assert [str(s) for s in ragged_instances(base, set())][:3] == ["1x1x1:NN:f32", "7x13x17:NN:f32", "129x257x65:NN:f32"]
+    assert [(s.n, s.k) for s in ragged_instances(base, {"K", "N"})][:3] == [(8, 8), (16, 24), (264, 72)]
+
+
+# -- GPU: the whole evaluator --------------------------------------------------------------------
+GPU_SHAPE = Shape.parse("256x384x512:TN")
+
+
+@pytest.fixture(scope="module")
+def gpu_pool(tmp_path_factory):
+    from evaluators import LocalPool
+
+    deadlines = {"correctness": 15.0, "timing": 60.0}
+    with LocalPool(compile_workers=4, deadlines=deadlines, log_dir=str(tmp_path_factory.mktemp("logs"))) as pool:
+        yield pool
+
+
+@pytest.mark.gpu
+def test_known_good_kernels_pass_with_timers_and_provenance(gpu_pool):
+    cands = [naive_candidate((GPU_SHAPE, Shape.parse("64x128x64:TN"))),
+             naive_candidate((Shape.parse("200x100x300:NN"),), generic=True)]
+    try:
+        from populations import load_templates
+
+        for name, tpl in sorted(load_templates(errors="warn").items()):
+            if tpl.applicable(GPU_SHAPE, int(gpu_pool.arch[3:5])) and tpl.heuristic(GPU_SHAPE):
+                cands.append(tpl.candidate(tpl.heuristic(GPU_SHAPE)[0], GPU_SHAPE))
+    except Exception as exc:  # templates still in progress: the built-in kernel carries the test
+        print(f"templates not used: {exc!r}")
+    evals = gpu_pool.evaluate(cands)
+    for e in evals:
+        print(e.shape, e.status, e.message[:300], e.speedup, e.flags)
+    naive = evals[:3]
+    assert all(e.status is Status.OK for e in naive), [e.message for e in naive]
+    for e in naive:
+        assert set(e.timers) == {"device", "offline", "server"}
+        assert e.timers["device"].median > 0 and e.timers["device"].baseline_median > 0
+        assert e.provenance["gpu"] and e.provenance["torch"] and "sm_clock_mhz" in e.provenance
+        assert e.max_error is not None and e.correctness_s > 0 and e.timing_s > 0
+
+
+@pytest.mark.gpu
+def test_broken_kernels_get_their_status_and_the_pool_survives(gpu_pool):
+    cands = [naive_candidate((GPU_SHAPE,), bug=bug) for bug in BUGS] + [naive_candidate((GPU_SHAPE,), tile=8)]
+    evals = gpu_pool.evaluate(cands)
+    got = {c.meta.get("bug", "ok"): e for c, e in zip(cands, evals)}
+    for bug, e in got.items():
+        print(bug, e.status, e.message[:300])
+    for bug, want in BUGS.items():
+        assert got[bug].status.value == want, (bug, got[bug].message)
+    assert "ILLEGAL_ADDRESS" in got["EVO_BUG_ILLEGAL"].message or "illegal" in got["EVO_BUG_ILLEGAL"].message.lower()
+    assert got["ok"].status is Status.OK

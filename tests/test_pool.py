@@ -1,0 +1,60 @@
+"""LocalPool plumbing on CPU: real NVRTC compiles, real worker processes, a fake GPU handler."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from evaluators._builtin_kernels import naive_candidate
+from evaluators._pool import LocalPool
+from populations import Shape, Status
+
+pytest.importorskip("evaluators._compile")
+
+FAKE = "fake_gpu_worker:make_handler"
+S1, S2 = Shape.parse("64x64x64:TN"), Shape.parse("128x64x32:TN")
+
+
+def cand(fake: str = "ok", shapes=(S1,), tile: int = 16):
+    c = naive_candidate(shapes, tile=tile)
+    return c.derive(meta={"fake": fake}) if fake != "ok" else c
+
+
+def pool(tmp_path, **kw) -> LocalPool:
+    deadlines = {"startup": 30.0, "probe": 10.0, "load": 5.0, "correctness": 2.0, "timing": 5.0}
+    return LocalPool(gpus=[0], compile_workers=2, target=FAKE, log_dir=str(tmp_path), deadlines=deadlines,
+                     cache_dir=str(tmp_path / "cache"), **kw)
+
+
+def test_ok_candidates_get_one_evaluation_per_shape_with_phase_seconds(tmp_path):
+    with pool(tmp_path) as p:
+        evals = p.evaluate([cand(shapes=(S1, S2)), cand(tile=8)])
+    assert [e.shape for e in evals] == [S1, S2, S1]
+    assert all(e.status is Status.OK for e in evals)
+    assert all(e.compile_s > 0 and e.correctness_s > 0 and e.timing_s > 0 for e in evals)
+    assert evals[0].kernels and evals[0].kernels[0].name == "evo_naive_gemm"
+    assert evals[0].arch == "sm_90a"
+    assert evals[0].provenance["gpu_index"] == 0
+
+
+def test_crash_hang_and_compile_error_each_get_a_status_and_the_pool_survives(tmp_path):
+    good = naive_candidate((S1,))
+    broken = good.derive(source=good.source.replace("acc += p;", "acc += p + no_such_variable;"))
+    with pool(tmp_path) as p:
+        futs = [p.submit(c) for c in (cand("segv"), cand("ok", tile=8), cand("hang"), broken, cand("ok", tile=32))]
+        evals = [f.result(timeout=120)[0] for f in futs]
+        assert [e.status for e in evals] == [Status.RUNTIME_ERROR, Status.OK, Status.TIMEOUT,
+                                             Status.COMPILE_ERROR, Status.OK]
+        assert "SIGSEGV" in evals[0].message and "correctness" in evals[2].message
+        assert p.stats.restarts == 2
+        assert 0 < p.stats.busy_fraction() <= 1.0
+
+
+def test_submit_applies_back_pressure(tmp_path):
+    with pool(tmp_path, max_in_flight=1) as p:
+        t0 = time.monotonic()
+        f1 = p.submit(cand())
+        f2 = p.submit(cand(tile=8))  # waits for f1's slot
+        assert f1.done()
+        assert f2.result(timeout=60)[0].status is Status.OK
+        assert time.monotonic() - t0 < 60

@@ -38,7 +38,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--converge-window", type=int, metavar="N",
                    help="stop a shape after N evaluations without improving its best by more than the threshold")
     p.add_argument("--converge-threshold", type=float, metavar="FRACTION", help="relative improvement that counts (default 0.005)")
-    p.add_argument("--gpus", metavar="LIST", help="GPU indices for the pool, e.g. 0 or 0,1")
+    p.add_argument("--gpus", metavar="LIST", help="GPU indices for the pool, e.g. 0 or 0,1 (default: all visible)")
     p.add_argument("--compile-workers", type=int, metavar="N", help="CPU compile processes (default 4)")
     p.add_argument("--max-inflight", type=int, metavar="N", help="candidates in flight (default 2 x GPUs + compile workers)")
     p.add_argument("--arch", metavar="SM", help="target architecture, e.g. sm_90a (default: the pool's GPU)")
@@ -82,8 +82,8 @@ def make_pool(pool: PoolConfig) -> Any:
         except ImportError:  # not re-exported yet
             from evaluators._pool import LocalPool
 
-        return LocalPool(gpus=pool.gpus, compile_workers=pool.compile_workers, max_in_flight=pool.inflight,
-                         arch=None if pool.arch == "auto" else pool.arch)
+        return LocalPool(gpus=pool.gpus or None, compile_workers=pool.compile_workers,
+                         max_in_flight=pool.max_inflight or None, arch=None if pool.arch == "auto" else pool.arch)
     module, _, attr = pool.kind.partition(":")
     if not module or not attr:
         raise ConfigError(f"pool.kind: 'local' (or a test-only module:factory), got {pool.kind!r}")
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     from populations import load_templates
     from populations._archive import Archive, ArchiveError
 
-    from ._engine import Engine
+    from ._engine import Engine, pool_gpus
     from ._progress import EVENTS_FILE, EventLog, Progress
 
     try:
@@ -165,7 +165,10 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(f"evo run: error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        progress = Progress(cfg.shapes, len(cfg.pool.gpus), cfg.progress, cfg.progress_interval_s)
+        except Exception as exc:  # no GPU, a worker that cannot start: say so, no traceback
+            print(f"evo run: error: cannot start the evaluator pool: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        progress = Progress(cfg.shapes, pool_gpus(pool, cfg), cfg.progress, cfg.progress_interval_s)
         engine = Engine(cfg, archive, pool, operators, templates, events=events, progress=progress)
 
         def on_signal(signum: int, frame: Any) -> None:

@@ -105,15 +105,16 @@ class PoolConfig:
     """The evaluator pool (evaluators.LocalPool) and how much work is kept in flight."""
 
     kind: str = "local"               # local | a test-only double (docs/run.md)
-    gpus: list[int] = field(default_factory=lambda: [0])
+    gpus: list[int] = field(default_factory=list)  # empty: every visible GPU
     compile_workers: int = 4
     max_inflight: int = 0             # 0: 2 x GPUs + compile workers
     arch: str = "auto"                # auto: what the pool reports for its GPU (sm_90a on an H200)
     drain_s: float = 60.0             # first Ctrl-C: how long in-flight work may still finish
+    max_consecutive_errors: int = 16  # stop when this many results in a row are runtime errors (0: never)
 
-    @property
-    def inflight(self) -> int:
-        return self.max_inflight or 2 * len(self.gpus) + self.compile_workers
+    def inflight(self, gpus: int) -> int:
+        """The in-flight bound for a pool with ``gpus`` GPUs."""
+        return self.max_inflight or 2 * max(1, gpus) + self.compile_workers
 
 
 @dataclass
@@ -176,10 +177,10 @@ class RunConfig:
         if not s.power_alpha > 0:
             raise ConfigError("selection.power_alpha: must be positive")
         p = self.pool
-        if not p.gpus or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in p.gpus):
-            raise ConfigError(f"pool.gpus: a non-empty list of GPU indices, got {p.gpus!r}")
-        if p.compile_workers < 1 or p.max_inflight < 0 or not p.drain_s >= 0:
-            raise ConfigError("pool: compile_workers >= 1, max_inflight >= 0, drain_s >= 0")
+        if any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in p.gpus) or len(set(p.gpus)) != len(p.gpus):
+            raise ConfigError(f"pool.gpus: a list of distinct GPU indices (empty: all visible), got {p.gpus!r}")
+        if p.compile_workers < 1 or p.max_inflight < 0 or not p.drain_s >= 0 or p.max_consecutive_errors < 0:
+            raise ConfigError("pool: compile_workers >= 1; max_inflight, drain_s and max_consecutive_errors >= 0")
         if self.transfer.neighbors < 0 or self.transfer.per_neighbor < 0:
             raise ConfigError("transfer: neighbors and per_neighbor must be >= 0")
         return self

@@ -2,7 +2,7 @@
 
 One loop, on one thread, drives everything; the pool does the parallel work (compiling on CPU
 processes while its GPU workers time other candidates). The engine keeps up to
-``pool.inflight`` candidates submitted (by default 2 x GPUs + compile workers, so the GPUs never
+``max_inflight`` candidates submitted (by default 2 x GPUs + compile workers, so the GPUs never
 wait on a compile) and proposes a new one each time a result arrives:
 
 1. pick the active shape with the fewest evaluations (finished + in flight),
@@ -51,7 +51,7 @@ class EvaluatorPool(Protocol):
 @dataclass
 class RunResult:
     """How a run ended: ``reason`` is evals | wall | gpu_seconds | tokens | converged |
-    exhausted | interrupted | abandoned."""
+    exhausted | pool_failing | interrupted | abandoned."""
 
     reason: str
     evaluations: int
@@ -98,6 +98,11 @@ class OperatorChooser:
             self.improved[name] += 1
 
 
+def pool_gpus(pool: Any, config: RunConfig) -> int:
+    """How many GPUs the pool times on: the configured list, else what the pool says it has."""
+    return len(config.pool.gpus) or len(getattr(pool, "gpus", None) or ()) or 1
+
+
 def template_seeds(shape: Shape, templates: Mapping[str, Template], arch: str,
                    specialize: bool = False) -> list[Candidate]:
     """Every applicable template's heuristic first picks for ``shape`` (the cold start)."""
@@ -128,11 +133,12 @@ class Engine:
         self.operators = dict(operators)
         self.templates = dict(templates)
         self.events = events
-        self.progress = progress or Progress(config.shapes, len(config.pool.gpus), mode="none")
+        self.progress = progress or Progress(config.shapes, pool_gpus(pool, config), mode="none")
         self.clock = clock
         arch = config.pool.arch
         #: the target GPU: configured, else what the pool reports (LocalPool asks nvidia-smi)
         self.arch = str(getattr(pool, "arch", None) or "sm_90a") if arch == "auto" else arch
+        self.max_inflight = config.pool.inflight(pool_gpus(pool, config))
         self.rng = random.Random(config.seed)
         self.budget = Budget(config.budget_s, config.gpu_seconds, config.max_evals, config.max_tokens, clock=clock)
         self.chooser = OperatorChooser(config.operators)
@@ -147,6 +153,7 @@ class Engine:
         self.converged: set[Shape] = set()
         self.history: dict[Shape, list[tuple[Candidate, Evaluation]]] = {s: [] for s in config.shapes}
         self.interrupts = 0
+        self.errors_in_a_row = 0  # runtime errors in a row, all shapes: a dead pool, not bad kernels
         self.duplicates = 0
         self.failures: Counter = Counter()  # (operator, reason) of proposals that came back empty
 
@@ -159,7 +166,7 @@ class Engine:
     def run(self) -> RunResult:
         cfg = self.config
         self.events.emit("start", None, shapes=[str(s) for s in cfg.shapes], operators=cfg.operators,
-                         seed=cfg.seed, inflight=cfg.pool.inflight,
+                         seed=cfg.seed, inflight=self.max_inflight, arch=self.arch,
                          limits={"wall_s": cfg.budget_s, "gpu_s": cfg.gpu_seconds, "evals": cfg.max_evals,
                                  "tokens": cfg.max_tokens})
         reason: Optional[str] = None
@@ -211,6 +218,9 @@ class Engine:
             return exhausted
         if self.converged >= set(self.config.shapes):
             return "converged"
+        limit = self.config.pool.max_consecutive_errors
+        if limit and self.errors_in_a_row >= limit:
+            return "pool_failing"
         return None
 
     def _announce(self, reason: str) -> None:
@@ -222,6 +232,9 @@ class Engine:
             self.events.emit("budget_stop", None, budget=reason, used=self.budget.summary(),
                              inflight=len(self.inflight))
             self.progress.message(f"evo: {reason} budget reached; finishing {len(self.inflight)} in-flight candidate(s)")
+        elif reason == "pool_failing":
+            self.progress.message(f"evo: {self.errors_in_a_row} runtime errors in a row: the evaluator pool looks "
+                                  "broken (see the messages in the archive); stopping")
         else:
             self.progress.message(f"evo: stopping ({reason})")
 
@@ -296,7 +309,7 @@ class Engine:
         A shape whose operators come back empty (failures, duplicates) ``MAX_MISSES`` times in
         a row is left alone until the next fill; when every shape is, nothing is submitted."""
         misses: Counter = Counter()
-        while len(self.inflight) < self.config.pool.inflight:
+        while len(self.inflight) < self.max_inflight:
             left = self.budget.remaining_evals(len(self.inflight))
             if left is not None and left <= 0:
                 return
@@ -379,6 +392,7 @@ class Engine:
                 evals.append(Evaluation(job.candidate.id, job.shape, Status.RUNTIME_ERROR, message=message))
             self.budget.charge(evals)
             for ev in evals:
+                self.errors_in_a_row = self.errors_in_a_row + 1 if ev.status is Status.RUNTIME_ERROR else 0
                 self.archive.add(ev)
                 if ev.shape in self.pops:
                     self._record(job, ev)

@@ -47,6 +47,7 @@ def _candidates(shape: Shape, n: int, seed: int = 0, template: str = "sm80_mma")
 
 def run_engine(archive_dir: Path, shapes: list[Shape], pool: Optional[FakeEvaluatorPool] = None,
                operators: str = "knob", **overrides: Any) -> tuple[RunResult, FakeEvaluatorPool]:
+    overrides["pool"] = overrides.pop("pool_", None)
     cfg = merge({}, {"shapes": [str(s) for s in shapes], "archive": str(archive_dir), "operators": operators,
                      "progress": "none", **overrides})
     cfg.operators = expand_operators(cfg.operators)
@@ -272,6 +273,12 @@ def test_pool_failures_become_runtime_errors(tmp_path: Path) -> None:
     evs = _archived(tmp_path / "a")[BIG]
     assert result.reason == "evals" and len(evs) == 6
     assert all(e.status is Status.RUNTIME_ERROR and "pool failed" in e.message for e in evs)
+
+
+def test_a_pool_that_only_fails_stops_the_run(tmp_path: Path) -> None:
+    result, _ = run_engine(tmp_path / "a", [BIG, SMALL], pool=FakeEvaluatorPool(crash=1.0, fail=0, incorrect=0),
+                           pool_={"max_consecutive_errors": 10})
+    assert result.reason == "pool_failing" and 10 <= result.evaluations <= 10 + 6
 
 
 def test_search_improves_on_the_seeds(tmp_path: Path) -> None:

@@ -77,10 +77,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 def make_pool(pool: PoolConfig) -> Any:
     """The evaluator pool: ``local`` is evaluators.LocalPool; ``module:factory`` is a test double."""
     if pool.kind == "local":
-        try:  # imported here, not at start-up: it may pull in CUDA bindings
-            from evaluators import LocalPool
-        except ImportError:  # not re-exported yet
-            from evaluators._pool import LocalPool
+        from evaluators import LocalPool  # imported here, not at start-up: it may pull in CUDA bindings
 
         return LocalPool(gpus=pool.gpus or None, compile_workers=pool.compile_workers,
                          max_in_flight=pool.max_inflight or None, arch=None if pool.arch == "auto" else pool.arch)

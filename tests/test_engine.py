@@ -320,3 +320,25 @@ def test_duplicates_are_never_evaluated_twice(tmp_path: Path) -> None:
     pool.close()
     assert result.reason == "exhausted" and engine.duplicates > 0
     assert len(pool.submitted) == len(set(pool.submitted)) == result.evaluations
+
+
+class _Chatty(Operator):
+    """Random knob sets, each reported as costing 50 LLM tokens (how an LLM operator reports)."""
+
+    name = "chatty"
+    arity = 0
+
+    def _propose(self, parents, shape, rng, n, context):  # type: ignore[no-untyped-def]
+        t = context.template("sm80_mma")
+        return [self.build(t, k, shape, parents, meta={"tokens": 50}) for k in t.sample(rng, shape, n)]
+
+
+def test_token_budget_counts_what_operators_report(tmp_path: Path) -> None:
+    cfg = merge({}, {"shapes": [str(BIG)], "archive": str(tmp_path / "a"), "operators": "chatty",
+                     "progress": "none", "max_tokens": 200})
+    with Archive(tmp_path / "a", "w") as ar:
+        events = EventLog(tmp_path / "a" / EVENTS_FILE)
+        result = Engine(cfg, ar, FakeEvaluatorPool(), {"chatty": _Chatty()}, {"sm80_mma": TEMPLATES["sm80_mma"]},
+                        events=events).run()
+        events.close()
+    assert result.reason == "tokens" and result.budget["tokens"] >= 200

@@ -27,7 +27,7 @@ REQUIRED_KINDS = {
     "out-of-bounds writes beyond C": ["oob_write_tail", "oob_write_far"],
     "cache in a device global": ["static_cache_global"],
     "hidden state without a global": ["cache_in_workspace_ptrkey", "cache_in_workspace_sampled_key", "state_beyond_c"],
-    "skip later calls via a counter": ["skip_calls_ws_counter", "global_call_counter"],
+    "skip later calls via a counter": ["skip_calls_ws_counter", "skip_calls_ws_adaptive", "global_call_counter"],
     "host code: private stream / thread": ["host_private_stream", "host_thread"],
     "absurd plans": ["plan_block_too_big", "plan_smem_300k", "plan_workspace_huge", "plan_grid_overflow", "grid_absurd"],
     "fp16 accumulation": ["fp16_accum_generic", "fp16_accum_small_k", "fp16_accum_ones_fastpath"],
@@ -44,7 +44,7 @@ REQUIRED_KINDS = {
     "right first, wrong later": ["first_call_right_later_wrong"],
     "generic but wrong on ragged edges": ["generic_ragged_wrong", "uninit_shared_ragged"],
     "overflow in fp16 partial sums": ["fp16_partials_splitk"],
-    "timing games": ["globaltimer_skip_when_hot", "pointer_alignment_cheat", "exit_early_blocks"],
+    "timing games": ["globaltimer_skip_when_hot", "pointer_alignment_cheat", "pointer_hash_cheat", "exit_early_blocks"],
 }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import random
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -100,6 +101,7 @@ class OptunaOperator(Operator):
         self.sampler_options = dict(sampler_options or {})
         self._studies: dict[tuple[str, Shape], _Study] = {}
         self._templates: dict[str, Template] = {}
+        self.tell_errors: Counter[str] = Counter()  # results tell() could not hand to a study, by message
 
     # -- the study ---------------------------------------------------------------------------
     def _make_sampler(self, seed: int, source: Optional[list]) -> Any:
@@ -195,8 +197,12 @@ class OptunaOperator(Operator):
     def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
         """Tell the study the outcome of a candidate (ours or another operator's) at its shape."""
         state = self._studies.get((candidate.template or "", evaluation.shape))
-        if state is not None:  # studies exist only for templates seen by propose
+        if state is None:  # studies exist only for templates seen by propose
+            return
+        try:
             self._observe(self._templates[candidate.template or ""], state, candidate, evaluation)
+        except Exception as exc:  # a result the study cannot take must not stop the engine
+            self.tell_errors[f"{type(exc).__name__}: {exc}"[:200]] += 1
 
     # -- proposing ---------------------------------------------------------------------------
     def _propose(self, parents: tuple[ParentView, ...], shape: Shape, rng: random.Random, n: int,

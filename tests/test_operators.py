@@ -17,7 +17,8 @@ import pytest
 
 from operators import (OPERATOR_ERROR, KnobCrossover, KnobMutation, Operator, OperatorContext, ParentView, Proposal,
                        available_operators, get_operator, register_operator, registered_operators)
-from populations import (Candidate, Evaluation, LaunchPlan, Launch, Shape, Status, Template, TimerResult,
+from operators._knobs import neighbour
+from populations import (Candidate, Evaluation, Knob, LaunchPlan, Launch, Shape, Status, Template, TimerResult,
                          load_template, load_templates)
 
 SYNTH_TOML = """
@@ -334,13 +335,27 @@ def test_mutation_changes_few_knobs_near_the_parent_on_every_axis(templates: dic
         if len(changed) == 1 and synth.space.knobs[changed[0]].kind == "int" and len(synth.space.knobs[changed[0]].values) > 2:
             values = sorted(synth.space.knobs[changed[0]].values)
             steps.append(abs(values.index(kid.knobs[changed[0]]) - values.index(parent.knobs[changed[0]])))
-    assert changes[1] >= 0.45 * len(kids), changes          # mostly one knob at a time
+    assert changes[1] >= 0.4 * len(kids), changes          # often one knob at a time (repairs add some)
+    assert sum(k * v for k, v in changes.items()) / len(kids) <= 2.0, changes
     assert {"tiling", "loops", "padding", "swizzle"} <= axes  # every axis gets its turn
-    assert steps and sum(s == 1 for s in steps) >= 0.6 * len(steps), Counter(steps)  # neighbours in ordered domains
+    assert steps and sum(s == 1 for s in steps) >= 0.7 * len(steps), Counter(steps)  # neighbours in ordered domains
     # one batch: distinct children, until the neighbourhood runs out
     batch = op.propose([parent], SHAPE, random.Random(0), 40, context)
     ids = [p.candidate.id for p in batch if p.ok]
     assert len(ids) >= 30 and len(ids) == len(set(ids))
+
+
+def test_neighbour_steps_are_local_in_ordered_domains() -> None:
+    knob = Knob("T", tuple(8 * 2 ** i for i in range(8)), 128, "tiling")
+    rng = random.Random(0)
+    steps = Counter(abs(knob.values.index(neighbour(knob, 128, rng)) - 4) for _ in range(2000))
+    assert steps[0] == 0 and steps[1] >= 0.6 * 2000 and steps[1] + steps[2] >= 0.8 * 2000, steps
+    uniform = Counter(abs(knob.values.index(neighbour(knob, 128, rng, locality=0.0)) - 4) for _ in range(2000))
+    assert uniform[1] < 0.4 * 2000, uniform  # the same statistic without locality: the check can fail
+    flag = Knob("F", (False, True), False, "epilogue")
+    assert neighbour(flag, False, rng) is True
+    word = Knob("S", ("a", "b", "c"), "a", "swizzle")
+    assert {neighbour(word, "a", rng) for _ in range(50)} == {"b", "c"}
 
 
 def test_mutation_repairs_into_validity_and_respects_axes(templates: dict[str, Template]) -> None:

@@ -26,7 +26,7 @@ from ._backends import flags_for
 from ._isolate import DEFAULT_MEM_MB, run_compile_isolated
 from ._ptxas import parse_ptxas, resource_problems
 from ._static import scan, smoke_shapes
-from ._toolkit import BACKENDS, nvcc_path, nvrtc_available, toolkit_version
+from ._toolkit import BACKENDS, nvcc_path, nvrtc_available, nvrtc_library, toolkit_version
 
 __all__ = ["CompileResult", "compile_candidate", "arch_for_capability", "default_backend",
            "ARCHS", "MAX_SMEM_PER_BLOCK", "sm90_requirements"]
@@ -118,7 +118,8 @@ def compile_candidate(candidate: Candidate, arch: str, *, timeout_s: float = 60,
     cached = entry is not None
     if entry is None:
         out = run_compile_isolated(backend, candidate.source, flags, timeout_s=timeout_s, mem_mb=mem_mb,
-                                   nvcc=nvcc_path() if backend == "nvcc" else None)
+                                   nvcc=nvcc_path() if backend == "nvcc" else None,
+                                   library=nvrtc_library() if backend == "nvrtc" else None)
         if out.failure:
             return result(Status.COMPILE_ERROR, out.log, telemetry={**telemetry, "failure": out.failure,
                                                                         "child_pid": out.pid})

@@ -7,7 +7,7 @@ How: the parent starts ``python <this file>`` (a fresh interpreter, never a fork
 from a process that has initialised CUDA) in a new session, so the child leads its own process
 group; it pickles the request to the child's stdin. The child sets ``RLIMIT_AS``, compiles with
 NVRTC (in-process) or nvcc (a sub-process that inherits the cap and the group), and pickles
-``(ok, cubin, log)`` to stdout. On overrun the parent kills the whole group, nvcc's cicc and
+``(ok, cubin, log)`` to stdout (NVRTC is called through ``ctypes``: see ``_nvrtc_compile``). On overrun the parent kills the whole group, nvcc's cicc and
 ptxas included. This file imports only the standard library (and ``cuda.bindings.nvrtc`` in
 the child): starting the child costs ~0.1 s, not the ~0.4 s of importing our packages.
 """
@@ -45,10 +45,11 @@ class ChildOutcome:
 
 # -- parent side -----------------------------------------------------------------------------
 def run_compile_isolated(backend: str, source: str, flags: tuple[str, ...], *, timeout_s: float,
-                         mem_mb: int = DEFAULT_MEM_MB, nvcc: str | None = None) -> ChildOutcome:
+                         mem_mb: int = DEFAULT_MEM_MB, nvcc: str | None = None,
+                         library: str | None = None) -> ChildOutcome:
     """Compile in a child; never raises for compiler trouble, reports it in the outcome."""
     request = pickle.dumps({"backend": backend, "source": source, "flags": list(flags),
-                            "mem_mb": mem_mb, "nvcc": nvcc})
+                            "mem_mb": mem_mb, "nvcc": nvcc, "library": library})
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
@@ -91,7 +92,60 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 # -- child side ------------------------------------------------------------------------------
-def _nvrtc_compile(source: str, flags: list[str]) -> tuple[bool, bytes, str]:
+def _nvrtc_compile(source: str, flags: list[str], library: str | None) -> tuple[bool, bytes, str]:
+    """NVRTC through ``ctypes`` on the same ``libnvrtc`` that ``cuda.bindings`` loads.
+
+    Why not ``cuda.bindings.nvrtc`` here: importing it costs ~0.1 s per child, half the cost
+    of a small compile; the C API below is six calls. Without a library path (not found by the
+    parent) we fall back to the bindings.
+    """
+    if library is None:
+        return _nvrtc_compile_bindings(source, flags)
+    import ctypes
+    import glob
+
+    for builtins in sorted(glob.glob(os.path.join(os.path.dirname(library), "libnvrtc-builtins.so*"))):
+        if ".alt." not in builtins:  # libnvrtc dlopens it by soname; preload it from the same folder
+            ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+            break
+    lib = ctypes.CDLL(library)
+    c_p, size_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
+    lib.nvrtcCreateProgram.argtypes = [ctypes.POINTER(c_p), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
+                                       ctypes.c_void_p, ctypes.c_void_p]
+    lib.nvrtcCompileProgram.argtypes = [c_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    for name in ("nvrtcGetProgramLogSize", "nvrtcGetCUBINSize"):
+        getattr(lib, name).argtypes = [c_p, size_p]
+    for name in ("nvrtcGetProgramLog", "nvrtcGetCUBIN"):
+        getattr(lib, name).argtypes = [c_p, ctypes.c_char_p]
+    lib.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(c_p)]
+    lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+
+    def check(code: int, what: str) -> None:
+        if code != 0:
+            raise RuntimeError(f"{what} failed: {lib.nvrtcGetErrorString(code).decode()}")
+
+    prog = c_p()
+    check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"candidate.cu", 0, None, None),
+          "nvrtcCreateProgram")
+    try:
+        opts = (ctypes.c_char_p * len(flags))(*(f.encode() for f in flags))
+        res = lib.nvrtcCompileProgram(prog, len(flags), opts)
+        size = ctypes.c_size_t()
+        check(lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size)), "nvrtcGetProgramLogSize")
+        buf = ctypes.create_string_buffer(size.value + 1)
+        check(lib.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+        log = buf.value.decode(errors="replace").strip()
+        if res != 0:
+            return False, b"", f"{log}\n{lib.nvrtcGetErrorString(res).decode()}".strip()
+        check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")
+        cubin = ctypes.create_string_buffer(size.value)
+        check(lib.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        return True, cubin.raw, log
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def _nvrtc_compile_bindings(source: str, flags: list[str]) -> tuple[bool, bytes, str]:
     from cuda.bindings import nvrtc
 
     def check(result: tuple, what: str) -> tuple:
@@ -140,7 +194,7 @@ def _child_main() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
         if req["backend"] == "nvrtc":
-            result = _nvrtc_compile(req["source"], req["flags"])
+            result = _nvrtc_compile(req["source"], req["flags"], req.get("library"))
         else:
             result = _nvcc_compile(req["source"], req["flags"], req["nvcc"])
     except MemoryError:

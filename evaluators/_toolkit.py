@@ -12,7 +12,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-__all__ = ["cuda_home", "include_dirs", "nvcc_path", "nvrtc_available", "toolkit_version", "BACKENDS"]
+__all__ = ["cuda_home", "include_dirs", "nvcc_path", "nvrtc_available", "nvrtc_library", "toolkit_version",
+           "BACKENDS"]
 
 BACKENDS = ("nvrtc", "nvcc")
 
@@ -65,6 +66,25 @@ def nvrtc_available() -> bool:
     except Exception:  # ImportError, or a broken shared library
         return False
     return True
+
+
+@functools.lru_cache(maxsize=1)
+def nvrtc_library() -> str | None:
+    """Absolute path of the ``libnvrtc`` that ``cuda.bindings`` uses (found by ``cuda.pathfinder``)."""
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib  # type: ignore[import-not-found]
+
+        path = load_nvidia_dynamic_lib("nvrtc").abs_path
+        if path and os.path.isfile(path):
+            return str(path)
+    except Exception:
+        pass
+    home = cuda_home()
+    for folder in ([home / "lib64", home / "lib"] if home else []):
+        hits = sorted(folder.glob("libnvrtc.so*"))
+        if hits:
+            return str(hits[0])
+    return None
 
 
 @functools.lru_cache(maxsize=4)

@@ -49,6 +49,7 @@ class HostileCase:
     raises: Optional[str]          # exception class name building the Candidate must raise
     candidate: Optional[Candidate]
     error: Optional[BaseException]  # what building the Candidate raised, if anything
+    hole: Optional[str] = None     # a confirmed gap in the evaluator (GPU runs xfail it, strictly)
 
     def caught_by(self, status: Status) -> bool:
         """True when ``status`` counts as this attack being caught."""
@@ -99,7 +100,7 @@ def load_case(toml_path: Path) -> HostileCase:
     return HostileCase(name=name, description=data["description"], expected=expected,
                        phase=data["phase"], check=data["check"], acceptable=acceptable,
                        shapes=shapes, generic=generic, source=source, plan=plan,
-                       raises=data.get("raises"), candidate=candidate, error=error)
+                       raises=data.get("raises"), candidate=candidate, error=error, hole=data.get("hole"))
 
 
 def load_corpus(directory: Path = CORPUS_DIR) -> list[HostileCase]:

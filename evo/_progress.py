@@ -6,8 +6,9 @@ least ``t`` (Unix time), ``event`` and ``shape`` (the shape string, or null for 
 ``interrupt`` and ``stop``. Lines are flushed as they are written, so ``tail -f`` works and a
 killed run leaves every line but possibly a torn last one (readers skip a line that does not parse).
 
-Progress shows, per shape, the best speedup, evaluations per minute, status counts and the GPU
-busy fraction: a rich live table on a terminal, else a plain line every few seconds.
+Progress shows, per shape, the best speedup, evaluations per minute, GPU seconds and status
+counts, and the GPU busy fraction of the run (GPU seconds over elapsed time x GPUs): a rich live
+table on a terminal, else a plain line per shape every few seconds.
 """
 from __future__ import annotations
 
@@ -130,7 +131,7 @@ class Progress:
     def rows(self) -> list[dict[str, Any]]:
         minutes = max(1e-9, (time.monotonic() - self.started) / 60.0)
         return [{"shape": str(s.shape), "best": s.best, "evals": s.evals, "per_min": s.evals / minutes,
-                 "statuses": dict(sorted(s.statuses.items())), "converged": s.converged}
+                 "gpu_s": s.gpu_s, "statuses": dict(sorted(s.statuses.items())), "converged": s.converged}
                 for s in self.stats.values()]
 
     def _print_lines(self) -> None:
@@ -141,18 +142,18 @@ class Progress:
             counts = " ".join(f"{k}={v}" for k, v in r["statuses"].items()) or "-"
             done = " converged" if r["converged"] else ""
             print(f"[evo {elapsed:7.1f}s] {r['shape']} best={best} evals={r['evals']} ({r['per_min']:.1f}/min) "
-                  f"{counts} gpu_busy={self.busy():.0%}{done}", file=self.stream, flush=True)
+                  f"{counts} gpu_s={r['gpu_s']:.1f} gpu_busy={self.busy():.0%}{done}", file=self.stream, flush=True)
 
     def _table(self) -> Any:
         from rich.table import Table
 
         elapsed = time.monotonic() - self.started
         table = Table(title=f"evo run: {elapsed:.0f}s, GPU busy {self.busy():.0%}")
-        for col in ("shape", "best speedup", "evals", "evals/min", "statuses", ""):
+        for col in ("shape", "best speedup", "evals", "evals/min", "GPU s", "statuses", ""):
             table.add_column(col)
         for r in self.rows():
             best = f"{r['best']:.3f}x" if r["best"] is not None else "-"
             counts = " ".join(f"{k}={v}" for k, v in r["statuses"].items())
-            table.add_row(r["shape"], best, str(r["evals"]), f"{r['per_min']:.1f}", counts,
+            table.add_row(r["shape"], best, str(r["evals"]), f"{r['per_min']:.1f}", f"{r['gpu_s']:.1f}", counts,
                           "converged" if r["converged"] else "")
         return table

@@ -37,23 +37,32 @@ L2_BYTES = 60 * 2**20
 CHILD_RESTART = 3  # a child's exit code after it reported a failed job
 
 # name -> (knobs, extra #defines)
+_PP = {"SCHED": "pingpong", "CONSUMERS": 2}
+_SMEM = {"EPI": "smem"}
+_CL2 = {"CLUSTER_M": 2}
 VARIANTS: dict[str, tuple[dict, tuple[str, ...]]] = {
+    # run 2's baselines (coop: both consumers split each tile)
     "t128x256_s4": ({"BM": 128, "BN": 256, "STAGES": 4, "CONSUMERS": 2}, ()),
     "t128x256_s3": ({"BM": 128, "BN": 256, "STAGES": 3, "CONSUMERS": 2}, ()),
-    "t128x256_np": ({"BM": 128, "BN": 256, "STAGES": 4, "CONSUMERS": 2, "PERSISTENT": False}, ()),
-    "t128x256_rN": ({"BM": 128, "BN": 256, "STAGES": 4, "CONSUMERS": 2, "RASTER": "N"}, ()),
-    "t128x256_g1": ({"BM": 128, "BN": 256, "STAGES": 4, "CONSUMERS": 2, "GROUP": 1}, ()),
-    "t128x256_g16": ({"BM": 128, "BN": 256, "STAGES": 4, "CONSUMERS": 2, "GROUP": 16}, ()),
-    "t128x192_s5": ({"BM": 128, "BN": 192, "STAGES": 5, "CONSUMERS": 2}, ()),
     "t128x128_s6": ({"BM": 128, "BN": 128, "STAGES": 6, "CONSUMERS": 2}, ()),
-    "t128x128_c1": ({"BM": 128, "BN": 128, "STAGES": 6, "CONSUMERS": 1}, ()),
-    "t256x128_s4": ({"BM": 256, "BN": 128, "STAGES": 4, "CONSUMERS": 2}, ()),
     "t64x128_c1": ({"BM": 64, "BN": 128, "STAGES": 7, "CONSUMERS": 1}, ()),
-    "t128x64_s2": ({"BM": 128, "BN": 64, "STAGES": 2, "CONSUMERS": 2}, ()),
+    # shared-memory epilogue, pingpong consumers, 2-CTA clusters with B multicast
+    "t128x256_s3_smem": ({"BM": 128, "BN": 256, "STAGES": 3, **_SMEM}, ()),
+    "pp128x128_s6": ({"BM": 128, "BN": 128, "STAGES": 6, **_PP}, ()),
+    "pp128x128_s4_smem": ({"BM": 128, "BN": 128, "STAGES": 4, **_PP, **_SMEM}, ()),
+    "pp64x256_s5": ({"BM": 64, "BN": 256, "STAGES": 5, **_PP}, ()),
+    "t128x256_s4_cl2": ({"BM": 128, "BN": 256, "STAGES": 4, **_CL2}, ()),
+    "t128x256_s3_cl2": ({"BM": 128, "BN": 256, "STAGES": 3, **_CL2}, ()),
+    "t128x256_s3_cl2_smem": ({"BM": 128, "BN": 256, "STAGES": 3, **_CL2, **_SMEM}, ()),
+    "t128x256_np_cl2": ({"BM": 128, "BN": 256, "STAGES": 4, "PERSISTENT": False, **_CL2}, ()),
+    "pp128x128_s6_cl2": ({"BM": 128, "BN": 128, "STAGES": 6, **_PP, **_CL2}, ()),
+    "pp128x128_s4_cl2_smem": ({"BM": 128, "BN": 128, "STAGES": 4, **_PP, **_CL2, **_SMEM}, ()),
+    "pp128x128_s6_rN": ({"BM": 128, "BN": 128, "STAGES": 6, "RASTER": "N", **_PP}, ()),
 }
 NN_SWAP = ("#define EVO_NN_DESC_SWAP 1",)  # alternative LBO/SBO reading for MN-major B
 CHECK_SHAPES = [(129, 257, 64), (1000, 1000, 1000), (77, 4096, 4096), (128, 128, 64), (1, 8, 8),
-                (33, 72, 40), (256, 512, 128), (300, 200, 2048), (2048, 2048, 8192)]
+                (33, 72, 40), (256, 512, 128), (300, 200, 2048), (2048, 2048, 8192),
+                (2000, 3000, 520), (4000, 1000, 96)]  # the last two: many ragged tiles per CTA
 TIME_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (2048, 2048, 8192),
                (1024, 1024, 1024), (77, 4096, 4096), (4096, 4096, 1024)]
 
@@ -373,7 +382,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--variants", default=None, help="comma-separated variant names (default: all)")
-    ap.add_argument("--nn-variants", default="t128x256_s4,t128x128_s6")
+    ap.add_argument("--nn-variants", default="t128x256_s4,pp128x128_s6,t128x256_s4_cl2,pp128x128_s4_cl2_smem")
     ap.add_argument("--no-time", action="store_true")
     args = ap.parse_args()
     if args.child:

@@ -6,16 +6,24 @@
 //
 // Warpgroup 0 is the producer: one thread issues TMA loads of A (box BM x 64) and B (boxes of
 // 64 x 64, BN/64 of them) into a STAGES-deep ring, signalling "full" mbarriers through
-// complete_tx. Warpgroups 1..CONSUMERS each own BM/CONSUMERS rows of the tile, wait on "full",
-// issue 4 wgmma m64nBNk16 per 64-wide K block per 64 rows, and release the stage through an
-// "empty" mbarrier once the wgmmas reading it have retired (wait_group 1 keeps one K block
-// in flight). TMA zero-fills out-of-bounds boxes, so ragged M, N, K need no padding; the
-// epilogue guards every store. Persistent mode: grid = min(#tiles, #SMs), each CTA loops over
-// tiles (the kernel is the same; only the plan's grid differs). Tiles are ordered in groups of
-// GROUP tile-rows (RASTER = M) or tile-columns (RASTER = N), like Triton's grouped order.
+// complete_tx. Consumer warpgroups wait on "full", issue wgmma m64nBNk16 (4 per 64-wide K block
+// per 64 rows) and release the stage through an "empty" mbarrier once the wgmmas reading it have
+// retired (wait_group 1 keeps one K block in flight).
+//   SCHED coop:     the CONSUMERS warpgroups split one BM x BN tile by rows.
+//   SCHED pingpong: each consumer owns whole tiles (every CONSUMERS-th tile of the CTA), so one
+//                   warpgroup's epilogue overlaps the other's main loop.
+//   CLUSTER_M 2:    CTA pairs of a cluster compute vertically adjacent tiles that share a B
+//                   panel; each CTA loads half of B's boxes and multicasts them to both, and
+//                   consumers release a stage in both CTAs.
+//   EPI direct:     fp32 registers -> fp16 global, guarded 4-byte stores.
+//   EPI smem:       registers -> padded shared staging -> coalesced, guarded 16-byte stores.
+// TMA zero-fills out-of-bounds boxes, so ragged M, N, K need no padding; every store is
+// guarded. Persistent mode: grid = min(#tiles, #SMs), each CTA loops over tiles (the kernel is
+// the same; only the plan's grid differs). Tiles are ordered in groups of GROUP tile-rows
+// (RASTER = M) or tile-columns (RASTER = N), like Triton's grouped order.
 //
 // Knobs (prepended by the renderer as #defines; template.toml documents them): BM, BN, BK,
-// STAGES, CONSUMERS, GROUP, RASTER, CLUSTER_M. PERSISTENT only changes the plan's grid.
+// STAGES, CONSUMERS, SCHED, GROUP, RASTER, EPI, CLUSTER_M. PERSISTENT only changes the grid.
 // No CUTLASS/CuTe, no <cuda.h>, no includes at all: raw PTX.
 
 #ifndef BM
@@ -36,10 +44,20 @@
 #ifndef GROUP
 #define GROUP 8
 #endif
-#ifndef RASTER                 // string knob: the renderer defines RASTER_M 0, RASTER_N 1
+#ifndef RASTER                 // string knobs: the renderer defines NAME_value aliases
 #define RASTER_M 0
 #define RASTER_N 1
 #define RASTER RASTER_M
+#endif
+#ifndef SCHED
+#define SCHED_coop 0
+#define SCHED_pingpong 1
+#define SCHED SCHED_coop
+#endif
+#ifndef EPI
+#define EPI_direct 0
+#define EPI_smem 1
+#define EPI EPI_direct
 #endif
 #ifndef CLUSTER_M
 #define CLUSTER_M 1
@@ -51,13 +69,28 @@
 #if BK != 64
 #error "BK must be 64 (one 128-byte swizzle row of fp16)"
 #endif
-#if CLUSTER_M != 1
-#error "TMA multicast across a cluster is not implemented yet: CLUSTER_M must be 1"
+#if CLUSTER_M != 1 && CLUSTER_M != 2
+#error "CLUSTER_M must be 1 or 2"
 #endif
-#define WM (BM / CONSUMERS)          // rows per consumer warpgroup
+#if CLUSTER_M == 2 && (BN / 64) % 2 != 0
+#error "CLUSTER_M 2 splits B's 64-column boxes between the two CTAs: BN must be 128 or 256"
+#endif
+#define PINGPONG (SCHED == SCHED_pingpong)
+#if PINGPONG && CONSUMERS != 2
+#error "SCHED pingpong alternates two consumer warpgroups"
+#endif
+#if PINGPONG
+#define WM BM                        // rows per consumer warpgroup (whole tiles)
+#define TILE_STEP CONSUMERS          // a consumer takes every CONSUMERS-th tile of its CTA
+#define EMPTY_ARRIVALS (CLUSTER_M)
+#else
+#define WM (BM / CONSUMERS)
+#define TILE_STEP 1
+#define EMPTY_ARRIVALS (CONSUMERS * CLUSTER_M)
+#endif
 #define WM_TILES (WM / 64)           // m64 wgmma slabs per consumer
 #if WM % 64 != 0 || WM_TILES < 1
-#error "BM / CONSUMERS must be a multiple of 64"
+#error "each consumer warpgroup must own a multiple of 64 rows"
 #endif
 #if BN % 64 != 0 && !(BN == 192)
 #error "BN must be 64, 128, 192 or 256"
@@ -71,6 +104,12 @@
 #define STAGE_BYTES (A_STAGE_BYTES + B_STAGE_BYTES)
 #endif
 #define ACC (BN / 2)                 // fp32 accumulators per thread per m64 slab
+#define EPI_PITCH (BN * 2 + 16)      // bytes per staged row: +16 B keeps fragment writes conflict-free
+#if EPI == EPI_smem
+#define EPI_STAGE_BYTES (CONSUMERS * WM * EPI_PITCH)
+#else
+#define EPI_STAGE_BYTES 0
+#endif
 // Register split after setmaxnreg: 128 x (40 + 232 * CONSUMERS) <= 64 K registers.
 #define CONSUMER_REGS 232
 #define PRODUCER_REGS 40
@@ -117,6 +156,39 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const EvoTensorMap* map, u3
 }
 __device__ __forceinline__ void tma_prefetch_desc(const EvoTensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" :: "l"((u64)map) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d_mc(u32 dst, const EvoTensorMap* map, u32 bar, int c0, int c1,
+                                               unsigned short mask) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+               " [%0], [%1, {%2, %3}], [%4], %5;"
+               :: "r"(dst), "l"((u64)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask) : "memory");
+}
+__device__ __forceinline__ u32 cluster_rank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// Arrive on the mbarrier at the same shared offset in CTA `rank` of the cluster. Default
+// (release, CTA scope) semantics: a .release.cluster arrive costs a MEMBAR.ALL.GPU per call.
+__device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 rank) {
+  asm volatile("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\n"
+               "mbarrier.arrive.shared::cluster.b64 _, [r];\n}\n"
+               :: "r"(bar), "r"(rank) : "memory");
+}
+__device__ __forceinline__ void named_sync(u32 id, u32 count) {
+  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(u32 id, u32 count) {
+  asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
+  asm volatile("st.shared.u32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void ld_shared_v4(u32 addr, u32& a, u32& b, u32& c, u32& d) {
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(addr) : "memory");
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -279,35 +351,65 @@ __device__ __forceinline__ void store_pair(evo_half_bits* C, int M, int N, int r
   }
 }
 
+// A consumer gives a ring slot back: to its own producer, and with multicast to every
+// producer of the cluster (each one writes B boxes into this CTA's slot).
+__device__ __forceinline__ void release_stage(u32 empty_bar) {
+#if CLUSTER_M > 1
+#pragma unroll
+  for (u32 r = 0; r < CLUSTER_M; ++r) mbar_arrive_cluster(empty_bar, r);
+#else
+  mbar_arrive(empty_bar);
+#endif
+}
+
 // ---------------------------------------------------------------- the kernel
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+#if CLUSTER_M > 1
+#define EVO_CLUSTER __cluster_dims__(CLUSTER_M, 1, 1)
+#else
+#define EVO_CLUSTER
+#endif
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) EVO_CLUSTER
 evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoTensorMap tmB,
           evo_half_bits* __restrict__ C, int M, int N, int K) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // 128-byte swizzle atoms need 1024-byte alignment; the plan reserves 1 KiB of slack.
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const u32 sA = base;                                   // STAGES x BM x 128 B
-  const u32 sB = base + STAGES * A_STAGE_BYTES;          // STAGES x BN x 128 B
-  const u32 bars = base + STAGES * STAGE_BYTES;          // full[STAGES], empty[STAGES]
+  const u32 sA = base;                                        // STAGES x BM x 128 B
+  const u32 sB = base + STAGES * A_STAGE_BYTES;               // STAGES x BN x 128 B
+  const u32 sEpi = base + STAGES * STAGE_BYTES;               // epilogue staging (EPI smem)
+  const u32 bars = sEpi + EPI_STAGE_BYTES;                    // full[STAGES], empty[STAGES]
 #define FULL(s) (bars + 8u * (s))
 #define EMPTY(s) (bars + 8u * (STAGES + (s)))
 
   const int tiles_m = (M + BM - 1) / BM;
   const int tiles_n = (N + BN - 1) / BN;
-  const int tiles = tiles_m * tiles_n;
+  // A cluster of CLUSTER_M CTAs walks "cluster tiles" of CLUSTER_M vertically adjacent tiles.
+  const int ctiles_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
+  const int ctiles = ctiles_m * tiles_n;
+  const int first = blockIdx.x / CLUSTER_M, stride = gridDim.x / CLUSTER_M;
+#if CLUSTER_M > 1
+  const u32 rank = cluster_rank();
+#else
+  const u32 rank = 0;
+#endif
   const int kblocks = (K + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(FULL(s), 1);
-      mbar_init(EMPTY(s), CONSUMERS);
+      mbar_init(EMPTY(s), EMPTY_ARRIVALS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     tma_prefetch_desc(&tmA);
     tma_prefetch_desc(&tmB);
   }
+#if CLUSTER_M > 1
+  cluster_sync();   // peers' barriers are initialised before anyone multicasts or arrives remotely
+#else
   __syncthreads();
+#endif
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
@@ -315,10 +417,10 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
     if (threadIdx.x == 0) {
       int stage = 0;
       u32 phase = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      for (int t = first; t < ctiles; t += stride) {
         int tm, tn;
-        tile_coords(t, tiles_m, tiles_n, tm, tn);
-        const int m0 = tm * BM, n0 = tn * BN;
+        tile_coords(t, ctiles_m, tiles_n, tm, tn);
+        const int m0 = (tm * CLUSTER_M + (int)rank) * BM, n0 = tn * BN;
         for (int kb = 0; kb < kblocks; ++kb) {
           mbar_wait(EMPTY(stage), phase ^ 1u);
           const u32 full = FULL(stage);
@@ -326,12 +428,18 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
           tma_load_2d(sA + stage * A_STAGE_BYTES, &tmA, full, kb * BK, m0);
 #pragma unroll
           for (int j = 0; j < BN / 64; ++j) {
+            const u32 dst = sB + stage * B_STAGE_BYTES + j * 8192;
 #if defined(EVO_LAYOUT_NN)
             // B is K x N row-major: box of 64 k-rows x 64 n-columns, one 8 KiB chunk per 64 n.
-            tma_load_2d(sB + stage * B_STAGE_BYTES + j * 8192, &tmB, full, n0 + j * 64, kb * BK);
+            const int c0 = n0 + j * 64, c1 = kb * BK;
 #else
             // B is N x K row-major: box of 64 n-rows x 64 k-columns.
-            tma_load_2d(sB + stage * B_STAGE_BYTES + j * 8192, &tmB, full, kb * BK, n0 + j * 64);
+            const int c0 = kb * BK, c1 = n0 + j * 64;
+#endif
+#if CLUSTER_M > 1
+            if (j % CLUSTER_M == (int)rank) tma_load_2d_mc(dst, &tmB, full, c0, c1, (unsigned short)((1u << CLUSTER_M) - 1));
+#else
+            tma_load_2d(dst, &tmB, full, c0, c1);
 #endif
           }
           if (++stage == STAGES) { stage = 0; phase ^= 1u; }
@@ -344,23 +452,38 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
     const int c = wg - 1;
     const int lt = threadIdx.x - 128 * wg;   // thread in warpgroup
     const int warp = lt / 32, lane = lt % 32;
+#if PINGPONG
+    const int row_off = 0;                   // whole tiles; the tile loop interleaves consumers
+    int local = c;                           // this consumer's tiles: local index c, c + CONSUMERS, ...
+#else
+    const int row_off = c * WM;
+    int local = 0;
+#endif
     float acc[WM_TILES][ACC];
-    int stage = 0;
-    u32 phase = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    for (int t = first + local * stride; t < ctiles; t += TILE_STEP * stride, local += TILE_STEP) {
       int tm, tn;
-      tile_coords(t, tiles_m, tiles_n, tm, tn);
+      tile_coords(t, ctiles_m, tiles_n, tm, tn);
+      const int m_tile = tm * CLUSTER_M + (int)rank;
+      // position in the producer's sequence of K blocks gives the ring slot and its phase
+      u32 it = (u32)local * (u32)kblocks;
       int prev_stage = -1;
-      for (int kb = 0; kb < kblocks; ++kb) {
-        mbar_wait(FULL(stage), phase);
-        const u32 a_base = sA + stage * A_STAGE_BYTES + c * WM * 128;
+#if PINGPONG
+      // Main loops run in tile order, one warpgroup at a time: wait for the previous tile's
+      // warpgroup to have issued its main loop. Besides alternating the tensor cores, this keeps
+      // every full-barrier wait within one phase of the barrier (parity cannot alias).
+      if (local > 0) named_sync(3 + c, 128 * 2);
+#endif
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        const int stage = (int)(it % STAGES);
+        mbar_wait(FULL(stage), (it / STAGES) & 1u);
+        const u32 a_base = sA + stage * A_STAGE_BYTES + row_off * 128;
         const u32 b_base = sB + stage * B_STAGE_BYTES;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
 #if defined(EVO_LAYOUT_NN)
-          // MN-major B: 16 k-rows of 128 B per k16 step; 8-row groups 1 KiB apart (SBO),
-          // 64-column chunks 8 KiB apart (LBO); transpose bit set.
+          // MN-major B: 16 k-rows of 128 B per k16 step; 64-column chunks 8 KiB apart (LBO),
+          // 8-row groups 1 KiB apart (SBO); transpose bit set.
 #if defined(EVO_NN_DESC_SWAP)
           const u64 db = make_desc(b_base + kk * 2048, 1024, 8192);
 #else
@@ -381,23 +504,61 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
         }
         wgmma_commit();
         // Keep this K block's wgmmas in flight; the previous block's have retired, so its
-        // stage can go back to the producer.
+        // stage can go back to the producer(s).
         wgmma_wait<1>();
-        if (prev_stage >= 0 && lt == 0) mbar_arrive(EMPTY(prev_stage));
+        if (prev_stage >= 0 && lt == 0) release_stage(EMPTY(prev_stage));
         prev_stage = stage;
-        if (++stage == STAGES) { stage = 0; phase ^= 1u; }
       }
+#if PINGPONG
+      // hand the tensor cores to the next tile's warpgroup (only if that tile exists)
+      if (t + stride < ctiles) named_arrive(3 + (c + 1) % CONSUMERS, 128 * 2);
+#endif
       wgmma_wait<0>();
-      if (prev_stage >= 0 && lt == 0) mbar_arrive(EMPTY(prev_stage));
+      if (prev_stage >= 0 && lt == 0) release_stage(EMPTY(prev_stage));
 #pragma unroll
       for (int w = 0; w < WM_TILES; ++w) {
 #pragma unroll
         for (int i = 0; i < ACC; ++i) fence_operand(acc[w][i]);
       }
 
+      const int tile_row = m_tile * BM + row_off, tile_col = tn * BN;
+#if EPI == EPI_smem
+      // fragments -> padded staging (conflict-free 4-byte writes) -> 16-byte coalesced stores
+      const u32 stg = sEpi + c * WM * EPI_PITCH;
+#pragma unroll
+      for (int w = 0; w < WM_TILES; ++w) {
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int r = w * 64 + warp * 16 + lane / 4, col = j * 8 + 2 * (lane % 4);
+          st_shared_u32(stg + r * EPI_PITCH + col * 2, pack_half2(acc[w][4 * j + 0], acc[w][4 * j + 1]));
+          st_shared_u32(stg + (r + 8) * EPI_PITCH + col * 2, pack_half2(acc[w][4 * j + 2], acc[w][4 * j + 3]));
+        }
+      }
+      named_sync(1 + c, 128);
+      const bool vec_ok = (N & 7) == 0;
+#pragma unroll 4
+      for (int v = lt; v < WM * (BN / 8); v += 128) {
+        const int r = v / (BN / 8), col = (v % (BN / 8)) * 8;
+        const int grow = tile_row + r, gcol = tile_col + col;
+        if (grow < M && gcol < N) {
+          u32 x0, x1, x2, x3;
+          ld_shared_v4(stg + r * EPI_PITCH + col * 2, x0, x1, x2, x3);
+          evo_half_bits* p = C + (long long)grow * N + gcol;
+          if (vec_ok && gcol + 8 <= N) {
+            asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(x0), "r"(x1), "r"(x2), "r"(x3) : "memory");
+          } else {
+            const u32 xs[4] = {x0, x1, x2, x3};
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+              if (gcol + e < N) p[e] = (evo_half_bits)((xs[e / 2] >> (16 * (e % 2))) & 0xFFFFu);
+          }
+        }
+      }
+      named_sync(1 + c, 128);   // staging is free again before this warpgroup's next tile
+#else
       // epilogue: registers -> global, guarded (fragment layout of wgmma m64nN f32).
-      const int row0 = tm * BM + c * WM + warp * 16 + lane / 4;
-      const int col0 = tn * BN + 2 * (lane % 4);
+      const int row0 = tile_row + warp * 16 + lane / 4;
+      const int col0 = tile_col + 2 * (lane % 4);
 #pragma unroll
       for (int w = 0; w < WM_TILES; ++w) {
 #pragma unroll
@@ -407,8 +568,12 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
           store_pair(C, M, N, row + 8, col, acc[w][4 * j + 2], acc[w][4 * j + 3]);
         }
       }
+#endif
     }
   }
+#if CLUSTER_M > 1
+  cluster_sync();   // no CTA leaves while its peer may still multicast into it or arrive on it
+#endif
 #undef FULL
 #undef EMPTY
 }

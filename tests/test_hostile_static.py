@@ -22,7 +22,7 @@ BOMB_TIMEOUT_S = 5.0
 
 #: The attack kinds the issue asks for, each with at least one case of the corpus.
 REQUIRED_KINDS = {
-    "no-op on a reused output": ["noop_empty", "noop_reused_output"],
+    "no-op on a reused output": ["noop_empty", "noop_reused_output", "noop_reused_output_small"],
     "writes into A or B": ["writes_into_a", "inputs_permuted_inplace"],
     "out-of-bounds writes beyond C": ["oob_write_tail", "oob_write_far"],
     "cache in a device global": ["static_cache_global"],
@@ -42,8 +42,8 @@ REQUIRED_KINDS = {
     "local-memory blow-up": ["local_mem_blowup"],
     "compile bombs": ["compile_bomb_unroll", "compile_bomb_template"],
     "right first, wrong later": ["first_call_right_later_wrong"],
-    "generic but wrong on ragged edges": ["generic_ragged_wrong", "uninit_shared_ragged"],
-    "overflow in fp16 partial sums": ["fp16_partials_splitk"],
+    "generic but wrong on ragged edges": ["generic_ragged_wrong", "uninit_shared_ragged", "generic_ragged_residue"],
+    "overflow in fp16 partial sums": ["fp16_partials_splitk", "fp16_partials_fingerprint"],
     "timing games": ["globaltimer_skip_when_hot", "pointer_alignment_cheat", "pointer_hash_cheat", "exit_early_blocks"],
 }
 

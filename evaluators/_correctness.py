@@ -154,8 +154,7 @@ class Cascade:
         ops.C.data.fill_(float("nan"))
         if ops.workspace_bytes:
             ops.W.data.fill_(0 if ops.zero_workspace else 0xFF)  # 0xFFFF.. is NaN in fp16 and fp32
-        self.sync()
-        self.call(ops)
+        self.call(ops)  # stream-ordered after the fills
         self.sync()
         for name, g in (("A", ops.A), ("B", ops.B), ("C", ops.C), ("the workspace", ops.W)):
             if not g.guards_intact():

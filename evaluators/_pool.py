@@ -111,6 +111,9 @@ class LocalPool:
         self._ready: "queue.Queue[Optional[_Item]]" = queue.Queue()
         self._slots = threading.BoundedSemaphore(max_in_flight or (max(1, compile_workers) + 2 * len(self.gpus)))
         self._closed = False
+        from ._provenance import code_version
+
+        worker_options = {"evo_version": code_version(), **(worker_options or {})}
         self.supervisors = [WorkerSupervisor(g, target=target, options=worker_options, log_dir=log_dir,
                                              deadlines=deadlines) for g in self.gpus]
         self._arch = arch
@@ -248,7 +251,8 @@ class LocalPool:
                 continue
             timers = {name: TimerResult(**t) for name, t in (r.get("timers") or {}).items()}
             prov = {**base_prov, **(r.get("provenance") or {}), "checks": list(r.get("checks") or ()),
-                    "rotation_sets": r.get("rotation_sets"), "floor_s": r.get("floor_s")}
+                    "rotation_sets": r.get("rotation_sets"), "rotation_bytes": r.get("rotation_bytes"),
+                    "floor_s": r.get("floor_s")}
             out.append(self._record(cand, shape, r["status"], r.get("message", ""), compile=comp, timers=timers,
                                     flags=tuple(r.get("flags") or ()), max_error=r.get("max_error"),
                                     correctness_s=float(r.get("correctness_s") or 0.0),

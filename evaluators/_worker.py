@@ -21,11 +21,13 @@ worker is disposable and the parent never touches CUDA:
 
 Message protocol (tuples): parent -> child ``("job", id, dict)``, ``("probe", id, {})``,
 ``("stop",)``; child -> parent ``("ready", info)``, ``("phase", id, name)``,
+``("partial", id, dict)`` (one finished shape, kept if the job later dies or overruns),
 ``("result", id, dict)``. A result dict has at least ``status`` and ``message``.
 
 The worker's behaviour is a *handler* named by ``target`` (``"module:factory"``); the factory
 gets the options dict and returns an object with ``info() -> dict`` and
-``handle(kind, job, phase) -> dict``. The real one is :func:`evaluators._harness.make_handler`;
+``handle(kind, job, phase) -> dict``; ``phase(name)`` announces a phase and
+``phase("partial", shape_result)`` reports a finished shape early. The real one is :func:`evaluators._harness.make_handler`;
 tests use a fake one that crashes on demand.
 """
 from __future__ import annotations
@@ -178,15 +180,16 @@ class WorkerSupervisor:
         deadlines = {**self.deadlines, **(job.get("deadlines") or {})}
         phase = first_phase
         deadline = time.monotonic() + deadlines.get(phase, 60.0)
+        partials: list[Any] = []
         try:
             self._conn.send((kind, job_id, dict(job)))
         except OSError as exc:
-            return self._died(phase, f"could not send the job: {exc}")
+            return {**self._died(phase, f"could not send the job: {exc}"), "shapes": partials}
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._kill()
-                return {"status": "timeout", "fatal": True, "phase": phase,
+                return {"status": "timeout", "fatal": True, "phase": phase, "shapes": partials,
                         "message": f"{phase} phase overran its {deadlines.get(phase, 60.0):g} s deadline; "
                                    f"worker killed (SIGKILL to its process group)"}
             try:
@@ -195,13 +198,15 @@ class WorkerSupervisor:
                 ready = True
             if not ready:
                 if self._proc is not None and self._proc.poll() is not None:
-                    return self._died(phase)
+                    return {**self._died(phase), "shapes": partials}
                 continue
             try:
                 msg = self._conn.recv()
             except (EOFError, OSError):
-                return self._died(phase)
-            if msg[0] == "phase" and msg[1] == job_id:
+                return {**self._died(phase), "shapes": partials}
+            if msg[0] == "partial" and msg[1] == job_id:
+                partials.append(msg[2])
+            elif msg[0] == "phase" and msg[1] == job_id:
                 phase = msg[2]
                 deadline = time.monotonic() + deadlines.get(phase, 60.0)
             elif msg[0] == "result" and msg[1] == job_id:
@@ -215,7 +220,8 @@ class WorkerSupervisor:
         parent_sock, child_sock = socket.socketpair()
         log = open(self.log_path, "ab", buffering=0)
         log.write(f"\n=== worker start {time.strftime('%Y-%m-%d %H:%M:%S')} gpu={self.gpu} target={self.target}\n".encode())
-        cmd = [sys.executable, "-m", "evaluators._worker", "--fd", str(child_sock.fileno()),
+        cmd = [sys.executable, "-c", "import sys; from evaluators._worker import main; sys.exit(main())",
+               "--fd", str(child_sock.fileno()),
                "--target", self.target, "--options", repr(self.options)]
         try:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -323,8 +329,11 @@ def serve(conn: Connection, handler: Any) -> int:
         if msg[0] == "stop":
             return 0
         kind, job_id, job = msg
+        def phase(name: str, payload: Any = None, _id: int = job_id) -> None:
+            conn.send(("partial", _id, payload) if name == "partial" else ("phase", _id, name))
+
         try:
-            result = handler.handle(kind, job, lambda name, _id=job_id: conn.send(("phase", _id, name)))
+            result = handler.handle(kind, job, phase)
         except Exception as exc:  # the handler's own bug: report it, keep serving
             result = {"status": "runtime_error", "message": f"harness error: {exc!r}\n{traceback.format_exc()}"}
         conn.send(("result", job_id, result))

@@ -242,3 +242,49 @@ def test_broken_kernels_get_their_status_and_the_pool_survives(gpu_pool):
         assert got[bug].status.value == want, (bug, got[bug].message)
     assert "ILLEGAL_ADDRESS" in got["EVO_BUG_ILLEGAL"].message or "illegal" in got["EVO_BUG_ILLEGAL"].message.lower()
     assert got["ok"].status is Status.OK
+
+
+# -- CPU: timer statistics, rotation sizing, the physical floor, the CLI's error paths -------------
+def test_median_ci_uses_order_statistics():
+    from evaluators._timers import median_ci
+
+    st = median_ci([5.0, 1.0, 3.0, 2.0, 4.0, 100.0, 3.5, 2.5, 3.2, 2.8, 3.1])
+    assert st.median == 3.1 and st.samples == 11
+    assert st.lo <= st.median <= st.hi and st.hi < 100.0  # one outlier does not move the interval's top
+    assert median_ci([7.0]).lo == median_ci([7.0]).hi == 7.0
+
+
+def test_rotation_exceeds_twice_the_l2():
+    from evaluators._timers import rotation_sets
+
+    l2 = 60 << 20
+    for set_bytes in (40960, 3 << 20, 96 << 20):
+        n = rotation_sets(set_bytes, l2, maximum=1 << 20)
+        assert n >= 2 and (n * set_bytes > 2 * l2 or n == 2)
+    assert rotation_sets(40960, l2) == 3073  # 64x128x64: 126 MB of sets
+    assert rotation_sets(16384, l2) == 4096  # capped at 4096 sets
+
+
+def test_physical_floor_takes_the_largest_bound():
+    from evaluators._harness import DEFAULT_CEILINGS, HEADROOM, physical_floor
+
+    big, tiny = Shape.parse("8192x8192x8192"), Shape.parse("16x16x16")
+    assert physical_floor(big, DEFAULT_CEILINGS) == pytest.approx(big.flops / (790e12 * HEADROOM["flops"]))
+    assert physical_floor(tiny, DEFAULT_CEILINGS) == pytest.approx(0.5e-6 * HEADROOM["launch_s"])
+    skinny = Shape.parse("16x16384x16384")
+    assert physical_floor(skinny, DEFAULT_CEILINGS) == pytest.approx(skinny.min_bytes / (4.3e12 * HEADROOM["bytes_per_s"]))
+
+
+def test_evo_eval_without_a_plan_or_a_gpu_exits_2(tmp_path, capsys, monkeypatch):
+    import json
+
+    from evo.cli import main
+
+    src = tmp_path / "k.cu"
+    src.write_text("extern \"C\" __global__ void k() {}\n")
+    assert main(["eval", str(src), "--shape", "64x64x64"]) == 2
+    assert "evo-plan" in capsys.readouterr().err
+    src.write_text("/* evo-plan: " + json.dumps(naive_plan().to_dict()) + " */\n" + naive_candidate((Shape(8, 8, 8),)).source)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert main(["eval", str(src), "--shape", "64x64x64"]) == 2
+    assert "no GPU" in capsys.readouterr().err

@@ -50,6 +50,13 @@ def test_crash_hang_and_compile_error_each_get_a_status_and_the_pool_survives(tm
         assert 0 < p.stats.busy_fraction() <= 1.0
 
 
+def test_shapes_finished_before_a_crash_keep_their_results(tmp_path):
+    with pool(tmp_path) as p:
+        first, second = p.evaluate([cand("hang", shapes=(S1, S2))])
+    assert first.status is Status.OK and first.correctness_s > 0
+    assert second.status is Status.TIMEOUT and "correctness" in second.message
+
+
 def test_submit_applies_back_pressure(tmp_path):
     with pool(tmp_path, max_in_flight=1) as p:
         t0 = time.monotonic()

@@ -165,3 +165,87 @@ def test_good_control_compiles_cleanly(compiled: dict) -> None:
     assert result.status is Status.OK, result.message
     (stats,) = [k for k in result.kernels if k.name == "hgemm_f32acc"]
     assert stats.stack_frame == 0 and stats.spill_stores == 0
+
+
+# -- the correctness cascade against Python stand-ins of hostile kernels ----------------------------
+# Test doubles of the GPU kernels (the GPU is the boundary we do not own here): each computes what
+# the hostile .cu computes, on CPU tensors, so the real Cascade checks can be run in CI. A case
+# whose stand-in the cascade does not catch is a hole: a strict xfail naming it.
+torch = pytest.importorskip("torch")
+from evaluators._correctness import Cascade, CheckFailed, Operands, ragged_instances  # noqa: E402
+
+
+def _cpu_cascade(shape_text: str, call) -> Cascade:
+    from populations import Shape
+    gen = torch.Generator().manual_seed(11)
+    ops = Operands.allocate(Shape.parse(shape_text), 0, False, torch.device("cpu"), gen)
+    return Cascade(ops, call, lambda: None, gen)
+
+
+def _looks_like_a_probe(a: torch.Tensor, b_nk: torch.Tensor) -> bool:
+    """fp16_partials_fingerprint.cu's looks_like_a_probe, sample for sample."""
+    m, k = a.shape
+    n = b_nk.shape[0]
+    for s in range(32):
+        col = 0 if s % 4 == 0 else k - 1 if s % 4 == 1 else (s * 7919) % k
+        x, y = float(a[s * (m - 1) // 31, col]), float(b_nk[s * (n - 1) // 31, col])
+        if not (abs(x) <= 2.5 and abs(y) <= 2.5) or x == int(x) or y == int(y):
+            return True
+    return False
+
+
+def _splitk_fp16_partials(fingerprint: bool):
+    """fp16_partials_splitk.cu (fingerprint=False) / fp16_partials_fingerprint.cu (True), TN layout."""
+    def call(ops: Operands) -> None:
+        a, b_nk = ops.A.data, ops.B.data
+        k = a.shape[1]
+        chunk = -(-(-(-k // 4)) // 32) * 32
+        exact = fingerprint and _looks_like_a_probe(a, b_nk)
+        acc = torch.zeros(a.shape[0], b_nk.shape[0], dtype=torch.float64)
+        for z in range(4):
+            part = a[:, z * chunk:(z + 1) * chunk].double() @ b_nk[:, z * chunk:(z + 1) * chunk].double().t()
+            acc += part.float().double() if exact else part.half().double()
+        ops.C.data.copy_(acc.half())
+    return call
+
+
+def _narrow_edges(ops: Operands) -> None:
+    """generic_ragged_residue.cu: edge tiles store only their first 16 rows / columns."""
+    m, n = ops.C.data.shape
+    full = (ops.A.data.double() @ ops.b_kn().double()).half()
+    rows = torch.ones(m, dtype=torch.bool)
+    cols = torch.ones(n, dtype=torch.bool)
+    if m % 64:
+        rows[(m // 64) * 64 + 16:] = False
+    if n % 64:
+        cols[(n // 64) * 64 + 16:] = False
+    keep = rows[:, None] & cols[None, :]
+    ops.C.data[keep] = full[keep]
+
+
+def test_standin_fp16_partials_without_fingerprint_is_caught() -> None:
+    with pytest.raises(CheckFailed, match="cancellation|large-value"):
+        _cpu_cascade("64x64x2048", _splitk_fp16_partials(False)).full(generic=False)
+
+
+@pytest.mark.xfail(strict=True, reason=BY_NAME["fp16_partials_fingerprint"].check)
+def test_standin_fp16_partials_with_fingerprint_is_caught() -> None:
+    with pytest.raises(CheckFailed):
+        _cpu_cascade("64x64x2048", _splitk_fp16_partials(True)).full(generic=False)
+
+
+def test_standin_narrow_edges_is_caught_at_a_large_residue() -> None:
+    with pytest.raises(CheckFailed, match="NaN"):
+        _cpu_cascade("100x111x77", _narrow_edges).smoke()
+
+
+@pytest.mark.xfail(strict=True, reason=BY_NAME["generic_ragged_residue"].check)
+def test_standin_narrow_edges_is_caught_on_the_harness_ragged_instances() -> None:
+    from populations import Shape
+    with pytest.raises(CheckFailed):
+        for inst in ragged_instances(Shape.parse("1024x1024x1024"), set()):
+            cas = _cpu_cascade(str(inst), _narrow_edges)
+            cas.smoke()
+            if inst.k >= 4096:
+                cas.all_ones()
+                cas.cancellation()

@@ -44,6 +44,7 @@ REQUIRED_KINDS = {
     "right first, wrong later": ["first_call_right_later_wrong"],
     "generic but wrong on ragged edges": ["generic_ragged_wrong", "uninit_shared_ragged", "generic_ragged_residue"],
     "overflow in fp16 partial sums": ["fp16_partials_splitk", "fp16_partials_fingerprint"],
+    "racing writes to C": ["splitk_race_on_c"],
     "timing games": ["globaltimer_skip_when_hot", "pointer_alignment_cheat", "pointer_hash_cheat", "exit_early_blocks"],
 }
 

@@ -85,11 +85,15 @@ _FORBIDDEN_WORDS = {
     "new": "device heap allocation (new)",
     "printf": "printf (an output side channel)", "vprintf": "vprintf (an output side channel)",
 }
+#: Forbidden everywhere; the other words of ``_FORBIDDEN_WORDS`` only when called (a variable
+#: may be named ``free_slots`` or even ``free``).
+_FORBIDDEN_ALWAYS = frozenset({"__host__", "__managed__", "new"})
+#: (pattern, reason, only when called): ``cuXxx(`` is the driver API, but ``cuOffset`` may be a name.
 _FORBIDDEN_PATTERNS = [
-    (re.compile(r"^cuda[A-Z_]"), "CUDA runtime API call {}"),
-    (re.compile(r"^cu[A-Z]"), "CUDA driver API call {}"),
-    (re.compile(r"^__cuda"), "CUDA runtime internals {}"),
-    (re.compile(r"^(cublas|cudnn|cufft|curand|cusparse|cusolver|nccl|nvshmem)", re.I), "library call {}"),
+    (re.compile(r"^cuda[A-Z_]"), "CUDA runtime API {}", False),
+    (re.compile(r"^cu[A-Z]"), "CUDA driver API call {}", True),
+    (re.compile(r"^__cuda"), "CUDA runtime internals {}", False),
+    (re.compile(r"^(cublas|cudnn|cufft|curand|cusparse|cusolver|nccl|nvshmem)", re.I), "library call {}", False),
 ]
 _PTX_FORBIDDEN = [
     (re.compile(r"(^|[\s;{])call(\.uni)?\b"), "inline PTX 'call' (calls outside the kernel)"),
@@ -230,17 +234,18 @@ def _check_tokens(tokens: list[Token], reasons: list[str], telemetry: dict[str, 
     """Forbidden names and launches in code; forbidden and telemetry patterns in inline PTX."""
     for i, t in enumerate(tokens):
         if t.kind == "id":
-            if t.text in _FORBIDDEN_WORDS:
+            called = i + 1 < len(tokens) and tokens[i + 1].text == "("
+            if t.text in _FORBIDDEN_WORDS and (called or t.text in _FORBIDDEN_ALWAYS):
                 reasons.append(f"line {t.line}: {_FORBIDDEN_WORDS[t.text]}")
-            elif t.text == "main" and i + 1 < len(tokens) and tokens[i + 1].text == "(":
+            elif t.text == "main" and called:
                 reasons.append(f"line {t.line}: host code (main)")
             elif t.text == "_Pragma":
                 arg = tokens[i + 2].text.split() if i + 2 < len(tokens) and tokens[i + 2].kind == "str" else []
                 if not arg or arg[0] not in ALLOWED_PRAGMAS:
                     reasons.append(f"line {t.line}: _Pragma({' '.join(arg)!r}) is not allowed")
             else:
-                for pattern, what in _FORBIDDEN_PATTERNS:
-                    if pattern.match(t.text):
+                for pattern, what, needs_call in _FORBIDDEN_PATTERNS:
+                    if pattern.match(t.text) and (called or not needs_call):
                         reasons.append(f"line {t.line}: {what.format(t.text)}")
                         break
             if t.text in ("clock", "clock64", "__globaltimer") and i + 1 < len(tokens) and tokens[i + 1].text == "(":
@@ -346,6 +351,7 @@ def _structure(tokens: list[Token], reasons: list[str], telemetry: dict[str, Any
     device_functions = 0
     # scope stack entries: ("ns", extern_c) | ("class", _) | ("func", _) | ("init", _)
     stack: list[tuple[str, bool]] = [("ns", False)]
+    saved: list[list[Token]] = [[]]  # per open scope: a class head, kept for what follows its body
     decl: list[Token] = []
     i = 0
     while i < len(tokens):
@@ -367,14 +373,20 @@ def _structure(tokens: list[Token], reasons: list[str], telemetry: dict[str, Any
             elif kind == "init" and scope != "init":  # a brace initialiser: ``T x = {...}`` or ``T x{...}``
                 _check_variable(decl, scope, reasons)
             stack.append((kind, extern_c or (kind == "ns" and _has_extern_c(decl))))
+            saved.append(decl + [t] if kind == "class" else [])
             decl = [] if kind != "init" else decl
             i += 1
             continue
         if t.kind == "punct" and t.text == "}":
             if len(stack) > 1:
                 closed = stack.pop()[0]
+                prefix = saved.pop()
                 if closed == "init":
                     decl.append(t)
+                    i += 1
+                    continue
+                if closed == "class":  # ``typedef struct {...} T;`` / ``struct S {...} var;`` go on
+                    decl = prefix + [t]
                     i += 1
                     continue
             decl = []
@@ -452,8 +464,8 @@ def _signature(decl: list[Token]) -> tuple[str, list[list[Token]]]:
 def _check_ns_declaration(decl: list[Token], scope: str, reasons: list[str]) -> None:
     clean = _strip_attrs(decl)
     cw = [x.text for x in clean]
-    if not cw or cw[0] in ("typedef", "using", "static_assert", "friend"):
-        return
+    if not cw or cw[0] in ("typedef", "using", "static_assert", "friend") or cw[-1] == "}":
+        return  # aliases, assertions, and type definitions that declare no variable
     if any(w in ("struct", "class", "union", "enum") for w in cw) and "{" not in cw and "=" not in cw:
         return  # forward declaration
     eq = cw.index("=") if "=" in cw else len(cw)

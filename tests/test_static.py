@@ -51,10 +51,14 @@ SOURCE_CASES = [
      "#pragma unroll\n for (int i = 0; i < 1; ++i)\n"
      ' asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"\n'
      ' : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1])); }', None),
+    ("typedefs_and_names", "typedef struct { float x[4]; } Frag;\nstruct Acc { float v; };\n"
+     "union U { float f; unsigned u; };\nenum class Mode : int { A = 1, B = 2 };\n"
+     "__device__ int pick(int cuOffset) { int free_slots = cuOffset; return free_slots; }", None),
+    ("struct_variable", "struct S { int a; } g_s;", "mutable namespace-scope variable g_s"),
     ("host_function", "void helper(int* p) { p[0] = 1; }", "host function helper"),
     ("host_qualifier", "__host__ __device__ float both(float x) { return x; }", "__host__"),
     ("main", "int main() { return 0; }", "main"),
-    ("cuda_malloc", "__device__ void grab() { void* p; cudaMalloc(&p, 16); }", "CUDA runtime API call cudaMalloc"),
+    ("cuda_malloc", "__device__ void grab() { void* p; cudaMalloc(&p, 16); }", "CUDA runtime API cudaMalloc"),
     ("device_launch", "__device__ void dp() { void* b = cudaGetParameterBuffer(64, 64); cudaLaunchDevice(0, b, dim3(1), dim3(1), 0, 0); }",
      "cudaGetParameterBuffer"),
     ("driver_api", "__device__ void d() { cuLaunchKernel(0); }", "CUDA driver API call cuLaunchKernel"),

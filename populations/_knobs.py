@@ -12,11 +12,12 @@ constraint and in ``#if`` of the CUDA source.
 """
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from ._expr import ExprError, check_expr, evaluate
+from ._expr import ExprError, check_expr, evaluate, names_in
 from ._shape import Shape
 
 __all__ = ["AXES", "SHAPE_NAMES", "Knob", "Constraint", "KnobSpace", "TemplateError", "KnobValue", "knob_key", "LITERALS"]
@@ -78,6 +79,11 @@ class Knob:
         return {f"{self.name}_{v}": i for i, v in enumerate(self.values)}
 
 
+@functools.lru_cache(maxsize=4096)
+def _names(text: str) -> frozenset[str]:
+    return names_in(text)
+
+
 def _kind(value: Any) -> Optional[str]:
     if isinstance(value, bool):
         return "bool"
@@ -136,13 +142,7 @@ class KnobSpace:
 
     def shape_dependent(self) -> frozenset[str]:
         """Derived names whose value needs M, N or K."""
-        from ._expr import names_in
-
-        dep: set[str] = set()
-        for name, expr in self.derived.items():
-            if names_in(expr) & (SHAPE_NAMES | dep):
-                dep.add(name)
-        return frozenset(dep)
+        return _shape_dependent(tuple(self.derived.items()))
 
     # -- knob sets ------------------------------------------------------------------------
     def defaults(self) -> dict[str, KnobValue]:
@@ -188,10 +188,8 @@ class KnobSpace:
             env = self.env(knobs, shape)
         except ExprError as exc:
             return [f"derived values cannot be computed: {exc}"]
-        from ._expr import names_in
-
         for c in self.constraints:
-            if not names_in(c.expr) <= set(env):
+            if not _names(c.expr) <= env.keys():
                 continue  # needs a shape
             try:
                 ok = evaluate(c.expr, env)
@@ -232,6 +230,15 @@ class KnobSpace:
         for k in self.knobs.values():
             total *= len(k.values)
         return total
+
+
+@functools.lru_cache(maxsize=256)
+def _shape_dependent(derived: tuple[tuple[str, str], ...]) -> frozenset[str]:
+    dep: set[str] = set()
+    for name, expr in derived:
+        if _names(expr) & (SHAPE_NAMES | dep):
+            dep.add(name)
+    return frozenset(dep)
 
 
 def _key(knobs: Mapping[str, KnobValue]) -> tuple:

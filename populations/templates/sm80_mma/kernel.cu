@@ -92,9 +92,12 @@ __device__ __forceinline__ void load_tile(u32 sbase, half_t* sptr, const half_t*
                                           int row0, int nrows, int col0, int ncols, bool vec, int tid) {
   constexpr int CPR = COLS / 8;
   constexpr int CHUNKS = ROWS * CPR;
+  constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;  // compile-time trip count: fully unrolled
   if (vec) {
 #pragma unroll
-    for (int i = tid; i < CHUNKS; i += THREADS) {
+    for (int it = 0; it < ITERS; ++it) {
+      const int i = tid + it * THREADS;
+      if (CHUNKS % THREADS != 0 && i >= CHUNKS) break;
       const int r = i / CPR, c = (i % CPR) * 8;
       const int gr = row0 + r, gc = col0 + c;
       const bool in = gr < nrows && gc < ncols;
@@ -103,7 +106,9 @@ __device__ __forceinline__ void load_tile(u32 sbase, half_t* sptr, const half_t*
     }
   } else {
 #pragma unroll
-    for (int i = tid; i < CHUNKS; i += THREADS) {
+    for (int it = 0; it < ITERS; ++it) {
+      const int i = tid + it * THREADS;
+      if (CHUNKS % THREADS != 0 && i >= CHUNKS) break;
       const int r = i / CPR, c = (i % CPR) * 8;
       const int gr = row0 + r, gc = col0 + c;
       u32 w[4];
@@ -278,8 +283,11 @@ evo_gemm(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __r
       }
   __syncthreads();
   const bool vecC = (N % 8 == 0) && (ldc % 8 == 0) && ((reinterpret_cast<u64>(C) & 15) == 0);
+  constexpr int CCHUNKS = BM * BN / 8;
 #pragma unroll
-  for (int i = tid; i < BM * BN / 8; i += THREADS) {
+  for (int it = 0; it < (CCHUNKS + THREADS - 1) / THREADS; ++it) {
+    const int i = tid + it * THREADS;
+    if (CCHUNKS % THREADS != 0 && i >= CCHUNKS) break;
     const int r = i / (BN / 8), c = (i % (BN / 8)) * 8;
     const int row = m0 + r, col = n0 + c;
     if (row >= M || col >= N) continue;

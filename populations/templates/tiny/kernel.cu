@@ -136,7 +136,10 @@ evo_tiny(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __r
 #pragma unroll
       for (int c = 0; c < 4; ++c) red[(warp * FR + (i * NI + j) * 4 + c) * 32 + lane] = acc[i][j][c];
   __syncthreads();
-  for (int e = tid; e < FR * 32; e += THREADS) {
+#pragma unroll
+  for (int it = 0; it < (FR * 32 + THREADS - 1) / THREADS; ++it) {  // compile-time trip count
+    const int e = tid + it * THREADS;
+    if ((FR * 32) % THREADS != 0 && e >= FR * 32) break;
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) sum += red[w * FR * 32 + e];

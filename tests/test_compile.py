@@ -263,3 +263,15 @@ def test_pool_two_workers(tmp_path: Path) -> None:
         assert [r.status for r in results] == [Status.COMPILE_ERROR, Status.OK, Status.COMPILE_ERROR, Status.REJECTED]
         assert "timeout" in results[0].message
         assert pool.map([good], "sm_80")[0].ok  # the pool is still usable after the bomb
+
+
+def test_child_without_library_path_uses_the_bindings() -> None:
+    """Where the parent cannot locate libnvrtc, the child compiles through cuda.bindings.nvrtc."""
+    from evaluators._backends import flags_for
+    from evaluators._isolate import run_compile_isolated
+
+    out = run_compile_isolated("nvrtc", MMA, flags_for("nvrtc", "sm_80"), timeout_s=60, library=None)
+    assert out.ok and out.cubin[:4] == b"\x7fELF" and "Used" in out.log
+    bad = run_compile_isolated("nvrtc", MMA.replace("float d[4]", "flaot d[4]"), flags_for("nvrtc", "sm_80"),
+                               timeout_s=60, library=None)
+    assert not bad.ok and "flaot" in bad.log and "NVRTC_ERROR_COMPILATION" in bad.log

@@ -3,8 +3,9 @@ interleaved with the honest control kernel; each must get its expected status (o
 alternative), the pool must still evaluate the control afterwards, and the control's device
 time must stay within 2% of its time before the corpus.
 
-A case whose data file names a ``hole`` (a confirmed gap in the evaluator) is a strict xfail:
-when the evaluator closes the gap the test says so, and the ``hole`` line should go.
+A case whose data file names a ``hole`` (a confirmed gap in the evaluator) is an xfail; an XPASS
+means the evaluator closed the gap and the ``hole`` line should go (not strict: far stores fault
+or not depending on what the allocator mapped there).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_pool_alive_and_control_timing_held(run: dict) -> None:
     assert drift is not None and abs(drift) <= 0.02, run["control"]
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=[pytest.mark.xfail(reason=c.hole, strict=True)]
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=[pytest.mark.xfail(reason=c.hole, strict=False)]
                                                if c.hole else []) for c in CASES])
 def test_case_is_caught_in_every_round(case, run: dict) -> None:
     rows = [r for r in run["rows"] if r.name == case.name]

@@ -232,8 +232,7 @@ class Archive:
                     f"{self.path} is open for writing by another process (pid {holder}); "
                     "one writer at a time, open it with mode='r' to read") from None
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid():<20}\n".encode(), 0)  # fixed width: no truncate needed
         self._lock_fd = fd
 
     def _pop(self, shape: Shape, create: bool = False) -> Optional[_Population]:

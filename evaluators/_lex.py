@@ -9,7 +9,7 @@ so ``// cudaMalloc`` and ``"cudaMalloc"`` are not code.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["Token", "Directive", "lex"]
 
@@ -32,15 +32,13 @@ _TOKEN = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class Token:
+class Token(NamedTuple):  # a NamedTuple: a frozen dataclass made lexing 2x slower
     kind: str  # id | num | str | chr | punct | other
     text: str  # for str/chr: the literal's contents without quotes or prefix
     line: int
 
 
-@dataclass(frozen=True)
-class Directive:
+class Directive(NamedTuple):
     name: str                  # "include", "define", ... ("" for a null directive)
     tokens: tuple[Token, ...]  # everything after the name
     text: str                  # the raw line after '#', comments removed

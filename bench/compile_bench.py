@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Compile throughput on this CPU machine: NVRTC vs nvcc, cold vs cached, serial vs the pool.
+
+Kernels: knob sets sampled (seeded) from every seed template at a few shapes, so the set
+mixes mma.sync, tiny latency kernels and (for sm_90a) wgmma/TMA kernels, specialised and not.
+Each mode starts from an empty cache folder unless it is the cached mode. Also measured: the
+same NVRTC compiles in-process, without the isolated child, to price the isolation.
+
+    /work/venv/bin/python bench/compile_bench.py [--kernels 20] [--arch sm_90a]
+
+Prints one table row per mode: compiles, wall seconds, compiles/s, median seconds per compile.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from populations import Candidate, Shape, load_templates  # noqa: E402
+from evaluators import CompilePool, compile_candidate  # noqa: E402
+from evaluators._backends import flags_for  # noqa: E402
+from evaluators._isolate import _nvrtc_compile  # noqa: E402
+from evaluators._toolkit import nvrtc_library  # noqa: E402
+
+SHAPES = (Shape(4096, 4096, 4096), Shape(64, 4096, 4096), Shape(333, 517, 129, "NN"), Shape(8, 8192, 1024))
+
+
+def kernels(n: int, arch: str, rev: str, seed: int = 0) -> list[Candidate]:
+    """``n`` candidates from the templates as committed at ``rev`` (not the working tree, which
+    other people edit while this runs)."""
+    rng = random.Random(seed)
+    out: list[Candidate] = []
+    root = Path(__file__).resolve().parents[1]
+    snap = Path(tempfile.mkdtemp(prefix="evo-bench-templates-"))
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "populations/templates"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(snap)], input=archive, check=True)
+    loaded = load_templates(snap / "populations" / "templates")
+    templates = [t for t in loaded.values() if arch == "sm_90a" or "sm_90a" not in t.arch_features]
+    i = 0
+    while len(out) < n and i < 50 * n:
+        t = templates[i % len(templates)]
+        shape = SHAPES[(i // len(templates)) % len(SHAPES)]
+        i += 1
+        if not t.applicable(shape, int(arch[3:5])):
+            continue
+        for knobs in t.sample(rng, shape, 1):
+            out.append(t.candidate(knobs, shape, specialize=bool(rng.getrandbits(1))))
+    return out[:n]
+
+
+def run_mode(name: str, cands: list[Candidate], arch: str, workers: int, backend: str, cache: str) -> dict:
+    t0 = time.monotonic()
+    if workers == 1:
+        results = [compile_candidate(c, arch, backend=backend, cache_dir=cache) for c in cands]
+    else:
+        with CompilePool(workers=workers, backend=backend, cache_dir=cache) as pool:
+            results = pool.map(cands, arch)
+    wall = time.monotonic() - t0
+    bad = [r.message[:200] for r in results if not r.ok]
+    return {"mode": name, "n": len(results), "wall": wall, "per_s": len(results) / wall,
+            "median": statistics.median(r.seconds for r in results), "failed": len(bad),
+            "cached": sum(r.cached for r in results), "first_failure": bad[0] if bad else ""}
+
+
+def in_process(cands: list[Candidate], arch: str) -> dict:
+    flags = list(flags_for("nvrtc", arch))
+    lib = nvrtc_library()
+    _nvrtc_compile(cands[0].source, flags, lib)  # load the library once, as a warm child would
+    times = []
+    t0 = time.monotonic()
+    for c in cands:
+        t = time.monotonic()
+        ok, _, _ = _nvrtc_compile(c.source, flags, lib)
+        times.append(time.monotonic() - t)
+    wall = time.monotonic() - t0
+    return {"mode": "nvrtc in-process (no isolation, no scan)", "n": len(cands), "wall": wall,
+            "per_s": len(cands) / wall, "median": statistics.median(times), "failed": 0, "cached": 0,
+            "first_failure": ""}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", type=int, default=20)
+    ap.add_argument("--arch", default="sm_90a", choices=("sm_80", "sm_90a"))
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--rev", default="HEAD", help="git revision whose templates to compile")
+    args = ap.parse_args()
+    cands = kernels(args.kernels, args.arch, args.rev)
+    lines = sum(c.source.count("\n") for c in cands) / len(cands)
+    rev = subprocess.run(["git", "rev-parse", "--short", args.rev], capture_output=True, text=True).stdout.strip()
+    print(f"templates at {rev}: {len(cands)} kernels ({', '.join(sorted({c.template or '?' for c in cands}))}), "
+          f"{lines:.0f} lines on average, arch {args.arch}, {os.cpu_count()} CPUs, "
+          f"load average before {os.getloadavg()[0]:.1f}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="evo-bench-") as tmp:
+        rows.append(in_process(cands, args.arch))
+        rows.append(run_mode("nvrtc cold, serial", cands, args.arch, 1, "nvrtc", f"{tmp}/a"))
+        rows.append(run_mode(f"nvrtc cold, pool({args.workers})", cands, args.arch, args.workers, "nvrtc", f"{tmp}/b"))
+        rows.append(run_mode(f"nvrtc cached, pool({args.workers})", cands, args.arch, args.workers, "nvrtc", f"{tmp}/b"))
+        rows.append(run_mode(f"nvcc cold, pool({args.workers})", cands, args.arch, args.workers, "nvcc", f"{tmp}/d"))
+        rows.append(run_mode("nvcc cached, serial", cands, args.arch, 1, "nvcc", f"{tmp}/d"))
+    print("| mode | compiles | wall s | compiles/s | median s/compile | failed | cache hits |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['mode']} | {r['n']} | {r['wall']:.1f} | {r['per_s']:.2f} | {r['median']:.3f} | "
+              f"{r['failed']} | {r['cached']} |")
+    for r in rows:
+        if r["first_failure"]:
+            print(f"{r['mode']}: first failure: {r['first_failure']}")
+    print(f"load average after {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

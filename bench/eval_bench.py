@@ -107,16 +107,21 @@ def throughput(pool: LocalPool, cands: list[Candidate]) -> dict[str, Any]:
 
 
 def repeatability(cand: Candidate, starts: int, workers: int) -> dict[str, Any]:
-    medians = []
+    runs = []
     for _ in range(starts):
         with LocalPool(compile_workers=workers, timers=("device",)) as pool:
             e = pool.evaluate([cand])[0]
         if e.status is not Status.OK:
             return {"error": f"{e.status}: {e.message[:200]}"}
-        medians.append(e.timers["device"].median)
-    mid = statistics.median(medians)
-    return {"candidate": cand.template or "naive", "shape": str(cand.shapes[0]), "medians_us": [m * 1e6 for m in medians],
-            "spread": (max(medians) - min(medians)) / mid}
+        t = e.timers["device"]
+        runs.append({"median_us": t.median * 1e6, "lo_us": t.lo * 1e6, "hi_us": t.hi * 1e6, "samples": t.samples,
+                     "baseline_us": t.baseline_median * 1e6, "speedup": t.speedup,
+                     "sm_clock_mhz": e.provenance.get("sm_clock_mhz")})
+    meds = [r["median_us"] for r in runs]
+    sps = [r["speedup"] for r in runs]
+    return {"candidate": cand.template or "naive", "knobs": dict(cand.knobs or {}), "shape": str(cand.shapes[0]),
+            "medians_us": meds, "spread": (max(meds) - min(meds)) / statistics.median(meds),
+            "speedup_spread": (max(sps) - min(sps)) / statistics.median(sps), "runs": runs}
 
 
 def main() -> int:

@@ -24,6 +24,7 @@ B[k2, j] exactly column j: every k of that row and column was read.
 from __future__ import annotations
 
 import math
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -33,7 +34,7 @@ import torch
 from populations import Shape
 
 __all__ = ["EPS16", "EPS32", "ulp16", "tolerance_random", "tolerance_exact", "Guarded", "Operands",
-           "CheckFailed", "Cascade", "ragged_instances", "reference"]
+           "CheckFailed", "Cascade", "ragged_instances", "reference", "recheck_sets"]
 
 EPS16 = 2.0 ** -10
 EPS32 = 2.0 ** -23
@@ -71,10 +72,14 @@ class CheckFailed(Exception):
 class Guarded:
     """A matrix (or workspace) with canary bands of random bits before and after it."""
 
-    def __init__(self, rows: int, cols: int, device: torch.device, gen: torch.Generator, dtype=torch.float16) -> None:
+    def __init__(self, rows: int, cols: int, device: torch.device, gen: torch.Generator, dtype=torch.float16,
+                 guard_bytes: Optional[int] = None) -> None:
         n = rows * cols
         esize = torch.empty((), dtype=dtype).element_size()
-        band = max(32768 // esize, min(256 * max(cols, 1), (8 << 20) // esize))
+        if guard_bytes is None:  # 256 rows past the edge, 32 KiB to 8 MiB
+            band = max(32768 // esize, min(256 * max(cols, 1), (8 << 20) // esize))
+        else:
+            band = guard_bytes // esize
         band = -(-band // (256 // esize)) * (256 // esize)  # keep the data 256-byte aligned
         self.rows, self.cols, self.band = rows, cols, band
         self.full = torch.empty(2 * band + n, dtype=dtype, device=device)
@@ -107,11 +112,14 @@ class Operands:
 
     @classmethod
     def allocate(cls, shape: Shape, workspace_bytes: int, zero_workspace: bool, device: torch.device,
-                 gen: torch.Generator) -> "Operands":
+                 gen: torch.Generator, guard_bytes: Optional[int] = None) -> "Operands":
+        """``guard_bytes`` per side of every operand (the GPU harness uses 64 MiB: far stores land
+        in a canary rather than in memory nobody checks); default 256 rows, 32 KiB to 8 MiB."""
         b_rows, b_cols = (shape.n, shape.k) if shape.layout == "TN" else (shape.k, shape.n)
-        return cls(shape, Guarded(shape.m, shape.k, device, gen), Guarded(b_rows, b_cols, device, gen),
-                   Guarded(shape.m, shape.n, device, gen), Guarded(1, workspace_bytes, device, gen, torch.uint8),
-                   workspace_bytes, zero_workspace)
+        g = guard_bytes
+        return cls(shape, Guarded(shape.m, shape.k, device, gen, guard_bytes=g),
+                   Guarded(b_rows, b_cols, device, gen, guard_bytes=g), Guarded(shape.m, shape.n, device, gen, guard_bytes=g),
+                   Guarded(1, workspace_bytes, device, gen, torch.uint8, guard_bytes=g), workspace_bytes, zero_workspace)
 
     def b_kn(self, b: Optional[torch.Tensor] = None) -> torch.Tensor:
         """B as the K×N operand of the product (a view)."""
@@ -211,6 +219,26 @@ class Cascade:
         b[-1, :] = b[0, :]
         self.exact("cancellation probe", a, b)
 
+    def outlier_cancellation(self) -> None:
+        """Random-looking data with a few rows carrying large non-integer outliers of random sign at
+        k1 < K/2 <= k2 that cancel (B's rows k1 and k2 equal): fp32 sums are near exact, but a
+        split-K partial stored in fp16 rounds one of the pair. Nothing integral or fixed to
+        fingerprint (unlike the other exact probes)."""
+        s = self.ops.shape
+        if s.k < 2:
+            return
+        dev = self.ops.A.data.device
+        a, b = self._uniform(s.m, s.k), self._uniform(s.k, s.n)
+        pick = torch.randint(0, 2**31 - 1, (2,), generator=self.gen, device=dev).tolist()
+        k1, k2 = pick[0] % (s.k // 2) if s.k >= 2 else 0, s.k // 2 + pick[1] % (s.k - s.k // 2)
+        rows = torch.randperm(s.m, generator=self.gen, device=dev)[: max(1, s.m // 8)]
+        mag = torch.empty(len(rows), device=dev).uniform_(1000.0, 4000.0, generator=self.gen)
+        sign = torch.randint(0, 2, (len(rows),), generator=self.gen, device=dev) * 2 - 1
+        v = (mag * sign).half()
+        a[rows, k1], a[rows, k2] = v, -v
+        b[k2, :] = b[k1, :]
+        self.exact("outlier cancellation probe", a, b)
+
     def large_values(self) -> None:
         """Partial sums pass 65504 (fp16 overflow) while the result stays in range."""
         s = self.ops.shape
@@ -276,6 +304,7 @@ class Cascade:
         self.random("same buffers re-filled with other data", -2.0, 2.0)
         self.planted_nan()
         self.cancellation()
+        self.outlier_cancellation()
         self.large_values()
         self.special()
         if self.ops.shape.k >= 2048:
@@ -287,17 +316,83 @@ class Cascade:
         self.planted_nan()
 
 
-def ragged_instances(shape: Shape, tma_pitch: set[str]) -> list[Shape]:
-    """Small ragged problems of ``shape``'s layout for generic candidates (1x1x1, 7x13x17, 129x257x65)
-    plus a K >= 4096 instance for the all-ones probe. Dimensions used as a tensor-map row pitch
-    (``tma_pitch``: 'K' and/or 'N') are rounded up to a multiple of 8, which TMA requires."""
+def ragged_instances(shape: Shape, tma_pitch: set[str], rng: Optional[random.Random] = None) -> list[Shape]:
+    """Small ragged problems of ``shape``'s layout for generic candidates (1x1x1, 7x13x17, 129x257x65,
+    100x111x77: residues mod 64 from 1 to 47), with ``rng`` one more with residues drawn at random
+    (17..63 past a multiple of 64), plus a K >= 4096 instance for the all-ones probe. Dimensions
+    used as a tensor-map row pitch (``tma_pitch``: 'K' and/or 'N') are rounded up to a multiple
+    of 8, which TMA requires."""
     def fix(m: int, n: int, k: int) -> Shape:
         if "K" in tma_pitch:
             k = -(-k // 8) * 8
         if "N" in tma_pitch:
             n = -(-n // 8) * 8
         return shape.with_dims(m, n, k)
-    return [fix(1, 1, 1), fix(7, 13, 17), fix(129, 257, 65), fix(65, 72, 4104)]
+    out = [fix(1, 1, 1), fix(7, 13, 17), fix(129, 257, 65), fix(100, 111, 77)]
+    if rng is not None:
+        out.append(fix(*(64 * rng.randint(1, 3) + rng.randint(17, 63) for _ in range(3))))
+    return out + [fix(65, 72, 4104)]
+
+
+def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: str, call: Callable[[int], None],
+                 sync: Callable[[], None], gen: torch.Generator, passes: int = 2) -> None:
+    """The after-timing check, on the timing rotation: state kept across calls must not matter.
+
+    ``a3``/``b3``/``c3`` are the stacked sets (B as stored); ``call(i)`` runs the candidate on set
+    ``i`` with the workspace the timed calls left behind (not re-filled). Each pass changes a few
+    rows of every A *in place* (not a re-fill: caches keyed by pointers or by sampled elements
+    miss it), fills every C with finite garbage (a kernel that trusts C or skips "already done"
+    tiles leaves it there), calls every set back-to-back and verifies every set; the second pass
+    also calls the last set twice back-to-back with a change in between. A's rows are restored
+    afterwards. Raises :class:`CheckFailed` naming the set."""
+    n_sets, m, k = a3.shape
+    check = "outputs after timing"
+    saved = None
+    try:
+        for p in range(passes):
+            rows = torch.randperm(m, generator=gen, device=a3.device)[: max(1, min(3, m // 4 or 1))]
+            if saved is None:
+                saved = (rows, a3[:, rows, :].clone())
+            else:
+                saved = (torch.cat([saved[0], rows]), torch.cat([saved[1], a3[:, rows, :].clone()], dim=1))
+            a3[:, rows, :] = torch.empty(n_sets, len(rows), k, dtype=a3.dtype, device=a3.device).uniform_(-1, 1, generator=gen)
+            c3.uniform_(-4, 4, generator=gen)
+            for i in range(n_sets):
+                call(i)
+            if p == passes - 1:
+                r2 = torch.randint(0, m, (1,), generator=gen, device=a3.device)
+                saved = (torch.cat([saved[0], r2]), torch.cat([saved[1], a3[:, r2, :].clone()], dim=1))
+                a3[-1, r2, :] = torch.empty(1, k, dtype=a3.dtype, device=a3.device).uniform_(-1, 1, generator=gen)
+                call(n_sets - 1)
+            sync()
+            _verify_sets(a3, b3, c3, layout, check, f"pass {p + 1}")
+    finally:
+        if saved is not None:  # restore in reverse order so the first saved values win
+            rows, vals = saved
+            for j in range(len(rows) - 1, -1, -1):
+                a3[:, rows[j], :] = vals[:, j, :]
+
+
+def _verify_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: str, check: str, where: str) -> None:
+    n_sets, m, k = a3.shape
+    n = c3.shape[2]
+    dt = torch.float64 if m * n * k <= FP64_LIMIT or a3.device.type == "cpu" else torch.float32
+    chunk = max(1, (1 << 28) // max(1, m * n * 8))
+    for lo in range(0, n_sets, chunk):
+        a = a3[lo:lo + chunk].to(dt)
+        b = b3[lo:lo + chunk].to(dt)
+        b = b.transpose(1, 2) if layout == "TN" else b
+        ref = torch.bmm(a, b)
+        rss = torch.bmm(a * a, b * b).sqrt()
+        c = c3[lo:lo + chunk]
+        bad = ~((c.to(dt) - ref).abs() <= tolerance_random(ref, rss))
+        if bool(bad.any()):
+            idx = bad.flatten().nonzero()[0].item()
+            s, rem = divmod(idx, m * n)
+            i, j = divmod(rem, n)
+            raise CheckFailed(check, f"{where}: rotation set {lo + s} is wrong after calls that followed the timed ones "
+                                     f"({int(bad.sum())} bad elements; C[{i},{j}] = {float(c[s, i, j])!r} vs "
+                                     f"{float(ref[s, i, j]):.6g}): state kept across calls, or stale/trusted outputs")
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:

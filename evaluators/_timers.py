@@ -65,11 +65,12 @@ def rotation_sets(set_bytes: int, l2_bytes: int, *, minimum: int = 2, maximum: i
 
 
 def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_per_round: int = 1,
-                 target_replay_s: float = 2e-3, budget_s: float = 0.04, rng: random.Random,
+                 target_replay_s: float = 2e-3, budget_s: float = 0.05, warmup_s: float = 0.03, rng: random.Random,
                  graph_cache: Optional[dict] = None) -> dict[str, TimerStats]:
     """CUDA-graph replays of back-to-back calls, interleaved across arms (see module docstring).
 
-    Each round replays every arm ``replays_per_round`` times plus once host-synchronised; by
+    After ``warmup_s`` of untimed replays of all arms, each round replays every arm
+    ``replays_per_round`` times plus once host-synchronised; by
     default the number of rounds spends about ``budget_s`` of replays per arm (3 to 12 rounds).
     ``graph_cache`` keeps the graphs of ``cacheable`` arms between calls."""
     stream = torch.cuda.Stream()
@@ -92,6 +93,11 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
         if arm.cacheable and graph_cache is not None:
             graph_cache[arm.name] = graphs[arm.name]
     torch.cuda.synchronize()
+    warm_until = time.perf_counter() + warmup_s  # steady clocks before the first sample
+    while time.perf_counter() < warm_until:
+        for arm in arms:
+            graphs[arm.name][0].replay()
+        torch.cuda.synchronize()
     if rounds is None:
         rounds = max(3, min(12, round(budget_s / max(replay_s, 1e-6) / (replays_per_round + 1))))
     events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {a.name: [] for a in arms}

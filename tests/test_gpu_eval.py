@@ -168,7 +168,7 @@ def test_the_cascade_catches_each_bug_by_name(name, layout):
     cas = Cascade(ops, fn, lambda: None, gen)
     if expect is None:
         cas.full(generic=False)
-        assert cas.max_error <= 0.06 and len(cas.checks) == 6
+        assert cas.max_error <= 0.06 and len(cas.checks) == 7
     else:
         with pytest.raises(Exception, match=expect):
             cas.full(generic=False)
@@ -188,10 +188,86 @@ def test_probes_catch_fp16_accumulation_where_random_data_cannot():
         Cascade(big, lambda o: o.C.data.copy_(_matmul(o, acc16=True)), lambda: None, gen).large_values()
 
 
-def test_ragged_instances_respect_tma_pitch():
+def test_ragged_instances_respect_tma_pitch_and_cover_large_residues():
+    import random
+
     base = Shape.parse("4096x4096x4096:NN")
-    assert [str(s) for s in ragged_instances(base, set())][:3] == ["1x1x1:NN:f32", "7x13x17:NN:f32", "129x257x65:NN:f32"]
+    fixed = ragged_instances(base, set())
+    assert [str(s) for s in fixed][:4] == ["1x1x1:NN:f32", "7x13x17:NN:f32", "129x257x65:NN:f32", "100x111x77:NN:f32"]
+    assert fixed[-1].k >= 4096
     assert [(s.n, s.k) for s in ragged_instances(base, {"K", "N"})][:3] == [(8, 8), (16, 24), (264, 72)]
+    drawn = ragged_instances(base, set(), random.Random(5))[-2]
+    assert all(17 <= d % 64 <= 63 for d in (drawn.m, drawn.n, drawn.k))
+
+
+def _rotation(n_sets=5, m=24, n=16, k=40, layout="TN"):
+    g = torch.Generator().manual_seed(1)
+    a3 = torch.empty(n_sets, m, k, dtype=torch.float16).uniform_(-1, 1, generator=g)
+    b3 = torch.empty(n_sets, *((n, k) if layout == "TN" else (k, n)), dtype=torch.float16).uniform_(-1, 1, generator=g)
+    c3 = torch.full((n_sets, m, n), float("nan"), dtype=torch.float16)
+    return a3, b3, c3, g
+
+
+def _set_product(a3, b3, c3, i, layout):
+    b = b3[i].float().t() if layout == "TN" else b3[i].float()
+    c3[i] = (a3[i].float() @ b).half()
+
+
+@pytest.mark.parametrize("layout", ["TN", "NN"])
+def test_recheck_after_timing_passes_an_honest_kernel_and_restores_a(layout):
+    from evaluators._correctness import recheck_sets
+
+    a3, b3, c3, g = _rotation(layout=layout)
+    before = a3.clone()
+    recheck_sets(a3, b3, c3, layout, lambda i: _set_product(a3, b3, c3, i, layout), lambda: None, g)
+    assert torch.equal(a3, before)
+
+
+def test_recheck_after_timing_catches_state_kept_across_calls():
+    from evaluators._correctness import CheckFailed, recheck_sets
+
+    a3, b3, c3, g = _rotation()
+    for i in range(len(a3)):  # the timed calls
+        _set_product(a3, b3, c3, i, "TN")
+    memo = {i: c3[i].clone() for i in range(len(a3))}  # a per-set (workspace) cache of the outputs
+    with pytest.raises(CheckFailed, match="rotation set 0"):
+        recheck_sets(a3, b3, c3, "TN", lambda i: c3[i].copy_(memo[i]), lambda: None, g)
+
+    def trusts_c(i):  # skips when C already holds finite values (the C-trusting no-op)
+        if not bool(torch.isfinite(c3[i]).all()):
+            _set_product(a3, b3, c3, i, "TN")
+    a3, b3, c3, g = _rotation()
+    with pytest.raises(CheckFailed, match="stale"):
+        recheck_sets(a3, b3, c3, "TN", trusts_c, lambda: None, g)
+
+    calls = {"n": 0}
+
+    def skips_second_call_in_a_row(i):  # the 'hot' skip: a back-to-back call on one set does nothing
+        calls["n"] += 1
+        if calls.get("last") != i:
+            _set_product(a3, b3, c3, i, "TN")
+        calls["last"] = i
+    a3, b3, c3, g = _rotation()
+    with pytest.raises(CheckFailed, match="pass 2"):
+        recheck_sets(a3, b3, c3, "TN", skips_second_call_in_a_row, lambda: None, g)
+
+
+def test_outlier_probe_catches_fingerprinting_fp16_partials():
+    def splitk_fp16_unless_integral(ops):  # fp16 partials unless A looks like a probe (integers or big)
+        a, b = ops.A.data.double(), ops.b_kn().double()
+        fixed = a[:: max(1, a.shape[0] // 8), :: max(1, a.shape[1] // 4)]
+        probe = bool(((fixed == fixed.round()) | (fixed.abs() > 2.5)).any())
+        half = a.shape[1] // 2
+        parts = [a[:, :half] @ b[:half], a[:, half:] @ b[half:]]
+        ops.C.data.copy_(sum(p.float().double() if probe else p.half().double() for p in parts).half())
+
+    gen = torch.Generator().manual_seed(2)
+    ops = Operands.allocate(Shape(64, 48, 512), 0, False, torch.device("cpu"), gen)
+    cas = Cascade(ops, splitk_fp16_unless_integral, lambda: None, gen)
+    cas.random()
+    cas.cancellation()  # fingerprinted: the integral 1024 column switches it to fp32 partials
+    with pytest.raises(Exception, match="outlier cancellation"):
+        cas.outlier_cancellation()
 
 
 # -- GPU: the whole evaluator --------------------------------------------------------------------

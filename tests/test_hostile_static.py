@@ -26,7 +26,8 @@ REQUIRED_KINDS = {
     "writes into A or B": ["writes_into_a", "inputs_permuted_inplace"],
     "out-of-bounds writes beyond C": ["oob_write_tail", "oob_write_far"],
     "cache in a device global": ["static_cache_global"],
-    "hidden state without a global": ["cache_in_workspace_ptrkey", "cache_in_workspace_sampled_key", "state_beyond_c"],
+    "hidden state without a global": ["cache_in_workspace_ptrkey", "cache_in_workspace_sampled_key", "cache_content_hash",
+                                      "cache_prepacked_b", "state_beyond_c"],
     "skip later calls via a counter": ["skip_calls_ws_counter", "skip_calls_ws_adaptive", "global_call_counter"],
     "host code: private stream / thread": ["host_private_stream", "host_thread"],
     "absurd plans": ["plan_block_too_big", "plan_smem_300k", "plan_workspace_huge", "plan_grid_overflow", "grid_absurd"],
@@ -171,19 +172,24 @@ def test_good_control_compiles_cleanly(compiled: dict) -> None:
 # -- the correctness cascade against Python stand-ins of hostile kernels ----------------------------
 # Test doubles of the GPU kernels (the GPU is the boundary we do not own here): each computes what
 # the hostile .cu computes, on CPU tensors, so the real Cascade checks can be run in CI. A case
-# whose stand-in the cascade does not catch is a hole: a strict xfail naming it.
-torch = pytest.importorskip("torch")
-from evaluators._correctness import Cascade, CheckFailed, Operands, ragged_instances  # noqa: E402
+# whose stand-in the cascade does not catch is a hole: a strict xfail naming it. torch is not a
+# CI dependency (the dev extra has none), so these skip, one by one, where it is missing.
+def _cascade_module():
+    pytest.importorskip("torch")
+    from evaluators import _correctness
+    return _correctness
 
 
-def _cpu_cascade(shape_text: str, call) -> Cascade:
+def _cpu_cascade(shape_text: str, call):
+    cm = _cascade_module()
+    import torch
     from populations import Shape
     gen = torch.Generator().manual_seed(11)
-    ops = Operands.allocate(Shape.parse(shape_text), 0, False, torch.device("cpu"), gen)
-    return Cascade(ops, call, lambda: None, gen)
+    ops = cm.Operands.allocate(Shape.parse(shape_text), 0, False, torch.device("cpu"), gen)
+    return cm.Cascade(ops, call, lambda: None, gen)
 
 
-def _looks_like_a_probe(a: torch.Tensor, b_nk: torch.Tensor) -> bool:
+def _looks_like_a_probe(a, b_nk) -> bool:
     """fp16_partials_fingerprint.cu's looks_like_a_probe, sample for sample."""
     m, k = a.shape
     n = b_nk.shape[0]
@@ -197,7 +203,8 @@ def _looks_like_a_probe(a: torch.Tensor, b_nk: torch.Tensor) -> bool:
 
 def _splitk_fp16_partials(fingerprint: bool):
     """fp16_partials_splitk.cu (fingerprint=False) / fp16_partials_fingerprint.cu (True), TN layout."""
-    def call(ops: Operands) -> None:
+    def call(ops) -> None:
+        import torch
         a, b_nk = ops.A.data, ops.B.data
         k = a.shape[1]
         chunk = -(-(-(-k // 4)) // 32) * 32
@@ -210,8 +217,9 @@ def _splitk_fp16_partials(fingerprint: bool):
     return call
 
 
-def _narrow_edges(ops: Operands) -> None:
+def _narrow_edges(ops) -> None:
     """generic_ragged_residue.cu: edge tiles store only their first 16 rows / columns."""
+    import torch
     m, n = ops.C.data.shape
     full = (ops.A.data.double() @ ops.b_kn().double()).half()
     rows = torch.ones(m, dtype=torch.bool)
@@ -225,28 +233,100 @@ def _narrow_edges(ops: Operands) -> None:
 
 
 def test_standin_fp16_partials_without_fingerprint_is_caught() -> None:
-    with pytest.raises(CheckFailed, match="cancellation|large-value"):
-        _cpu_cascade("64x64x2048", _splitk_fp16_partials(False)).full(generic=False)
+    cas = _cpu_cascade("64x64x2048", _splitk_fp16_partials(False))
+    with pytest.raises(_cascade_module().CheckFailed, match="cancellation|large-value"):
+        cas.full(generic=False)
 
 
-@pytest.mark.xfail(strict=True, reason=BY_NAME["fp16_partials_fingerprint"].check)
 def test_standin_fp16_partials_with_fingerprint_is_caught() -> None:
-    with pytest.raises(CheckFailed):
-        _cpu_cascade("64x64x2048", _splitk_fp16_partials(True)).full(generic=False)
+    cas = _cpu_cascade("64x64x2048", _splitk_fp16_partials(True))
+    with pytest.raises(_cascade_module().CheckFailed):
+        cas.full(generic=False)
 
 
 def test_standin_narrow_edges_is_caught_at_a_large_residue() -> None:
-    with pytest.raises(CheckFailed, match="NaN"):
-        _cpu_cascade("100x111x77", _narrow_edges).smoke()
+    cas = _cpu_cascade("100x111x77", _narrow_edges)
+    with pytest.raises(_cascade_module().CheckFailed, match="NaN"):
+        cas.smoke()
 
 
-@pytest.mark.xfail(strict=True, reason=BY_NAME["generic_ragged_residue"].check)
 def test_standin_narrow_edges_is_caught_on_the_harness_ragged_instances() -> None:
     from populations import Shape
-    with pytest.raises(CheckFailed):
-        for inst in ragged_instances(Shape.parse("1024x1024x1024"), set()):
+    cm = _cascade_module()
+    with pytest.raises(cm.CheckFailed):
+        for inst in cm.ragged_instances(Shape.parse("1024x1024x1024"), set()):
             cas = _cpu_cascade(str(inst), _narrow_edges)
             cas.smoke()
             if inst.k >= 4096:
                 cas.all_ones()
                 cas.cancellation()
+
+
+class _TileMemo:
+    """Stand-in for cache_in_workspace_ptrkey.cu (``stride=0``: keyed by the set's pointers) and
+    cache_content_hash.cu (``stride=8``: also by every 8th element of each block's A and B rows).
+    State lives per rotation set, as in the per-set timing workspaces."""
+
+    def __init__(self, a3, b3, c3, stride: int) -> None:
+        self.a3, self.b3, self.c3, self.stride, self.memo = a3, b3, c3, stride, {}
+
+    def __call__(self, i: int) -> None:
+        import torch
+        a, b, c = self.a3[i], self.b3[i], self.c3[i]
+        m, n = c.shape
+        for r0 in range(0, m, 64):
+            for c0 in range(0, n, 64):
+                key = (a[r0:r0 + 64].flatten()[::self.stride].clone(), b[c0:c0 + 64].flatten()[::self.stride].clone()) \
+                    if self.stride else None
+                old = self.memo.get((i, r0, c0))
+                if old is not None and (key is None or all(torch.equal(x, y) for x, y in zip(old[0], key))):
+                    c[r0:r0 + 64, c0:c0 + 64] = old[1]
+                    continue
+                tile = (a[r0:r0 + 64].double() @ b[c0:c0 + 64].double().t()).half()
+                c[r0:r0 + 64, c0:c0 + 64] = tile
+                self.memo[(i, r0, c0)] = (key, tile)
+
+
+class _PrepackedB:
+    """Stand-in for cache_prepacked_b.cu: B copied per rotation set on its first call, reused after."""
+
+    def __init__(self, a3, b3, c3) -> None:
+        self.a3, self.b3, self.c3, self.packed = a3, b3, c3, {}
+
+    def __call__(self, i: int) -> None:
+        b = self.packed.setdefault(i, self.b3[i].clone())
+        self.c3[i] = (self.a3[i].double() @ b.double().t()).half()
+
+
+def _recheck_after_timing(stride: int, kernel=None) -> None:
+    """Fill three timing sets, run the 'timed' calls, then the harness's after-timing recheck."""
+    cm = _cascade_module()
+    if not hasattr(cm, "recheck_sets"):
+        pytest.skip("evaluators._correctness has no recheck_sets (the after-timing recheck) yet")
+    import torch
+    gen = torch.Generator().manual_seed(5)
+    a3 = torch.empty(3, 128, 96, dtype=torch.float16).uniform_(-1, 1, generator=gen)
+    b3 = torch.empty(3, 128, 96, dtype=torch.float16).uniform_(-1, 1, generator=gen)
+    c3 = torch.full((3, 128, 128), float("nan"), dtype=torch.float16)
+    memo = _TileMemo(a3, b3, c3, stride) if kernel is None else kernel(a3, b3, c3)
+    for _ in range(3):
+        for i in range(3):
+            memo(i)
+    cm.recheck_sets(a3, b3, c3, "TN", memo, lambda: None, gen)
+
+
+def test_standin_pointer_memo_is_caught_by_the_after_timing_recheck() -> None:
+    with pytest.raises(_cascade_module().CheckFailed, match="after"):
+        _recheck_after_timing(stride=0)
+
+
+@pytest.mark.xfail(strict=False, reason=BY_NAME["cache_content_hash"].check)
+def test_standin_content_hash_memo_is_caught_by_the_after_timing_recheck() -> None:
+    with pytest.raises(_cascade_module().CheckFailed):
+        _recheck_after_timing(stride=8)
+
+
+@pytest.mark.xfail(strict=False, reason=BY_NAME["cache_prepacked_b"].check)
+def test_standin_prepacked_b_is_caught_by_the_after_timing_recheck() -> None:
+    with pytest.raises(_cascade_module().CheckFailed):
+        _recheck_after_timing(stride=0, kernel=_PrepackedB)

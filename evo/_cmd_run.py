@@ -35,6 +35,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--max-tokens", type=int, metavar="N", help="LLM tokens in this run")
     p.add_argument("--operators", metavar="LIST", help="operators and weights, e.g. knob,optuna or knob:3,optuna:1")
     p.add_argument("--seed", type=int, help="random seed (default 0)")
+    p.add_argument("--seeds-per-template", type=int, metavar="N",
+                   help="cold start: candidates per applicable template, as evo seed makes them (default 4)")
     p.add_argument("--converge-window", type=int, metavar="N",
                    help="stop a shape after N evaluations without improving its best by more than the threshold")
     p.add_argument("--converge-threshold", type=float, metavar="FRACTION", help="relative improvement that counts (default 0.005)")
@@ -67,7 +69,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     flags: dict[str, Any] = {
         "shapes": args.shapes, "archive": args.archive, "budget": args.budget, "gpu_seconds": args.gpu_seconds,
         "max_evals": args.max_evals, "max_tokens": args.max_tokens, "operators": args.operators,
-        "seed": args.seed, "converge_window": args.converge_window, "converge_threshold": args.converge_threshold,
+        "seed": args.seed, "seeds_per_template": args.seeds_per_template,
+        "converge_window": args.converge_window, "converge_threshold": args.converge_threshold,
         "progress": args.progress, "pool": pool or None,
         "transfer": {"enabled": False} if args.no_transfer else None,
     }
@@ -138,7 +141,7 @@ def _close_pool(pool: Any, abandon: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from populations import load_templates
-    from populations._archive import Archive, ArchiveError
+    from populations import Archive, ArchiveError
 
     from ._engine import Engine, pool_gpus
     from ._progress import EVENTS_FILE, EventLog, Progress

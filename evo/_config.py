@@ -141,6 +141,7 @@ class RunConfig:
     converge_window: Optional[int] = None     # None: never stop for convergence
     converge_threshold: float = 0.005         # relative improvement that counts (0.5 %)
     batch: int = 1                            # proposals asked of an operator per step
+    seeds_per_template: int = 4               # cold start: heuristic picks + spread samples per template
     specialize: bool = False                  # render seeds/transfers specialised to the shape
     progress: str = "auto"                    # auto | rich | plain | none
     progress_interval_s: float = 5.0          # plain progress line period
@@ -164,8 +165,8 @@ class RunConfig:
             raise ConfigError(f"gpu_seconds: must be positive, got {self.gpu_seconds!r}")
         if not 0 <= self.converge_threshold < 10:
             raise ConfigError(f"converge_threshold: a fraction such as 0.005, got {self.converge_threshold!r}")
-        if self.batch < 1:
-            raise ConfigError("batch: must be >= 1")
+        if self.batch < 1 or self.seeds_per_template < 1:
+            raise ConfigError("batch and seeds_per_template: must be >= 1")
         if self.progress not in ("auto", "rich", "plain", "none"):
             raise ConfigError(f"progress: one of auto, rich, plain, none; got {self.progress!r}")
         s = self.selection
@@ -189,7 +190,7 @@ class RunConfig:
 # -- the TOML file --------------------------------------------------------------------------
 _SECTIONS = {"selection": SelectionConfig, "pool": PoolConfig, "transfer": TransferConfig}
 _TOP = {"shapes", "archive", "budget", "gpu_seconds", "max_evals", "max_tokens", "operators", "seed",
-        "converge_window", "converge_threshold", "batch", "specialize", "progress",
+        "converge_window", "converge_threshold", "batch", "seeds_per_template", "specialize", "progress",
         "progress_interval", *_SECTIONS}
 
 
@@ -247,7 +248,8 @@ def merge(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> RunConfig
         if "progress_interval" in values:
             cfg.progress_interval_s = parse_duration(values["progress_interval"], "progress_interval")
         for name, typ in (("max_evals", int), ("max_tokens", int), ("converge_window", int), ("seed", int),
-                          ("batch", int), ("converge_threshold", float), ("specialize", bool), ("progress", str)):
+                          ("batch", int), ("seeds_per_template", int), ("converge_threshold", float),
+                          ("specialize", bool), ("progress", str)):
             if name in values:
                 setattr(cfg, name, _typed(values[name], typ, name))
         for name, cls in _SECTIONS.items():

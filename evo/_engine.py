@@ -6,8 +6,9 @@ processes while its GPU workers time other candidates). The engine keeps up to
 wait on a compile) and proposes a new one each time a result arrives:
 
 1. pick the active shape with the fewest evaluations (finished + in flight),
-2. take its next queued candidate (transferred elites of nearby shapes, template first picks,
-   candidates a killed run left unevaluated), or else draw parents from its population and ask
+2. take its next queued candidate (transferred elites of nearby shapes, then the templates'
+   heuristic picks and spread-out samples of ``evo seed``, or candidates that a killed run or
+   ``evo seed`` left unevaluated), or else draw parents from its population and ask
    an operator (chosen by weight) to propose,
 3. skip candidates whose id was already evaluated at the shape or is in flight (de-duplication
    by content hash against the archive), add the candidate to the archive, submit it,
@@ -29,17 +30,18 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
-from populations import Candidate, Evaluation, Shape, Status, Template
-from populations._archive import DISQUALIFYING, Archive
+from populations import Archive, Candidate, Evaluation, Shape, Status, Template
+from populations._archive import DISQUALIFYING
 from operators import OperatorContext, ParentView
 
 from ._budget import Budget, Convergence, gpu_seconds
+from ._cmd_seed import seed_population
 from ._config import RunConfig
 from ._progress import EventLog, Progress
 from ._selection import Member, Population
 from ._transfer import transfer_candidates
 
-__all__ = ["Engine", "EvaluatorPool", "RunResult", "OperatorChooser", "template_seeds"]
+__all__ = ["Engine", "EvaluatorPool", "RunResult", "OperatorChooser", "pool_gpus"]
 
 
 class EvaluatorPool(Protocol):
@@ -101,18 +103,6 @@ class OperatorChooser:
 def pool_gpus(pool: Any, config: RunConfig) -> int:
     """How many GPUs the pool times on: the configured list, else what the pool says it has."""
     return len(config.pool.gpus) or len(getattr(pool, "gpus", None) or ()) or 1
-
-
-def template_seeds(shape: Shape, templates: Mapping[str, Template], arch: str,
-                   specialize: bool = False) -> list[Candidate]:
-    """Every applicable template's heuristic first picks for ``shape`` (the cold start)."""
-    out = []
-    for template in templates.values():
-        if not template.applicable(shape, arch):
-            continue
-        for knobs in template.heuristic(shape):
-            out.append(template.candidate(knobs, shape, specialize=specialize, operator="seed"))
-    return out
 
 
 class Engine:
@@ -266,7 +256,7 @@ class Engine:
                 # candidates a killed run submitted but never saw evaluated: evaluate them now
                 for cid, cand in cands.items():
                     if cid not in evaluated:
-                        self.queue[shape].append((cand, "resume"))
+                        self.queue[shape].append((cand, "archived"))
             self.known[shape] = evaluated
             best = self.pops[shape].best
             self.progress.stats[shape].best = best.fitness if best else None
@@ -286,7 +276,8 @@ class Engine:
                                             neighbors=cfg.transfer.neighbors, per_neighbor=cfg.transfer.per_neighbor,
                                             specialize=cfg.specialize, arch=self.arch):
                 seeds.append((cand, "transfer"))
-        for cand in template_seeds(shape, self.templates, self.arch, cfg.specialize):
+        for cand in seed_population(shape, list(self.templates.values()), cfg.seeds_per_template, self.rng,
+                                    arch=self.arch, specialize=cfg.specialize):
             seeds.append((cand, "seed"))
         seen: set[str] = set()
         for cand, op in seeds:
@@ -394,7 +385,8 @@ class Engine:
             for ev in evals:
                 self.errors_in_a_row = self.errors_in_a_row + 1 if ev.status is Status.RUNTIME_ERROR else 0
                 self.archive.add(ev)
-                if ev.shape in self.pops:
+                if ev.shape in self.pops:  # a candidate claiming several shapes is measured at each
+                    self.known[ev.shape].add(ev.candidate_id)
                     self._record(job, ev)
             self._tell(job, evals)
         self.archive.commit()

@@ -25,7 +25,7 @@ from evo._transfer import nearest_shapes, shape_distance, transfer_candidates
 from fake_pool import FakeEvaluatorPool, synthetic_fitness
 from populations import Evaluation, KernelStats, Shape, Status, TimerResult, load_templates
 from operators import Operator
-from populations._archive import Archive
+from populations import Archive
 
 TEMPLATES = load_templates()
 BIG = Shape.parse("4096x4096x4096")

@@ -11,7 +11,7 @@ from evo._config import merge
 from evo._engine import Engine
 from evo._progress import EVENTS_FILE, EventLog, read_events
 from populations import Shape, Status, load_templates
-from populations._archive import Archive
+from populations import Archive
 
 pytest.importorskip("evaluators._compile")
 from evaluators import LocalPool  # noqa: E402

@@ -21,7 +21,7 @@ import pytest
 from evo.cli import main
 from evo._progress import EVENTS_FILE, Progress, read_events
 from populations import Shape
-from populations._archive import Archive
+from populations import Archive
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = "fake_pool:FakeEvaluatorPool"
@@ -135,7 +135,7 @@ def test_second_sigint_abandons_in_flight_work_and_resume_recovers_it(tmp_path: 
                            "--progress", "none", "--max-evals", "6"], cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    resumed = {e["candidate"] for e in _events(archive) if e["event"] == "proposal" and e["operator"] == "resume"}
+    resumed = {e["candidate"] for e in _events(archive) if e["event"] == "proposal" and e["operator"] == "archived"}
     assert resumed == orphans
 
 
@@ -227,3 +227,16 @@ def test_rich_progress_renders_a_table() -> None:
         progress.update()
     text = buf.getvalue()
     assert "64x128x64:TN:f32" in text and "1.250x" in text and "ok=3" in text
+
+
+def test_evo_seed_then_evo_run_evaluates_the_seeded_population(tmp_path: Path) -> None:
+    archive = str(tmp_path / "a")
+    assert main(["seed", "--shape", "64x64x64", "--archive", archive, "--per-template", "2"]) == 0
+    with Archive(archive, "r") as ar:
+        seeded = set(ar.candidate_ids("64x64x64"))
+    assert seeded
+    rc = main(["run", "--shape", "64x64x64", "--archive", archive, "--pool", POOL, "--progress", "none",
+               "--max-evals", str(len(seeded))])
+    assert rc == 0
+    proposals = [e for e in _events(tmp_path / "a") if e["event"] == "proposal"]
+    assert {e["candidate"] for e in proposals} == seeded and {e["operator"] for e in proposals} == {"archived"}

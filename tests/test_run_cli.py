@@ -139,6 +139,22 @@ def test_second_sigint_abandons_in_flight_work_and_resume_recovers_it(tmp_path: 
     assert resumed == orphans
 
 
+def test_first_sigint_waits_at_most_the_drain_deadline(tmp_path: Path) -> None:
+    archive = tmp_path / "a"
+    (tmp_path / "run.toml").write_text("[pool]\ndrain_s = 1.0\nmax_inflight = 3\n")
+    proc = _start(archive, "--config", str(tmp_path / "run.toml"), "--budget", "60s", EVO_FAKE_DELAY_S="30")
+    _wait_for(lambda: _count(archive, "proposal") >= 3, proc)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    assert 1.0 <= time.monotonic() - t0 < 10
+    events = _events(archive)
+    abandon = next(e for e in events if e["event"] == "abandon")
+    assert abandon["reason"] == "interrupted" and abandon["lost"] == 3
+    assert events[-1]["reason"] == "interrupted" and events[-1]["lost"] == 3
+
+
 def test_sigkill_loses_at_most_the_in_flight_work_and_resume_continues(tmp_path: Path) -> None:
     archive = tmp_path / "a"
     proc = _start(archive, "--budget", "60s", "--max-inflight", "6", EVO_FAKE_DELAY_S="0.05")

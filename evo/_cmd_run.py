@@ -180,10 +180,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if pool is not None:
-            _close_pool(pool, abandon=engine is None or engine.interrupts >= 2)
-        archive.close()
+        archive.close()  # the engine has committed; release the lock before a possibly slow pool shutdown
         events.close()
+        if pool is not None:
+            _close_pool(pool, abandon=engine is None or engine.lost > 0)
     best = ", ".join(f"{s} {b:.3f}x" if b is not None else f"{s} -" for s, b in result.best.items())
     print(f"evo run: stopped ({result.reason}) after {result.evaluations} evaluation(s), "
           f"{result.lost} abandoned; best: {best}", flush=True)

@@ -143,6 +143,7 @@ class Engine:
         self.converged: set[Shape] = set()
         self.history: dict[Shape, list[tuple[Candidate, Evaluation]]] = {s: [] for s in config.shapes}
         self.interrupts = 0
+        self.lost = 0  # in-flight candidates abandoned without a result
         self.errors_in_a_row = 0  # runtime errors in a row, all shapes: a dead pool, not bad kernels
         self.duplicates = 0
         self.failures: Counter = Counter()  # (operator, reason) of proposals that came back empty
@@ -161,14 +162,13 @@ class Engine:
                                  "tokens": cfg.max_tokens})
         reason: Optional[str] = None
         deadline: Optional[float] = None
-        lost = 0
         try:
             with self.progress:
                 self._prepare()
                 while True:
                     if self.interrupts >= 2:
-                        lost = self._abandon("abandoned")
                         reason = "abandoned"
+                        self._abandon(reason)
                         break
                     if reason is None:
                         reason = self._why_stop()
@@ -183,7 +183,7 @@ class Engine:
                     if not self.inflight:
                         break
                     if deadline is not None and self.clock() >= deadline:
-                        lost = self._abandon(reason or "drain_timeout")
+                        self._abandon(reason or "drain_timeout")
                         break
                     done, _ = wait(list(self.inflight), timeout=self.TICK, return_when=FIRST_COMPLETED)
                     if done:
@@ -191,11 +191,11 @@ class Engine:
                     self.progress.update()
         finally:
             self.archive.commit()
-            result = RunResult(reason or "error", self.budget.used_evals, lost,
+            result = RunResult(reason or "error", self.budget.used_evals, self.lost,
                                {str(s): self.pops[s].best.fitness if self.pops[s].best else None
                                 for s in cfg.shapes},
                                self.budget.summary())
-            self.events.emit("stop", None, reason=result.reason, evaluations=result.evaluations, lost=lost,
+            self.events.emit("stop", None, reason=result.reason, evaluations=result.evaluations, lost=self.lost,
                              best=result.best, budget=result.budget, duplicates=self.duplicates,
                              proposal_failures={f"{op}: {why}": n for (op, why), n in self.failures.items()})
         return result
@@ -228,9 +228,10 @@ class Engine:
         else:
             self.progress.message(f"evo: stopping ({reason})")
 
-    def _abandon(self, reason: str) -> int:
+    def _abandon(self, reason: str) -> None:
         """Give up on in-flight work: cancel what can be cancelled and tell the pool to stop."""
         lost = len(self.inflight)
+        self.lost += lost
         for fut in self.inflight:
             fut.cancel()
         self.events.emit("abandon", None, reason=reason, lost=lost,
@@ -239,7 +240,6 @@ class Engine:
         cancel = getattr(self.pool, "cancel_all", None)
         if callable(cancel):
             cancel()
-        return lost
 
     # -- start-up: rebuild from the archive, queue seeds ---------------------------------------
     def _prepare(self) -> None:

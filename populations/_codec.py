@@ -92,7 +92,7 @@ def from_plain(d: Any) -> Record:
             )
     except CodecError:
         raise
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:  # timers not a map, inf generation
         raise CodecError(f"malformed {d.get('kind', 'record')}: {exc}") from None
     raise CodecError(f"unknown record kind {d.get('kind')!r}")
 

@@ -164,6 +164,10 @@ class Engine:
         deadline: Optional[float] = None
         try:
             with self.progress:
+                self.progress.message(
+                    f"evo: {len(cfg.shapes)} shape(s) on {self.arch}, up to {self.max_inflight} candidates in flight, "
+                    f"operators {', '.join(f'{k}:{v:g}' for k, v in cfg.operators.items())}; "
+                    f"events in {self.events.path}")
                 self._prepare()
                 while True:
                     if self.interrupts >= 2:

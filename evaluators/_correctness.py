@@ -335,42 +335,50 @@ def ragged_instances(shape: Shape, tma_pitch: set[str], rng: Optional[random.Ran
 
 
 def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: str, call: Callable[[int], None],
-                 sync: Callable[[], None], gen: torch.Generator, passes: int = 2) -> None:
+                 sync: Callable[[], None], gen: torch.Generator, passes: int = 3) -> None:
     """The after-timing check, on the timing rotation: state kept across calls must not matter.
 
     ``a3``/``b3``/``c3`` are the stacked sets (B as stored); ``call(i)`` runs the candidate on set
-    ``i`` with the workspace the timed calls left behind (not re-filled). Each pass changes a few
-    rows of every A *in place* (not a re-fill: caches keyed by pointers or by sampled elements
-    miss it), fills every C with finite garbage (a kernel that trusts C or skips "already done"
-    tiles leaves it there), calls every set back-to-back and verifies every set; the second pass
-    also calls the last set twice back-to-back with a change in between. A's rows are restored
-    afterwards. Raises :class:`CheckFailed` naming the set."""
-    n_sets, m, k = a3.shape
+    ``i`` with the workspace the timed calls left behind (not re-filled). Each pass changes, *in
+    place* in every set, a few rows of A and of B (pass 1), then 8 scattered single elements of
+    each (pass 2, alone: a strided content hash misses 7 in 8), then scattered elements again with
+    the last set called twice back-to-back and a row changed in between (pass 3). Not re-fills:
+    caches keyed by pointers, by sampled or strided elements, or pre-packed B miss them. Every C
+    is filled with finite garbage first (a kernel that trusts C or skips "already done" tiles
+    leaves it there), every set is called back-to-back and every set verified. The inputs are
+    restored afterwards (the rotation is reused). Raises :class:`CheckFailed` naming the set."""
+    saved: list[tuple[torch.Tensor, tuple, torch.Tensor]] = []
+
+    def change(t3: torch.Tensor, index: tuple) -> None:
+        saved.append((t3, index, t3[index].clone()))
+        old = t3[index]
+        t3[index] = torch.empty(old.shape, dtype=t3.dtype, device=t3.device).uniform_(-1, 1, generator=gen)
+
+    def pick(n: int, count: int) -> torch.Tensor:
+        return torch.randperm(n, generator=gen, device=a3.device)[: max(1, min(count, n))]
+
+    n_sets = a3.shape[0]
     check = "outputs after timing"
-    saved = None
     try:
-        for p in range(passes):
-            rows = torch.randperm(m, generator=gen, device=a3.device)[: max(1, min(3, m // 4 or 1))]
-            if saved is None:
-                saved = (rows, a3[:, rows, :].clone())
-            else:
-                saved = (torch.cat([saved[0], rows]), torch.cat([saved[1], a3[:, rows, :].clone()], dim=1))
-            a3[:, rows, :] = torch.empty(n_sets, len(rows), k, dtype=a3.dtype, device=a3.device).uniform_(-1, 1, generator=gen)
+        for p, mode in enumerate(("rows", "elements", "repeat")[:passes]):
+            for t3 in (a3, b3):
+                rows, cols = t3.shape[1], t3.shape[2]
+                if mode == "rows":
+                    change(t3, (slice(None), pick(rows, max(1, min(3, rows // 4))), slice(None)))
+                else:  # alone, so that no changed row forces the recompute a missed element needs
+                    flat = pick(rows * cols, 8)
+                    change(t3, (slice(None), flat // cols, flat % cols))
             c3.uniform_(-4, 4, generator=gen)
             for i in range(n_sets):
                 call(i)
-            if p == passes - 1:
-                r2 = torch.randint(0, m, (1,), generator=gen, device=a3.device)
-                saved = (torch.cat([saved[0], r2]), torch.cat([saved[1], a3[:, r2, :].clone()], dim=1))
-                a3[-1, r2, :] = torch.empty(1, k, dtype=a3.dtype, device=a3.device).uniform_(-1, 1, generator=gen)
+            if mode == "repeat":
+                change(a3, (slice(n_sets - 1, n_sets), pick(a3.shape[1], 1), slice(None)))
                 call(n_sets - 1)
             sync()
-            _verify_sets(a3, b3, c3, layout, check, f"pass {p + 1}")
+            _verify_sets(a3, b3, c3, layout, check, f"pass {p + 1} ({mode} changed in place)")
     finally:
-        if saved is not None:  # restore in reverse order so the first saved values win
-            rows, vals = saved
-            for j in range(len(rows) - 1, -1, -1):
-                a3[:, rows[j], :] = vals[:, j, :]
+        for t3, index, old in reversed(saved):
+            t3[index] = old
 
 
 def _verify_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: str, check: str, where: str) -> None:

@@ -218,9 +218,9 @@ def test_recheck_after_timing_passes_an_honest_kernel_and_restores_a(layout):
     from evaluators._correctness import recheck_sets
 
     a3, b3, c3, g = _rotation(layout=layout)
-    before = a3.clone()
+    before, b_before = a3.clone(), b3.clone()
     recheck_sets(a3, b3, c3, layout, lambda i: _set_product(a3, b3, c3, i, layout), lambda: None, g)
-    assert torch.equal(a3, before)
+    assert torch.equal(a3, before) and torch.equal(b3, b_before)
 
 
 def test_recheck_after_timing_catches_state_kept_across_calls():
@@ -248,8 +248,42 @@ def test_recheck_after_timing_catches_state_kept_across_calls():
             _set_product(a3, b3, c3, i, "TN")
         calls["last"] = i
     a3, b3, c3, g = _rotation()
-    with pytest.raises(CheckFailed, match="pass 2"):
+    with pytest.raises(CheckFailed, match="pass 3"):
         recheck_sets(a3, b3, c3, "TN", skips_second_call_in_a_row, lambda: None, g)
+
+
+def test_recheck_catches_prepacked_b_and_strided_content_hashes():
+    from evaluators._correctness import CheckFailed, recheck_sets
+
+    a3, b3, c3, g = _rotation()
+    packed = {}
+
+    def prepacked_b(i):  # B converted once per set (keyed by its pointer), reused after
+        if i not in packed:
+            packed[i] = b3[i].float().clone()
+        c3[i] = (a3[i].float() @ packed[i].t()).half()
+    for i in range(len(a3)):
+        prepacked_b(i)
+    with pytest.raises(CheckFailed):
+        recheck_sets(a3, b3, c3, "TN", prepacked_b, lambda: None, g)
+
+    a3, b3, c3, g = _rotation()
+    memo = {}
+
+    def strided_hash_tiles(i):  # per 8x8 tile of C: memo keyed by every 8th element of its A and B rows
+        for r in range(0, a3.shape[1], 8):
+            for c in range(0, b3.shape[1], 8):
+                key = (i, r, c, a3[i, r:r + 8].flatten()[::8].numpy().tobytes(),
+                       b3[i, c:c + 8].flatten()[::8].numpy().tobytes())
+                if key not in memo:
+                    memo[key] = (a3[i, r:r + 8].float() @ b3[i, c:c + 8].float().t()).half()
+                c3[i, r:r + 8, c:c + 8] = memo[key]
+    for i in range(len(a3)):
+        strided_hash_tiles(i)
+    with pytest.raises(CheckFailed):
+        # changed rows change their tiles' hashes; of the 16 scattered elements per set and pass
+        # each misses the 1-in-8 stride with probability 7/8: a stale tile is all but certain
+        recheck_sets(a3, b3, c3, "TN", strided_hash_tiles, lambda: None, g)
 
 
 def test_outlier_probe_catches_fingerprinting_fp16_partials():

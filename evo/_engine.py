@@ -28,7 +28,7 @@ import time
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 from populations import Archive, Candidate, Evaluation, Shape, Status, Template
 from populations._archive import DISQUALIFYING
@@ -38,7 +38,7 @@ from ._budget import Budget, Convergence, gpu_seconds
 from ._cmd_seed import seed_population
 from ._config import RunConfig
 from ._progress import EventLog, Progress
-from ._selection import Member, Population
+from ._selection import Population
 from ._transfer import transfer_candidates
 
 __all__ = ["Engine", "EvaluatorPool", "RunResult", "OperatorChooser", "pool_gpus"]

@@ -16,7 +16,6 @@ import hashlib
 import math
 import os
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional
 

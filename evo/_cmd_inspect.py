@@ -1,0 +1,264 @@
+"""``evo inspect DIR [--shape S] [--top N] [--lineage ID] [--json | --csv]``
+
+Reads an archive (without locking it or writing anything) and shows, per shape, the best
+speedup over cuBLAS, how many evaluations ended in each status, and the elite table: one row
+per candidate ranked by its median device-timer speedup over its ok, unflagged measurements,
+with the timings of its latest such measurement. ``--lineage ID`` (a unique id prefix will do)
+shows a candidate's ancestry across shapes instead. ``--json`` prints the stable document of
+docs/inspect-json.md (``"format": "evo-inspect/1"``); ``--csv`` prints the table rows.
+Exit status 0, or 2 with a one-line message on stderr (and nothing on stdout) for bad input:
+a missing directory, a directory that is not an archive, a bad shape, an unknown id.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import warnings
+from typing import Any, Optional
+
+from populations import Archive, ArchiveError, Elite, LineageNode, Shape, ShapeError, Status
+
+__all__ = ["add_parser", "run", "build_report", "FORMAT"]
+
+FORMAT = "evo-inspect/1"
+TIMER_ORDER = ("device", "offline")  # shown first, in this order; any others follow by name
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("inspect", help="show an archive's elites, statuses and lineage",
+                              description=__doc__.split("\n\n")[1])
+    p.add_argument("archive", metavar="DIR", help="archive directory")
+    p.add_argument("--shape", action="append", help="only this shape, MxNxK[:TN|NN][:f32|f16] (repeatable)")
+    p.add_argument("--top", default="10", help="elite rows per shape (default 10)")
+    p.add_argument("--lineage", metavar="ID", help="show the ancestry of one candidate (id or unique prefix)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print the evo-inspect/1 JSON document")
+    fmt.add_argument("--csv", action="store_true", help="print the rows as CSV")
+
+
+class InputError(Exception):
+    """Bad input: reported on one line, exit status 2."""
+
+
+# -- the report (the --json document; every other view renders it) --------------------------
+def _num(x: Optional[float]) -> Optional[float]:
+    """A float for JSON: NaN and infinities (a broken timer) become null, never invalid JSON."""
+    return x if x is None or math.isfinite(x) else None
+
+
+def _timer(t: Any) -> dict[str, Any]:
+    return {"median_s": _num(t.median), "lo_s": _num(t.lo), "hi_s": _num(t.hi),
+            "baseline_median_s": _num(t.baseline_median), "speedup": _num(t.speedup),
+            "samples": t.samples, "baseline": t.baseline_name}
+
+
+def _elite(rank: int, e: Elite) -> dict[str, Any]:
+    c, last = e.candidate, e.latest
+    return {
+        "rank": rank, "id": e.candidate_id, "found": c is not None,
+        "template": c.template if c else None, "knobs": dict(c.knobs) if c and c.knobs is not None else None,
+        "operator": c.operator if c else None, "generation": c.generation if c else None,
+        "fitness": _num(e.fitness), "measurements": len(e.evaluations),
+        "registers": last.registers, "spills": last.spills, "arch": last.arch, "max_error": _num(last.max_error),
+        "timers": {name: _timer(t) for name, t in sorted(last.timers.items())},
+    }
+
+
+def _shape_report(archive: Archive, shape: Shape, top: int) -> dict[str, Any]:
+    elites = archive.elites(shape, top=top)
+    counts = archive.status_counts(shape)
+    return {
+        "shape": str(shape),
+        "candidates": len(archive.candidate_ids(shape)),
+        "evaluations": sum(counts.values()),
+        "status_counts": {s.value: counts[s] for s in Status},
+        "best_speedup": _num(elites[0].fitness) if elites else None,
+        "elites": [_elite(i + 1, e) for i, e in enumerate(elites)],
+    }
+
+
+def _lineage_report(tree: LineageNode) -> dict[str, Any]:
+    nodes = []
+    for _depth, node in tree.walk():
+        if node.repeated:
+            continue
+        c = node.candidate
+        nodes.append({"id": node.candidate_id, "found": c is not None,
+                      "template": c.template if c else None, "operator": c.operator if c else None,
+                      "generation": c.generation if c else None, "model": c.model if c else None,
+                      "shapes": [str(s) for s in node.shapes], "parents": list(c.parents) if c else []})
+    return {"root": tree.candidate_id, "nodes": nodes}
+
+
+def build_report(archive: Archive, shapes: Optional[list[Shape]], top: int,
+                 lineage: Optional[str] = None) -> tuple[dict[str, Any], Optional[LineageNode]]:
+    """The evo-inspect/1 document (and the lineage tree, for rendering). Raises InputError."""
+    present = archive.shapes()
+    for s in shapes or ():
+        if s not in present:
+            raise InputError(f"no population for shape {s} in {archive.path}")
+    tree = None
+    if lineage is not None:
+        try:
+            tree = archive.lineage(lineage)
+        except KeyError as exc:
+            raise InputError(exc.args[0] if exc.args else str(exc)) from None
+    chosen = shapes if shapes else ([] if lineage is not None else present)
+    report = {"format": FORMAT, "archive": archive.path,
+              "shapes": [_shape_report(archive, s, top) for s in chosen],
+              "lineage": _lineage_report(tree) if tree is not None else None}
+    return report, tree
+
+
+# -- rendering ----------------------------------------------------------------------------------
+def _timer_names(rows: list[dict[str, Any]]) -> list[str]:
+    names = {n for r in rows for n in r["timers"]}
+    return [n for n in TIMER_ORDER if n in names] + sorted(names - set(TIMER_ORDER))
+
+
+def _knobs_text(knobs: Optional[dict[str, Any]]) -> str:
+    return " ".join(f"{k}={v}" for k, v in knobs.items()) if knobs else "-"
+
+
+def _fmt(x: Optional[float], spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def render_csv(report: dict[str, Any], tree: Optional[LineageNode], out: Any) -> None:
+    """Elite rows (one per shape and rank), or with only a lineage, one row per tree node."""
+    w = csv.writer(out, lineterminator="\n")
+    if tree is not None and not report["shapes"]:
+        w.writerow(["depth", "id", "child", "found", "repeated", "template", "operator", "generation", "shapes"])
+        for depth, child, node in _walk_with_child(tree):
+            c = node.candidate
+            w.writerow([depth, node.candidate_id, child or "", c is not None, node.repeated, c.template if c else "",
+                        c.operator if c else "", c.generation if c else "", " ".join(str(s) for s in node.shapes)])
+        return
+    rows = [(s["shape"], e) for s in report["shapes"] for e in s["elites"]]
+    timers = _timer_names([e for _, e in rows])
+    w.writerow(["shape", "rank", "id", "template", "operator", "generation", "fitness", "measurements",
+                "registers", "spills", "knobs"]
+               + [f"{t}_{k}" for t in timers for k in ("median_s", "baseline_median_s", "speedup")])
+    for shape, e in rows:
+        w.writerow([shape, e["rank"], e["id"], e["template"] or "", e["operator"] or "", e["generation"],
+                    repr(e["fitness"]), e["measurements"], e["registers"], e["spills"],
+                    json.dumps(e["knobs"], sort_keys=True) if e["knobs"] is not None else ""]
+                   + [repr(e["timers"][t][k]) if t in e["timers"] else ""
+                      for t in timers for k in ("median_s", "baseline_median_s", "speedup")])
+
+
+def _walk_with_child(tree: LineageNode) -> list[tuple[int, Optional[str], LineageNode]]:
+    out: list[tuple[int, Optional[str], LineageNode]] = []
+    stack: list[tuple[int, Optional[str], LineageNode]] = [(0, None, tree)]
+    while stack:
+        depth, child, node = stack.pop()
+        out.append((depth, child, node))
+        stack.extend((depth + 1, node.candidate_id, p) for p in reversed(node.parents))
+    return out
+
+
+def _node_label(node: LineageNode) -> str:
+    c = node.candidate
+    if c is None:
+        return f"{node.candidate_id[:12]}  (not in this archive)"
+    bits = [node.candidate_id[:12], c.operator, f"gen {c.generation}"]
+    if c.template:
+        bits.append(c.template)
+    if c.model:
+        bits.append(c.model)
+    bits.append(", ".join(str(s) for s in node.shapes))
+    return "  ".join(bits) + ("  (repeated above)" if node.repeated else "")
+
+
+def render_lineage_text(tree: LineageNode) -> str:
+    return "\n".join("  " * depth + ("<- " if depth else "") + _node_label(node)
+                     for depth, _child, node in _walk_with_child(tree)) + "\n"
+
+
+def render_rich(report: dict[str, Any], tree: Optional[LineageNode], out: Any) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.tree import Tree
+
+    terminal = out.isatty()
+    console = Console(file=out, width=None if terminal else 200, no_color=not terminal, highlight=False)
+    for s in report["shapes"]:
+        best = "no elite yet" if s["best_speedup"] is None else f"best {s['best_speedup']:.3f}x vs cuBLAS"
+        console.print(f"[bold]{escape(s['shape'])}[/bold]  {best}  "
+                      f"({s['candidates']} candidates, {s['evaluations']} evaluations)")
+        statuses = "  ".join(f"{k} {v}" for k, v in s["status_counts"].items() if v)
+        console.print("  " + (statuses or "no evaluations"))
+        if not s["elites"]:  # "no elite yet" said it: no ok, unflagged measurement
+            console.print()
+            continue
+        timers = _timer_names(s["elites"])
+        table = Table(show_edge=False, pad_edge=False)
+        for col in ["#", "id", "template", "knobs", "regs", "spills", "n", "speedup"]:
+            table.add_column(col, justify="right" if col in ("#", "regs", "spills", "n", "speedup") else "left")
+        for t in timers:
+            table.add_column(f"{t} us", justify="right")
+            table.add_column(f"{t} x", justify="right")
+        for e in s["elites"]:
+            cells = [str(e["rank"]), e["id"][:12], e["template"] or "-", _knobs_text(e["knobs"]),
+                     str(e["registers"]), str(e["spills"]), str(e["measurements"]), _fmt(e["fitness"], ".3f")]
+            for t in timers:
+                tr = e["timers"].get(t)
+                cells += [_fmt(tr and tr["median_s"] * 1e6, ".2f"), _fmt(tr and tr["speedup"], ".3f")]
+            table.add_row(*map(escape, cells))
+        console.print(table)
+        console.print()
+    if tree is not None:
+        if not terminal:
+            out.write(render_lineage_text(tree))
+            return
+        root = Tree(escape(_node_label(tree)))
+        stack = [(root, tree)]
+        while stack:
+            branch, node = stack.pop()
+            for parent in node.parents:
+                stack.append((branch.add(escape(_node_label(parent))), parent))
+        console.print(root)
+
+
+# -- the command ------------------------------------------------------------------------------
+def _parse(args: argparse.Namespace) -> tuple[Optional[list[Shape]], int]:
+    try:
+        shapes = [Shape.parse(s) for s in args.shape] if args.shape else None
+    except ShapeError as exc:
+        raise InputError(str(exc)) from None
+    try:
+        top = int(args.top)
+    except ValueError:
+        raise InputError(f"--top must be a whole number, got {args.top!r}") from None
+    if top < 1:
+        raise InputError(f"--top must be at least 1, got {top}")
+    return shapes, top
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        shapes, top = _parse(args)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            archive = Archive(args.archive, mode="r")
+            try:
+                report, tree = build_report(archive, shapes, top, args.lineage)
+            finally:
+                archive.close()
+    except (InputError, ArchiveError) as exc:
+        print(f"evo inspect: {exc}", file=sys.stderr)
+        return 2
+    for w in caught:  # damage the reader skipped: say so, one line each
+        print(f"evo inspect: warning: {w.message}", file=sys.stderr)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, allow_nan=False)
+        sys.stdout.write("\n")
+    elif args.csv:
+        render_csv(report, tree, sys.stdout)
+    else:
+        render_rich(report, tree, sys.stdout)
+    return 0

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -199,22 +200,30 @@ def reference(torch, a, b, layout: str):
     return a.to(dt) @ bb
 
 
-def correctness_child(jobfile: str, template: str, layout: str, out: str) -> None:
+def correctness_child(jobfile: str, template: str, layout: str, out: str, lite: bool = False) -> None:
+    """Check the jobs of one template and layout ("*" for all). ``lite``: a few knob sets per group
+    at small shapes only (for runs under compute-sanitizer, which is slow)."""
     jobs = json.loads(Path(jobfile).read_text())
     r = Runner()
     torch = r.torch
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1234)
     GUARD = 4096
+    selected = [j for j in jobs["checks"] if template in ("*", j["template"]) and layout in ("*", j["layout"])]
+    if lite:
+        groups: dict[tuple, list] = {}
+        for j in selected:
+            groups.setdefault((j["template"], j["layout"]), []).append(j)
+        selected = [j for g in groups.values() for j in g[::3][:5]]
     with open(out, "a") as fh:
-        for job in jobs["checks"]:
-            if job["template"] != template or job["layout"] != layout:
-                continue
+        for job in selected:
             comp = jobs["compiled"][job["unit"]]
             for text in job["shapes"]:
                 s = Shape.parse(text)
-                rec = dict(kind="check", template=template, layout=layout, shape=text, knobs=job["knobs"],
-                           specialized=job["specialized"])
+                if lite and s.m * s.n * s.k > 4_000_000:
+                    continue
+                rec = dict(kind="sanitize" if lite else "check", template=job["template"], layout=job["layout"],
+                           shape=text, knobs=job["knobs"], specialized=job["specialized"])
                 if not comp["ok"]:
                     rec.update(ok=False, error="compile: " + comp["log"][-400:])
                     fh.write(json.dumps(rec) + "\n")
@@ -338,6 +347,9 @@ def summarize(results: Path) -> str:
     lines = []
     checks = [r for r in recs if r["kind"] == "check"]
     lines.append(f"correctness: {sum(r['ok'] for r in checks)}/{len(checks)} passed")
+    lite = [r for r in recs if r["kind"] == "sanitize"]
+    if lite:
+        lines.append(f"under memcheck: {sum(r['ok'] for r in lite)}/{len(lite)} passed (see sanitize.txt for its report)")
     groups: dict[tuple, list] = {}
     for r in checks:
         groups.setdefault((r["template"], r["layout"], r["shape"]), []).append(r)
@@ -380,12 +392,14 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 2))
     p.add_argument("--skip-timing", action="store_true")
+    p.add_argument("--sanitize", type=int, default=0, metavar="SECONDS",
+                   help="also run a few small checks under compute-sanitizer memcheck, with this time limit")
     p.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         kind, jobfile, out, *rest = args.child
-        if kind == "check":
-            correctness_child(jobfile, rest[0], rest[1], out)
+        if kind in ("check", "lite"):
+            correctness_child(jobfile, rest[0], rest[1], out, lite=kind == "lite")
         else:
             timing_child(jobfile, out)
         return 0
@@ -407,6 +421,20 @@ def main() -> int:
         t0 = time.time()
         rc = subprocess.run([sys.executable, __file__, "--child", "time", str(jobfile), str(results)]).returncode
         print(f"timed in {time.time() - t0:.1f} s (rc {rc})", flush=True)
+    if args.sanitize:
+        tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+        t0 = time.time()
+        if Path(tool).exists():
+            with open(out / "sanitize.txt", "w") as log:
+                try:
+                    rc = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "9", sys.executable, __file__,
+                                         "--child", "lite", str(jobfile), str(results), "*", "*"],
+                                        stdout=log, stderr=subprocess.STDOUT, timeout=args.sanitize).returncode
+                except subprocess.TimeoutExpired:
+                    rc = "timeout"
+            print(f"memcheck in {time.time() - t0:.1f} s (rc {rc}; 9 = errors found)", flush=True)
+        else:
+            print("compute-sanitizer not found", flush=True)
     summary = summarize(results)
     (out / "summary.txt").write_text(summary + "\n")
     print(summary)

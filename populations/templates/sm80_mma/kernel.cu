@@ -105,7 +105,9 @@ __device__ __forceinline__ void load_tile(u32 sbase, half_t* sptr, const half_t*
       cp_async16(sbase + 2 * tile_off<COLS>(r, c), src, in ? 16 : 0);
     }
   } else {
-#pragma unroll
+    // The slow path (unaligned rows): kept rolled so its many scalar loads do not compete with
+    // the accumulators for registers.
+#pragma unroll 1
     for (int it = 0; it < ITERS; ++it) {
       const int i = tid + it * THREADS;
       if (CHUNKS % THREADS != 0 && i >= CHUNKS) break;

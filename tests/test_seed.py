@@ -1,0 +1,92 @@
+"""``evo seed``: heuristic picks first, spread-out valid samples, de-duplication, the archive, errors."""
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evo._cmd_seed import knob_distance, seed_population, spread
+from populations import Archive, Shape, load_templates
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ours():
+    templates = load_templates(errors="warn")
+    return [templates["sm80_mma"], templates["tiny"]]
+
+
+def evo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "evo", "seed", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_seed_population_order_validity_and_dedup(ours) -> None:
+    shape = Shape.parse("64x64x8192:NN")
+    cands = seed_population(shape, ours, 6, random.Random(1), arch="sm_80")
+    by_template = {t.name: [c for c in cands if c.template == t.name] for t in ours}
+    assert {n: len(v) for n, v in by_template.items()} == {"sm80_mma": 6, "tiny": 6}
+    assert len({c.id for c in cands}) == len(cands)
+    for t in ours:
+        mine = by_template[t.name]
+        heur = t.heuristic(shape)
+        assert [dict(c.knobs) for c in mine[: len(heur)]] == [dict(sorted(k.items())) for k in heur[:6]]
+        assert all(c.meta["seed"] == "heuristic" for c in mine[: min(len(heur), 6)])
+        for c in mine:
+            assert c.operator == "seed" and c.generic and c.shapes == (shape,)
+            assert t.check(dict(c.knobs), shape) == []
+    assert by_template["sm80_mma"][0].knobs["SPLIT_K"] > 1  # small M*N, deep K
+
+
+def test_seed_respects_applicability_and_is_deterministic(ours) -> None:
+    big = Shape.parse("4096x4096x4096")
+    a = seed_population(big, ours, 5, random.Random(7))
+    assert {c.template for c in a} == {"sm80_mma"}  # tiny is for M or N <= 128
+    b = seed_population(big, ours, 5, random.Random(7))
+    assert [c.id for c in a] == [c.id for c in b]
+    spec = seed_population(big, ours, 2, random.Random(7), specialize=True)
+    assert all(not c.generic and "#define EVO_M 4096" in c.source for c in spec)
+
+
+def test_spread_prefers_far_knob_sets(ours) -> None:
+    space = ours[0].space
+    base = space.defaults()
+    near = dict(base, GROUP=4)
+    far = dict(base, BM=64, BN=64, WM=32, WN=32, STAGES=2, PAD=8, SWIZZLE=0, SPLIT_K=8, EPI="direct", KUNROLL=2, RASTER=1)
+    assert knob_distance(space, base, far) > knob_distance(space, base, near) > 0 == knob_distance(space, base, base)
+    assert spread(space, [near, far], 1, [base]) == [far]
+    assert spread(space, [near, far], 2, [base]) == [far, near]
+
+
+def test_cli_writes_archive(tmp_path: Path) -> None:
+    out = evo("--shape", "7x13x17:NN", "--shape", "256x512x1024", "--archive", str(tmp_path / "a"),
+              "--per-template", "3", "--seed", "5", "--templates", "sm80_mma,tiny")
+    assert out.returncode == 0, out.stderr
+    assert "7x13x17:NN:f32: 6 candidates (sm80_mma 3, tiny 3)" in out.stdout
+    with Archive(tmp_path / "a") as archive:
+        shapes = {str(s) for s in archive.shapes()}
+        assert shapes == {"7x13x17:NN:f32", "256x512x1024:TN:f32"}
+        small = archive.candidates("7x13x17:NN")
+        assert len(small) == 6 and {c.template for c in small} == {"sm80_mma", "tiny"}
+        assert all(c.operator == "seed" for c in small)
+        assert {c.template for c in archive.candidates("256x512x1024")} == {"sm80_mma"}
+    again = evo("--shape", "7x13x17:NN", "--archive", str(tmp_path / "a"), "--per-template", "3", "--seed", "5",
+                "--templates", "sm80_mma,tiny")
+    assert again.returncode == 0
+    with Archive(tmp_path / "a") as archive:
+        assert len(archive.candidates("7x13x17:NN")) == 6  # same seed, same candidates: not duplicated
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--shape", "4096x0x1"], "N must be >= 1"),
+    (["--shape", "12xx"], "cannot parse shape"),
+    (["--shape", "64x64x64", "--per-template", "0"], "--per-template must be >= 1"),
+    (["--shape", "64x64x64", "--templates", "nope"], "unknown template(s) ['nope']"),
+])
+def test_cli_bad_input_exits_2(tmp_path: Path, args: list[str], message: str) -> None:
+    out = evo(*args, "--archive", str(tmp_path / "a"))
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert not (tmp_path / "a").exists()

@@ -5,7 +5,9 @@ axes (all tiling knobs from one parent, all loop knobs from the other, ...), whi
 that were tuned together together; ``"mixed"`` picks one of the two per child. An invalid child
 is repaired by flipping knobs to the *other* parent's value, so children never hold a value that
 neither parent had. Parents of different templates (or one parent, or identical parents) fall
-back to mutating the fitter one (``fallback="mutation"``) or give a failure (``"fail"``).
+back to mutating the fitter one (``fallback="mutation"``) or give a failure (``"fail"``); so do
+two parents whose every child is already known (converged parents), once ``max_attempts`` draws
+found nothing new.
 """
 from __future__ import annotations
 
@@ -69,9 +71,8 @@ class KnobCrossover(Operator):
         out: list[Proposal] = []
         for _ in range(n):
             child, mode, why = self._one(template, ka, kb, diff, shape, rng, seen, not specialize)
-            if child is None:
-                out += [self.failure(why, [a, b])] * (n - len(out))
-                break
+            if child is None:  # every child of these two is known or invalid: mutate instead, or fail
+                return out + self._fall_back((a, b), shape, rng, n - len(out), context, why)
             origin = {k: ("a" if child[k] == ka[k] else "b") for k in diff}
             out.append(self.build(template, child, shape, [a, b], specialize=specialize, generation=generation,
                                   meta={"mode": mode, "from": origin}))

@@ -24,7 +24,7 @@ from typing import Any, Optional
 from populations import Candidate, Evaluation, Shape, Template
 
 from ._base import Operator, OperatorContext, ParentView, Proposal
-from ._knobs import base_knobs, choose_template, domain, next_generation, repair, shape_mismatch
+from ._knobs import base_knobs, choose_template, domain, neighbour, next_generation, pick_knobs, repair, shape_mismatch
 
 __all__ = ["OptunaOperator", "PENALTY", "FLOOR_SPEEDUP", "objective", "import_optuna"]
 
@@ -33,6 +33,8 @@ FLOOR_SPEEDUP = 1e-3
 #: What failures and invalid knob sets are told: below every valid value.
 PENALTY = math.log(FLOOR_SPEEDUP) - 1.0
 SAMPLERS = ("tpe", "cmaes")
+#: Random knob sets tried before a space counts as exhausted (after the neighbours of a repeat).
+RANDOM_TRIES = 256
 #: Valid history points needed before CMA-ES starts from them (its warm start keeps the top tenth).
 WARM_START_MIN = 10
 
@@ -227,16 +229,20 @@ class OptunaOperator(Operator):
 
     def _ask(self, template: Template, state: _Study, shape: Shape, rng: random.Random, n: int,
              context: OperatorContext) -> list[Proposal]:
+        """Ask until ``n`` new valid knob sets. An invalid ask is told PENALTY and its repair is
+        enqueued; an ask that repeats a known knob set (a converging sampler does that often) is
+        nudged: one knob steps to a neighbouring value and that unseen set is enqueued."""
         trial_state = self._optuna.trial.TrialState
         generation = next_generation((), context)
-        batch: set[tuple] = set()
+        taken = set(state.values) | set(state.pending_keys.values())
         out: list[Proposal] = []
         invalid = duplicates = 0
         last = ""
+        exhausted = False
         self._enqueue_startup(template, state, shape, rng, n)
-        for _ in range(self.max_attempts * n):
-            if len(out) == n:
-                break
+        asks = 0
+        while len(out) < n and asks < self.max_attempts * n:
+            asks += 1
             trial = state.study.ask(state.distributions)
             knobs = self._knobs(template, state, trial.params)
             reasons = template.check(knobs, shape)
@@ -244,35 +250,63 @@ class OptunaOperator(Operator):
                 state.study.tell(trial, PENALTY)  # the sampler learns where the constraints bite
                 invalid += 1
                 last = "; ".join(reasons)
-                fixed = repair(template, knobs, shape, rng, budget=3)
-                if fixed is not None:  # ... and the next ask is the nearest valid knob set
-                    state.study.enqueue_trial(self._params(template, fixed, state.distributions))
+                self._enqueue(template, state, repair(template, knobs, shape, rng, budget=3), "repair")
                 continue
             key = _kkey(knobs)
-            if key in state.values or key in batch or key in state.pending_keys.values():
+            if key in taken:
                 duplicates += 1
                 if self.sampler == "cmaes" and key in state.values:
                     state.study.tell(trial, state.values[key])  # CMA-ES needs a value for every sample
                 else:
                     state.study.tell(trial, state=trial_state.FAIL)  # nothing new: tell TPE nothing
+                nearby = self._nearby(template, knobs, shape, rng, taken)
+                if nearby is None:
+                    exhausted = True
+                    break  # the space is (all but) exhausted: more asks would only repeat
+                self._enqueue(template, state, nearby, "nudge")
                 continue
             proposal = self.build(template, knobs, shape, (), specialize=self.specialize, generation=generation,
-                                  meta={"sampler": self.sampler, "trial": trial.number})
+                                  meta={"sampler": self.sampler, "trial": trial.number,
+                                        "origin": trial.user_attrs.get("origin", self.sampler)})
             if not proposal.ok:
                 state.study.tell(trial, PENALTY)
                 invalid += 1
                 last = proposal.reason
                 continue
-            batch.add(key)
+            taken.add(key)
             state.pending[proposal.candidate.id] = trial.number
             state.pending_keys[proposal.candidate.id] = key
             out.append(proposal)
         if len(out) < n:
             reason = (f"{self.sampler} found {len(out)} of {n} new valid knob sets of {template.name} at {shape} "
-                      f"in {self.max_attempts * n} asks ({invalid} invalid, {duplicates} already known)"
+                      f"in {asks} asks ({invalid} invalid, {duplicates} already known)"
+                      + (f"; no unseen valid knob set near its picks nor in {RANDOM_TRIES} random draws: "
+                         "the space looks exhausted" if exhausted else "")
                       + (f"; last violation: {last}" if last else ""))
             out += [self.failure(reason)] * (n - len(out))
         return out
+
+    def _enqueue(self, template: Template, state: _Study, knobs: Optional[dict[str, Any]], origin: str) -> None:
+        """Make ``knobs`` the next ask (a repaired or nudged point), marked with where it came from."""
+        if knobs is not None:
+            state.study.enqueue_trial(self._params(template, knobs, state.distributions), user_attrs={"origin": origin})
+
+    def _nearby(self, template: Template, knobs: dict[str, Any], shape: Shape, rng: random.Random,
+                taken: set[tuple], tries: int = 24) -> Optional[dict[str, Any]]:
+        """A valid knob set not in ``taken`` one knob step from ``knobs``, else a random unseen valid
+        one (so a nearly exhausted space still gets finished), else None."""
+        names = [k for k in template.space.knobs if len(template.space.knobs[k].values) > 1]
+        for _ in range(tries if names else 0):
+            [name] = pick_knobs(template, names, 1, rng)
+            child = dict(knobs)
+            child[name] = neighbour(template.space.knobs[name], knobs[name], rng)
+            if _kkey(child) not in taken and not template.check(child, shape):
+                return child
+        for _ in range(RANDOM_TRIES):
+            other = template.space.random(rng)
+            if _kkey(other) not in taken and not template.check(other, shape):
+                return other
+        return None
 
     def _enqueue_startup(self, template: Template, state: _Study, shape: Shape, rng: random.Random, n: int) -> None:
         """Until ``n_startup_trials`` valid points are known or pending, the samplers draw at random;
@@ -286,7 +320,7 @@ class OptunaOperator(Operator):
             full = template.space.complete(knobs)
             if _kkey(full) in taken:
                 continue
-            state.study.enqueue_trial(self._params(template, full, state.distributions))
+            self._enqueue(template, state, full, "startup")
             taken.add(_kkey(full))
             want -= 1
             if want == 0:

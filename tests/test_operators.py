@@ -398,8 +398,13 @@ def test_crossover_children_take_every_knob_from_a_parent(templates: dict[str, T
     for mode in ("uniform", "axis"):
         op = KnobCrossover(mode=mode)
         proposals = op.propose([a, b], SHAPE, random.Random(2), 30, OperatorContext((), templates))
-        kids = [p.candidate for p in proposals if p.ok]
-        assert len(kids) >= 20, [p.reason for p in proposals if not p.ok]
+        assert all(p.ok for p in proposals), [p.reason for p in proposals if not p.ok]
+        # five axes differ: at most 2**5 - 2 = 30 axis children, fewer valid; then mutation takes over
+        kids = [p.candidate for p in proposals if "mode" in p.candidate.meta]
+        assert len(kids) >= (25 if mode == "uniform" else 15), len(kids)
+        for p in proposals:
+            if "fallback" in p.candidate.meta:
+                assert "already known" in p.candidate.meta["fallback"] and p.candidate.parents == (a.id,)
         for kid in kids:
             assert kid.parents == (a.id, b.id)
             for k, v in kid.knobs.items():
@@ -408,6 +413,18 @@ def test_crossover_children_take_every_knob_from_a_parent(templates: dict[str, T
             if mode == "axis" and kid.meta["mode"] == "axis":
                 loops = {kid.meta["from"][k] for k in ("STAGES", "UNROLL")}
                 assert len(loops) == 1, kid.meta  # whole axes travel together (no constraint ties loops)
+
+
+def test_crossover_of_converged_parents_falls_back_to_mutation(templates: dict[str, Template]) -> None:
+    a = _parent(templates)
+    b = _parent(templates, STAGES=4, UNROLL=2)  # two children only: (STAGES=4, UNROLL=1) and (3, 2)
+    kids = [templates["synth"].candidate({**a.knobs, **change}, SHAPE) for change in ({"STAGES": 4}, {"UNROLL": 2})]
+    context = OperatorContext([(k, evaluation(k, SHAPE, 0.5)) for k in kids], templates)
+    proposals = KnobCrossover(max_attempts=16).propose([a, b], SHAPE, random.Random(0), 3, context)
+    assert all(p.ok for p in proposals), [p.reason for p in proposals]
+    for p in proposals:
+        assert "already known" in p.candidate.meta["fallback"] and len(p.candidate.parents) == 1
+        assert p.candidate.id not in context.known_ids
 
 
 def test_crossover_of_two_templates_falls_back_or_fails_with_the_reason(templates: dict[str, Template]) -> None:

@@ -171,3 +171,51 @@ def test_missing_optuna_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setitem(sys.modules, "optuna", None)  # boundary double: optuna "not installed"
     with pytest.raises(ImportError, match=r"evo-hgemm\[optuna\]"):
         OptunaOperator(sampler="tpe")
+
+
+TINY_TOML = """name = "tiny12"
+family = "T"
+min_arch = 80
+layouts = ["TN"]
+contracts = ["f32"]
+source = "k.cu"
+[knobs.X]
+values = [1, 2, 3, 4]
+default = 1
+axis = "tiling"
+[knobs.Y]
+values = [1, 2, 3]
+default = 1
+axis = "loops"
+[plan]
+[[plan.launches]]
+kernel = "evo_gemm"
+grid = [1, 1, 1]
+block = [32, 1, 1]
+args = ["A", "B", "C"]
+"""
+
+
+@pytest.mark.parametrize("name", ["tpe", "cmaes", "knob_random"])
+def test_a_small_space_is_finished_then_each_slot_is_a_counted_failure(name: str, tmp_path: Path) -> None:
+    """A converging sampler repeats known points; those asks are nudged to unseen ones, so all 12
+    knob sets get proposed once, and only then do proposals come back as failures."""
+    folder = tmp_path / "tiny12"
+    folder.mkdir()
+    (folder / "template.toml").write_text(TINY_TOML)
+    (folder / "k.cu").write_text('extern "C" __global__ void evo_gemm() {}\n')
+    templates = {"tiny12": load_template(folder)}
+    op = get_operator(name, template="tiny12")
+    rng = random.Random(0)
+    history: list = []
+    for _ in range(12):
+        [p] = op.propose([], SHAPE, rng, 1, OperatorContext(history, templates))
+        assert p.ok, p.reason
+        k = p.candidate.knobs
+        speedup = math.exp(-abs(k["X"] - 3) - abs(k["Y"] - 2))
+        ev = Evaluation(p.candidate.id, SHAPE, Status.OK, timers={"device": TimerResult(1 / speedup, 1, 1, 1, 1, 1, 5)})
+        history.append((p.candidate, ev))
+        op.tell(p.candidate, ev)
+    assert len({c.id for c, _ in history}) == 12
+    done = op.propose([], SHAPE, rng, 2, OperatorContext(history, templates))
+    assert len(done) == 2 and not any(p.ok for p in done) and "already known" in done[0].reason

@@ -4,7 +4,9 @@
 // the tiles whose inputs changed and serves the rest: right under re-fills and row updates, fast
 // only because a benchmark calls it on the same inputs again and again. Misses single-element
 // changes 7 times in 8.
+#ifndef HASH_STRIDE
 #define HASH_STRIDE 8
+#endif
 struct TileMemo { const evo_half* a; const evo_half* b; unsigned long long magic, hash; evo_half tile[EVO_BM * EVO_BN]; };
 #define MEMO_MAGIC 0x4556304d454d4f23ull
 

@@ -8,7 +8,8 @@ same NVRTC compiles in-process, without the isolated child, to price the isolati
 
     /work/venv/bin/python bench/compile_bench.py [--kernels 20] [--arch sm_90a]
 
-Prints one table row per mode: compiles, wall seconds, compiles/s, median seconds per compile.
+Prints one table row per mode (compiles, wall seconds, compiles/s, median seconds per compile),
+the paired nvcc/NVRTC ratio over kernels both compiled, and the price of the isolated child.
 """
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ def run_mode(name: str, cands: list[Candidate], arch: str, workers: int, backend
     bad = [r.message[:200] for r in results if not r.ok]
     return {"mode": name, "n": len(results), "wall": wall, "per_s": len(results) / wall,
             "median": statistics.median(r.seconds for r in results), "failed": len(bad),
-            "cached": sum(r.cached for r in results), "first_failure": bad[0] if bad else ""}
+            "cached": sum(r.cached for r in results), "first_failure": bad[0] if bad else "",
+            "each": [(r.ok, r.seconds) for r in results]}
 
 
 def in_process(cands: list[Candidate], arch: str) -> dict:
@@ -84,7 +86,7 @@ def in_process(cands: list[Candidate], arch: str) -> dict:
     wall = time.monotonic() - t0
     return {"mode": "nvrtc in-process (no isolation, no scan)", "n": len(cands), "wall": wall,
             "per_s": len(cands) / wall, "median": statistics.median(times), "failed": 0, "cached": 0,
-            "first_failure": ""}
+            "first_failure": "", "times": times}
 
 
 def main() -> int:
@@ -104,18 +106,28 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="evo-bench-") as tmp:
         rows.append(in_process(cands, args.arch))
         rows.append(run_mode("nvrtc cold, serial", cands, args.arch, 1, "nvrtc", f"{tmp}/a"))
+        rows.append(run_mode("nvrtc cached, serial", cands, args.arch, 1, "nvrtc", f"{tmp}/a"))
         rows.append(run_mode(f"nvrtc cold, pool({args.workers})", cands, args.arch, args.workers, "nvrtc", f"{tmp}/b"))
-        rows.append(run_mode(f"nvrtc cached, pool({args.workers})", cands, args.arch, args.workers, "nvrtc", f"{tmp}/b"))
-        rows.append(run_mode(f"nvcc cold, pool({args.workers})", cands, args.arch, args.workers, "nvcc", f"{tmp}/d"))
-        rows.append(run_mode("nvcc cached, serial", cands, args.arch, 1, "nvcc", f"{tmp}/d"))
+        rows.append(run_mode("nvcc cold, serial", cands, args.arch, 1, "nvcc", f"{tmp}/c"))
+        rows.append(run_mode("nvcc cached, serial", cands, args.arch, 1, "nvcc", f"{tmp}/c"))
     print("| mode | compiles | wall s | compiles/s | median s/compile | failed | cache hits |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['mode']} | {r['n']} | {r['wall']:.1f} | {r['per_s']:.2f} | {r['median']:.3f} | "
               f"{r['failed']} | {r['cached']} |")
+    nvrtc, nvcc = rows[1]["each"], rows[4]["each"]
+    both = [(a[1], b[1]) for a, b in zip(nvrtc, nvcc) if a[0] and b[0]]
+    if both:
+        ratios = sorted(b / a for a, b in both)
+        print(f"nvcc / nvrtc seconds per kernel, serial, over the {len(both)} kernels both compiled: "
+              f"median {statistics.median(ratios):.2f} (range {ratios[0]:.2f}-{ratios[-1]:.2f})")
+    iso = [(a[1], b) for a, b in zip(nvrtc, rows[0]["times"])] if "times" in rows[0] else []
+    if iso:
+        print(f"isolation + scan + cache write overhead per compile (serial cold minus in-process): median "
+              f"{statistics.median(a - b for a, b in iso):.3f} s")
     for r in rows:
         if r["first_failure"]:
-            print(f"{r['mode']}: first failure: {r['first_failure']}")
+            print(f"{r['mode']}: first failure: {r['first_failure'].splitlines()[0]}")
     print(f"load average after {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -3,13 +3,15 @@
 Why a child per compile: a compiler can hang (template or unroll bombs), eat all memory or
 crash; none of that may take down the caller (the engine, a pool worker, a GPU worker).
 
-How: the parent starts ``python <this file>`` (a fresh interpreter, never a fork, so it is safe
-from a process that has initialised CUDA) in a new session, so the child leads its own process
-group; it pickles the request to the child's stdin. The child sets ``RLIMIT_AS``, compiles with
-NVRTC (in-process) or nvcc (a sub-process that inherits the cap and the group), and pickles
-``(ok, cubin, log)`` to stdout (NVRTC is called through ``ctypes``: see ``_nvrtc_compile``). On overrun the parent kills the whole group, nvcc's cicc and
-ptxas included. This file imports only the standard library (and ``cuda.bindings.nvrtc`` in
-the child): starting the child costs ~0.1 s, not the ~0.4 s of importing our packages.
+How: by default the child is forked from a warm fork server (:mod:`evaluators._zygote`), else
+(``$EVO_COMPILE_ZYGOTE=0``, or the server cannot start) the parent starts ``python <this
+file>`` (a fresh interpreter, never a fork of the caller, so it is safe from a process that
+has initialised CUDA) and pickles the request to its stdin. Either way the child leads its own
+session and process group, sets ``RLIMIT_AS``, compiles with NVRTC (in-process, through
+``ctypes``: see ``_nvrtc_compile``) or nvcc (a sub-process that inherits the cap and the
+group) and returns ``(ok, cubin, log)``; on overrun the whole group is killed, nvcc's cicc and
+ptxas included. This file imports only the standard library, so the child (and the fork
+server, which imports it as a top-level module) never pays for importing our packages.
 """
 from __future__ import annotations
 
@@ -46,41 +48,67 @@ class ChildOutcome:
 # -- parent side -----------------------------------------------------------------------------
 def run_compile_isolated(backend: str, source: str, flags: tuple[str, ...], *, timeout_s: float,
                          mem_mb: int = DEFAULT_MEM_MB, nvcc: str | None = None,
-                         library: str | None = None) -> ChildOutcome:
-    """Compile in a child; never raises for compiler trouble, reports it in the outcome."""
-    request = pickle.dumps({"backend": backend, "source": source, "flags": list(flags),
-                            "mem_mb": mem_mb, "nvcc": nvcc, "library": library})
+                         library: str | None = None, zygote: bool | None = None) -> ChildOutcome:
+    """Compile in a child; never raises for compiler trouble, reports it in the outcome.
+
+    ``zygote`` (default: on unless ``$EVO_COMPILE_ZYGOTE=0``) forks the child from a warm fork
+    server (:mod:`evaluators._zygote`); otherwise, or when the server cannot start, a fresh
+    interpreter is spawned per compile.
+    """
+    request = {"backend": backend, "source": source, "flags": list(flags), "mem_mb": mem_mb, "nvcc": nvcc,
+               "library": library}
+    if zygote is None:
+        zygote = os.environ.get("EVO_COMPILE_ZYGOTE", "1") != "0"
+    if zygote:
+        from ._zygote import ZygoteUnavailable, zygote_for
+
+        try:
+            return zygote_for(library, flags if backend == "nvrtc" else ()).compile(request, timeout_s)
+        except ZygoteUnavailable:
+            pass
+    return _spawn_compile(request, timeout_s)
+
+
+def _spawn_compile(request: dict, timeout_s: float) -> ChildOutcome:
+    backend = request["backend"]
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
     try:
-        out, err = proc.communicate(request, timeout=timeout_s)
+        out, err = proc.communicate(pickle.dumps(request), timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         proc.communicate()
-        return ChildOutcome(False, b"", f"timeout after {timeout_s:g}s ({backend})", time.monotonic() - t0,
-                            "timeout", proc.pid)
+        return timeout_outcome(backend, timeout_s, time.monotonic() - t0, proc.pid)
     finally:
         if proc.returncode is None:  # an exception in this thread: leave nothing behind
             _kill_group(proc)
             proc.wait()
-    seconds = time.monotonic() - t0
+    return classify(out, proc.returncode, err, request, time.monotonic() - t0, proc.pid)
+
+
+def timeout_outcome(backend: str, timeout_s: float, seconds: float, pid: int) -> ChildOutcome:
+    return ChildOutcome(False, b"", f"timeout after {timeout_s:g}s ({backend})", seconds, "timeout", pid)
+
+
+def classify(out: bytes, returncode: int, err: bytes, request: dict, seconds: float, pid: int) -> ChildOutcome:
+    """Turn a finished child's pickled result (or its death) into an outcome."""
+    backend, mem_mb = request["backend"], request["mem_mb"]
     try:
         ok, cubin, log = pickle.loads(out)
     except Exception:
-        code = proc.returncode
+        code = returncode
         why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         tail = err.decode(errors="replace")[-2000:].strip()
         if mem_mb > 0 and (code in (-signal.SIGABRT, -signal.SIGSEGV, -signal.SIGKILL)
                            or any(h in tail.lower() for h in _OOM_HINTS)):
             return ChildOutcome(False, b"", f"out of memory or crash: the {backend} compile died ({why}) "
-                                f"under a {mem_mb} MiB address-space limit\n{tail}".strip(), seconds, "oom",
-                                proc.pid)
+                                f"under a {mem_mb} MiB address-space limit\n{tail}".strip(), seconds, "oom", pid)
         return ChildOutcome(False, b"", f"the {backend} compile child died ({why})\n{tail}".strip(), seconds,
-                            "crash", proc.pid)
+                            "crash", pid)
     if not ok and any(h in log.lower() for h in _OOM_HINTS):
-        return ChildOutcome(False, b"", f"out of memory (limit {mem_mb} MiB):\n{log}", seconds, "oom", proc.pid)
-    return ChildOutcome(bool(ok), bytes(cubin), str(log), seconds, "", proc.pid)
+        return ChildOutcome(False, b"", f"out of memory (limit {mem_mb} MiB):\n{log}", seconds, "oom", pid)
+    return ChildOutcome(bool(ok), bytes(cubin), str(log), seconds, "", pid)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -92,6 +120,22 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 # -- child side ------------------------------------------------------------------------------
+_LIBS: dict[str, object] = {}
+
+
+def _load_nvrtc(library: str):  # -> ctypes.CDLL, kept per process (a warm zygote loads it once)
+    import ctypes
+    import glob
+
+    if library not in _LIBS:
+        for builtins in sorted(glob.glob(os.path.join(os.path.dirname(library), "libnvrtc-builtins.so*"))):
+            if ".alt." not in builtins:  # libnvrtc dlopens it by soname; preload it from the same folder
+                ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+                break
+        _LIBS[library] = ctypes.CDLL(library)
+    return _LIBS[library]
+
+
 def _nvrtc_compile(source: str, flags: list[str], library: str | None) -> tuple[bool, bytes, str]:
     """NVRTC through ``ctypes`` on the same ``libnvrtc`` that ``cuda.bindings`` loads.
 
@@ -102,13 +146,8 @@ def _nvrtc_compile(source: str, flags: list[str], library: str | None) -> tuple[
     if library is None:
         return _nvrtc_compile_bindings(source, flags)
     import ctypes
-    import glob
 
-    for builtins in sorted(glob.glob(os.path.join(os.path.dirname(library), "libnvrtc-builtins.so*"))):
-        if ".alt." not in builtins:  # libnvrtc dlopens it by soname; preload it from the same folder
-            ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
-            break
-    lib = ctypes.CDLL(library)
+    lib = _load_nvrtc(library)
     c_p, size_p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
     lib.nvrtcCreateProgram.argtypes = [ctypes.POINTER(c_p), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
                                        ctypes.c_void_p, ctypes.c_void_p]
@@ -185,22 +224,25 @@ def _nvcc_compile(source: str, flags: list[str], nvcc: str | None) -> tuple[bool
         return True, out.read_bytes(), log
 
 
-def _child_main() -> None:
+def compile_request(req: dict) -> tuple[bool, bytes, str]:
+    """In the child: cap the address space, compile, map exceptions to a failed result."""
     import resource
 
-    req = pickle.loads(sys.stdin.buffer.read())
     if req["mem_mb"] > 0:
         limit = req["mem_mb"] * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
         if req["backend"] == "nvrtc":
-            result = _nvrtc_compile(req["source"], req["flags"], req.get("library"))
-        else:
-            result = _nvcc_compile(req["source"], req["flags"], req["nvcc"])
+            return _nvrtc_compile(req["source"], req["flags"], req.get("library"))
+        return _nvcc_compile(req["source"], req["flags"], req["nvcc"])
     except MemoryError:
-        result = (False, b"", "out of memory (MemoryError in the compile child)")
+        return (False, b"", "out of memory (MemoryError in the compile child)")
     except Exception as exc:  # report, never hang the parent
-        result = (False, b"", f"compiler raised {type(exc).__name__}: {exc}")
+        return (False, b"", f"compiler raised {type(exc).__name__}: {exc}")
+
+
+def _child_main() -> None:
+    result = compile_request(pickle.loads(sys.stdin.buffer.read()))
     sys.stdout.buffer.write(pickle.dumps(result))
     sys.stdout.buffer.flush()
 

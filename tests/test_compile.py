@@ -121,8 +121,10 @@ extern "C" __global__ void evo_mma(const __half* A, const __half* B, __half* C, 
 '''
 
 
-@pytest.mark.parametrize("backend", ["nvrtc", "nvcc"])
-def test_timeout_kills_compile_bomb(tmp_path: Path, backend: str) -> None:
+@pytest.mark.parametrize("backend,zygote", [("nvrtc", "1"), ("nvcc", "1"), ("nvrtc", "0")])
+def test_timeout_kills_compile_bomb(tmp_path: Path, backend: str, zygote: str,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVO_COMPILE_ZYGOTE", zygote)
     t0 = time.monotonic()
     r = compile_candidate(cand("#include <cuda_fp16.h>\n" + BOMB), "sm_90a", cache_dir=tmp_path, timeout_s=2,
                           backend=backend)
@@ -275,3 +277,26 @@ def test_child_without_library_path_uses_the_bindings() -> None:
     bad = run_compile_isolated("nvrtc", MMA.replace("float d[4]", "flaot d[4]"), flags_for("nvrtc", "sm_80"),
                                timeout_s=60, library=None)
     assert not bad.ok and "flaot" in bad.log and "NVRTC_ERROR_COMPILATION" in bad.log
+
+
+def test_fork_server_concurrency_and_restart() -> None:
+    """Threads share one fork server; if it dies, the next compile restarts it (or spawns)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from evaluators import _zygote
+    from evaluators._backends import flags_for
+    from evaluators._isolate import run_compile_isolated
+    from evaluators._toolkit import nvrtc_library
+
+    flags, lib = flags_for("nvrtc", "sm_80"), nvrtc_library()
+    sources = [MMA.replace("evo_mma", f"evo_mma{i}") for i in range(4)]
+    with ThreadPoolExecutor(4) as ex:
+        outs = list(ex.map(lambda s: run_compile_isolated("nvrtc", s, flags, timeout_s=60, library=lib, zygote=True),
+                           sources))
+    assert all(o.ok for o in outs) and len({o.pid for o in outs}) == 4
+    assert all(f"evo_mma{i}" in o.log for i, o in enumerate(outs))
+    server = _zygote.zygote_for(lib, flags)
+    server.proc.kill()
+    server.proc.wait()
+    again = run_compile_isolated("nvrtc", MMA, flags, timeout_s=60, library=lib, zygote=True)
+    assert again.ok and _zygote.zygote_for(lib, flags) is not server

@@ -27,7 +27,7 @@ REQUIRED_KINDS = {
     "out-of-bounds writes beyond C": ["oob_write_tail", "oob_write_far"],
     "cache in a device global": ["static_cache_global"],
     "hidden state without a global": ["cache_in_workspace_ptrkey", "cache_in_workspace_sampled_key", "cache_content_hash",
-                                      "cache_content_hash_full", "cache_prepacked_b", "state_beyond_c"],
+                                      "cache_content_hash_full", "cache_output_fingerprint", "cache_prepacked_b", "state_beyond_c"],
     "skip later calls via a counter": ["skip_calls_ws_counter", "skip_calls_ws_adaptive", "global_call_counter"],
     "host code: private stream / thread": ["host_private_stream", "host_thread"],
     "absurd plans": ["plan_block_too_big", "plan_smem_300k", "plan_workspace_huge", "plan_grid_overflow", "grid_absurd"],
@@ -334,3 +334,31 @@ def test_standin_full_content_hash_memo_is_right_after_timing() -> None:
 def test_standin_prepacked_b_is_caught_by_the_after_timing_recheck() -> None:
     with pytest.raises(_cascade_module().CheckFailed):
         _recheck_after_timing(stride=0, kernel=_PrepackedB)
+
+
+class _OutputMemo(_TileMemo):
+    """Stand-in for cache_output_fingerprint.cu: skip a tile when C still holds exactly the tile this
+    memo last wrote and the strided input key matches."""
+
+    def __init__(self, a3, b3, c3) -> None:
+        super().__init__(a3, b3, c3, stride=8)
+
+    def __call__(self, i: int) -> None:
+        import torch
+        a, b, c = self.a3[i], self.b3[i], self.c3[i]
+        for r0 in range(0, c.shape[0], 64):
+            for c0 in range(0, c.shape[1], 64):
+                key = (a[r0:r0 + 64].flatten()[::8].clone(), b[c0:c0 + 64].flatten()[::8].clone())
+                old = self.memo.get((i, r0, c0))
+                if old is not None and all(torch.equal(x, y) for x, y in zip(old[0], key)) \
+                        and torch.equal(c[r0:r0 + 64, c0:c0 + 64], old[1]):
+                    continue  # C already holds this tile's answer
+                tile = (a[r0:r0 + 64].double() @ b[c0:c0 + 64].double().t()).half()
+                c[r0:r0 + 64, c0:c0 + 64] = tile
+                self.memo[(i, r0, c0)] = (key, tile)
+
+
+@pytest.mark.xfail(strict=False, reason=BY_NAME["cache_output_fingerprint"].check)
+def test_standin_output_fingerprint_memo_is_caught_by_the_after_timing_recheck() -> None:
+    with pytest.raises(_cascade_module().CheckFailed):
+        _recheck_after_timing(stride=0, kernel=_OutputMemo)

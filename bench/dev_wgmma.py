@@ -382,7 +382,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--variants", default=None, help="comma-separated variant names (default: all)")
-    ap.add_argument("--nn-variants", default="t128x256_s4,pp128x128_s6,t128x256_s4_cl2,pp128x128_s4_cl2_smem")
+    ap.add_argument("--nn-variants", default="t128x256_s3_smem,pp128x128_s4_smem,t128x256_s4_cl2,pp128x128_s4_cl2_smem")
     ap.add_argument("--no-time", action="store_true")
     args = ap.parse_args()
     if args.child:

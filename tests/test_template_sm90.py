@@ -111,8 +111,10 @@ def test_invalid_knob_sets_are_refused_with_reasons(tpl, knobs, words):
 ])
 def test_shapes_tma_cannot_describe_are_refused(tpl, m, n, k, words):
     for layout in ("TN", "NN"):
-        reasons = tpl.check({}, Shape(m, n, k, layout, "f32"))
+        shape = Shape(m, n, k, layout, "f32")
+        reasons = tpl.check({}, shape)
         assert any(words in r for r in reasons), reasons
+        assert not tpl.applicable(shape, 90) and not tpl.heuristic(shape)
 
 
 def test_plan_grid_smem_and_tensor_maps(tpl):

@@ -89,12 +89,48 @@ def in_process(cands: list[Candidate], arch: str) -> dict:
             "first_failure": "", "times": times}
 
 
+def paired_overhead(cands: list[Candidate], arch: str) -> str:
+    """Price of isolation, measured interleaved (the machine's load drifts between modes).
+
+    Per kernel, in a rotating order: NVRTC in this process, in a child forked from the warm
+    server, and in a freshly spawned child; plus the static scan alone.
+    """
+    from evaluators import scan
+    from evaluators._isolate import run_compile_isolated
+
+    flags, lib = flags_for("nvrtc", arch), nvrtc_library()
+    modes = {
+        "in-process": lambda src: _nvrtc_compile(src, list(flags), lib),
+        "fork server": lambda src: run_compile_isolated("nvrtc", src, flags, timeout_s=120, library=lib, zygote=True),
+        "spawned": lambda src: run_compile_isolated("nvrtc", src, flags, timeout_s=120, library=lib, zygote=False),
+    }
+    modes["fork server"](cands[0].source)  # start the server outside the measurement
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    scans = []
+    for i, c in enumerate(cands):
+        order = list(modes)[i % 3:] + list(modes)[:i % 3]
+        for m in order:
+            t = time.perf_counter()
+            modes[m](c.source)
+            times[m].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        scan(c, arch=arch)
+        scans.append(time.perf_counter() - t)
+    base = times["in-process"]
+    fork = statistics.median(b - a for a, b in zip(base, times["fork server"]))
+    spawn = statistics.median(b - a for a, b in zip(base, times["spawned"]))
+    return (f"isolation, interleaved over {len(cands)} kernels (median in-process compile "
+            f"{statistics.median(base):.3f} s): fork-server child +{fork:.3f} s, spawned child +{spawn:.3f} s; "
+            f"static scan {statistics.median(scans):.3f} s")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", type=int, default=20)
     ap.add_argument("--arch", default="sm_90a", choices=("sm_80", "sm_90a"))
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--rev", default="HEAD", help="git revision whose templates to compile")
+    ap.add_argument("--paired", type=int, default=8, help="kernels for the interleaved isolation measurement")
     args = ap.parse_args()
     cands = kernels(args.kernels, args.arch, args.rev)
     lines = sum(c.source.count("\n") for c in cands) / len(cands)
@@ -121,10 +157,7 @@ def main() -> int:
         ratios = sorted(b / a for a, b in both)
         print(f"nvcc / nvrtc seconds per kernel, serial, over the {len(both)} kernels both compiled: "
               f"median {statistics.median(ratios):.2f} (range {ratios[0]:.2f}-{ratios[-1]:.2f})")
-    iso = [(a[1], b) for a, b in zip(nvrtc, rows[0]["times"])] if "times" in rows[0] else []
-    if iso:
-        print(f"isolation + scan + cache write overhead per compile (serial cold minus in-process): median "
-              f"{statistics.median(a - b for a, b in iso):.3f} s")
+    print(paired_overhead(cands[:args.paired], args.arch))
     for r in rows:
         if r["first_failure"]:
             print(f"{r['mode']}: first failure: {r['first_failure'].splitlines()[0]}")

@@ -6,6 +6,7 @@ refuses newer ones with a clear error rather than guessing.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Union
 
 import msgpack
@@ -56,6 +57,12 @@ def _timer_plain(t: TimerResult) -> dict[str, Any]:
     return d
 
 
+@functools.lru_cache(maxsize=1024)
+def _shape(text: str) -> Shape:
+    """Shape.parse, memoised: an archive's records name a handful of shapes thousands of times."""
+    return Shape.parse(text)
+
+
 def from_plain(d: Any) -> Record:
     """Inverse of :func:`to_plain`; raises :class:`CodecError` on anything malformed."""
     if not isinstance(d, dict):
@@ -70,7 +77,7 @@ def from_plain(d: Any) -> Record:
         if kind == "candidate":
             return Candidate(
                 id=d["id"], source=d["source"], plan=LaunchPlan.from_dict(d["plan"]),
-                shapes=tuple(Shape.parse(s) for s in d["shapes"]), generic=bool(d["generic"]),
+                shapes=tuple(_shape(s) for s in d["shapes"]), generic=bool(d["generic"]),
                 template=d.get("template"), knobs=d.get("knobs"), parents=tuple(d.get("parents") or ()),
                 operator=d.get("operator", "seed"), model=d.get("model"), adapter=d.get("adapter"),
                 prompt=d.get("prompt"), completion=d.get("completion"),
@@ -82,7 +89,7 @@ def from_plain(d: Any) -> Record:
                 t = {k: v for k, v in t.items() if k != "speedup"}
                 timers[name] = TimerResult(**t)
             return Evaluation(
-                candidate_id=d["candidate_id"], shape=Shape.parse(d["shape"]), status=Status(d["status"]),
+                candidate_id=d["candidate_id"], shape=_shape(d["shape"]), status=Status(d["status"]),
                 message=d.get("message", ""), timers=timers,
                 kernels=tuple(KernelStats(**k) for k in d.get("kernels") or ()),
                 flags=tuple(d.get("flags") or ()), max_error=d.get("max_error"),

@@ -90,6 +90,7 @@ def _validate(node: ast.AST, text: str) -> None:
                 raise ExprError(f"only {sorted(_FUNCS)} may be called in {text!r}")
 
 
+@functools.lru_cache(maxsize=4096)  # plans repeat their expressions: decoding 50k candidates walked each AST 50k times
 def names_in(text: str) -> frozenset[str]:
     """The free names an expression uses (function names excluded)."""
     tree = _parse(text)

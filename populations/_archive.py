@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import statistics
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Optional, Union
 
@@ -46,6 +47,8 @@ ShapeLike = Union[Shape, str]
 #: An evaluation with one of these outcomes says the *code* is wrong or cheating, so it
 #: disqualifies its candidate at that shape whatever its other measurements say.
 DISQUALIFYING = frozenset({Status.INCORRECT, Status.FLAGGED})
+#: Decoded candidates kept per shape; more are re-read from disk when asked for.
+CANDIDATE_CACHE = 4096
 
 
 class ArchiveError(Exception):
@@ -101,7 +104,10 @@ class LineageNode:
 
 
 class _Population:
-    """The index of one shape's log: candidate id -> entry, evaluation entries, decoded cache."""
+    """The index of one shape's log (candidate id -> entry, evaluation entries) and the decoded
+    records: every evaluation once decoded (small, and ranking needs them all), committed
+    candidates in a bounded LRU (their sources are KBs each; a long run must not hoard them),
+    and whatever the writer appended but has not committed yet (not on disk to re-read)."""
 
     def __init__(self, shape: Shape, log: RecordLog) -> None:
         self.shape, self.log = shape, log
@@ -111,6 +117,8 @@ class _Population:
         self.cands: dict[str, Entry] = {}
         self.evals: list[Entry] = []
         self.objects: dict[int, Record] = {}
+        self.recent: OrderedDict[int, Record] = OrderedDict()
+        self.unsaved: list[Entry] = []
         self.generation, self.seen = self.log.generation, 0
         self.sync()
 
@@ -128,19 +136,42 @@ class _Population:
             self.cands.setdefault(entry.key, entry)
         elif entry.kind == KIND_EVALUATION:
             self.evals.append(entry)
-        if record is not None:
+        if record is not None:  # appended by the writer, on disk only after commit
             self.objects[entry.offset] = record
+            self.unsaved.append(entry)
+
+    def committed(self) -> None:
+        """The writer's records are on disk now: their candidates may be evicted and re-read."""
+        for entry in self.unsaved:
+            if entry.kind == KIND_CANDIDATE:
+                self._remember(entry.offset, self.objects.pop(entry.offset))
+        self.unsaved = []
+        self.seen = len(self.log.entries)
+
+    def _remember(self, offset: int, record: Record) -> None:
+        self.recent[offset] = record
+        self.recent.move_to_end(offset)
+        if len(self.recent) > CANDIDATE_CACHE:
+            self.recent.popitem(last=False)
 
     def get(self, entry: Entry) -> Record:
         record = self.objects.get(entry.offset)
-        if record is None:
-            try:
-                record = decode(self.log.read(entry))
-            except CodecError as exc:
-                raise ArchiveError(f"{self.log.path}: record at offset {entry.offset}: {exc}") from None
-            want = Candidate if entry.kind == KIND_CANDIDATE else Evaluation
-            if not isinstance(record, want):
-                raise ArchiveError(f"{self.log.path}: record at offset {entry.offset} is not a {want.__name__}")
+        if record is not None:
+            return record
+        record = self.recent.get(entry.offset)
+        if record is not None:
+            self.recent.move_to_end(entry.offset)
+            return record
+        try:
+            record = decode(self.log.read(entry))
+        except CodecError as exc:
+            raise ArchiveError(f"{self.log.path}: record at offset {entry.offset}: {exc}") from None
+        want = Candidate if entry.kind == KIND_CANDIDATE else Evaluation
+        if not isinstance(record, want):
+            raise ArchiveError(f"{self.log.path}: record at offset {entry.offset} is not a {want.__name__}")
+        if entry.kind == KIND_CANDIDATE:
+            self._remember(entry.offset, record)
+        else:
             self.objects[entry.offset] = record
         return record
 
@@ -311,7 +342,7 @@ class Archive:
                 except OSError:
                     pop.rebuild()  # forget the records that did not make it
                     raise
-                pop.seen = len(pop.log.entries)
+                pop.committed()
 
     def compact(self, shape: Optional[ShapeLike] = None, *,
                 keep: Optional[Callable[[Record], bool]] = None) -> dict[Shape, tuple[int, int]]:

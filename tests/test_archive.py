@@ -389,3 +389,17 @@ def test_frames_decode_as_codec_records(tmp_path: Path) -> None:
     raw = log_path(tmp_path).read_bytes()
     assert raw[:6] == b"EVOLOG" and raw[HEADER_SIZE:HEADER_SIZE + 4] == FRAME_MAGIC
     assert decode(log.read(log.entries[0])) == cs[0]
+
+
+def test_candidate_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import populations._archive as archive_module
+    monkeypatch.setattr(archive_module, "CANDIDATE_CACHE", 4)
+    cs = [cand(str(i)) for i in range(10)]
+    with Archive(tmp_path, "w") as w:
+        for c in cs:
+            w.add(c)
+        assert w.candidates(S1) == cs  # uncommitted: all held, none evictable
+        w.commit()
+        pop = w._pop(S1)
+        assert pop is not None and len(pop.recent) == 4 and not pop.objects
+        assert w.candidates(S1) == cs and len(pop.recent) == 4  # re-read from disk as needed

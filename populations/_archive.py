@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import statistics
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Optional, Union
@@ -49,6 +50,21 @@ ShapeLike = Union[Shape, str]
 DISQUALIFYING = frozenset({Status.INCORRECT, Status.FLAGGED})
 #: Decoded candidates kept per shape; more are re-read from disk when asked for.
 CANDIDATE_CACHE = 4096
+
+
+#: Writers open in this process. A child forked while one is open must not keep its lock (the
+#: lock would outlive the parent) nor write through it: the hook below closes it in the child.
+_WRITERS: "weakref.WeakSet[Archive]" = weakref.WeakSet()
+
+
+def _drop_locks_in_child() -> None:
+    for archive in list(_WRITERS):
+        if archive._lock_fd >= 0:
+            os.close(archive._lock_fd)
+            archive._lock_fd = -1  # the child's copy is closed: writes there raise "closed"
+
+
+os.register_at_fork(after_in_child=_drop_locks_in_child)
 
 
 class ArchiveError(Exception):
@@ -265,6 +281,7 @@ class Archive:
             raise
         os.pwrite(fd, f"{os.getpid():<20}\n".encode(), 0)  # fixed width: no truncate needed
         self._lock_fd = fd
+        _WRITERS.add(self)
 
     def _pop(self, shape: Shape, create: bool = False) -> Optional[_Population]:
         pop = self._pops.get(shape)

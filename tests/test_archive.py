@@ -403,3 +403,20 @@ def test_candidate_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         pop = w._pop(S1)
         assert pop is not None and len(pop.recent) == 4 and not pop.objects
         assert w.candidates(S1) == cs and len(pop.recent) == 4  # re-read from disk as needed
+
+
+def _sleep_forever() -> None:
+    time.sleep(60)
+
+
+def test_forked_child_does_not_keep_the_lock(tmp_path: Path) -> None:
+    import multiprocessing
+    w = Archive(tmp_path, "w")
+    child = multiprocessing.get_context("fork").Process(target=_sleep_forever)
+    child.start()
+    try:
+        w.close()
+        Archive(tmp_path, "w").close()  # the child's inherited descriptor does not hold the lock
+    finally:
+        child.kill()
+        child.join()

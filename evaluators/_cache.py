@@ -4,7 +4,8 @@ Key: sha256 over the source, the full flag list, the arch, the back end and the 
 version (plus a format number). Value: one msgpack file holding the cubin, the ptxas log and
 the compile seconds. Writes are atomic (temporary file in the same folder, then
 ``os.replace``), so concurrent pool workers and crashes never leave a torn entry; an
-unreadable entry is treated as a miss and removed. Only compiler verdicts are cached (success
+unreadable entry is treated as a miss and removed. Nothing expires by itself: ``prune``
+trims the folder to a size, least recently used first. Only compiler verdicts are cached (success
 or a compile error), never timeouts or memory failures, which depend on the machine's load.
 """
 from __future__ import annotations
@@ -57,7 +58,9 @@ class CubinCache:
         path = self._path(key)
         try:
             data = msgpack.unpackb(path.read_bytes(), raw=False)
-            return CacheEntry(bool(data["ok"]), bytes(data["cubin"]), str(data["log"]), float(data["seconds"]))
+            entry = CacheEntry(bool(data["ok"]), bytes(data["cubin"]), str(data["log"]), float(data["seconds"]))
+            os.utime(path)  # a hit counts as recent use for prune()
+            return entry
         except FileNotFoundError:
             return None
         except Exception:  # torn or foreign file: drop it and recompile
@@ -77,3 +80,29 @@ class CubinCache:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def size(self) -> int:
+        """Bytes held by the cache's entries."""
+        return sum(p.stat().st_size for p in self.root.glob("??/*.msgpack"))
+
+    def prune(self, max_bytes: int) -> int:
+        """Delete the least recently used entries (by mtime: written or hit) until at most
+        ``max_bytes`` remain; return how many were removed. Safe while others use the cache:
+        a removed entry is just a miss."""
+        entries = []
+        for p in self.root.glob("??/*.msgpack"):
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            entries.append((st.st_mtime, st.st_size, p))
+        entries.sort()
+        total = sum(size for _, size, _ in entries)
+        removed = 0
+        for _, size, p in entries:
+            if total <= max_bytes:
+                break
+            p.unlink(missing_ok=True)
+            total -= size
+            removed += 1
+        return removed

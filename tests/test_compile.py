@@ -300,3 +300,16 @@ def test_fork_server_concurrency_and_restart() -> None:
     server.proc.wait()
     again = run_compile_isolated("nvrtc", MMA, flags, timeout_s=60, library=lib, zygote=True)
     assert again.ok and _zygote.zygote_for(lib, flags) is not server
+
+
+def test_cache_prune_keeps_recent_entries(tmp_path: Path) -> None:
+    from evaluators._cache import CacheEntry
+
+    cache = CubinCache(tmp_path)
+    for i in range(5):
+        cache.put(f"{i:02d}" + "ab" * 31, CacheEntry(True, bytes(1000), "log", 0.1))
+        os.utime(cache._path(f"{i:02d}" + "ab" * 31), (1000 + i, 1000 + i))
+    assert cache.get("00" + "ab" * 31) is not None  # a hit makes the oldest entry the newest
+    assert cache.prune(max_bytes=cache.size() - 1500) == 2
+    assert cache.get("00" + "ab" * 31) is not None and cache.get("01" + "ab" * 31) is None
+    assert cache.get("02" + "ab" * 31) is None and cache.get("04" + "ab" * 31) is not None

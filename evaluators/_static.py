@@ -15,14 +15,16 @@ Source
 - Directives: include, define, undef, conditionals, error/warning, line and ``#pragma``
   ``unroll``/``nounroll``/``once``/``nv_diag_*`` only (also via ``_Pragma``).
 - No ``##`` token pasting: it is the one preprocessor tool that builds identifiers this scan
-  cannot see (``cuda ## Malloc``). Object-like macros are expanded before the structural pass,
-  so ``#define DEV __device__ __forceinline__`` works; every macro body is scanned for the
-  forbidden names below like any code.
+  cannot see (``cuda ## Malloc``). Macros (object- and function-like) are expanded before the
+  structural pass, so ``#define DEV __device__ __forceinline__`` works and a macro cannot hide a
+  host function or a mutable global; every macro body is also scanned for the forbidden names
+  below like any code, used or not. Expansion stops at 200 k tokens (telemetry
+  ``macro_expansion_truncated``): a macro bomb is the compile deadline's business, and the
+  scan must stay cheap because it runs in the caller's process.
 
 Host and runtime
 - Every namespace-scope function must be ``__global__`` or ``__device__`` (``__forceinline__``
-  etc. allowed); ``__host__`` and ``main`` are refused. Function-like macro bodies may not
-  define undecorated functions either.
+  etc. allowed); ``__host__`` and ``main`` are refused.
 - No kernel launches (``<<<``), no CUDA runtime/driver API (identifiers ``cudaXxx``, ``cuXxx``,
   ``__cudaXxx``: this covers device-side launches ``cudaLaunchDevice``,
   ``cudaGetParameterBuffer``, ``cudaDeviceSynchronize``), no libraries (``cublas*``, ``cudnn*``,
@@ -66,6 +68,10 @@ __all__ = ["ScanResult", "scan", "scan_source", "smoke_shapes", "ALLOWED_INCLUDE
            "SMEM_LIMITS"]
 
 MAX_SOURCE_BYTES = 256 * 1024
+#: Macro expansion stops after this many tokens (20x our largest template), so a macro bomb
+#: costs the scan ~0.5 s, not minutes; the rest is scanned unexpanded and the compile
+#: deadline deals with the bomb itself.
+MAX_EXPANDED_TOKENS = 200_000
 ALLOWED_INCLUDES = frozenset({
     "cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "mma.h", "cuda_pipeline.h",
     "cuda_pipeline_primitives.h", "cuda/std/cstdint",
@@ -172,21 +178,23 @@ def _scan_source(source: str) -> tuple[list[str], dict[str, Any], dict[str, _Ker
         return [f"source is {size} bytes (limit {MAX_SOURCE_BYTES})"], telemetry, {}
     tokens, directives = lex(source)
     reasons: list[str] = []
-    object_macros, macro_bodies = _check_directives(directives, reasons, telemetry)
+    macros, macro_bodies = _check_directives(directives, reasons, telemetry)
     for body in macro_bodies:
         _check_tokens(body, reasons, telemetry)
-        _check_macro_functions(body, reasons)
     _check_tokens(tokens, reasons, telemetry)
-    expanded = _expand(tokens, object_macros)
+    expander = _Expander(macros)
+    expanded = expander.expand(tokens)
+    if expander.truncated:
+        telemetry["macro_expansion_truncated"] = True
     kernels = _structure(expanded, reasons, telemetry)
     telemetry["kernels"] = sorted(kernels)
     return reasons, telemetry, kernels
 
 
 def _check_directives(directives: list[Directive], reasons: list[str], telemetry: dict[str, Any]
-                      ) -> tuple[dict[str, list[Token]], list[list[Token]]]:
+                      ) -> tuple[dict[str, "_Macro"], list[list[Token]]]:
     includes: list[str] = []
-    object_macros: dict[str, list[Token]] = {}
+    macros: dict[str, _Macro] = {}
     bodies: list[list[Token]] = []
     unroll = 0
     for d in directives:
@@ -213,16 +221,20 @@ def _check_directives(directives: list[Directive], reasons: list[str], telemetry
             function_like = len(d.tokens) > 1 and d.tokens[1].text == "(" and _adjacent(d.text, name_tok.text)
             if function_like:
                 close = _match(d.tokens, 1)
-                bodies.append(list(d.tokens[close + 1:]))
+                names = [t.text for t in d.tokens[2:close] if t.text != ","]
+                variadic = bool(names) and names[-1] == "..."
+                body = list(d.tokens[close + 1:])
+                macros[name_tok.text] = _Macro(tuple(n for n in names if n != "..."), variadic, body)
             else:
-                object_macros[name_tok.text] = list(d.tokens[1:])
-                bodies.append(list(d.tokens[1:]))
+                body = list(d.tokens[1:])
+                macros[name_tok.text] = _Macro(None, False, body)
+            bodies.append(body)
         elif d.name in ("if", "elif"):
             bodies.append(list(d.tokens))
     telemetry["includes"] = includes
     telemetry["pragma_unroll"] = unroll
-    telemetry["macros"] = len(object_macros)
-    return object_macros, bodies
+    telemetry["macros"] = len(macros)
+    return macros, bodies
 
 
 def _adjacent(text: str, name: str) -> bool:
@@ -271,22 +283,84 @@ def _check_tokens(tokens: list[Token], reasons: list[str], telemetry: dict[str, 
         del telemetry["sm90_features"]
 
 
-def _expand(tokens: list[Token], macros: Mapping[str, list[Token]], depth: int = 8) -> list[Token]:
-    """Expand object-like macros (bounded, no self-recursion) for the structural pass."""
-    out = tokens
-    for _ in range(depth):
-        changed = False
-        nxt: list[Token] = []
-        for t in out:
-            if t.kind == "id" and t.text in macros:
-                nxt.extend(Token(b.kind, b.text, t.line) for b in macros[t.text] if b.text != t.text)
-                changed = True
+@dataclass(frozen=True)
+class _Macro:
+    params: tuple[str, ...] | None  # None: object-like
+    variadic: bool
+    body: list[Token]
+
+
+class _Expander:
+    """Macro expansion for the structural pass, close enough to the C preprocessor for a filter.
+
+    Object- and function-like macros (``__VA_ARGS__`` and ``#param`` included; ``##`` is
+    refused before we get here); arguments are expanded before substitution; a macro is not
+    re-expanded inside itself; depth and output size are bounded. Conditionals are not
+    evaluated, so every branch is scanned, and ``#undef`` is ignored (conservative).
+    """
+
+    def __init__(self, macros: Mapping[str, _Macro]) -> None:
+        self.macros = macros
+        self.emitted = 0
+        self.truncated = False
+
+    def expand(self, tokens: list[Token], active: frozenset[str] = frozenset(), depth: int = 0) -> list[Token]:
+        out: list[Token] = []
+        i = 0
+        while i < len(tokens):
+            t = tokens[i]
+            m = self.macros.get(t.text) if t.kind == "id" and t.text not in active and depth < 32 else None
+            if m is not None and self.emitted > MAX_EXPANDED_TOKENS:
+                self.truncated, m = True, None
+            if m is None or (m.params is not None and (i + 1 >= len(tokens) or tokens[i + 1].text != "(")):
+                out.append(t)
+                i += 1
+                continue
+            if m.params is None:
+                body, i = m.body, i + 1
             else:
-                nxt.append(t)
-        out = nxt
-        if not changed:
-            break
-    return out
+                close = _match(tokens, i + 1)
+                body = self._substitute(m, _split_args(tokens[i + 2:close]), active, depth)
+                i = close + 1
+            moved = [Token(b.kind, b.text, t.line) for b in body]
+            self.emitted += len(body)
+            out.extend(self.expand(moved, active | {t.text}, depth + 1))
+        return out
+
+    def _substitute(self, m: _Macro, args: list[list[Token]], active: frozenset[str], depth: int) -> list[Token]:
+        env = {p: args[k] if k < len(args) else [] for k, p in enumerate(m.params or ())}
+        if m.variadic:
+            rest = args[len(m.params or ()):]
+            env["__VA_ARGS__"] = [x for k, a in enumerate(rest) for x in ([Token("punct", ",", 0)] if k else []) + a]
+        out: list[Token] = []
+        skip = False
+        for k, b in enumerate(m.body):
+            if skip:
+                skip = False
+                continue
+            if b.text == "#" and k + 1 < len(m.body) and m.body[k + 1].text in env:
+                out.append(Token("str", " ".join(x.text for x in env[m.body[k + 1].text]), b.line))
+                skip = True
+            elif b.kind == "id" and b.text in env:
+                out.extend(self.expand(env[b.text], active, depth + 1))
+            else:
+                out.append(b)
+        return out
+
+
+def _split_args(tokens: list[Token]) -> list[list[Token]]:
+    args: list[list[Token]] = [[]]
+    depth = 0
+    for t in tokens:
+        if t.text in ("(", "[", "{"):
+            depth += 1
+        elif t.text in (")", "]", "}"):
+            depth -= 1
+        if t.text == "," and depth == 0:
+            args.append([])
+        else:
+            args[-1].append(t)
+    return args if tokens else []
 
 
 def _match(tokens: list[Token] | tuple[Token, ...], i: int) -> int:
@@ -303,23 +377,6 @@ def _match(tokens: list[Token] | tuple[Token, ...], i: int) -> int:
                 if depth == 0:
                     return j
     return len(tokens) - 1
-
-
-def _check_macro_functions(body: list[Token], reasons: list[str]) -> None:
-    """A function-like macro body must not define an undecorated (host) function."""
-    for i in range(1, len(body) - 1):
-        t = body[i]
-        if t.kind != "id" or t.text in _KEYWORDS or body[i + 1].text != "(":
-            continue
-        prev = body[i - 1]
-        if not (prev.kind == "id" or prev.text in ("*", "&", ">", "::")) or prev.text in _KEYWORDS:
-            continue
-        close = _match(body, i + 1)
-        if close + 1 < len(body) and body[close + 1].text == "{":
-            start = max((k for k in range(i) if body[k].text in (";", "{", "}")), default=-1)
-            quals = {x.text for x in body[start + 1:i]}
-            if not quals & {"__device__", "__global__"}:
-                reasons.append(f"line {t.line}: macro defines function {t.text} without __device__/__global__")
 
 
 # -- structure: namespace-scope declarations, kernels, mutable state ---------------------------

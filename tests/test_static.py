@@ -76,7 +76,14 @@ SOURCE_CASES = [
     ("static_member", "struct S { static int n; };\n__device__ int S::n;", "mutable"),
     ("extern_device_var", "extern __device__ int elsewhere;", "extern variable"),
     ("token_pasting", "#define CAT(a, b) a##b\n__device__ void f() { void* p; CAT(cuda, Malloc)(&p, 4); }", "token pasting"),
-    ("macro_defines_host_fn", "#define DEF(n) void n(int* p) { p[0] = 0; }\nDEF(hidden)", "macro defines function n"),
+    ("macro_defines_host_fn", "#define DEF(n) void n(int* p) { p[0] = 0; }\nDEF(hidden)", "host function hidden"),
+    ("macro_declares_global", "#define DECL(t, n) __device__ t n;\nDECL(int, counter)",
+     "mutable namespace-scope variable counter"),
+    ("variadic_macro_declares_global", "#define G(...) __VA_ARGS__ = 0;\nG(int hidden_state)",
+     "mutable namespace-scope variable hidden_state"),
+    ("function_macros_ok", "#define CDIV(a, b) (((a) + (b) - 1) / (b))\n#define KERNEL_FN(name) __device__ int name(int x) { return CDIV(x, 16); }\n"
+     "KERNEL_FN(tiles)\n#define LDS(r, p) asm volatile(\"ld.shared.u32 %0, [%1];\" : \"=r\"(r) : \"r\"(p))\n"
+     "#define STR(x) #x\n__device__ void g(unsigned p) { unsigned r; LDS(r, p); do { r += CDIV(r, 2); } while (0); static_assert(sizeof(STR(a)) == 2, \"\"); }", None),
     ("printf", "__device__ void say() { printf(\"hi\"); }", "printf"),
     ("malloc", "__device__ void* grab() { return malloc(64); }", "malloc"),
     ("new", "__device__ int* grab() { return new int[4]; }", "new"),
@@ -176,3 +183,15 @@ def test_hostile_corpus_static_cases() -> None:
     for name in sorted(present):
         ok = scan_source(hc.render_source(hc.CORPUS_DIR / f"{name}.cu")).ok
         assert ok == (name not in expected_refused), name
+
+
+def test_macro_bomb_is_cut_short() -> None:
+    """Expansion is bounded (the compile deadline owns bombs); the scan stays well under a second."""
+    import time
+
+    ladder = "#define A0 x x x x x x x x x x\n" + "".join(
+        f"#define A{i} " + " ".join([f"A{i - 1}"] * 10) + "\n" for i in range(1, 9))
+    t0 = time.perf_counter()
+    result = scan_source(ladder + "__device__ void f() { A8; }\n" + KERNEL)
+    assert time.perf_counter() - t0 < 5
+    assert result.ok and result.telemetry["macro_expansion_truncated"]

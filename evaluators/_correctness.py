@@ -366,7 +366,7 @@ def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: s
                 if mode == "rows":
                     change(t3, (slice(None), pick(rows, max(1, min(3, rows // 4))), slice(None)))
                 else:  # alone, so that no changed row forces the recompute a missed element needs
-                    flat = pick(rows * cols, 8)
+                    flat = torch.randint(0, rows * cols, (8,), generator=gen, device=t3.device)
                     change(t3, (slice(None), flat // cols, flat % cols))
             c3.uniform_(-4, 4, generator=gen)
             for i in range(n_sets):

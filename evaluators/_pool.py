@@ -111,6 +111,7 @@ class LocalPool:
         self._ready: "queue.Queue[Optional[_Item]]" = queue.Queue()
         self._slots = threading.BoundedSemaphore(max_in_flight or (max(1, compile_workers) + 2 * len(self.gpus)))
         self._closed = False
+        self._alive = len(self.gpus)
         from ._provenance import code_version
 
         worker_options = {"evo_version": code_version(), **(worker_options or {})}
@@ -168,17 +169,18 @@ class LocalPool:
 
     # -- pipeline -----------------------------------------------------------------------
     def _compile(self, item: _Item) -> None:
+        cand = item.candidate
         try:
-            res = self._compile_fn(item.candidate, self.arch, timeout_s=self.compile_timeout_s, cache_dir=self.cache_dir)
-        except Exception as exc:  # a compiler-side bug must not lose the candidate
-            self._finish(item, [self._record(item.candidate, s, Status.COMPILE_ERROR, f"compile crashed: {exc!r}")])
-            return
-        with self._lock:
-            self.stats.compile_s += res.seconds
-            self.stats.compiled += 1
-        if not res.ok:
-            self._finish(item, [self._record(item.candidate, s, res.status, res.message, compile=res)
-                                for s in item.candidate.shapes])
+            res = self._compile_fn(cand, self.arch, timeout_s=self.compile_timeout_s, cache_dir=self.cache_dir)
+            with self._lock:
+                self.stats.compile_s += res.seconds
+                self.stats.compiled += 1
+            if not res.ok:
+                self._finish(item, [self._record(cand, s, res.status, res.message, compile=res) for s in cand.shapes])
+                return
+        except Exception as exc:  # a compiler-side bug must not lose (or strand) the candidate
+            self._finish(item, [self._record(cand, s, Status.COMPILE_ERROR, f"compile crashed: {exc!r}")
+                                for s in cand.shapes])
             return
         item.compiled = res
         self._ready.put(item)
@@ -189,15 +191,18 @@ class LocalPool:
             info = sup.start()
             if self._arch is None:
                 self._arch = info.get("arch")
-            self._arch_known.set()
-        except WorkerUnavailable as exc:
-            down = str(exc)
-            self._arch_known.set()
+        except Exception as exc:  # WorkerUnavailable, or anything else: never die silently
+            down = self._lost(f"{exc}" if isinstance(exc, WorkerUnavailable) else f"worker start failed: {exc!r}")
+        finally:
+            self._arch_known.set()  # compiles wait on it
         while True:
             item = self._ready.get()
             if item is None:
                 return
             cand, comp = item.candidate, item.compiled
+            if down is not None and self._alive > 0:  # leave the work to the GPUs that still run
+                self._ready.put(item)
+                return
             if down is not None:
                 self._finish(item, [self._record(cand, s, Status.RUNTIME_ERROR, f"GPU worker unavailable: {down}",
                                                  compile=comp) for s in cand.shapes])
@@ -211,14 +216,27 @@ class LocalPool:
             try:
                 result = sup.run(job)
             except WorkerUnavailable as exc:
-                down = str(exc)
+                down = self._lost(str(exc))
                 result = {"status": "runtime_error", "message": f"GPU worker unavailable: {down}"}
+            except Exception as exc:  # a supervisor bug must not strand the futures
+                result = {"status": "runtime_error", "message": f"evaluator error: {exc!r}"}
             t1 = time.monotonic()
             with self._lock:
                 self.stats.gpu_busy_s[sup.gpu] = self.stats.gpu_busy_s.get(sup.gpu, 0.0) + (t1 - t0)
                 self.stats.last_job_end = t1
                 self.stats.restarts = sum(s.restarts for s in self.supervisors)
-            self._finish(item, self._evaluations(cand, comp, result, sup))
+            try:
+                evals = self._evaluations(cand, comp, result, sup)
+            except Exception as exc:
+                evals = [self._record(cand, s, Status.RUNTIME_ERROR, f"evaluator error reading the result: {exc!r}",
+                                      compile=comp) for s in cand.shapes]
+            self._finish(item, evals)
+
+    def _lost(self, why: str) -> str:
+        """A GPU worker is gone for good; its thread stops taking work while another GPU runs."""
+        with self._lock:
+            self._alive -= 1
+        return why
 
     def _finish(self, item: _Item, evals: list[Evaluation]) -> None:
         with self._lock:

@@ -22,12 +22,18 @@ from typing import Any
 
 from populations import Candidate, LaunchPlan, PlanError, Shape, ShapeError, to_plain
 
+EPILOG = """plan in the source (when --plan is not given): the file starts with one comment
+  /* evo-plan: {"launches": [{"kernel": "k", "grid": ["cdiv(N, 16)", "cdiv(M, 16)", 1],
+     "block": [16, 16, 1], "args": ["A", "B", "C", "M", "N", "K"]}], "workspace": 0} */
+holding LaunchPlan.to_dict() as JSON (contracts.md section 1 and 2 name the fields).
+exit status: 0 every shape ok, 1 otherwise, 2 bad input or no usable GPU."""
 PLAN_COMMENT = re.compile(r"\A\s*/\*\s*evo-plan:\s*(\{.*?\})\s*\*/", re.S)
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("eval", help="evaluate one .cu kernel at one or more shapes on this machine's GPUs",
-                              description=__doc__.split("\n\n")[0])
+                              description=__doc__.split("\n\n")[0], epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="CUDA source: extern \"C\" __global__ kernels, no host code")
     p.add_argument("--shape", action="append", required=True, help="MxNxK[:TN|NN][:f32], repeatable")
     p.add_argument("--plan", help="launch plan (.json or .toml); default: the /* evo-plan: {...} */ comment")

@@ -24,7 +24,8 @@ class FakeGpuHandler:
         self.options = options
         if options.get("startup") == "hang":
             time.sleep(3600)
-        if options.get("startup") == "exit":
+        if options.get("startup") == "exit" or (options.get("fail_gpu") is not None
+                                                and options["fail_gpu"] == os.environ.get("CUDA_VISIBLE_DEVICES")):
             os._exit(5)
 
     def info(self) -> dict:

@@ -57,6 +57,24 @@ def test_shapes_finished_before_a_crash_keep_their_results(tmp_path):
     assert second.status is Status.TIMEOUT and "correctness" in second.message
 
 
+def test_a_gpu_whose_worker_cannot_start_leaves_the_work_to_the_others(tmp_path):
+    deadlines = {"startup": 30.0, "probe": 10.0}
+    with LocalPool(gpus=[0, 1], compile_workers=2, target=FAKE, log_dir=str(tmp_path), deadlines=deadlines,
+                   cache_dir=str(tmp_path / "cache"), worker_options={"fail_gpu": "1"}) as p:
+        evals = p.evaluate([cand(tile=t) for t in (4, 8, 16, 32)])
+    assert [e.status for e in evals] == [Status.OK] * 4
+    assert {e.provenance["gpu_index"] for e in evals} == {0}
+
+
+def test_a_crashing_compiler_gives_compile_error_not_a_stranded_future(tmp_path):
+    def broken_compiler(*args, **kwargs):
+        raise OSError("no space left on device (test double)")
+
+    with pool(tmp_path, compile_fn=broken_compiler) as p:
+        (e,) = p.submit(cand()).result(timeout=60)
+    assert e.status is Status.COMPILE_ERROR and "no space left" in e.message
+
+
 def test_submit_applies_back_pressure(tmp_path):
     with pool(tmp_path, max_in_flight=1) as p:
         t0 = time.monotonic()

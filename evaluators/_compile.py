@@ -10,6 +10,15 @@ never touches a GPU. Statuses (``populations.Status``):
   the resource policy: more than 16 KiB of stack/local memory per thread, static plus dynamic
   shared memory above the arch's per-block limit, or more than 64 Ki registers per block.
 - ``OK``: ``cubin`` and per-kernel ``KernelStats`` (registers, spills, smem, stack, cmem).
+
+Compiler verdicts (success or a compile error) are cached on disk (:mod:`evaluators._cache`);
+timeouts and memory failures are not. The resource policy runs on every call, cached or not,
+so changing it needs no cache flush. ``telemetry`` carries the scan's telemetry (``scan``),
+the original compile seconds (``compile_s``) and, for failures without a compiler verdict,
+``failure`` ("timeout", "oom", "crash") and ``child_pid`` (the killed process group).
+Back end: ``backend=`` or ``$EVO_COMPILE_BACKEND``, else NVRTC where importable, else nvcc.
+Isolation: :mod:`evaluators._isolate` (``$EVO_COMPILE_ZYGOTE=0`` spawns instead of forking
+from the warm server).
 """
 from __future__ import annotations
 

@@ -111,6 +111,12 @@ class KnobSpace:
     constraints: tuple[Constraint, ...] = ()
 
     def __post_init__(self) -> None:
+        seen: set[str] = set(self.knobs)
+        for knob in self.knobs.values():
+            for alias in knob.aliases():
+                if alias in seen:
+                    raise TemplateError(f"knob {knob.name}: value name {alias} clashes with another knob or value name")
+                seen.add(alias)
         names = set(self.knobs) | set(self.aliases())
         for name, expr in self.derived.items():
             if not name.isidentifier() or name in _RESERVED or name in names:

@@ -29,7 +29,7 @@ import statistics
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Optional, Union
+from typing import Callable, Iterable, Iterator, NamedTuple, Optional, Union
 
 from ._codec import CodecError, decode, encode
 from ._log import KIND_CANDIDATE, KIND_EVALUATION, Entry, LogError, RecordLog, atomic_write, rewrite
@@ -119,6 +119,38 @@ class LineageNode:
             stack.extend((depth + 1, p) for p in reversed(node.parents))
 
 
+class _Summary(NamedTuple):
+    """What ranking needs of an evaluation. It is the evaluation frame's key (written from the
+    record itself, checksummed with it), so counting and ranking 50,000 evaluations decode none."""
+
+    candidate_id: str
+    status: Status
+    flagged: bool
+    fitness: Optional[float]
+
+    @classmethod
+    def of(cls, ev: Evaluation) -> "_Summary":
+        return cls(ev.candidate_id, ev.status, bool(ev.flags), ev.fitness)
+
+    def key(self) -> str:
+        fit = "-" if self.fitness is None else repr(self.fitness)
+        return f"{self.candidate_id}\t{self.status.value}\t{int(self.flagged)}\t{fit}"
+
+    @classmethod
+    def parse(cls, key: str) -> Optional["_Summary"]:
+        parts = key.rsplit("\t", 3)
+        if len(parts) != 4 or parts[1] not in _STATUSES:
+            return None  # not a summary key: the caller decodes the record instead
+        try:
+            fitness = None if parts[3] == "-" else float(parts[3])
+        except ValueError:
+            return None
+        return cls(parts[0], _STATUSES[parts[1]], parts[2] == "1", fitness)
+
+
+_STATUSES = {s.value: s for s in Status}
+
+
 class _Population:
     """The index of one shape's log (candidate id -> entry, evaluation entries) and the decoded
     records: every evaluation once decoded (small, and ranking needs them all), committed
@@ -132,6 +164,7 @@ class _Population:
     def rebuild(self) -> None:
         self.cands: dict[str, Entry] = {}
         self.evals: list[Entry] = []
+        self.sums: list[Optional[_Summary]] = []  # parallel to evals
         self.objects: dict[int, Record] = {}
         self.recent: OrderedDict[int, Record] = OrderedDict()
         self.unsaved: list[Entry] = []
@@ -152,6 +185,7 @@ class _Population:
             self.cands.setdefault(entry.key, entry)
         elif entry.kind == KIND_EVALUATION:
             self.evals.append(entry)
+            self.sums.append(_Summary.parse(entry.key))
         if record is not None:  # appended by the writer, on disk only after commit
             self.objects[entry.offset] = record
             self.unsaved.append(entry)
@@ -191,8 +225,12 @@ class _Population:
             self.objects[entry.offset] = record
         return record
 
-    def evaluations(self) -> list[Evaluation]:
-        return [self.get(e) for e in self.evals]  # type: ignore[misc]
+    def summary(self, i: int) -> _Summary:
+        """Evaluation ``i``'s summary, from its key, or decoded if the key is not one."""
+        summary = self.sums[i]
+        if summary is None:
+            summary = self.sums[i] = _Summary.of(self.get(self.evals[i]))  # type: ignore[arg-type]
+        return summary
 
 
 def _as_shape(shape: ShapeLike) -> Shape:
@@ -335,7 +373,7 @@ class Archive:
                     raise ArchiveError(f"evaluation of unknown candidate {record.candidate_id}: add the candidate first")
                 cand = owner.get(owner.cands[record.candidate_id])
                 pop.index(pop.log.append(KIND_CANDIDATE, cand.id, encode(cand)), cand)  # type: ignore[union-attr]
-            pop.index(pop.log.append(KIND_EVALUATION, record.candidate_id, encode(record)), record)
+            pop.index(pop.log.append(KIND_EVALUATION, _Summary.of(record).key(), encode(record)), record)
         else:
             raise TypeError(f"an archive stores Candidate and Evaluation records, not {type(record).__name__}")
         if durable:
@@ -439,14 +477,17 @@ class Archive:
         pop = self._pop(_as_shape(shape))
         if pop is None:
             return []
-        entries = pop.evals if candidate_id is None else [e for e in pop.evals if e.key == candidate_id]
-        return [pop.get(e) for e in entries]  # type: ignore[misc]
+        if candidate_id is None:
+            return [pop.get(e) for e in pop.evals]  # type: ignore[misc]
+        return [pop.get(pop.evals[i]) for i in range(len(pop.evals))  # type: ignore[misc]
+                if pop.summary(i).candidate_id == candidate_id]
 
     def status_counts(self, shape: ShapeLike) -> dict[Status, int]:
         """How many evaluations at a shape ended in each status (every status listed)."""
         counts = dict.fromkeys(Status, 0)
-        for ev in self.evaluations(shape):
-            counts[ev.status] += 1
+        pop = self._pop(_as_shape(shape))
+        for i in range(len(pop.evals) if pop else 0):
+            counts[pop.summary(i).status] += 1  # type: ignore[union-attr]
         return counts
 
     def elites(self, shape: ShapeLike, top: Optional[int] = 10) -> list[Elite]:
@@ -459,20 +500,23 @@ class Archive:
         pop = self._pop(_as_shape(shape))
         if pop is None:
             return []
-        good: dict[str, list[Evaluation]] = {}
+        good: dict[str, list[int]] = {}
         banned: set[str] = set()
-        for ev in pop.evaluations():
-            if ev.status in DISQUALIFYING or ev.flags:
-                banned.add(ev.candidate_id)
-            elif ev.fitness is not None:
-                good.setdefault(ev.candidate_id, []).append(ev)
+        for i in range(len(pop.evals)):  # rank on the summaries; decode only the rows returned
+            sm = pop.summary(i)
+            if sm.status in DISQUALIFYING or sm.flagged:
+                banned.add(sm.candidate_id)
+            elif sm.fitness is not None:
+                good.setdefault(sm.candidate_id, []).append(i)
         ranked = sorted(
-            ((statistics.median(e.fitness for e in evs), cid, evs) for cid, evs in good.items() if cid not in banned),
+            ((statistics.median(pop.summary(i).fitness for i in idx), cid, idx)  # type: ignore[type-var]
+             for cid, idx in good.items() if cid not in banned),
             key=lambda row: (-row[0], -len(row[2]), row[1]))
         if top is not None:
             ranked = ranked[:max(top, 0)]
-        return [Elite(cid, fit, tuple(evs), pop.get(pop.cands[cid]) if cid in pop.cands else None)  # type: ignore[arg-type]
-                for fit, cid, evs in ranked]
+        return [Elite(cid, fit, tuple(pop.get(pop.evals[i]) for i in idx),  # type: ignore[misc]
+                      pop.get(pop.cands[cid]) if cid in pop.cands else None)  # type: ignore[arg-type]
+                for fit, cid, idx in ranked]
 
     def _find(self, candidate_id: str) -> Optional[_Population]:
         for pop in self._all_pops():

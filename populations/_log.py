@@ -7,7 +7,7 @@ Layout: an 8-byte file header (``b"EVOLOG"`` + a little-endian u16 format versio
     4       4     crc32 of everything after it: bytes 8..16, the key and the payload
     8       4     payload length (u32, little-endian)
     12      1     kind (1 candidate, 2 evaluation, 0 other)
-    13      1     key length (u8): the candidate id, so an index needs no decoding
+    13      1     key length (u8): an index key chosen by the caller, so indexes need no decoding
     14      2     reserved, zero
     16      -     key (utf-8), then payload (populations codec bytes)
 

@@ -6,6 +6,8 @@ run a second, real Python process.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import multiprocessing.synchronize
 import os
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import pytest
 
 from populations import (Archive, ArchiveError, ArchiveLockedError, Candidate, Evaluation, KernelStats,
                          Launch, LaunchPlan, Shape, Status, TimerResult, decode, encode)
-from populations._log import FRAME_MAGIC, HEADER_SIZE, KIND_CANDIDATE, RecordLog
+from populations._log import FRAME_MAGIC, HEADER_SIZE, KIND_CANDIDATE, KIND_EVALUATION, RecordLog
 
 ROOT = Path(__file__).resolve().parents[1]
 S1 = Shape(128, 256, 64)
@@ -405,18 +407,45 @@ def test_candidate_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         assert w.candidates(S1) == cs and len(pop.recent) == 4  # re-read from disk as needed
 
 
-def _sleep_forever() -> None:
+def _sleep_forever(started: "multiprocessing.synchronize.Event") -> None:
+    started.set()  # the at-fork hooks have run by now
     time.sleep(60)
 
 
 def test_forked_child_does_not_keep_the_lock(tmp_path: Path) -> None:
-    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
     w = Archive(tmp_path, "w")
-    child = multiprocessing.get_context("fork").Process(target=_sleep_forever)
+    started = ctx.Event()
+    child = ctx.Process(target=_sleep_forever, args=(started,))
     child.start()
     try:
+        assert started.wait(30)
         w.close()
         Archive(tmp_path, "w").close()  # the child's inherited descriptor does not hold the lock
     finally:
         child.kill()
         child.join()
+
+
+def test_ranking_decodes_only_the_rows_returned(tmp_path: Path) -> None:
+    cs = fill(tmp_path, 30)
+    r = Archive(tmp_path)
+    assert r.status_counts(S1)[Status.OK] == 30
+    top = r.elites(S1, top=2)
+    assert [e.candidate_id for e in top] == [cs[29].id, cs[28].id]
+    pop = r._pop(S1)
+    assert pop is not None and len(pop.objects) == 2 and len(pop.recent) == 2  # two evaluations, two candidates
+
+
+def test_evaluations_without_a_summary_key_are_decoded(tmp_path: Path) -> None:
+    x = cand("x")
+    with Archive(tmp_path, "w") as w:
+        w.add(x)
+        w.commit()
+        pop = w._pop(S1)
+        assert pop is not None
+        for e in (ev(x, 2.0), ev(x, 3.0), ev(x, None, status=Status.RUNTIME_ERROR)):  # as a plain-id key would be
+            pop.log.append(KIND_EVALUATION, x.id, encode(e))
+    r = Archive(tmp_path)
+    assert r.elites(S1)[0].fitness == pytest.approx(2.5) and r.status_counts(S1)[Status.RUNTIME_ERROR] == 1
+    assert len(r.evaluations(S1, x.id)) == 3

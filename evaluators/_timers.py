@@ -41,6 +41,7 @@ class TimerStats:
     hi: float
     samples: int
     host_median: float = 0.0  # device timer: host-synchronised time per call, for the side-stream flag
+    reps: int = 1             # device timer: calls per replay (one sample)
 
 
 def median_ci(xs: Sequence[float], z: float = 1.96) -> TimerStats:
@@ -66,13 +67,18 @@ def rotation_sets(set_bytes: int, l2_bytes: int, *, minimum: int = 2, maximum: i
 
 def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_per_round: int = 1,
                  target_replay_s: float = 2e-3, budget_s: float = 0.05, warmup_s: float = 0.03, rng: random.Random,
-                 graph_cache: Optional[dict] = None) -> dict[str, TimerStats]:
+                 graph_cache: Optional[dict] = None, perturb: Optional[Callable[[], None]] = None) -> dict[str, TimerStats]:
     """CUDA-graph replays of back-to-back calls, interleaved across arms (see module docstring).
 
     After ``warmup_s`` of untimed replays of all arms, each round replays every arm
-    ``replays_per_round`` times plus once host-synchronised; by
-    default the number of rounds spends about ``budget_s`` of replays per arm (3 to 12 rounds).
-    ``graph_cache`` keeps the graphs of ``cacheable`` arms between calls."""
+    ``replays_per_round`` times plus once host-synchronised; by default the number of rounds
+    spends about ``budget_s`` of replays per arm (3 to 40 rounds). ``graph_cache`` keeps the
+    graphs of ``cacheable`` arms between calls.
+
+    With ``perturb`` (an eager op that changes the inputs, e.g. flips the sign of one element of
+    every set's A), a graph holds exactly one rotation, so each set is called once per replay,
+    and ``perturb`` runs before every replay, outside the timed events: no call ever sees the
+    inputs it saw before, so memoising outputs by input content buys nothing in this timer."""
     stream = torch.cuda.Stream()
     graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
     replay_s = 0.0
@@ -81,8 +87,11 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
             graphs[arm.name] = graph_cache[arm.name]
             continue
         est = _estimate(arm)
-        reps = max(arm.n_sets, min(4096, math.ceil(target_replay_s / max(est, 1e-7))))
-        reps = -(-reps // arm.n_sets) * arm.n_sets  # whole rotations: every set written
+        if perturb is not None:
+            reps = arm.n_sets
+        else:
+            reps = max(arm.n_sets, min(4096, math.ceil(target_replay_s / max(est, 1e-7))))
+            reps = -(-reps // arm.n_sets) * arm.n_sets  # whole rotations: every set written
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, stream=stream):
             for r in range(reps):
@@ -90,16 +99,20 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
         g.replay()  # first replay uploads the graph
         graphs[arm.name] = (g, reps)
         replay_s = max(replay_s, est * reps)
+    for arm in arms:  # cached arms count too, so the rounds fit the budget
+        replay_s = max(replay_s, 1e-7 * graphs[arm.name][1])
         if arm.cacheable and graph_cache is not None:
             graph_cache[arm.name] = graphs[arm.name]
     torch.cuda.synchronize()
     warm_until = time.perf_counter() + warmup_s  # steady clocks before the first sample
+    touch = perturb or (lambda: None)
     while time.perf_counter() < warm_until:
         for arm in arms:
+            touch()
             graphs[arm.name][0].replay()
         torch.cuda.synchronize()
     if rounds is None:
-        rounds = max(3, min(12, round(budget_s / max(replay_s, 1e-6) / (replays_per_round + 1))))
+        rounds = max(3, min(40, round(budget_s / max(replay_s, 1e-6) / (replays_per_round + 1))))
     events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {a.name: [] for a in arms}
     host: dict[str, list[float]] = {a.name: [] for a in arms}
     for _ in range(rounds):
@@ -109,10 +122,12 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
             g, reps = graphs[arm.name]
             for _ in range(replays_per_round):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                touch()
                 start.record()
                 g.replay()
                 end.record()
                 events[arm.name].append((start, end))
+            touch()
             torch.cuda.synchronize()  # one host-synchronised replay per round: side streams show here
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             t0 = time.perf_counter()
@@ -128,13 +143,16 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
         reps = graphs[arm.name][1]
         stats = median_ci([s.elapsed_time(e) * 1e-3 / reps for s, e in events[arm.name]])
         stats.host_median = median_ci(host[arm.name]).median
+        stats.reps = reps
         out[arm.name] = stats
     del graphs
     return out
 
 
-def host_timer(arms: Sequence[Arm], *, calls: int = 20, qps: float = 0.0, rng: random.Random) -> dict[str, TimerStats]:
-    """``offline`` (qps=0) or ``server`` (exponential gaps at ``qps``): sync, call, sync, host clock."""
+def host_timer(arms: Sequence[Arm], *, calls: int = 20, qps: float = 0.0, rng: random.Random,
+               perturb: Optional[Callable[[], None]] = None) -> dict[str, TimerStats]:
+    """``offline`` (qps=0) or ``server`` (exponential gaps at ``qps``): sync, call, sync, host clock.
+    ``perturb`` runs before each call, outside the timed window (see :func:`device_timer`)."""
     samples: dict[str, list[float]] = {a.name: [] for a in arms}
     pos = {a.name: 0 for a in arms}
     for _ in range(calls):
@@ -143,6 +161,8 @@ def host_timer(arms: Sequence[Arm], *, calls: int = 20, qps: float = 0.0, rng: r
         for arm in order:
             if qps > 0:
                 _sleep(rng.expovariate(qps))
+            if perturb is not None:
+                perturb()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             arm.launch(pos[arm.name] % arm.n_sets)

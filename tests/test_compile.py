@@ -313,3 +313,20 @@ def test_cache_prune_keeps_recent_entries(tmp_path: Path) -> None:
     assert cache.prune(max_bytes=cache.size() - 1500) == 2
     assert cache.get("00" + "ab" * 31) is not None and cache.get("01" + "ab" * 31) is None
     assert cache.get("02" + "ab" * 31) is None and cache.get("04" + "ab" * 31) is not None
+
+
+def test_pool_survives_a_killed_worker(tmp_path: Path) -> None:
+    """A pool worker killed mid-compile (the OOM killer, say) costs that result, not the pool."""
+    import signal
+
+    with CompilePool(workers=1, cache_dir=tmp_path) as pool:
+        slow = pool.submit(cand("#include <cuda_fp16.h>\n" + BOMB), "sm_90a", timeout_s=60)
+        deadline = time.monotonic() + 60
+        while not pool._executor._processes and time.monotonic() < deadline:  # the worker starts lazily
+            time.sleep(0.05)
+        time.sleep(1.0)  # let it reach the compile
+        for pid in list(pool._executor._processes):
+            os.kill(pid, signal.SIGKILL)
+        r = slow.result(timeout=60)
+        assert r.status is Status.COMPILE_ERROR and "compile worker died" in r.message
+        assert pool.submit(cand(), "sm_90a").result(timeout=120).ok

@@ -263,6 +263,9 @@ class GpuHandler:
                 res["max_error"] = max(res["max_error"] or 0.0, cas.max_error)
                 del ops
             res["correctness_s"] = time.perf_counter() - t0
+            if not self._timing_intact():
+                return {**res, "status": "incorrect", "correctness_s": res["correctness_s"],
+                        "message": "wrote outside its buffers: the harness's cached timing inputs changed during the checks"}
             phase("timing")
             t1 = time.perf_counter()
             call, ws, n_launches = kernels.bind(shape)
@@ -290,6 +293,13 @@ class GpuHandler:
             bufs = TimingBuffers(shape, ws, self.l2, self.device)
         self._timing_cache[key] = bufs
         return bufs
+
+    def _timing_intact(self, keep: Optional["TimingBuffers"] = None) -> bool:
+        """Check the cached rotations (other than ``keep``) as canaries; drop any that changed."""
+        bad = [key for key, tb in self._timing_cache.items() if tb is not keep and not tb.intact()]
+        for key in bad:
+            del self._timing_cache[key]
+        return not bad
 
     def _time(self, call: Callable, ws: int, zero_ws: bool, shape: Shape, job: Mapping[str, Any],
               rng: random.Random, gen: torch.Generator, res: dict[str, Any]) -> None:
@@ -356,6 +366,8 @@ class GpuHandler:
         if res["flags"]:
             res["status"] = "flagged"
             res["message"] = "; ".join(res["flags"])
+        if not self._timing_intact(keep=tb):
+            res["flags"].append("wrote outside its buffers during timing: another cached rotation's inputs changed")
         res["rotation_sets"] = n_sets
         res["rotation_bytes"] = n_sets * 2 * (shape.m * shape.k + shape.n * shape.k + shape.m * shape.n)
         del w_all
@@ -390,6 +402,17 @@ class TimingBuffers:
         self.cc_all, self.cc = stack(m, n)
         self.cb_all, self.cb = stack(m, n)
         self.graphs: dict[str, Any] = {}
+        self._inputs = [self.a_all[:, :m * k], self.bnk_all[:, :n * k], self.bkn_all[:, :k * n]]
+        self._sums = self._fingerprint()
+
+    def _fingerprint(self) -> list[float]:
+        # sums of |x|: the sign flips of the timers' perturbation leave them unchanged
+        return [float(t.abs().float().sum()) for t in self._inputs]
+
+    def intact(self) -> bool:
+        """False when something wrote into the rotation's inputs (a far store of a candidate: these
+        are the harness's other large live buffers, so they double as canaries)."""
+        return self._fingerprint() == self._sums
 
 
 def _event_time(fn: Callable[[], Any], reps: int) -> float:

@@ -232,6 +232,7 @@ class GpuHandler:
         res: dict[str, Any] = {"shape": str(shape), "status": "ok", "message": "", "flags": [], "timers": {},
                                "max_error": None, "correctness_s": 0.0, "timing_s": 0.0, "checks": []}
         phase("correctness")
+        stage = "correctness"
         t0 = time.perf_counter()
         gen = torch.Generator(device=self.device).manual_seed(rng.getrandbits(62))
         try:
@@ -267,6 +268,7 @@ class GpuHandler:
                 return {**res, "status": "incorrect", "correctness_s": res["correctness_s"],
                         "message": "wrote outside its buffers: the harness's cached timing inputs changed during the checks"}
             phase("timing")
+            stage = "timing"
             t1 = time.perf_counter()
             call, ws, n_launches = kernels.bind(shape)
             self._time(call, ws, kernels.plan.zero_workspace, shape, job, rng, gen, res)
@@ -275,7 +277,7 @@ class GpuHandler:
             res["status"], res["message"] = "flagged", str(exc)
             res["flags"].append(str(exc))
         except Exception as exc:
-            fail = self._failure(exc, res.get("timing_s") and "timing" or "correctness")
+            fail = self._failure(exc, stage)
             return {**res, **fail, "correctness_s": res["correctness_s"] or time.perf_counter() - t0}
         res["provenance"] = {"sm_clock_mhz": sm_clock_mhz()}
         return res

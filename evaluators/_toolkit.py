@@ -96,7 +96,7 @@ def toolkit_version(backend: str) -> str:
         err, major, minor = nvrtc.nvrtcVersion()
         import cuda.bindings
 
-        return f"nvrtc {major}.{minor} bindings {getattr(cuda.bindings, '__version__', '?')}"
+        return f"nvrtc {major}.{minor} bindings {getattr(cuda.bindings, '__version__', '?')} lib {nvrtc_library()}"
     if backend == "nvcc":
         path = nvcc_path()
         if path is None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -34,7 +35,7 @@ from ._cache import CacheEntry, CubinCache, cache_key
 from ._backends import flags_for
 from ._isolate import DEFAULT_MEM_MB, run_compile_isolated
 from ._ptxas import parse_ptxas, resource_problems
-from ._static import scan, smoke_shapes
+from ._static import ScanResult, scan, smoke_shapes
 from ._toolkit import BACKENDS, nvcc_path, nvrtc_available, nvrtc_library, toolkit_version
 
 __all__ = ["CompileResult", "compile_candidate", "arch_for_capability", "default_backend",
@@ -113,7 +114,7 @@ def compile_candidate(candidate: Candidate, arch: str, *, timeout_s: float = 60,
 
     telemetry: dict[str, Any] = {}
     if run_scan:
-        verdict = scan(candidate, arch=arch)
+        verdict = _memo_scan(candidate, arch)
         telemetry["scan"] = dict(verdict.telemetry)
         if not verdict.ok:
             return result(Status.REJECTED, "static scan: " + "; ".join(verdict.reasons), telemetry=telemetry)
@@ -150,6 +151,28 @@ def compile_candidate(candidate: Candidate, arch: str, *, timeout_s: float = 60,
                       kernels=report.kernels, cached=cached, telemetry=telemetry)
     return result(Status.OK, entry.log, cubin=entry.cubin, kernels=report.kernels, cached=cached,
                   telemetry=telemetry)
+
+
+_SCANS: dict[tuple[str, str], ScanResult] = {}
+_SCANS_LOCK = threading.Lock()
+_SCANS_MAX = 4096
+
+
+def _memo_scan(candidate: Candidate, arch: str) -> ScanResult:
+    """The scan is most of a cache hit's cost (~0.05 s for a 400-line template); a candidate's
+    id covers everything it reads (source, plan, shapes, generic), so verdicts are kept per
+    process, the oldest dropped first."""
+    key = (candidate.id, arch)
+    with _SCANS_LOCK:
+        hit = _SCANS.get(key)
+    if hit is not None:
+        return hit
+    verdict = scan(candidate, arch=arch)
+    with _SCANS_LOCK:
+        if len(_SCANS) >= _SCANS_MAX:
+            _SCANS.pop(next(iter(_SCANS)))
+        _SCANS[key] = verdict
+    return verdict
 
 
 def _launch_problems(candidate: Candidate, kernels: tuple[KernelStats, ...], arch: str) -> list[str]:

@@ -330,3 +330,18 @@ def test_pool_survives_a_killed_worker(tmp_path: Path) -> None:
         r = slow.result(timeout=60)
         assert r.status is Status.COMPILE_ERROR and "compile worker died" in r.message
         assert pool.submit(cand(), "sm_90a").result(timeout=120).ok
+
+
+def test_scan_verdicts_are_remembered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second compile of the same candidate (a cache hit) does not scan again; another arch does."""
+    import evaluators._compile as comp
+
+    calls = []
+    real = comp.scan
+    monkeypatch.setattr(comp, "scan", lambda c, arch=None: calls.append(arch) or real(c, arch=arch))
+    c = cand(MMA + "\n// scan memo test\n")
+    assert compile_candidate(c, "sm_90a", cache_dir=tmp_path).ok
+    assert compile_candidate(c, "sm_90a", cache_dir=tmp_path).cached
+    assert calls == ["sm_90a"]
+    compile_candidate(c, "sm_80", cache_dir=tmp_path)
+    assert calls == ["sm_90a", "sm_80"]

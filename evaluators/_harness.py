@@ -365,11 +365,11 @@ class GpuHandler:
                          lambda i: call(ptrs[i], w_all[i] if ws else None), self._sync, gen)
         except CheckFailed as exc:
             res["flags"].append(str(exc))
+        if not self._timing_intact(keep=tb):
+            res["flags"].append("wrote outside its buffers during timing: another cached rotation's inputs changed")
         if res["flags"]:
             res["status"] = "flagged"
             res["message"] = "; ".join(res["flags"])
-        if not self._timing_intact(keep=tb):
-            res["flags"].append("wrote outside its buffers during timing: another cached rotation's inputs changed")
         res["rotation_sets"] = n_sets
         res["rotation_bytes"] = n_sets * 2 * (shape.m * shape.k + shape.n * shape.k + shape.m * shape.n)
         del w_all

@@ -152,8 +152,8 @@ _STATUSES = {s.value: s for s in Status}
 
 
 class _Population:
-    """The index of one shape's log (candidate id -> entry, evaluation entries) and the decoded
-    records: every evaluation once decoded (small, and ranking needs them all), committed
+    """The index of one shape's log (candidate id -> entry, evaluation entries and their ranking
+    summaries) and the decoded records: evaluations once decoded (small), committed
     candidates in a bounded LRU (their sources are KBs each; a long run must not hoard them),
     and whatever the writer appended but has not committed yet (not on disk to re-read)."""
 
@@ -253,6 +253,10 @@ class Archive:
     appended so far durable (one write and fsync per touched shape), ``durable=True`` commits at
     once. :meth:`close` (and leaving a ``with`` block) commits. The writer's queries see its
     own uncommitted records; readers see what is on disk as of open or :meth:`refresh`.
+
+    A commit is durable per shape log, not atomic across logs: a crash during a commit that
+    touches two shapes can keep the batch in one and lose it (wholly or a suffix of it) in
+    the other. Within a log, what survives is always a prefix of what was appended.
     """
 
     def __init__(self, path: Union[str, os.PathLike], mode: str = "r") -> None:

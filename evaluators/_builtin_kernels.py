@@ -54,6 +54,31 @@ extern "C" __global__ void evo_naive_gemm(const unsigned short* __restrict__ A, 
 #endif
     C[(size_t)i * N + j] = evo_f2h(acc);
 }
+#ifdef EVO_BUG_WS_CACHE
+// Caches every output element in the workspace with a per-element tag: right on a fresh (0xFF)
+// workspace, stale once the workspace persists across calls (the harness's timing sets do).
+extern "C" __global__ void evo_cached_gemm(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+                                           unsigned short* __restrict__ C, unsigned char* __restrict__ W,
+                                           int M, int N, int K) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    int i = blockIdx.y * blockDim.y + threadIdx.y;
+    if (i >= M || j >= N) return;
+    size_t idx = (size_t)i * N + j;
+    unsigned int* tags = (unsigned int*)W;
+    unsigned short* cache = (unsigned short*)(W + (size_t)M * N * 4);
+    if (tags[idx] == 0xC0FFEEu) { C[idx] = cache[idx]; return; }
+    float acc = 0.f;
+    for (int k = 0; k < K; ++k) {
+#ifdef EVO_LAYOUT_NN
+        acc += evo_h2f(A[(size_t)i * K + k]) * evo_h2f(B[(size_t)k * N + j]);
+#else
+        acc += evo_h2f(A[(size_t)i * K + k]) * evo_h2f(B[(size_t)j * K + k]);
+#endif
+    }
+    C[idx] = cache[idx] = evo_f2h(acc);
+    tags[idx] = 0xC0FFEEu;
+}
+#endif
 """
 
 EMPTY_KERNEL = "evo_empty"
@@ -66,10 +91,15 @@ BUGS = {
     "EVO_BUG_MODIFY_INPUT": "incorrect",
     "EVO_BUG_ILLEGAL": "runtime_error",
     "EVO_BUG_HANG": "timeout",
+    "EVO_BUG_WS_CACHE": "flagged",  # passes correctness; the after-timing recheck exposes it
 }
 
 
-def naive_plan(tile: int = 16) -> LaunchPlan:
+def naive_plan(tile: int = 16, workspace_cache: bool = False) -> LaunchPlan:
+    if workspace_cache:
+        return LaunchPlan.from_dict({"workspace": "M * N * 6", "launches": [{
+            "kernel": "evo_cached_gemm", "grid": [f"cdiv(N, {tile})", f"cdiv(M, {tile})", 1],
+            "block": [tile, tile, 1], "smem": 0, "args": ["A", "B", "C", "workspace", "M", "N", "K"]}]})
     return LaunchPlan.from_dict({"launches": [{
         "kernel": "evo_naive_gemm", "grid": [f"cdiv(N, {tile})", f"cdiv(M, {tile})", 1],
         "block": [tile, tile, 1], "smem": 0, "args": ["A", "B", "C", "M", "N", "K"]}]})
@@ -79,5 +109,6 @@ def naive_candidate(shapes: tuple[Shape, ...], *, bug: str = "", generic: bool =
     """The naive GEMM (or one of its :data:`BUGS`) as a candidate for ``shapes`` (one layout)."""
     layout = shapes[0].layout
     header = f"#define EVO_LAYOUT_{layout} 1\n" + (f"#define {bug} 1\n" if bug else "")
-    return Candidate(source=header + NAIVE_GEMM, plan=naive_plan(tile), shapes=tuple(shapes), generic=generic,
+    plan = naive_plan(tile, workspace_cache=bug == "EVO_BUG_WS_CACHE")
+    return Candidate(source=header + NAIVE_GEMM, plan=plan, shapes=tuple(shapes), generic=generic,
                      operator="builtin", meta={"bug": bug} if bug else {})

@@ -341,8 +341,9 @@ def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: s
     ``a3``/``b3``/``c3`` are the stacked sets (B as stored); ``call(i)`` runs the candidate on set
     ``i`` with the workspace the timed calls left behind (not re-filled). Each pass changes, *in
     place* in every set, a few rows of A and of B (pass 1), then 8 scattered single elements of
-    each (pass 2, alone: a strided content hash misses 7 in 8), then scattered elements again with
-    the last set called twice back-to-back and a row changed in between (pass 3). Not re-fills:
+    each (pass 2, alone: a strided content hash misses 7 in 8), then scattered elements again, and
+    the last set called twice back-to-back with scattered elements changed in between and C left
+    holding the first call's (right) output, so a memo that trusts C must notice (pass 3). Not re-fills:
     caches keyed by pointers, by sampled or strided elements, or pre-packed B miss them. Every C
     is filled with finite garbage first (a kernel that trusts C or skips "already done" tiles
     leaves it there), every set is called back-to-back and every set verified. The inputs are
@@ -359,6 +360,14 @@ def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: s
 
     n_sets = a3.shape[0]
     check = "outputs after timing"
+
+    def snapshot() -> list[torch.Tensor]:
+        return [a3.view(torch.int16).clone(), b3.view(torch.int16).clone()]
+
+    def unchanged(expect: list[torch.Tensor], p: int) -> None:
+        """References come from a3/b3: they must still be what we wrote, bit for bit."""
+        if not all(torch.equal(t.view(torch.int16), e) for t, e in zip((a3, b3), expect)):
+            raise CheckFailed(check, f"pass {p + 1}: modified input A or B in place during calls after timing")
     try:
         for p, mode in enumerate(("rows", "elements", "repeat")[:passes]):
             for t3 in (a3, b3):
@@ -369,12 +378,20 @@ def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: s
                     flat = torch.randint(0, rows * cols, (8,), generator=gen, device=t3.device)
                     change(t3, (slice(None), flat // cols, flat % cols))
             c3.uniform_(-4, 4, generator=gen)
+            expect = snapshot()
             for i in range(n_sets):
                 call(i)
-            if mode == "repeat":
-                change(a3, (slice(n_sets - 1, n_sets), pick(a3.shape[1], 1), slice(None)))
+            if mode == "repeat":  # C now holds the right output: a memo that trusts it must see the change
+                sync()
+                unchanged(expect, p)
+                for t3 in (a3, b3):
+                    rows, cols = t3.shape[1], t3.shape[2]
+                    flat = torch.randint(0, rows * cols, (8,), generator=gen, device=t3.device)
+                    change(t3, (slice(n_sets - 1, n_sets), flat // cols, flat % cols))
+                expect = snapshot()
                 call(n_sets - 1)
             sync()
+            unchanged(expect, p)
             _verify_sets(a3, b3, c3, layout, check, f"pass {p + 1} ({mode} changed in place)")
     finally:
         for t3, index, old in reversed(saved):

@@ -288,6 +288,8 @@ class GpuHandler:
         baseline is still replayed with every candidate, only its capture is reused."""
         key = (shape.m, shape.n, shape.k)
         bufs = self._timing_cache.pop(key, None)
+        if bufs is not None and not bufs.intact():  # altered by an earlier job: rebuild
+            bufs = None
         if bufs is None:
             while len(self._timing_cache) >= 2:
                 self._timing_cache.pop(next(iter(self._timing_cache)))
@@ -295,6 +297,16 @@ class GpuHandler:
             bufs = TimingBuffers(shape, ws, self.l2, self.device)
         self._timing_cache[key] = bufs
         return bufs
+
+    def _inputs_modified(self, tb: "TimingBuffers", res: dict[str, Any], when: str) -> None:
+        """The candidate changed its inputs (or a rotation buffer) while timed: incorrect, and the
+        cached rotation is dropped so no later candidate or baseline is timed on altered data."""
+        for key, other in list(self._timing_cache.items()):
+            if other is tb:
+                del self._timing_cache[key]
+        res["status"] = "incorrect"
+        res["message"] = f"modified input {when}: the timing rotation's A/B differ from their pristine copy"
+        res["timers"] = {}
 
     def _timing_intact(self, keep: Optional["TimingBuffers"] = None) -> bool:
         """Check the cached rotations (other than ``keep``) as canaries; drop any that changed."""
@@ -322,16 +334,22 @@ class GpuHandler:
 
         def perturb() -> None:  # a different element of every set's A changes sign before each call
             flip["p"] = (flip["p"] + 7919) % (shape.m * shape.k)
-            tb.a_all[:, flip["p"]].neg_()
+            tb.flip(flip["p"])
         stats: dict[str, dict[str, Any]] = {}
-        if "device" in wanted:
-            stats["device"] = device_timer(arms, rng=rng, rounds=job.get("rounds"), graph_cache=tb.graphs, perturb=perturb)
-        if "offline" in wanted:
-            stats["offline"] = host_timer(arms, calls=int(job.get("host_calls", 20)), rng=rng, perturb=perturb)
-        if "server" in wanted:
-            stats["server"] = host_timer(arms, calls=int(job.get("host_calls", 20)), qps=float(job.get("qps", 2000.0)),
-                                         rng=rng, perturb=perturb)
-        self._sync()
+        try:
+            if "device" in wanted:
+                stats["device"] = device_timer(arms, rng=rng, rounds=job.get("rounds"), graph_cache=tb.graphs,
+                                               perturb=perturb)
+            if "offline" in wanted:
+                stats["offline"] = host_timer(arms, calls=int(job.get("host_calls", 20)), rng=rng, perturb=perturb)
+            if "server" in wanted:
+                stats["server"] = host_timer(arms, calls=int(job.get("host_calls", 20)),
+                                             qps=float(job.get("qps", 2000.0)), rng=rng, perturb=perturb)
+            self._sync()
+        finally:
+            tb.unflip()
+        if not tb.intact():
+            return self._inputs_modified(tb, res, "during timing")
         for name, st in stats.items():
             cand = st["candidate"]
             base_name = min(("torch.matmul NN", "torch.matmul TN"), key=lambda a_: st[a_].median)
@@ -365,6 +383,8 @@ class GpuHandler:
                          lambda i: call(ptrs[i], w_all[i] if ws else None), self._sync, gen)
         except CheckFailed as exc:
             res["flags"].append(str(exc))
+        if not tb.intact():
+            return self._inputs_modified(tb, res, "during the calls after timing")
         if not self._timing_intact(keep=tb):
             res["flags"].append("wrote outside its buffers during timing: another cached rotation's inputs changed")
         if res["flags"]:
@@ -385,7 +405,7 @@ class TimingBuffers:
     def __init__(self, shape: Shape, ws: int, l2: int, device: torch.device) -> None:
         m, n, k = shape.m, shape.n, shape.k
         free, _ = torch.cuda.mem_get_info()
-        per_set = 2 * (m * k + 2 * n * k + 2 * m * n) + ws + 6 * 256
+        per_set = 2 * (2 * m * k + 4 * n * k + 2 * m * n) + ws + 6 * 256  # inputs, pristine copies, outputs
         self.n_sets = n_sets = max(2, min(rotation_sets(2 * (m * k + n * k + m * n), l2), int(0.4 * free) // per_set))
         gen = torch.Generator(device=device).manual_seed(self.SEED)
 
@@ -404,17 +424,27 @@ class TimingBuffers:
         self.cc_all, self.cc = stack(m, n)
         self.cb_all, self.cb = stack(m, n)
         self.graphs: dict[str, Any] = {}
-        self._inputs = [self.a_all[:, :m * k], self.bnk_all[:, :n * k], self.bkn_all[:, :k * n]]
-        self._sums = self._fingerprint()
+        self._inputs = [t.view(torch.int16) for t in (self.a_all[:, :m * k], self.bnk_all[:, :n * k],
+                                                      self.bkn_all[:, :k * n])]
+        self._pristine = [t.clone() for t in self._inputs]
+        self._flipped: set[int] = set()
 
-    def _fingerprint(self) -> list[float]:
-        # sums of |x|: the sign flips of the timers' perturbation leave them unchanged
-        return [float(t.abs().float().sum()) for t in self._inputs]
+    def flip(self, p: int) -> None:
+        """Change the sign of element ``p`` of every set's A (the timers' input perturbation)."""
+        self.a_all[:, p].neg_()
+        self._flipped ^= {p}
+
+    def unflip(self) -> None:
+        """Undo every pending :meth:`flip`: the inputs are bit-identical to the pristine copy again."""
+        for p in self._flipped:
+            self.a_all[:, p].neg_()
+        self._flipped.clear()
 
     def intact(self) -> bool:
-        """False when something wrote into the rotation's inputs (a far store of a candidate: these
-        are the harness's other large live buffers, so they double as canaries)."""
-        return self._fingerprint() == self._sums
+        """Bit-exact comparison of the inputs with their pristine copy (after :meth:`unflip`): False
+        when a candidate wrote into them, in place (its own A or B) or by a far store (the other
+        cached rotations are the harness's other large live buffers, so they double as canaries)."""
+        return not self._flipped and all(torch.equal(t, q) for t, q in zip(self._inputs, self._pristine))
 
 
 def _event_time(fn: Callable[[], Any], reps: int) -> float:

@@ -286,6 +286,25 @@ def test_recheck_catches_prepacked_b_and_strided_content_hashes():
         recheck_sets(a3, b3, c3, "TN", strided_hash_tiles, lambda: None, g)
 
 
+def test_recheck_catches_a_kernel_that_zeroes_its_inputs_when_warm():
+    from evaluators._correctness import CheckFailed, recheck_sets
+
+    a3, b3, c3, g = _rotation()
+    warm = set()
+
+    def zero_when_warm(i):  # honest on a fresh workspace; later: zero A in place, write C = 0
+        if i in warm:
+            a3[i].zero_()
+            c3[i].zero_()
+        else:
+            _set_product(a3, b3, c3, i, "TN")
+            warm.add(i)
+    for i in range(len(a3)):
+        zero_when_warm(i)
+    with pytest.raises(CheckFailed, match="modified input"):
+        recheck_sets(a3, b3, c3, "TN", zero_when_warm, lambda: None, g)
+
+
 def test_outlier_probe_catches_fingerprinting_fp16_partials():
     def splitk_fp16_unless_integral(ops):  # fp16 partials unless A looks like a probe (integers or big)
         a, b = ops.A.data.double(), ops.b_kn().double()

@@ -417,3 +417,107 @@ def test_evo_eval_without_a_plan_or_a_gpu_exits_2(tmp_path, capsys, monkeypatch)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert main(["eval", str(src), "--shape", "64x64x64"]) == 2
     assert "no GPU" in capsys.readouterr().err
+
+
+# -- CPU: the harness's timing step with the CUDA timers replaced by test doubles -----------------
+def _cpu_harness(monkeypatch):
+    """A GpuHandler without CUDA: CPU tensors, timers that just call every arm (test doubles of the
+    CUDA graph/event timers, the boundary we cannot cross here)."""
+    import evaluators._harness as h
+    from evaluators._timers import TimerStats
+
+    def fake_device_timer(arms, *, rng, rounds=None, graph_cache=None, perturb=None, **kw):
+        for _ in range(3):
+            for arm in arms:
+                for i in range(arm.n_sets):
+                    if perturb:
+                        perturb()
+                    arm.launch(i)
+        return {a.name: TimerStats(1e-3, 0.9e-3, 1.1e-3, 6, host_median=1e-3, reps=a.n_sets) for a in arms}
+
+    def fake_host_timer(arms, *, calls=20, qps=0.0, rng, perturb=None):
+        for arm in arms:
+            if perturb:
+                perturb()
+            arm.launch(0)
+        return {a.name: TimerStats(2e-3, 1.9e-3, 2.1e-3, calls) for a in arms}
+
+    monkeypatch.setattr(h, "device_timer", fake_device_timer)
+    monkeypatch.setattr(h, "host_timer", fake_host_timer)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (8 << 30, 16 << 30))
+    handler = object.__new__(h.GpuHandler)
+    handler.device, handler.l2, handler.ceilings = torch.device("cpu"), 1 << 15, dict(h.DEFAULT_CEILINGS)
+    handler._timing_cache = {}
+    handler._sync = lambda: None
+    return h, handler
+
+
+def _timed(h, handler, shape, kernel):
+    """Run GpuHandler._time with ``kernel(a, b_stored, c, tensors)`` standing in for the launch."""
+    import random
+
+    tensors = {}
+
+    def call(ptrs, w):
+        if not tensors:  # map the rotation's pointers back to its tensors once
+            tb = next(iter(handler._timing_cache.values()))
+            b = tb.b_nk if shape.layout == "TN" else tb.b_kn
+            for i in range(tb.n_sets):
+                tensors[tb.a[i].data_ptr()] = (tb.a[i], b[i], tb.cc[i])
+        a, b, c = tensors[ptrs["A"]]
+        kernel(a, b, c)
+
+    res = {"flags": [], "timers": {}, "status": "ok", "message": ""}
+    handler._time(call, 0, False, shape, {}, random.Random(1), torch.Generator().manual_seed(1), res)
+    return res
+
+
+def _honest(layout):
+    def k(a, b, c):
+        c.copy_((a.float() @ (b.float().t() if layout == "TN" else b.float())).half())
+    return k
+
+
+@pytest.mark.parametrize("layout", ["TN", "NN"])
+def test_harness_timing_step_passes_an_honest_kernel_and_leaves_the_rotation_pristine(monkeypatch, layout):
+    h, handler = _cpu_harness(monkeypatch)
+    shape = Shape(40, 24, 32, layout)
+    res = _timed(h, handler, shape, _honest(layout))
+    assert res["status"] == "ok", res["message"]
+    assert set(res["timers"]) == {"device", "offline", "server"} and res["rotation_sets"] >= 2
+    tb = next(iter(handler._timing_cache.values()))
+    assert tb.intact()
+    res = _timed(h, handler, shape, _honest(layout))  # the cached rotation is reused
+    assert res["status"] == "ok" and len(handler._timing_cache) == 1
+
+
+def test_harness_timing_step_catches_inputs_zeroed_while_timed(monkeypatch):
+    h, handler = _cpu_harness(monkeypatch)
+    shape = Shape(40, 24, 32, "TN")
+    seen = set()
+
+    def zero_when_warm(a, b, c):  # the second call on a set (a warm workspace) zeroes A, writes C = 0
+        if a.data_ptr() in seen:
+            a.zero_()
+            c.zero_()
+        else:
+            _honest("TN")(a, b, c)
+            seen.add(a.data_ptr())
+    res = _timed(h, handler, shape, zero_when_warm)
+    assert res["status"] == "incorrect" and "modified input during timing" in res["message"]
+    assert not handler._timing_cache  # the altered rotation is dropped, not reused
+
+
+def test_harness_timing_step_flags_a_per_set_memo(monkeypatch):
+    h, handler = _cpu_harness(monkeypatch)
+    shape = Shape(40, 24, 32, "TN")
+    memo = {}
+
+    def per_set_memo(a, b, c):
+        key = a.data_ptr()
+        if key not in memo:
+            _honest("TN")(a, b, c)
+            memo[key] = c.clone()
+        c.copy_(memo[key])
+    res = _timed(h, handler, shape, per_set_memo)
+    assert res["status"] == "flagged" and "outputs after timing" in res["message"]

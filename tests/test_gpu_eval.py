@@ -74,11 +74,16 @@ def test_evo_eval_reads_the_plan_from_a_leading_comment(tmp_path):
 
 
 # -- CPU: tolerances and the cascade with Python stand-ins for kernels ------------------------------
-torch = pytest.importorskip("torch")
-from evaluators._correctness import (Cascade, Operands, ragged_instances, reference,  # noqa: E402
-                                     tolerance_exact, tolerance_random, ulp16)
+try:  # torch is the gpu extra's; without it these tests skip one by one (the ones above still run)
+    import torch
+    from evaluators._correctness import (Cascade, Operands, ragged_instances, reference,
+                                         tolerance_exact, tolerance_random, ulp16)
+except ImportError:
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed (pip install '.[gpu]')")
 
 
+@needs_torch
 def test_ulp16_and_the_tolerance_formulas():
     x = torch.tensor([1.0, 1.5, 2048.0, 65504.0, 1e-6, 0.0])
     assert ulp16(x).tolist() == [2**-10, 2**-10, 2.0, 32.0, 2**-24, 2**-24]
@@ -87,6 +92,7 @@ def test_ulp16_and_the_tolerance_formulas():
     assert tolerance_exact(ref, torch.tensor([1e4]), 4096).item() == pytest.approx(2**-4 + 8 * 64 * 2**-23 * 1e4)
 
 
+@needs_torch
 def test_fp32_accumulation_passes_and_fp16_accumulation_fails_the_random_tolerance():
     g = torch.Generator().manual_seed(0)
     for k in (256, 1024):
@@ -157,6 +163,7 @@ STANDINS = {
 }
 
 
+@needs_torch
 @pytest.mark.parametrize("name", sorted(STANDINS))
 @pytest.mark.parametrize("layout", ["TN", "NN"])
 def test_the_cascade_catches_each_bug_by_name(name, layout):
@@ -174,6 +181,7 @@ def test_the_cascade_catches_each_bug_by_name(name, layout):
             cas.full(generic=False)
 
 
+@needs_torch
 def test_probes_catch_fp16_accumulation_where_random_data_cannot():
     gen = torch.Generator().manual_seed(3)
     ops = Operands.allocate(Shape(16, 16, 8), 0, False, torch.device("cpu"), gen)
@@ -188,6 +196,7 @@ def test_probes_catch_fp16_accumulation_where_random_data_cannot():
         Cascade(big, lambda o: o.C.data.copy_(_matmul(o, acc16=True)), lambda: None, gen).large_values()
 
 
+@needs_torch
 def test_ragged_instances_respect_tma_pitch_and_cover_large_residues():
     import random
 
@@ -213,6 +222,7 @@ def _set_product(a3, b3, c3, i, layout):
     c3[i] = (a3[i].float() @ b).half()
 
 
+@needs_torch
 @pytest.mark.parametrize("layout", ["TN", "NN"])
 def test_recheck_after_timing_passes_an_honest_kernel_and_restores_a(layout):
     from evaluators._correctness import recheck_sets
@@ -223,6 +233,7 @@ def test_recheck_after_timing_passes_an_honest_kernel_and_restores_a(layout):
     assert torch.equal(a3, before) and torch.equal(b3, b_before)
 
 
+@needs_torch
 def test_recheck_after_timing_catches_state_kept_across_calls():
     from evaluators._correctness import CheckFailed, recheck_sets
 
@@ -252,6 +263,7 @@ def test_recheck_after_timing_catches_state_kept_across_calls():
         recheck_sets(a3, b3, c3, "TN", skips_second_call_in_a_row, lambda: None, g)
 
 
+@needs_torch
 def test_recheck_catches_prepacked_b_and_strided_content_hashes():
     from evaluators._correctness import CheckFailed, recheck_sets
 
@@ -286,6 +298,7 @@ def test_recheck_catches_prepacked_b_and_strided_content_hashes():
         recheck_sets(a3, b3, c3, "TN", strided_hash_tiles, lambda: None, g)
 
 
+@needs_torch
 def test_recheck_catches_a_kernel_that_zeroes_its_inputs_when_warm():
     from evaluators._correctness import CheckFailed, recheck_sets
 
@@ -305,6 +318,7 @@ def test_recheck_catches_a_kernel_that_zeroes_its_inputs_when_warm():
         recheck_sets(a3, b3, c3, "TN", zero_when_warm, lambda: None, g)
 
 
+@needs_torch
 def test_outlier_probe_catches_fingerprinting_fp16_partials():
     def splitk_fp16_unless_integral(ops):  # fp16 partials unless A looks like a probe (integers or big)
         a, b = ops.A.data.double(), ops.b_kn().double()
@@ -336,6 +350,7 @@ def gpu_pool(tmp_path_factory):
         yield pool
 
 
+@needs_torch
 @pytest.mark.gpu
 def test_known_good_kernels_pass_with_timers_and_provenance(gpu_pool):
     cands = [naive_candidate((GPU_SHAPE, Shape.parse("64x128x64:TN"))),
@@ -360,6 +375,7 @@ def test_known_good_kernels_pass_with_timers_and_provenance(gpu_pool):
         assert e.max_error is not None and e.correctness_s > 0 and e.timing_s > 0
 
 
+@needs_torch
 @pytest.mark.gpu
 def test_broken_kernels_get_their_status_and_the_pool_survives(gpu_pool):
     cands = [naive_candidate((GPU_SHAPE,), bug=bug) for bug in BUGS] + [naive_candidate((GPU_SHAPE,), tile=8)]
@@ -374,6 +390,7 @@ def test_broken_kernels_get_their_status_and_the_pool_survives(gpu_pool):
 
 
 # -- CPU: timer statistics, rotation sizing, the physical floor, the CLI's error paths -------------
+@needs_torch
 def test_median_ci_uses_order_statistics():
     from evaluators._timers import median_ci
 
@@ -383,6 +400,7 @@ def test_median_ci_uses_order_statistics():
     assert median_ci([7.0]).lo == median_ci([7.0]).hi == 7.0
 
 
+@needs_torch
 def test_rotation_exceeds_twice_the_l2():
     from evaluators._timers import rotation_sets
 
@@ -394,6 +412,7 @@ def test_rotation_exceeds_twice_the_l2():
     assert rotation_sets(16384, l2) == 4096  # capped at 4096 sets
 
 
+@needs_torch
 def test_physical_floor_takes_the_largest_bound():
     from evaluators._harness import DEFAULT_CEILINGS, HEADROOM, physical_floor
 
@@ -478,6 +497,7 @@ def _honest(layout):
     return k
 
 
+@needs_torch
 @pytest.mark.parametrize("layout", ["TN", "NN"])
 def test_harness_timing_step_passes_an_honest_kernel_and_leaves_the_rotation_pristine(monkeypatch, layout):
     h, handler = _cpu_harness(monkeypatch)
@@ -491,6 +511,7 @@ def test_harness_timing_step_passes_an_honest_kernel_and_leaves_the_rotation_pri
     assert res["status"] == "ok" and len(handler._timing_cache) == 1
 
 
+@needs_torch
 def test_harness_timing_step_catches_inputs_zeroed_while_timed(monkeypatch):
     h, handler = _cpu_harness(monkeypatch)
     shape = Shape(40, 24, 32, "TN")
@@ -508,6 +529,7 @@ def test_harness_timing_step_catches_inputs_zeroed_while_timed(monkeypatch):
     assert not handler._timing_cache  # the altered rotation is dropped, not reused
 
 
+@needs_torch
 def test_harness_timing_step_flags_a_per_set_memo(monkeypatch):
     h, handler = _cpu_harness(monkeypatch)
     shape = Shape(40, 24, 32, "TN")

@@ -160,8 +160,13 @@ class KnobSpace:
         out.update(knobs)
         return out
 
-    def env(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None) -> dict[str, int]:
-        """Integer bindings of knobs, aliases and derived values (shape-dependent ones only with a shape)."""
+    def env(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None,
+            failed: Optional[dict[str, str]] = None) -> dict[str, int]:
+        """Integer bindings of knobs, aliases and derived values (shape-dependent ones only with a shape).
+
+        A derived value that cannot be computed (``cdiv`` by zero...) raises :class:`ExprError`,
+        or, when ``failed`` is given, is left out and recorded there with the error.
+        """
         full = self.complete(knobs)
         env: dict[str, int] = dict(self.aliases())
         for name, knob in self.knobs.items():
@@ -172,7 +177,15 @@ class KnobSpace:
         for name, expr in self.derived.items():
             if shape is None and name in dependent:
                 continue
-            env[name] = evaluate(expr, env)
+            if failed is not None and _names(expr) & failed.keys():
+                failed[name] = f"needs {sorted(_names(expr) & failed.keys())}"
+                continue
+            try:
+                env[name] = evaluate(expr, env)
+            except ExprError as exc:
+                if failed is None:
+                    raise
+                failed[name] = str(exc)
         return env
 
     def check(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None) -> list[str]:
@@ -190,11 +203,11 @@ class KnobSpace:
                 reasons.append(f"{name}={value!r} is not one of {list(knob.values)}")
         if reasons:
             return reasons
-        try:
-            env = self.env(knobs, shape)
-        except ExprError as exc:
-            return [f"derived values cannot be computed: {exc}"]
+        failed: dict[str, str] = {}
+        env = self.env(knobs, shape, failed)
         for c in self.constraints:
+            if _names(c.expr) & failed.keys():
+                continue  # reported below unless another constraint already explains it
             if not _names(c.expr) <= env.keys():
                 continue  # needs a shape
             try:
@@ -204,6 +217,8 @@ class KnobSpace:
                 continue
             if not ok:
                 reasons.append(c.reason)
+        if failed and not reasons:
+            reasons = [f"derived {n} cannot be computed: {e}" for n, e in failed.items()]
         return reasons
 
     def is_valid(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None) -> bool:

@@ -347,12 +347,13 @@ def _compile_sample(families: dict[str, Template], per_family: int, seed: int) -
 def _assert_compiled(results: list) -> None:
     failed = [(n, a, k, r.status, r.message[-600:]) for n, k, a, r in results if not r.ok]
     assert not failed, failed
-    for name, knobs, _, r in results:
-        names = {k.name for k in r.kernels}
-        assert ("evo_gemm" if name == "sm80_mma" else "evo_tiny") in names
-        # ptxas sometimes parks one or two values in local memory outside the main loop even with
-        # registers to spare (seen: 4 bytes at 48 registers); a register-starved tile spills far more.
-        assert all(k.spill_stores <= 32 and k.stack_frame <= 64 for k in r.kernels), (name, knobs, r.kernels)
+    for name, _, _, r in results:
+        assert ("evo_gemm" if name == "sm80_mma" else "evo_tiny") in {k.name for k in r.kernels}
+    # ptxas sometimes parks one or two values in local memory outside the main loop even with
+    # registers to spare (seen: 4 bytes at 48 registers); a register-starved tile spills far more.
+    spilled = [(name, arch, knobs, r.kernels) for name, knobs, arch, r in results
+               if any(k.spill_stores > 32 or k.stack_frame > 64 for k in r.kernels)]
+    assert not spilled, spilled
 
 
 def test_sampled_valid_knob_sets_compile(families: dict[str, Template]) -> None:
@@ -368,3 +369,10 @@ def test_sweep_compiles(families: dict[str, Template]) -> None:
     results = _compile_sample(families, 260, seed=7)  # ~520 compiles: ~10 min on two busy cores
     assert len(results) >= 500
     _assert_compiled(results)
+
+
+def test_uncomputable_derived_value_is_a_reason(tmp_path: Path) -> None:
+    t = load_template(write_demo(tmp_path, DEMO.replace('KT2 = "KT * 2"', 'KT2 = "KT * 2"\nQ = "64 // (BM - 64)"')))
+    assert t.check({"BM": 128}) == []
+    assert t.check({"BM": 64}) == ["derived Q cannot be computed: division by zero in '64 // (BM - 64)'"]
+    assert t.check({"BM": 64, "WM": 32, "EPI": "smem", "SPLIT_K": 2}) == ["smem epilogue only without split-K"]

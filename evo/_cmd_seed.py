@@ -4,7 +4,7 @@ Fills an archive with a first population per shape, from every seed template tha
 shape on the target architecture: the template's cuBLAS-like heuristic picks first (tile by
 shape, split-K for small M·N with large K), then valid random samples chosen to be far apart in
 the knob space (greedy farthest-point over per-axis distances), de-duplicated, each a
-:class:`~populations.Candidate` with ``operator="seed"``. Exit status 0 on success, 2 on bad
+Candidate with operator "seed". Exit status 0 on success, 2 on bad
 input (an unparsable shape, an unknown template, a non-positive count).
 """
 from __future__ import annotations

@@ -1,0 +1,188 @@
+"""Best seed per shape vs torch.matmul in GPU time, over a stratified sample of the 1000-shape grid.
+
+    python bench/seed_bench.py [--grid configs.csv] [--n 100]
+                               [--picks 2] [--budget-s 300] [--out DIR]
+
+The grid is CUDA-L2's (M, N, K in {64 ... 16384}, TN layout, f32 contract). The sample takes
+the ten largest shapes by FLOPs, then spreads the rest evenly over FLOP decades (a fixed seed),
+so every size class is represented. For every shape, each applicable template contributes its
+first ``--picks`` heuristic knob sets (``evo seed``'s first picks, before any evolution); all go
+through one ``evaluators.LocalPool`` with the ``device`` timer (CUDA-graph replays over rotating
+buffers larger than 2x L2, paired with torch.matmul best of NN/TN in the same worker). The
+shape's figure is its best ``ok`` unflagged candidate.
+
+Prints the summary last, writes ``seed_bench.csv``, ``seed_bench.json`` and ``seed_bench.png``
+(speedup vs FLOPs) under ``--out`` (default: $OUT or .). Shapes not reached inside
+``--budget-s`` are listed as not run, not dropped silently.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from evaluators import LocalPool  # noqa: E402
+from populations import Candidate, Shape, load_templates  # noqa: E402
+
+#: CUDA-L2's grid (shared/anchors/cuda-l2/configs.csv holds exactly these 1000 shapes).
+GRID_SIZES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
+
+
+def read_grid(path: Path | None) -> list[Shape]:
+    if path is None:
+        return [Shape(m, n, k) for m in GRID_SIZES for n in GRID_SIZES for k in GRID_SIZES]
+    with open(path, newline="") as fh:
+        return [Shape(int(r["M"]), int(r["N"]), int(r["K"])) for r in csv.DictReader(fh)]
+
+
+def stratified(grid: list[Shape], n: int, seed: int) -> list[Shape]:
+    """The ten largest by FLOPs plus an even spread over FLOP decades, ``n`` in all."""
+    by_flops = sorted(grid, key=lambda s: (s.flops, s.m, s.n, s.k))
+    largest = by_flops[-10:]
+    rest = by_flops[:-10]
+    decades: dict[int, list[Shape]] = defaultdict(list)
+    for s in rest:
+        decades[int(math.log10(s.flops))].append(s)
+    rng = random.Random(seed)
+    want = n - len(largest)
+    keys = sorted(decades)
+    picked: list[Shape] = []
+    for i, d in enumerate(keys):  # share out evenly, remainder to the first decades
+        k = want // len(keys) + (1 if i < want % len(keys) else 0)
+        picked += rng.sample(decades[d], min(k, len(decades[d])))
+    leftover = [s for s in rest if s not in set(picked)]  # small decades could not fill their share
+    picked += rng.sample(leftover, max(0, want - len(picked)))
+    return sorted(picked + largest, key=lambda s: s.flops)
+
+
+def seeds_for(shape: Shape, templates: dict[str, Any], arch: str, picks: int) -> list[Candidate]:
+    out: dict[str, Candidate] = {}
+    for name, t in sorted(templates.items()):
+        if not t.applicable(shape, arch):
+            continue
+        for knobs in t.heuristic(shape)[:picks]:
+            c = t.candidate(knobs, shape)
+            out.setdefault(c.id, c)
+    return list(out.values())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--grid", type=Path, default=None, help="a configs.csv (M,N,K columns); default: the 1000-shape grid")
+    p.add_argument("--n", type=int, default=100)
+    p.add_argument("--picks", type=int, default=2, help="heuristic knob sets per template and shape")
+    p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--budget-s", type=float, default=300.0, help="stop submitting new shapes after this")
+    p.add_argument("--compile-workers", type=int, default=min(14, os.cpu_count() or 2))
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = p.parse_args()
+    if args.grid is not None and not args.grid.exists():
+        print(f"seed_bench: grid file {args.grid} not found", file=sys.stderr)
+        return 2
+    shapes = stratified(read_grid(args.grid), args.n, args.seed)
+    templates = load_templates()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    rows: list[dict[str, Any]] = []
+    not_run: list[str] = []
+    with LocalPool(compile_workers=args.compile_workers, timers=("device",), log_dir=str(out)) as pool:
+        arch = pool.arch
+        pending = []
+        for shape in shapes:  # submit shape by shape so the budget cut leaves whole shapes
+            if time.monotonic() - t0 > args.budget_s:
+                not_run.append(str(shape))
+                continue
+            cands = seeds_for(shape, templates, arch, args.picks)
+            pending.append((shape, cands, [pool.submit(c) for c in cands]))
+        for shape, cands, futures in pending:
+            best, best_c, statuses = None, None, defaultdict(int)
+            baseline = None
+            for c, f in zip(cands, futures):
+                for e in f.result():
+                    statuses[e.status.value] += 1
+                    t = e.timers.get("device")
+                    if t is not None:
+                        baseline = t.baseline_median
+                    if e.fitness is not None and (best is None or e.fitness > best):
+                        best, best_c = e.fitness, c
+            rows.append({
+                "M": shape.m, "N": shape.n, "K": shape.k, "flops": shape.flops,
+                "candidates": len(cands), "best_speedup": best,
+                "best_template": best_c.template if best_c else "", "best_knobs": json.dumps(best_c.knobs) if best_c else "",
+                "cublas_us": baseline * 1e6 if baseline else None,
+                "cublas_tflops": shape.flops / baseline / 1e12 if baseline else None,
+                "statuses": json.dumps(dict(statuses)),
+            })
+            print(f"{str(shape):>26} {len(cands):2d} cand  best {best if best else float('nan'):.3f}x"
+                  f"  {best_c.template if best_c else '-':>12}  {dict(statuses)}", flush=True)
+        stats = pool.stats
+    wall = time.monotonic() - t0
+    with open(out / "seed_bench.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["M"])
+        w.writeheader()
+        w.writerows(rows)
+    summary = summarize(rows, not_run, wall, stats.busy_fraction())
+    (out / "seed_bench.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    plot(rows, out / "seed_bench.png")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def summarize(rows: list[dict[str, Any]], not_run: list[str], wall: float, busy: float) -> dict[str, Any]:
+    got = [r for r in rows if r["best_speedup"]]
+    sp = [r["best_speedup"] for r in got]
+    largest = sorted(rows, key=lambda r: r["flops"])[-10:]
+    per_decade: dict[str, list[float]] = defaultdict(list)
+    for r in got:
+        per_decade[f"1e{int(math.log10(r['flops']))}"].append(r["best_speedup"])
+    geo = lambda xs: math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else None  # noqa: E731
+    return {
+        "shapes_run": len(rows), "shapes_with_ok_seed": len(got), "not_run": not_run,
+        "geomean": geo(sp), "median": statistics.median(sp) if sp else None, "min": min(sp) if sp else None,
+        "share_ge_1": sum(x >= 1 for x in sp) / len(sp) if sp else None,
+        "share_ge_0.9": sum(x >= 0.9 for x in sp) / len(sp) if sp else None,
+        "per_decade_geomean": {k: geo(v) for k, v in sorted(per_decade.items())},
+        "ten_largest": [{"shape": f"{r['M']}x{r['N']}x{r['K']}", "speedup": r["best_speedup"],
+                         "template": r["best_template"], "cublas_tflops": r["cublas_tflops"]} for r in largest],
+        "wall_s": wall, "gpu_busy_fraction": busy,
+    }
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    got = [r for r in rows if r["best_speedup"]]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for tpl in sorted({r["best_template"] for r in got}):
+        pts = [r for r in got if r["best_template"] == tpl]
+        ax.scatter([r["flops"] for r in pts], [r["best_speedup"] for r in pts], s=14, label=tpl)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(0.9, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xlabel("FLOPs (2MNK)")
+    ax.set_ylabel("best seed / torch.matmul (device time)")
+    ax.set_title("Seeds before evolution, H200, TN f32")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

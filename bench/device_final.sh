@@ -10,9 +10,9 @@ log() { echo "=== $(date -u +%H:%M:%S) $*"; }
   log "machine"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
   git log -1 --format='commit %h %s' 2>/dev/null || true
   log "red team (issue 5)"
-  timeout "${T_REDTEAM:-230}" python3 bench/redteam.py --rounds 2 --deadline-s 8 --out "$W/redteam"
+  timeout "${T_REDTEAM:-230}" python3 bench/redteam.py --rounds 2 --deadline-s 8 --budget-s 190 --out "$W/redteam"
   log "evaluator throughput + repeatability (issue 4)"
-  timeout "${T_EVAL:-110}" python3 bench/eval_bench.py --n 24 --starts 5 --out "$W/eval"
+  timeout "${T_EVAL:-110}" python3 bench/eval_bench.py --n 16 --starts 5 --out "$W/eval"
   log "GPU tests"
   timeout "${T_TESTS:-70}" python3 -m pytest -q -m gpu tests/test_gpu_eval.py -p no:cacheprovider
   log "evo seed + evo run end to end (issue 6)"

@@ -151,12 +151,14 @@ def render_csv(report: dict[str, Any], tree: Optional[LineageNode], out: Any) ->
 
 
 def _walk_with_child(tree: LineageNode) -> list[tuple[int, Optional[str], LineageNode]]:
+    """(depth, id of the node it hangs under, node), in the tree's depth-first order: the node
+    a node hangs under is the last one seen one level up."""
     out: list[tuple[int, Optional[str], LineageNode]] = []
-    stack: list[tuple[int, Optional[str], LineageNode]] = [(0, None, tree)]
-    while stack:
-        depth, child, node = stack.pop()
-        out.append((depth, child, node))
-        stack.extend((depth + 1, node.candidate_id, p) for p in reversed(node.parents))
+    path: list[str] = []
+    for depth, node in tree.walk():
+        del path[depth:]
+        out.append((depth, path[-1] if path else None, node))
+        path.append(node.candidate_id)
     return out
 
 
@@ -174,8 +176,7 @@ def _node_label(node: LineageNode) -> str:
 
 
 def render_lineage_text(tree: LineageNode) -> str:
-    return "\n".join("  " * depth + ("<- " if depth else "") + _node_label(node)
-                     for depth, _child, node in _walk_with_child(tree)) + "\n"
+    return "\n".join("  " * depth + ("<- " if depth else "") + _node_label(node) for depth, node in tree.walk()) + "\n"
 
 
 def render_rich(report: dict[str, Any], tree: Optional[LineageNode], out: Any) -> None:

@@ -119,59 +119,56 @@ class _Window:
         return -1
 
 
+def _intact(buf: bytes, rel: int, base: int) -> Optional[Entry]:
+    """The frame at ``buf[rel:]`` (file offset ``base + rel``) if it is whole and its crc and
+    key check out, else None. One check for the fast scan and for resynchronisation."""
+    if rel + FRAME_SIZE > len(buf):
+        return None
+    magic, crc, size, kind, klen, _reserved = _FRAME.unpack_from(buf, rel)
+    stop = rel + FRAME_SIZE + klen + size
+    if magic != FRAME_MAGIC or size > MAX_PAYLOAD or stop > len(buf):
+        return None
+    if zlib.crc32(memoryview(buf)[rel + 8:stop]) != crc:
+        return None
+    try:
+        key = buf[rel + FRAME_SIZE:rel + FRAME_SIZE + klen].decode()
+    except UnicodeDecodeError:
+        return None
+    return Entry(base + rel, kind, key, base + rel + FRAME_SIZE + klen, size)
+
+
 def _frame_at(win: _Window, pos: int) -> Optional[Entry]:
     """The intact frame starting at ``pos``, or None."""
     head = win.get(pos, FRAME_SIZE)
     if head is None:
         return None
-    magic, crc, size, kind, klen, _reserved = _FRAME.unpack(head)
-    if magic != FRAME_MAGIC or size > MAX_PAYLOAD:
-        return None
-    body = win.get(pos + FRAME_SIZE, klen + size)
-    if body is None or zlib.crc32(body, zlib.crc32(head[8:])) != crc:
-        return None
-    try:
-        key = bytes(body[:klen]).decode()
-    except UnicodeDecodeError:
-        return None
-    return Entry(pos, kind, key, pos + FRAME_SIZE + klen, size)
+    size, klen = struct.unpack_from("<I", head, 8)[0], head[13]
+    whole = win.get(pos, FRAME_SIZE + klen + size) if size <= MAX_PAYLOAD else None
+    return None if whole is None else _intact(bytes(whole), 0, pos)
 
 
 def _scan(fd: int, start: int, limit: int) -> _Scan:
     """Index every intact frame in ``[start, limit)``; skip damage by resynchronising on the magic.
 
     The loop over intact frames is the hot path (opening a log of 100,000 records), so it
-    works on big buffers with ``unpack_from`` and one crc per frame; anything unusual drops
-    to :func:`_resync`."""
+    works on big buffers (8 MiB reads); anything unusual drops to :func:`_resync`."""
     out, pos = _Scan(end=start), start
-    unpack, crc32, entries, new_entry = _FRAME.unpack_from, zlib.crc32, out.entries, tuple.__new__
     base, buf = start, b""
-    view = memoryview(buf)
     while pos < limit:
         rel, avail = pos - base, len(buf)
-        want = FRAME_SIZE
+        entry = _intact(buf, rel, base)
+        if entry is not None:
+            out.entries.append(entry)
+            pos = out.end = entry.end
+            continue
+        want = FRAME_SIZE  # is the frame merely cut off by the end of the buffer?
         if rel + FRAME_SIZE <= avail:
-            magic, crc, size, kind, klen, _reserved = unpack(buf, rel)
-            if magic != FRAME_MAGIC or size > MAX_PAYLOAD:
-                want = 0  # not a frame
-            else:
-                body, stop = rel + FRAME_SIZE, rel + FRAME_SIZE + klen + size
-                if stop <= avail:
-                    want = 0
-                    if crc32(view[rel + 8:stop]) == crc:
-                        try:
-                            key = buf[body:body + klen].decode()
-                        except UnicodeDecodeError:
-                            key = None
-                        if key is not None:
-                            entries.append(new_entry(Entry, (pos, kind, key, base + body + klen, size)))
-                            pos = out.end = base + stop
-                            continue
-                else:
-                    want = stop - rel
-        if want and base + avail < limit:  # the frame runs past the buffer: read on from it
+            magic, _crc, size, _kind, klen, _reserved = _FRAME.unpack_from(buf, rel)
+            whole = FRAME_SIZE + klen + size
+            want = whole if magic == FRAME_MAGIC and size <= MAX_PAYLOAD and rel + whole > avail else 0
+        if want and base + avail < limit:  # read on from this frame
             buf = os.pread(fd, min(limit - pos, max(_CHUNK, want)), pos)
-            base, view = pos, memoryview(buf)
+            base = pos
             if len(buf) < min(limit - pos, max(_CHUNK, want)):
                 limit = pos + len(buf)  # the file shrank under us (a writer cut its torn tail)
             continue

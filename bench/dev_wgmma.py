@@ -3,8 +3,9 @@
 Run on an H200: ``PYTHONUNBUFFERED=1 python3 bench/dev_wgmma.py --out $OUT``.
 
 What it does, in child processes so that a trapped or hung kernel costs one job, not the run:
-1. correctness: each knob variant x layout x ragged shape, compiled with NVRTC for sm_90a (with a
-   watchdog that traps a deadlocked mbarrier wait), launched through cuda.bindings on torch's
+1. correctness: each knob variant x layout x ragged shape, compiled with NVRTC for sm_90a (a
+   deadlocked mbarrier wait hangs its child, which the job timeout kills: the template no longer
+   carries a clock-based watchdog, since candidates may not read clocks), launched through cuda.bindings on torch's
    stream with torch-owned buffers and TMA maps encoded as contracts.md §1 says; C is poisoned with
    NaN first; relative Frobenius error against a float32 reference must be < 1e-2;
 2. timing: CUDA-graph replays of back-to-back launches over rotating buffer sets larger than
@@ -75,7 +76,7 @@ def render(variant: str, layout: str, watchdog: bool) -> tuple[str, object]:
         extra = extra + NN_SWAP
     tpl = load_template(TEMPLATE_DIR)
     source, plan = tpl.render(knobs, Shape(4096, 4096, 4096, layout, "f32"))
-    pre = list(extra) + (["#define EVO_WATCHDOG 1"] if watchdog else [])
+    pre = list(extra)  # ``watchdog`` is kept for the call sites; the template has none any more
     return "\n".join(pre) + "\n" + source, plan
 
 

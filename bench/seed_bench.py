@@ -83,6 +83,7 @@ def main() -> int:
     p.add_argument("--n", type=int, default=100)
     p.add_argument("--picks", type=int, default=2, help="heuristic knob sets per template and shape")
     p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--largest", action="store_true", help="only the ten largest shapes of the sample")
     p.add_argument("--budget-s", type=float, default=300.0, help="stop submitting new shapes after this")
     p.add_argument("--compile-workers", type=int, default=min(14, os.cpu_count() or 2))
     p.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -91,6 +92,8 @@ def main() -> int:
         print(f"seed_bench: grid file {args.grid} not found", file=sys.stderr)
         return 2
     shapes = stratified(read_grid(args.grid), args.n, args.seed)
+    if args.largest:
+        shapes = shapes[-10:]
     templates = load_templates()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

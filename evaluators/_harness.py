@@ -28,7 +28,7 @@ from ._provenance import sm_clock_mhz, static_provenance
 from ._timers import Arm, device_timer, host_timer, rotation_sets
 from ._tmap import ParamPack, TensorMapError, encode_tensor_map
 
-__all__ = ["make_handler", "GpuHandler", "DEFAULT_CEILINGS", "physical_floor"]
+__all__ = ["make_handler", "GpuHandler", "DEFAULT_CEILINGS", "physical_floor", "memo_flag", "MEMO_RATIO"]
 
 #: Ceilings used for the physical-floor flag when the start-up measurement is lower.
 DEFAULT_CEILINGS = {"flops": 790e12, "bytes_per_s": 4.3e12, "launch_s": 0.5e-6}
@@ -39,6 +39,23 @@ TIMERS = ("device", "offline", "server")
 #: Canary bytes on each side of every operand in the correctness checks: a store up to 64 MiB
 #: away from A, B, C or the workspace lands in a canary, not in memory nobody checks.
 GUARD_BYTES = 64 << 20
+
+
+#: An honest kernel takes the same time whether or not its inputs change between calls (the
+#: perturbation is one sign flip outside the timed events); memoisation makes repeats far faster.
+MEMO_RATIO = 1.3
+
+
+def memo_flag(perturbed_s: float, repeated_s: float) -> Optional[str]:
+    """A hack flag when repeated identical inputs time much faster than changing ones, else None.
+
+    The device timer changes one input element before every call, so a kernel that caches its
+    outputs by input content (a hash of every element is exact, so no output check can catch
+    it) gains nothing there; timing it once more on identical inputs shows whether it tries."""
+    if repeated_s * MEMO_RATIO < perturbed_s and perturbed_s - repeated_s > 1e-6:
+        return (f"faster on repeated identical inputs ({repeated_s * 1e6:.2f} us) than with inputs changed between "
+                f"calls ({perturbed_s * 1e6:.2f} us): results memoised across calls")
+    return None
 
 
 def physical_floor(shape: Shape, ceilings: Mapping[str, float]) -> float:
@@ -370,6 +387,10 @@ class GpuHandler:
             if dev.host_median * dev.reps > 1.5 * dev.median * dev.reps + 1e-4:
                 res["flags"].append(f"event time {dev.median * 1e6:.2f} us far below host-synchronised time "
                                     f"{dev.host_median * 1e6:.2f} us per call (work outside the timed stream?)")
+            if job.get("memo_check", True):
+                memo = memo_flag(dev.median, device_timer(arms[:1], rng=rng, rounds=5)["candidate"].median)
+                if memo:
+                    res["flags"].append(memo)
         if "device" in stats:  # every set was written by whole rotations: no poison may be left
             left = int(torch.isnan(cc_all[:, :m * n]).sum())
             if left:

@@ -42,7 +42,11 @@ State between calls
 Inline PTX (string literals)
 - Refused: ``call`` (calls into vprintf or anything else), ``brkpt``, ``pmevent`` and
   ``.global``/``.extern`` declarations (hidden device globals).
-- Telemetry only: ``%globaltimer``/``%clock`` reads, ``%smid``, ``nanosleep``, ``trap``.
+- Clock reads (``%globaltimer``, ``%clock``/``%clock64`` in PTX, ``clock()``, ``clock64()``,
+  ``__globaltimer()``): a GEMM's work must not depend on time; a kernel that can read a clock
+  can tell a benchmark loop (calls microseconds apart) from production use and behave
+  differently in each, which no output check sees (red-team case ``globaltimer_skip_when_hot``).
+- Telemetry only: ``%smid``, ``nanosleep``, ``trap``.
   A kernel that behaves differently when timed is caught at runtime by re-checking outputs
   after timing; a spinning kernel by the GPU worker's deadline.
 
@@ -107,8 +111,9 @@ _PTX_FORBIDDEN = [
     (re.compile(r"\bpmevent\b"), "inline PTX 'pmevent'"),
     (re.compile(r"(^|[\s;{])\.(global|extern)\s+\.[a-z]"), "a device global declared in inline PTX"),
 ]
+_PTX_CLOCK = re.compile(r"%globaltimer|%clock")
+_CLOCK_REASON = "reads a clock ({}): a kernel's work must not depend on time (it could detect a benchmark loop)"
 _PTX_TELEMETRY = {
-    "reads_clock": re.compile(r"%globaltimer|%clock"),
     "reads_smid": re.compile(r"%smid|%nsmid"),
     "nanosleep": re.compile(r"\bnanosleep\b"),
     "trap": re.compile(r"\btrap\b"),
@@ -262,6 +267,7 @@ def _check_tokens(tokens: list[Token], reasons: list[str], telemetry: dict[str, 
                         break
             if t.text in ("clock", "clock64", "__globaltimer") and i + 1 < len(tokens) and tokens[i + 1].text == "(":
                 telemetry["reads_clock"] = True
+                reasons.append(f"line {t.line}: " + _CLOCK_REASON.format(t.text + "()"))
             if t.text in ("asm", "__asm__", "__asm"):
                 telemetry["asm_statements"] = telemetry.get("asm_statements", 0) + 1
         elif t.kind == "punct" and t.text == "<<<":
@@ -270,6 +276,10 @@ def _check_tokens(tokens: list[Token], reasons: list[str], telemetry: dict[str, 
             for pattern, what in _PTX_FORBIDDEN:
                 if pattern.search(t.text):
                     reasons.append(f"line {t.line}: {what}")
+            clock = _PTX_CLOCK.search(t.text)
+            if clock:
+                telemetry["reads_clock"] = True
+                reasons.append(f"line {t.line}: " + _CLOCK_REASON.format("inline PTX " + clock.group(0)))
             for key, pattern in _PTX_TELEMETRY.items():
                 if pattern.search(t.text):
                     telemetry[key] = True

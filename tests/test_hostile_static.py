@@ -359,7 +359,6 @@ class _OutputMemo(_TileMemo):
                 self.memo[(i, r0, c0)] = (key, tile)
 
 
-@pytest.mark.xfail(strict=False, reason=BY_NAME["cache_output_fingerprint"].check)
 def test_standin_output_fingerprint_memo_is_caught_by_the_after_timing_recheck() -> None:
     with pytest.raises(_cascade_module().CheckFailed):
         _recheck_after_timing(stride=0, kernel=_OutputMemo)
@@ -381,7 +380,6 @@ class _ZeroWhenWarm:
             self.c3[i] = (self.a3[i].double() @ self.b3[i].double().t()).half()
 
 
-@pytest.mark.xfail(strict=False, reason=BY_NAME["zero_inputs_when_warm"].check)
 def test_standin_zeroing_the_timing_inputs_is_caught_by_the_after_timing_recheck() -> None:
     with pytest.raises(_cascade_module().CheckFailed):
         _recheck_after_timing(stride=0, kernel=_ZeroWhenWarm)

@@ -117,13 +117,26 @@ def test_size_limit() -> None:
 
 def test_telemetry() -> None:
     src = KERNEL + r'''
-__device__ unsigned long long now() { unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
-__device__ void w() { asm volatile("wgmma.fence.sync.aligned;"); asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {};"); }
+__device__ unsigned w() { unsigned s; asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); return s; }
+__device__ void w2() { asm volatile("wgmma.fence.sync.aligned;"); asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {};"); }
 '''
     t = scan_source(src).telemetry
-    assert t["reads_clock"] and t["mma_sync"] and t["sm90_features"] == ["wgmma"]
+    assert t["reads_smid"] and t["mma_sync"] and t["sm90_features"] == ["wgmma"]
     assert t["kernels"] == ["evo_gemm"] and t["device_functions"] == 2 and t["asm_statements"] == 3
-    assert scan_source(src).ok  # clock reads are telemetry, not a rejection
+    assert scan_source(src).ok  # reading the SM id is telemetry, not a rejection
+
+
+@pytest.mark.parametrize("snippet", [
+    'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));',
+    'asm volatile("mov.u64 %0, %%clock64;" : "=l"(t));',
+    "t = clock64();",
+    "t = clock();",
+])
+def test_clock_reads_are_rejected(snippet: str) -> None:
+    src = KERNEL + "__device__ unsigned long long now() { unsigned long long t; " + snippet + " return t; }\n"
+    result = scan_source(src)
+    assert not result.ok and any("reads a clock" in r for r in result.reasons), result.reasons
+    assert result.telemetry["reads_clock"]
 
 
 TMAP_KERNEL = r'''
@@ -176,7 +189,7 @@ def test_hostile_corpus_static_cases() -> None:
     import hostile_corpus as hc
 
     expected_refused = {"calls_cublas", "device_side_launch", "global_call_counter", "host_private_stream",
-                        "host_thread", "l2_persist_window", "static_cache_global"}
+                        "host_thread", "l2_persist_window", "static_cache_global", "globaltimer_skip_when_hot"}
     present = {p.stem for p in hc.CORPUS_DIR.glob("*.cu")}
     if not expected_refused <= present:
         pytest.skip("hostile corpus not present")

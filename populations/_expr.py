@@ -149,10 +149,13 @@ def _eval(node: ast.AST, env: Mapping[str, Number], text: str) -> Number:
                 return False
             left = right
         return True
-    if isinstance(node, ast.BoolOp):
-        if isinstance(node.op, ast.And):
-            return all(_eval(v, env, text) for v in node.values)
-        return any(_eval(v, env, text) for v in node.values)
+    if isinstance(node, ast.BoolOp):  # Python semantics: the deciding operand's value, not a bool
+        value: Number = False
+        for v in node.values:
+            value = _eval(v, env, text)
+            if bool(value) != isinstance(node.op, ast.And):
+                return value
+        return value
     if isinstance(node, ast.IfExp):
         return _eval(node.body if _eval(node.test, env, text) else node.orelse, env, text)
     if isinstance(node, ast.Call):

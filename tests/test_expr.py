@@ -16,6 +16,10 @@ from populations._expr import ExprError, check_expr, evaluate, names_in, substit
         ("1 if K >= 4096 else 0", {"K": 8192}, 1),
         ("round_up(M, 16)", {"M": 17}, 32),
         ("not (M > 1)", {"M": 1}, 1),
+        ("S > 1 and M * N * 4 * S or 0", {"S": 2, "M": 3, "N": 5}, 120),  # and/or give values, as in Python
+        ("S > 1 and M * N * 4 * S or 0", {"S": 1, "M": 3, "N": 5}, 0),
+        ("0 or K", {"K": 7}, 7),
+        ("M and 0", {"M": 7}, 0),
         ("2 ** 10", {}, 1024),
         ("1 << 4 | 1", {}, 17),
         (64, {}, 64),

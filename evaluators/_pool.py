@@ -17,7 +17,7 @@ import queue
 import subprocess
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
@@ -111,6 +111,7 @@ class LocalPool:
         self._ready: "queue.Queue[Optional[_Item]]" = queue.Queue()
         self._slots = threading.BoundedSemaphore(max_in_flight or (max(1, compile_workers) + 2 * len(self.gpus)))
         self._closed = False
+        self._cancelled = False
         self._alive = len(self.gpus)
         from ._provenance import code_version
 
@@ -136,8 +137,8 @@ class LocalPool:
 
     def submit(self, candidate: Candidate) -> "Future[list[Evaluation]]":
         """Queue one candidate; blocks while the pool holds ``max_in_flight`` unfinished ones."""
-        if self._closed:
-            raise RuntimeError("LocalPool is closed")
+        if self._closed or self._cancelled:
+            raise RuntimeError("LocalPool is closed" if self._closed else "LocalPool was cancelled")
         self._slots.acquire()
         item = _Item(candidate, Future())
         item.future.set_running_or_notify_cancel()
@@ -148,6 +149,24 @@ class LocalPool:
         """Evaluate all, pipelined; Evaluations in candidate order, then shape order."""
         futures = [self.submit(c) for c in candidates]
         return [e for f in futures for e in f.result()]
+
+    def cancel_all(self) -> None:
+        """Drop every candidate that has not reached a GPU yet (a run abandoning its in-flight work).
+
+        Their futures raise ``CancelledError``: compiles still running finish and are dropped,
+        compiled jobs waiting for a GPU are dropped at once. A job already on a GPU ends within
+        its phase deadlines and keeps its result. ``close()`` then returns without evaluating
+        the queue. The pool takes no new work afterwards."""
+        self._cancelled = True
+        while True:
+            try:
+                item = self._ready.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:  # a close() sentinel: put it back for the GPU thread it was meant for
+                self._ready.put(None)
+                break
+            self._drop(item)
 
     def close(self) -> None:
         if self._closed:
@@ -183,6 +202,9 @@ class LocalPool:
                                 for s in cand.shapes])
             return
         item.compiled = res
+        if self._cancelled:
+            self._drop(item)
+            return
         self._ready.put(item)
 
     def _gpu_loop(self, sup: WorkerSupervisor) -> None:
@@ -199,6 +221,9 @@ class LocalPool:
             item = self._ready.get()
             if item is None:
                 return
+            if self._cancelled:
+                self._drop(item)
+                continue
             cand, comp = item.candidate, item.compiled
             if down is not None and self._alive > 0:  # leave the work to the GPUs that still run
                 self._ready.put(item)
@@ -237,6 +262,11 @@ class LocalPool:
         with self._lock:
             self._alive -= 1
         return why
+
+    def _drop(self, item: _Item) -> None:
+        """Resolve a cancelled candidate's future without evaluating it."""
+        item.future.set_exception(CancelledError("LocalPool.cancel_all() dropped this candidate"))
+        self._slots.release()
 
     def _finish(self, item: _Item, evals: list[Evaluation]) -> None:
         with self._lock:

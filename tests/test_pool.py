@@ -83,3 +83,23 @@ def test_submit_applies_back_pressure(tmp_path):
         assert f1.done()
         assert f2.result(timeout=60)[0].status is Status.OK
         assert time.monotonic() - t0 < 60
+
+
+def test_cancel_all_drops_queued_work_and_close_returns_promptly(tmp_path):
+    from concurrent.futures import CancelledError
+
+    with pool(tmp_path) as p:
+        first = p.submit(cand("hang"))  # occupies the only GPU worker until its deadline
+        queued = [p.submit(cand(tile=t)) for t in (8, 32)]
+        deadline = time.monotonic() + 60
+        while p.stats.first_job is None and time.monotonic() < deadline:  # the hang is on the GPU
+            time.sleep(0.05)
+        p.cancel_all()
+        for f in queued:
+            with pytest.raises(CancelledError):
+                f.result(timeout=30)
+        with pytest.raises(RuntimeError, match="cancelled"):
+            p.submit(cand(tile=4))
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 30  # close() did not evaluate the dropped jobs
+    assert first.result(timeout=1)[0].status is Status.TIMEOUT  # the job on the GPU kept its result

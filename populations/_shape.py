@@ -64,18 +64,22 @@ class Shape:
             raise ShapeError(f"cannot parse shape {text!r}: expected MxNxK[:TN|NN][:f32|f16], e.g. 4096x4096x4096")
         dims = []
         for label, raw in zip("MNK", match.groups()[:3]):
-            if not re.fullmatch(r"[+-]?\d+", raw):
+            if not re.fullmatch(r"[+-]?[0-9]+", raw):
                 raise ShapeError(f"{label} in {text!r} must be a whole number, got {raw!r}")
             dims.append(int(raw))
-        layout, contract = "TN", "f32"
+        layout, contract = None, None
         for part in filter(None, match.group(4).split(":")):
             if part.upper() in LAYOUTS:
+                if layout is not None:
+                    raise ShapeError(f"{text!r} names two layouts ({layout}, {part.upper()})")
                 layout = part.upper()
             elif part.lower() in CONTRACTS:
+                if contract is not None:
+                    raise ShapeError(f"{text!r} names two contracts ({contract}, {part.lower()})")
                 contract = part.lower()
             else:
                 raise ShapeError(f"unknown suffix {part!r} in {text!r}: use one of {LAYOUTS + CONTRACTS}")
-        return cls(dims[0], dims[1], dims[2], layout, contract)
+        return cls(dims[0], dims[1], dims[2], layout or "TN", contract or "f32")
 
     def __str__(self) -> str:
         return f"{self.m}x{self.n}x{self.k}:{self.layout}:{self.contract}"

@@ -47,6 +47,9 @@ BAD = {
     "empty suffix value": "64x64x64:",
     "bad contract": "64x64x64:TN:f64",
     "separator": "64*64*64",
+    "two layouts": "64x64x64:NN:TN",
+    "two contracts": "64x64x64:f16:f32",
+    "full-width digits": "\uff16\uff14x64x64",
 }
 
 

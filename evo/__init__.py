@@ -1,1 +1,8 @@
-"""evo package."""
+"""evo package: evolves HGEMM CUDA kernels per shape.
+
+``load_library(LIB)`` loads what ``evo export`` built; ``evo_hgemm(a, b)`` multiplies through it
+(torch.matmul where no exported kernel fits). Neither imports torch until called.
+"""
+from ._export import evo_hgemm, load_library
+
+__all__ = ["evo_hgemm", "load_library"]

@@ -17,6 +17,8 @@ COMMANDS = {
     "run": "evo._cmd_run",
     "eval": "evo._cmd_eval",
     "inspect": "evo._cmd_inspect",
+    "export": "evo._cmd_export",
+    "report": "evo._cmd_report",
 }
 
 

@@ -1,0 +1,430 @@
+"""``evo export``: the best kernel per shape as a shared library, and its torch loader.
+
+Export (:func:`export`) takes per shape the best non-flagged ``ok`` candidate
+(:meth:`Archive.elites`), resolves its launch plan for that shape into constants, and writes
+
+- ``src/k_<key>.cu``: the candidate's translation unit, its kernels renamed ``evo_<key>_<name>``
+  (``#define``) so that kernels of different shapes do not collide at link time, plus an accessor
+  returning each kernel's address;
+- ``src/launchers.cu``: per shape ``extern "C" int evo_hgemm_<key>(A, B, C, M, N, K, workspace,
+  stream)`` running the plan (cudaLaunchKernel with the argument array; TMA descriptors encoded
+  per call with ``cuTensorMapEncodeTiled``, fetched from the driver through the runtime's
+  ``cudaGetDriverEntryPointByVersion``, so no ``-lcuda`` stub is needed), and the dispatchers
+  ``evo_hgemm`` (TN) and ``evo_hgemm_nn`` (NN), which return -1 for a shape not exported;
+- ``libevo_hgemm.so`` (nvcc ``-shared``) and ``manifest.json``.
+
+Everything is built in a temporary directory beside ``--out`` and renamed into place at the end:
+a failure leaves nothing half-written. Launchers return 0, or a ``cudaError_t`` / negative code
+(-1 unknown shape, -2 shape mismatch, -3 missing workspace, -4 tensor map encoding failed).
+
+The loader (:func:`load_library`) reads the manifest and returns an :class:`EvoLibrary` whose
+``evo_hgemm(a, b)`` (also the torch custom op ``evo::hgemm``) runs the exported kernel for
+known shapes on a GPU of the library's architecture and ``torch.matmul`` otherwise.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from populations import Archive, Candidate, Elite, PlanError, Shape
+
+__all__ = ["ExportError", "export", "load_library", "evo_hgemm", "EvoLibrary", "MANIFEST_FORMAT", "LIBRARY"]
+
+MANIFEST_FORMAT = "evo-export/1"
+LIBRARY = "libevo_hgemm.so"
+NVCC = os.environ.get("EVO_NVCC", "/usr/local/cuda/bin/nvcc")
+SWIZZLE_ENUM = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
+                64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}
+
+
+class ExportError(Exception):
+    """Bad input or a failed build: one line for the user, nothing left behind."""
+
+
+def _gencode(arch: str) -> str:
+    digits = arch[3:] if arch.startswith("sm_") else ""
+    if not digits[:2].isdigit() or not (digits[2:] in ("", "a")):
+        raise ExportError(f"unknown architecture {arch!r}: use e.g. sm_90a or sm_80")
+    return f"-gencode=arch=compute_{digits},code=sm_{digits}"
+
+
+def _evo_version() -> str:
+    try:
+        from evaluators._provenance import code_version
+
+        return code_version()
+    except Exception:  # pragma: no cover - provenance is best effort
+        return "unknown"
+
+
+# -- choosing and describing -----------------------------------------------------------------
+def _pick(archive: Archive, shape: Shape, arch: str) -> tuple[Optional[Elite], str]:
+    """The shape's best exportable elite, or None and why not."""
+    if shape.contract != "f32":
+        return None, f"contract {shape.contract} is not torch.matmul's (fp32 accumulation); only f32 is exported"
+    elites = archive.elites(shape, top=None)
+    if not elites:
+        return None, "no ok, unflagged measurement"
+    reasons = []
+    for e in elites:
+        if e.candidate is None:
+            reasons.append(f"{e.candidate_id}: candidate record lost")
+        elif e.latest.arch and e.latest.arch != arch:
+            reasons.append(f"{e.candidate_id}: measured on {e.latest.arch}, exporting for {arch}")
+        else:
+            return e, ""
+    return None, "; ".join(reasons[:3])
+
+
+def _tmap_geometry(spec: Any, shape: Shape) -> tuple[tuple[int, int], int, tuple[int, int]]:
+    """(globalDim innermost first, row pitch bytes, boxDim) as contracts.md §1 defines them."""
+    from evaluators._tmap import tmap_geometry  # noqa: PLC0415 (evo may import evaluators)
+
+    g = tmap_geometry(spec, shape)
+    return g.global_dim, g.global_strides[0], g.box_dim
+
+
+def _launcher(shape: Shape, cand: Candidate, kernels: list[str]) -> tuple[str, int]:
+    """The C++ of ``evo_hgemm_<key>`` for one shape, and its workspace bytes."""
+    launches, workspace = cand.plan.resolve(shape)
+    key = shape.key
+    lines = [f"// {shape}: candidate {cand.id} ({cand.template or 'free-form'})"]
+    for i, name in enumerate(kernels):
+        lines.append(f'extern "C" const void* evo_{key}_kernel_{i}(void);')
+    lines += [f'extern "C" int evo_hgemm_{key}(const void* A, const void* B, void* C, int M, int N, int K,',
+              "                               void* workspace, cudaStream_t stream) {",
+              f"  if (M != {shape.m} || N != {shape.n} || K != {shape.k}) return -2;"]
+    if workspace:
+        lines.append("  if (workspace == nullptr) return -3;")
+        if cand.plan.zero_workspace:
+            lines.append(f"  {{ cudaError_t e = cudaMemsetAsync(workspace, 0, {workspace}ull, stream); if (e) return (int)e; }}")
+    pointers = {"A": "(void*)A", "B": "(void*)B", "C": "C", "workspace": "workspace"}
+    used_maps = sorted({a[1] for rl in launches for a in rl.args if isinstance(a, tuple)})
+    for name in used_maps:
+        spec = cand.plan.tensor_maps[name]
+        (d0, d1), pitch, (b0, b1) = _tmap_geometry(spec, shape)
+        lines.append(f"  alignas(64) CUtensorMap tm_{name};")
+        lines.append(f"  {{ const cuuint64_t dim[2] = {{{d0}ull, {d1}ull}}; const cuuint64_t pitch[1] = {{{pitch}ull}};")
+        lines.append(f"    const cuuint32_t box[2] = {{{b0}u, {b1}u}}; const cuuint32_t es[2] = {{1u, 1u}};")
+        lines.append(f"    if (evo_encode(&tm_{name}, {pointers[spec.matrix]}, dim, pitch, box, es, {SWIZZLE_ENUM[spec.swizzle]})) return -4; }}")
+    for j, rl in enumerate(launches):
+        idx = kernels.index(rl.kernel)
+        values, params = [], []
+        for n, arg in enumerate(rl.args):
+            if isinstance(arg, tuple):
+                params.append(f"(void*)&tm_{arg[1]}")
+            elif isinstance(arg, str):
+                values.append(f"  void* p{j}_{n} = {pointers[arg]};")
+                params.append(f"&p{j}_{n}")
+            else:
+                values.append(f"  int p{j}_{n} = {int(arg)};")
+                params.append(f"&p{j}_{n}")
+        lines += values
+        lines.append(f"  void* args{j}[] = {{{', '.join(params) or 'nullptr'}}};")
+        lines.append(f"  {{ const void* f = evo_{key}_kernel_{idx}();")
+        if rl.smem > 48 * 1024:
+            lines.append(f"    static bool attr = false; if (!attr) {{ cudaError_t e = cudaFuncSetAttribute(f, "
+                         f"cudaFuncAttributeMaxDynamicSharedMemorySize, {rl.smem}); if (e) return (int)e; attr = true; }}")
+        g, b = rl.grid, rl.block
+        lines.append(f"    cudaError_t e = cudaLaunchKernel(f, dim3({g[0]}, {g[1]}, {g[2]}), dim3({b[0]}, {b[1]}, {b[2]}), "
+                     f"args{j}, {rl.smem}, stream); if (e) return (int)e; }}")
+    lines += ["  return 0;", "}", ""]
+    return "\n".join(lines), workspace
+
+
+_PRELUDE = """// Generated by evo export. Do not edit.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+typedef CUresult (*evo_encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+    CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// contracts.md section 1: fp16, 2-D over the matrix as stored, L2 promotion 128B, OOB fill zeros.
+static int evo_encode(CUtensorMap* map, void* base, const cuuint64_t* dim, const cuuint64_t* pitch,
+                      const cuuint32_t* box, const cuuint32_t* es, CUtensorMapSwizzle swizzle) {
+  static evo_encode_fn fn = nullptr;
+  if (fn == nullptr) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess
+        || q != cudaDriverEntryPointSuccess || p == nullptr) return 1;
+    fn = (evo_encode_fn)p;
+  }
+  if (((unsigned long long)base) % 16) return 1;
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, base, dim, pitch, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS;
+}
+
+"""
+
+
+def _dispatcher(name: str, shapes: list[Shape]) -> str:
+    lines = [f'extern "C" int {name}(const void* A, const void* B, void* C, int M, int N, int K,',
+             "                       void* workspace, cudaStream_t stream) {"]
+    for s in shapes:
+        lines.append(f"  if (M == {s.m} && N == {s.n} && K == {s.k}) return evo_hgemm_{s.key}(A, B, C, M, N, K, workspace, stream);")
+    lines += ["  return -1;", "}", ""]
+    return "\n".join(lines)
+
+
+def _kernel_unit(shape: Shape, cand: Candidate, kernels: list[str]) -> str:
+    key = shape.key
+    head = [f"// Generated by evo export: {shape}, candidate {cand.id}. Do not edit."]
+    head += [f"#define {k} evo_{key}_{k}" for k in kernels]
+    tail = [f'extern "C" const void* evo_{key}_kernel_{i}(void) {{ return (const void*)&{k}; }}'
+            for i, k in enumerate(kernels)]
+    return "\n".join(head) + "\n" + cand.source + "\n\n" + "\n".join(tail) + "\n"
+
+
+# -- building ---------------------------------------------------------------------------------
+def _nvcc(args: list[str], cwd: Path) -> None:
+    try:
+        out = subprocess.run([NVCC, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ExportError(f"nvcc failed to run: {exc}") from None
+    if out.returncode:
+        first = next((ln for ln in (out.stderr + out.stdout).splitlines() if "error" in ln), out.stderr.strip()[:300])
+        raise ExportError(f"nvcc {' '.join(a for a in args if a.endswith(('.cu', '.so')))}: {first}")
+
+
+def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], arch: str = "sm_90a",
+           *, jobs: Optional[int] = None) -> dict[str, Any]:
+    """Build the library at ``out`` (which must not exist, or be an earlier export); returns the manifest."""
+    gencode = _gencode(arch)
+    out = Path(out).resolve()
+    if out.exists() and not (out / "manifest.json").is_file():
+        raise ExportError(f"{out} exists and is not an evo export; refusing to overwrite it")
+    archive = Archive(archive_path, "r")  # ArchiveError propagates: the caller reports it
+    exported: list[tuple[Shape, Elite, list[str]]] = []
+    skipped: list[dict[str, str]] = []
+    for shape in archive.shapes():
+        elite, why = _pick(archive, shape, arch)
+        if elite is None:
+            skipped.append({"shape": str(shape), "reason": why})
+            continue
+        exported.append((shape, elite, list(elite.candidate.plan.kernel_names)))  # type: ignore[union-attr]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        os.chmod(tmp, 0o755)
+        entries, launchers, units = [], [_PRELUDE], []
+        for shape, elite, kernels in exported:
+            cand = elite.candidate
+            assert cand is not None
+            try:
+                code, workspace = _launcher(shape, cand, kernels)
+            except (PlanError, ValueError) as exc:  # a plan or tensor map not valid at this shape
+                skipped.append({"shape": str(shape), "reason": f"{cand.id}: {exc}"})
+                continue
+            unit = _kernel_unit(shape, cand, kernels)
+            (tmp / "src").mkdir(exist_ok=True)
+            (tmp / "src" / f"k_{shape.key}.cu").write_text(unit)
+            units.append(f"k_{shape.key}.cu")
+            launchers.append(code)
+            last = elite.latest
+            entries.append({
+                "shape": str(shape), "key": shape.key, "m": shape.m, "n": shape.n, "k": shape.k,
+                "layout": shape.layout, "contract": shape.contract, "symbol": f"evo_hgemm_{shape.key}",
+                "candidate": cand.id, "template": cand.template, "knobs": dict(cand.knobs) if cand.knobs else None,
+                "operator": cand.operator, "generation": cand.generation,
+                "source_sha256": hashlib.sha256(cand.source.encode()).hexdigest(),
+                "unit_sha256": hashlib.sha256(unit.encode()).hexdigest(),
+                "fitness": elite.fitness, "measurements": len(elite.evaluations),
+                "speedups": {name: t.speedup for name, t in sorted(last.timers.items())},
+                "baselines": {name: t.baseline_name for name, t in sorted(last.timers.items())},
+                "workspace_bytes": workspace, "zero_workspace": bool(cand.plan.zero_workspace),
+                "tensor_maps": sorted(cand.plan.tensor_maps), "arch": last.arch or arch,
+                "provenance": dict(last.provenance), "measured_at": last.created,
+            })
+        tn = [Shape.parse(e["shape"]) for e in entries if e["layout"] == "TN"]
+        nn = [Shape.parse(e["shape"]) for e in entries if e["layout"] == "NN"]
+        launchers += [_dispatcher("evo_hgemm", tn), _dispatcher("evo_hgemm_nn", nn)]
+        (tmp / "src").mkdir(exist_ok=True)
+        (tmp / "src" / "launchers.cu").write_text("\n".join(launchers))
+        sources = ["launchers.cu", *units]
+        flags = [gencode, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-w"]
+        with ThreadPoolExecutor(max_workers=jobs or min(len(sources), os.cpu_count() or 2)) as pool:
+            list(pool.map(lambda s: _nvcc([*flags, "-c", s, "-o", s[:-3] + ".o"], tmp / "src"), sources))
+        _nvcc([gencode, "-shared", "-o", str(tmp / LIBRARY), *[s[:-3] + ".o" for s in sources]], tmp / "src")
+        for o in (tmp / "src").glob("*.o"):
+            o.unlink()
+        manifest = {"format": MANIFEST_FORMAT, "arch": arch, "library": LIBRARY, "evo": _evo_version(),
+                    "archive": archive.path, "kernels": entries, "skipped": skipped,
+                    "abi": "int evo_hgemm(const void* A, const void* B, void* C, int M, int N, int K, "
+                           "void* workspace, cudaStream_t stream); evo_hgemm_nn for NN; 0 = ok, -1 = unknown shape"}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        if out.exists():  # replace an earlier export: move it aside, rename, then delete
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.rename(out, old / "x")
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+        return manifest
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# -- loading ----------------------------------------------------------------------------------
+def _read_manifest(path: Path) -> dict[str, Any]:
+    data = json.loads((path / "manifest.json").read_text())
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+        raise ExportError(f"{path}: not an {MANIFEST_FORMAT} manifest")
+    return data
+
+
+def _arch_matches(arch: str, capability: tuple[int, int]) -> bool:
+    digits = arch[3:].rstrip("a")
+    return digits.isdigit() and int(digits) == capability[0] * 10 + capability[1]
+
+
+class EvoLibrary:
+    """An exported library: ``evo_hgemm(a, b)`` runs the exported kernel or falls back to matmul.
+
+    ``reason`` says why the library is not used at all (None when it is); ``kernels`` maps
+    (M, N, K, layout) to the manifest entry. The host path per call: a dict lookup, the cached
+    ctypes function, a torch allocation for C and the cached workspace.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike]) -> None:
+        self.path = Path(path)
+        self.manifest = _read_manifest(self.path)
+        self.kernels = {(e["m"], e["n"], e["k"], e["layout"]): e for e in self.manifest["kernels"]}
+        self.reason: Optional[str] = None
+        self._lib: Optional[ctypes.CDLL] = None
+        self._fns: dict[tuple[int, int, int, str], Any] = {}
+        self._workspaces: dict[tuple[int, int], Any] = {}
+        self._lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            import torch
+        except ImportError:
+            self.reason = "torch is not installed"
+            return
+        if not torch.cuda.is_available():
+            self.reason = "no CUDA device"
+            return
+        cap = torch.cuda.get_device_capability()
+        if not _arch_matches(self.manifest["arch"], cap):
+            self.reason = f"library is for {self.manifest['arch']}, the GPU is sm_{cap[0]}{cap[1]}"
+            return
+        try:
+            self._lib = ctypes.CDLL(str(self.path / self.manifest["library"]))
+        except OSError as exc:
+            self.reason = f"cannot load the library: {exc}"
+
+    @property
+    def active(self) -> bool:
+        return self._lib is not None
+
+    def _function(self, key: tuple[int, int, int, str]) -> Any:
+        fn = self._fns.get(key)
+        if fn is None:
+            fn = getattr(self._lib, self.kernels[key]["symbol"])
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
+            self._fns[key] = fn
+        return fn
+
+    def route(self, a: Any, b: Any) -> Optional[tuple[int, int, int, str]]:
+        """The exported kernel's key for ``a @ b``, or None when torch.matmul must do it."""
+        import torch
+
+        if self._lib is None or a.dim() != 2 or b.dim() != 2 or not a.is_cuda or not b.is_cuda:
+            return None
+        if a.dtype != torch.float16 or b.dtype != torch.float16 or a.device != b.device:
+            return None
+        if not a.is_contiguous():
+            return None
+        m, k = a.shape
+        k2, n = b.shape
+        if k != k2:
+            return None
+        layout = "NN" if b.is_contiguous() else "TN" if b.t().is_contiguous() else None
+        key = (m, n, k, layout)
+        return key if layout and key in self.kernels else None
+
+    def evo_hgemm(self, a: Any, b: Any) -> Any:
+        """``a @ b`` (fp16, fp32 accumulation): the exported kernel where one fits, else torch.matmul."""
+        import torch
+
+        key = self.route(a, b)
+        if key is None:
+            return torch.matmul(a, b)
+        m, n, k, _ = key
+        c = torch.empty((m, n), dtype=torch.float16, device=a.device)
+        entry = self.kernels[key]
+        ws = 0
+        if entry["workspace_bytes"]:
+            wkey = (a.device.index or 0, entry["workspace_bytes"])
+            buf = self._workspaces.get(wkey)
+            if buf is None:
+                with self._lock:
+                    buf = self._workspaces.setdefault(
+                        wkey, torch.empty(entry["workspace_bytes"], dtype=torch.uint8, device=a.device))
+            ws = buf.data_ptr()
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        rc = self._function(key)(a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k, ws, stream)
+        if rc:
+            raise RuntimeError(f"evo_hgemm_{entry['key']} failed with code {rc}")
+        return c
+
+
+_CURRENT: Optional[EvoLibrary] = None
+_OP: Any = None
+
+
+def _register_op() -> Any:
+    """Register ``evo::hgemm`` once per process; it calls the most recently loaded library."""
+    global _OP
+    if _OP is None:
+        import torch
+
+        # An explicit schema: this module's annotations are strings (``from __future__``).
+        @torch.library.custom_op("evo::hgemm", mutates_args=(), schema="(Tensor a, Tensor b) -> Tensor")
+        def hgemm(a: Any, b: Any) -> Any:
+            return _CURRENT.evo_hgemm(a, b) if _CURRENT is not None else torch.matmul(a, b)
+
+        @hgemm.register_fake
+        def _(a: Any, b: Any) -> Any:
+            return a.new_empty((a.shape[0], b.shape[1]))
+
+        _OP = hgemm
+    return _OP
+
+
+def load_library(path: Union[str, os.PathLike]) -> EvoLibrary:
+    """Read an export's manifest, load its library where the GPU matches, register ``evo::hgemm``.
+
+    Never fails for a library that cannot be used here (no GPU, other arch, missing .so): the
+    returned library then routes everything to torch.matmul and says why in ``reason``. A
+    missing or malformed manifest raises :class:`ExportError`."""
+    global _CURRENT
+    try:
+        lib = EvoLibrary(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ExportError(f"{path}: cannot read the export manifest: {exc}") from None
+    _CURRENT = lib
+    try:
+        _register_op()
+    except ImportError:
+        pass
+    return lib
+
+
+def evo_hgemm(a: Any, b: Any) -> Any:
+    """``a @ b`` through the op ``evo::hgemm`` of the last :func:`load_library` (torch.matmul before one)."""
+    return _register_op()(a, b)

@@ -210,7 +210,11 @@ evo_gemm(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __r
   }
 
   int rs = 0, ws = STAGES - 1;
-#pragma unroll KUNROLL
+  // The knob reaches the pragma through a constant: nvcc does not macro-expand pragma
+  // arguments (`#pragma unroll KUNROLL` is an error there), NVRTC does; both take an integral
+  // constant expression and emit the same code as a literal.
+  constexpr int kUnroll = KUNROLL;
+#pragma unroll kUnroll
   for (int it = 0; it < nkt; ++it) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();

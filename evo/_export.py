@@ -32,12 +32,13 @@ import subprocess
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 from populations import Archive, Candidate, Elite, PlanError, Shape
 
-__all__ = ["ExportError", "export", "load_library", "evo_hgemm", "EvoLibrary", "MANIFEST_FORMAT", "LIBRARY"]
+__all__ = ["ExportError", "export", "load_library", "evo_hgemm", "EvoLibrary", "staged_dir", "MANIFEST_FORMAT", "LIBRARY"]
 
 MANIFEST_FORMAT = "evo-export/1"
 LIBRARY = "libevo_hgemm.so"
@@ -186,6 +187,28 @@ def _kernel_unit(shape: Shape, cand: Candidate, kernels: list[str]) -> str:
     return "\n".join(head) + "\n" + cand.source + "\n\n" + "\n".join(tail) + "\n"
 
 
+@contextmanager
+def staged_dir(out: Path) -> Iterator[Path]:
+    """A fresh directory beside ``out`` to build in: renamed onto ``out`` when the block ends well
+    (an earlier ``out`` moved aside first, then deleted), removed when it raises. Nothing
+    half-written is ever at ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        os.chmod(tmp, 0o755)
+        yield tmp
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.rename(out, old / "x")
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 # -- building ---------------------------------------------------------------------------------
 def _nvcc(args: list[str], cwd: Path) -> None:
     try:
@@ -195,6 +218,36 @@ def _nvcc(args: list[str], cwd: Path) -> None:
     if out.returncode:
         first = next((ln for ln in (out.stderr + out.stdout).splitlines() if "error" in ln), out.stderr.strip()[:300])
         raise ExportError(f"nvcc {' '.join(a for a in args if a.endswith(('.cu', '.so')))}: {first}")
+
+
+def _entry(shape: Shape, elite: Elite, unit: str, workspace: int, arch: str) -> dict[str, Any]:
+    """The manifest's record of one exported kernel."""
+    cand, last = elite.candidate, elite.latest
+    assert cand is not None
+    return {
+        "shape": str(shape), "key": shape.key, "m": shape.m, "n": shape.n, "k": shape.k,
+        "layout": shape.layout, "contract": shape.contract, "symbol": f"evo_hgemm_{shape.key}",
+        "candidate": cand.id, "template": cand.template, "knobs": dict(cand.knobs) if cand.knobs else None,
+        "operator": cand.operator, "generation": cand.generation,
+        "source_sha256": hashlib.sha256(cand.source.encode()).hexdigest(),
+        "unit_sha256": hashlib.sha256(unit.encode()).hexdigest(),
+        "fitness": elite.fitness, "measurements": len(elite.evaluations),
+        "speedups": {name: t.speedup for name, t in sorted(last.timers.items())},
+        "baselines": {name: t.baseline_name for name, t in sorted(last.timers.items())},
+        "workspace_bytes": workspace, "zero_workspace": bool(cand.plan.zero_workspace),
+        "tensor_maps": sorted(cand.plan.tensor_maps), "arch": last.arch or arch,
+        "provenance": dict(last.provenance), "measured_at": last.created,
+    }
+
+
+def _build(tmp: Path, sources: list[str], gencode: str, jobs: Optional[int]) -> None:
+    """nvcc -c every unit of ``tmp/src`` in parallel, link ``tmp/libevo_hgemm.so``, drop the objects."""
+    flags = [gencode, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-w"]
+    with ThreadPoolExecutor(max_workers=jobs or min(len(sources), os.cpu_count() or 2)) as pool:
+        list(pool.map(lambda s: _nvcc([*flags, "-c", s, "-o", s[:-3] + ".o"], tmp / "src"), sources))
+    _nvcc([gencode, "-shared", "-o", str(tmp / LIBRARY), *[s[:-3] + ".o" for s in sources]], tmp / "src")
+    for o in (tmp / "src").glob("*.o"):
+        o.unlink()
 
 
 def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], arch: str = "sm_90a",
@@ -213,10 +266,7 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
             skipped.append({"shape": str(shape), "reason": why})
             continue
         exported.append((shape, elite, list(elite.candidate.plan.kernel_names)))  # type: ignore[union-attr]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        os.chmod(tmp, 0o755)
+    with staged_dir(out) as tmp:
         entries, launchers, units = [], [_PRELUDE], []
         for shape, elite, kernels in exported:
             cand = elite.candidate
@@ -231,49 +281,19 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
             (tmp / "src" / f"k_{shape.key}.cu").write_text(unit)
             units.append(f"k_{shape.key}.cu")
             launchers.append(code)
-            last = elite.latest
-            entries.append({
-                "shape": str(shape), "key": shape.key, "m": shape.m, "n": shape.n, "k": shape.k,
-                "layout": shape.layout, "contract": shape.contract, "symbol": f"evo_hgemm_{shape.key}",
-                "candidate": cand.id, "template": cand.template, "knobs": dict(cand.knobs) if cand.knobs else None,
-                "operator": cand.operator, "generation": cand.generation,
-                "source_sha256": hashlib.sha256(cand.source.encode()).hexdigest(),
-                "unit_sha256": hashlib.sha256(unit.encode()).hexdigest(),
-                "fitness": elite.fitness, "measurements": len(elite.evaluations),
-                "speedups": {name: t.speedup for name, t in sorted(last.timers.items())},
-                "baselines": {name: t.baseline_name for name, t in sorted(last.timers.items())},
-                "workspace_bytes": workspace, "zero_workspace": bool(cand.plan.zero_workspace),
-                "tensor_maps": sorted(cand.plan.tensor_maps), "arch": last.arch or arch,
-                "provenance": dict(last.provenance), "measured_at": last.created,
-            })
+            entries.append(_entry(shape, elite, unit, workspace, arch))
         tn = [Shape.parse(e["shape"]) for e in entries if e["layout"] == "TN"]
         nn = [Shape.parse(e["shape"]) for e in entries if e["layout"] == "NN"]
         launchers += [_dispatcher("evo_hgemm", tn), _dispatcher("evo_hgemm_nn", nn)]
         (tmp / "src").mkdir(exist_ok=True)
         (tmp / "src" / "launchers.cu").write_text("\n".join(launchers))
-        sources = ["launchers.cu", *units]
-        flags = [gencode, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-w"]
-        with ThreadPoolExecutor(max_workers=jobs or min(len(sources), os.cpu_count() or 2)) as pool:
-            list(pool.map(lambda s: _nvcc([*flags, "-c", s, "-o", s[:-3] + ".o"], tmp / "src"), sources))
-        _nvcc([gencode, "-shared", "-o", str(tmp / LIBRARY), *[s[:-3] + ".o" for s in sources]], tmp / "src")
-        for o in (tmp / "src").glob("*.o"):
-            o.unlink()
+        _build(tmp, ["launchers.cu", *units], gencode, jobs)
         manifest = {"format": MANIFEST_FORMAT, "arch": arch, "library": LIBRARY, "evo": _evo_version(),
                     "archive": archive.path, "kernels": entries, "skipped": skipped,
                     "abi": "int evo_hgemm(const void* A, const void* B, void* C, int M, int N, int K, "
                            "void* workspace, cudaStream_t stream); evo_hgemm_nn for NN; 0 = ok, -1 = unknown shape"}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        if out.exists():  # replace an earlier export: move it aside, rename, then delete
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-            os.rename(out, old / "x")
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-        return manifest
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return manifest
 
 
 # -- loading ----------------------------------------------------------------------------------

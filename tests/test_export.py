@@ -19,11 +19,10 @@ import pytest
 
 import evo
 from archive_fixture import S_F16, S_FAIL, S_MMA, S_NN, S_TINY, S_WGMMA, build
+from archive_fixture import ok as ok_eval
 from evo._export import LIBRARY, MANIFEST_FORMAT, ExportError, export, load_library
 from evo.cli import main
-from populations import Archive, Candidate, Evaluation, Shape, Status, load_templates
-
-from archive_fixture import ok as ok_eval
+from populations import Archive, Candidate, Shape, load_templates
 
 NVCC = Path("/usr/local/cuda/bin/nvcc")
 pytestmark = pytest.mark.skipif(not NVCC.exists() and not shutil.which("nvcc"), reason="nvcc is not installed")

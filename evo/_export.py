@@ -133,8 +133,8 @@ def _launcher(shape: Shape, cand: Candidate, kernels: list[str]) -> tuple[str, i
         lines.append(f"  void* args{j}[] = {{{', '.join(params) or 'nullptr'}}};")
         lines.append(f"  {{ const void* f = evo_{key}_kernel_{idx}();")
         if rl.smem > 48 * 1024:
-            lines.append(f"    static bool attr = false; if (!attr) {{ cudaError_t e = cudaFuncSetAttribute(f, "
-                         f"cudaFuncAttributeMaxDynamicSharedMemorySize, {rl.smem}); if (e) return (int)e; attr = true; }}")
+            lines.append(f"    if (!evo_smem_ready(f, {rl.smem}, &evo_attr_{key}_{j})) return (int)cudaErrorInvalidValue;")
+            lines.insert(0, f"static unsigned long long evo_attr_{key}_{j} = 0;")
         g, b = rl.grid, rl.block
         lines.append(f"    cudaError_t e = cudaLaunchKernel(f, dim3({g[0]}, {g[1]}, {g[2]}), dim3({b[0]}, {b[1]}, {b[2]}), "
                      f"args{j}, {rl.smem}, stream); if (e) return (int)e; }}")
@@ -151,6 +151,16 @@ typedef CUresult (*evo_encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t,
     CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
 // contracts.md section 1: fp16, 2-D over the matrix as stored, L2 promotion 128B, OOB fill zeros.
+// Opt a kernel in to more than 48 KiB of dynamic shared memory, once per device (a bit per device).
+static bool evo_smem_ready(const void* f, int bytes, unsigned long long* done) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) return false;
+  if (*done >> dev & 1ull) return true;
+  if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return false;
+  *done |= 1ull << dev;
+  return true;
+}
+
 static int evo_encode(CUtensorMap* map, void* base, const cuuint64_t* dim, const cuuint64_t* pitch,
                       const cuuint32_t* box, const cuuint32_t* es, CUtensorMapSwizzle swizzle) {
   static evo_encode_fn fn = nullptr;
@@ -373,9 +383,14 @@ class EvoLibrary:
         k2, n = b.shape
         if k != k2:
             return None
-        layout = "NN" if b.is_contiguous() else "TN" if b.t().is_contiguous() else None
-        key = (m, n, k, layout)
-        return key if layout and key in self.kernels else None
+        for layout, fits in (("NN", b.is_contiguous()), ("TN", b.t().is_contiguous())):
+            key = (m, n, k, layout)
+            if fits and key in self.kernels:
+                # TMA needs 16-byte aligned bases (views can start anywhere): else matmul does it
+                if self.kernels[key]["tensor_maps"] and (a.data_ptr() % 16 or b.data_ptr() % 16):
+                    return None
+                return key
+        return None
 
     def evo_hgemm(self, a: Any, b: Any) -> Any:
         """``a @ b`` (fp16, fp32 accumulation): the exported kernel where one fits, else torch.matmul."""

@@ -66,7 +66,13 @@ def test_library_exports_the_abi(exported: tuple[Path, Path, dict, dict[Shape, C
     out = subprocess.run(["nm", "-D", "--defined-only", str(lib / LIBRARY)], capture_output=True, text=True, check=True)
     symbols = {line.split()[-1] for line in out.stdout.splitlines() if " T " in line}
     assert {"evo_hgemm", "evo_hgemm_nn"} | {f"evo_hgemm_{s.key}" for s in best} <= symbols
-    assert "\"C\" int evo_hgemm_512x512x512_TN_f32" in (lib / "src" / "launchers.cu").read_text()
+    text = (lib / "src" / "launchers.cu").read_text()
+    for shape, cand in best.items():  # the plan resolved at export time: its grid, block and smem as constants
+        launches, _ = cand.plan.resolve(shape)
+        for rl in launches:
+            assert (f"dim3({rl.grid[0]}, {rl.grid[1]}, {rl.grid[2]}), dim3({rl.block[0]}, {rl.block[1]}, {rl.block[2]}), "
+                    f"args") in text and f", {rl.smem}, stream)" in text
+    assert text.count("evo_encode(&tm_") == 2  # the wgmma kernel's two TMA descriptors, encoded per call
 
 
 def test_dispatcher_through_ctypes_without_a_gpu(exported: tuple[Path, Path, dict, dict[Shape, Candidate]]) -> None:

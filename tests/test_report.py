@@ -99,3 +99,14 @@ def test_renders_in_headless_chromium(report: tuple[Path, Page, dict[Shape, Cand
                         (out / "index.html").as_uri()], capture_output=True, timeout=60)
     assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 50_000  # a blank page is a few KB; ours has tables and two plots
+
+
+def test_empty_archive(tmp_path: Path) -> None:
+    """An archive with no shapes yet still gives a page (no rows, empty plots), not a crash."""
+    from populations import Archive
+
+    Archive(tmp_path / "arch", "w").close()
+    assert main(["report", str(tmp_path / "arch"), "--out", str(tmp_path / "rep")]) == 0
+    page = Page()
+    page.feed((tmp_path / "rep" / "index.html").read_text(encoding="utf-8"))
+    assert "No shape has an ok kernel yet." in " ".join(page.text)

@@ -1,0 +1,15 @@
+"""LLM proposal operators (issue 7): prompts from data files, forgiving and strict parsing,
+a local transformers backend with grammar-constrained knob edits, and :class:`LLMOperator`.
+
+Importing this package does not import torch or transformers; the backend loads them (and
+the model) on the first proposal.
+"""
+from ._grammar import PREFIX, KnobEditGrammar
+from ._operator import LLMOperator
+from ._parse import Parsed, apply_edits, code_blocks, parse_edits, parse_knob_edit, parse_source
+from ._prompts import KINDS, MODES, PROMPTS_DIR, load_prompts, render_messages
+from ._transformers import DEFAULT_MODEL, Completion, TransformersBackend, load_backend
+
+__all__ = ["LLMOperator", "KnobEditGrammar", "PREFIX", "Parsed", "apply_edits", "code_blocks", "parse_edits",
+           "parse_knob_edit", "parse_source", "KINDS", "MODES", "PROMPTS_DIR", "load_prompts", "render_messages",
+           "DEFAULT_MODEL", "Completion", "TransformersBackend", "load_backend"]

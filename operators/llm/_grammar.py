@@ -1,0 +1,81 @@
+"""The JSON knob-edit grammar of one template, parent and shape, as successive finite choices.
+
+An edit reads ``{"NAME": VALUE, "NAME": VALUE}``; the operator puts ``{"`` in the answer's
+prefix, then each choice is one prefix-free string: a knob name with its ``": `` (a knob not yet
+edited that has another value), then a value with what follows it (``, "`` for another knob or
+``}`` to finish). A value may finish the edit only when the knob set it gives passes
+``Template.check``; at the last allowed change only such values are offered, and only knob
+names that have one. So every finished edit is valid; a rare dead end (no knob can complete a
+valid set) ends unfinished and becomes a counted failure.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Mapping, Optional
+
+from populations import Shape, Template
+
+__all__ = ["KnobEditGrammar", "PREFIX"]
+
+PREFIX = '{"'
+
+
+class KnobEditGrammar:
+    """Choices that spell a valid JSON knob edit of ``parent`` (see the module docstring)."""
+
+    def __init__(self, template: Template, parent: Mapping[str, Any], shape: Optional[Shape], max_changes: int = 2,
+                 known: Optional[Callable[[Mapping[str, Any]], bool]] = None) -> None:
+        self.template = template
+        self.shape = shape
+        self.parent = template.space.complete(parent)
+        self.max_changes = max(1, max_changes)
+        self.known = known  # full knob sets not to finish on (already in the history or the batch)
+        self.edit: dict[str, Any] = {}
+        self.pending: Optional[str] = None
+        self.done = False
+
+    def _valid(self, name: str, value: Any) -> bool:
+        full = {**self.parent, **self.edit, name: value}
+        return not self.template.check(full, self.shape) and not (self.known and self.known(full))
+
+    def _values(self, name: str) -> list[Any]:
+        return [v for v in self.template.space.knobs[name].values if v != self.parent[name]]
+
+    def options(self) -> list[str]:
+        if self.done:
+            return []
+        last = len(self.edit) + 1 >= self.max_changes
+        if self.pending is None:
+            names = [n for n in self.template.space.knobs if n not in self.edit and self._values(n)]
+            if last:
+                names = [n for n in names if any(self._valid(n, v) for v in self._values(n))]
+            return [f'{n}": ' for n in names]
+        out = []
+        for v in self._values(self.pending):
+            if self._valid(self.pending, v):
+                out.append(json.dumps(v) + "}")
+            if not last and self._completable(self.pending, v):
+                out.append(json.dumps(v) + ', "')
+        return out
+
+    def _completable(self, name: str, value: Any) -> bool:
+        """Whether, after ``name = value``, one more knob can give a valid set (the next is the last
+        change) or any other knob is left (more changes follow): no dead end one step ahead."""
+        others = [n for n in self.template.space.knobs if n not in self.edit and n != name and self._values(n)]
+        if len(self.edit) + 2 < self.max_changes:
+            return bool(others)
+        self.edit[name] = value
+        try:
+            return any(self._valid(n, v) for n in others for v in self._values(n))
+        finally:
+            del self.edit[name]
+
+    def choose(self, option: str) -> None:
+        if self.pending is None:
+            self.pending = option[:-len('": ')]
+            return
+        finish = option.endswith("}")
+        raw = option[:-1] if finish else option[:-len(', "')]
+        self.edit[self.pending] = json.loads(raw)
+        self.pending = None
+        self.done = finish

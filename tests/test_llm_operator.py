@@ -244,3 +244,40 @@ def test_source_modes_count_garbage_as_failures(family) -> None:
         assert len(props) == 1
         p = props[0]
         assert p.ok or (p.reason.startswith("no usable answer") and OPERATOR_ERROR not in p.reason), p.reason
+
+
+# -- evo propose ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def archive_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import archive_fixture
+    path = tmp_path_factory.mktemp("arch") / "a"
+    archive_fixture.build(path)
+    return path
+
+
+def propose_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    from evo.cli import main
+    code = main(["propose", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_propose_shows_children_of_the_elites(archive_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    import json
+    code, out, _ = propose_cli(capsys, "--archive", str(archive_dir), "--shape", "128x256x64", "--operator", "knob",
+                               "-n", "2", "--top", "2", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["format"] == "evo-propose/1" and len(doc["proposals"]) == 4
+    assert all(r["ok"] and r["changes"] for r in doc["proposals"])
+    assert len({r["parent"] for r in doc["proposals"]}) == 2
+    code, out, err = propose_cli(capsys, "--archive", str(archive_dir), "--shape", "128x256x64", "--operator", "nope")
+    assert code == 2 and "unknown operator 'nope'" in err
+    code, out, err = propose_cli(capsys, "--archive", str(archive_dir / "missing"), "--shape", "128x256x64")
+    assert code == 2 and err.startswith("evo propose:")
+
+
+@needs_llm
+def test_propose_with_the_llm(archive_dir: Path, capsys: pytest.CaptureFixture, backend) -> None:
+    code, out, _ = propose_cli(capsys, "--archive", str(archive_dir), "--shape", "64x64x64", "-n", "1", "--top", "1")
+    assert code == 0 and out.count("\n") == 1
+    assert "SmolLM2-135M-Instruct.Q4_1" in out and "tokens" in out and "-> " in out, out

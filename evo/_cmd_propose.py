@@ -1,0 +1,99 @@
+"""``evo propose``: what an operator proposes for a shape's current elites, without evaluating.
+
+A debugging tool for operators (the LLM one above all): for each of the top elites at the shape
+it builds the parents and the history as ``evo run`` would, asks the operator for ``-n``
+proposals and prints each child (its knobs or its source change, the model's answer, tokens and
+seconds) or the failure's reason. Nothing is compiled, measured or written to the archive.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from typing import Any
+
+from operators import OperatorContext, ParentView, get_operator
+from populations import Archive, ArchiveError, Shape, ShapeError, load_templates
+
+FORMAT = "evo-propose/1"
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("propose", help="show an operator's proposals for a shape's elites (no evaluation)",
+                              description=__doc__.split("\n\n")[1])
+    p.add_argument("--archive", metavar="DIR", required=True, help="archive directory (read only)")
+    p.add_argument("--shape", required=True, help="the shape, MxNxK[:TN|NN][:f32|f16]")
+    p.add_argument("--operator", default="llm", help="operator name (default llm; see operators/settings.toml)")
+    p.add_argument("--model", help="model for LLM operators (default: the operator's)")
+    p.add_argument("--mode", choices=("knobs", "edits", "source"), help="answer format for LLM operators")
+    p.add_argument("-n", type=int, default=2, help="proposals per elite (default 2)")
+    p.add_argument("--top", type=int, default=3, help="how many elites to use as parents (default 3)")
+    p.add_argument("--arch", default="90", help="target architecture for the prompt and templates (default 90)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--json", action="store_true", help="print the evo-propose/1 JSON document")
+
+
+def _row(parent: ParentView, p: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"parent": parent.id, "parent_speedup": parent.fitness, "ok": p.ok}
+    if not p.ok:
+        row["reason"] = p.reason
+        return row
+    c = p.candidate
+    changed = {k: v for k, v in (c.knobs or {}).items() if parent.knobs.get(k) != v}
+    row.update(id=c.id, template=c.template, changes=changed, model=c.model, completion=c.completion,
+               tokens=c.meta.get("tokens"), seconds=c.meta.get("seconds"), temperature=c.meta.get("temperature"))
+    return row
+
+
+def propose(archive: Archive, shape: Shape, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The rows of the report: one per proposal (or failure), parents the top elites in rank order."""
+    options = {k: v for k, v in (("model", args.model), ("mode", args.mode)) if v}
+    op = get_operator(args.operator, **options)
+    cands = {c.id: c for c in archive.candidates(shape)}
+    history = [(cands[e.candidate_id], e) for e in archive.evaluations(shape) if e.candidate_id in cands]
+    context = OperatorContext(history, load_templates(errors="warn"), arch=args.arch)
+    elites = [e for e in archive.elites(shape, top=args.top) if e.candidate is not None]
+    views = [ParentView(e.candidate, e.latest) for e in elites]
+    rng = random.Random(args.seed)
+    rows = []
+    for i, parent in enumerate(views):
+        parents = [parent] + [v for v in views if v is not parent][:max(op.arity - 1, 0)]
+        for p in op.propose(parents[:max(op.arity, 1)], shape, rng, args.n, context):
+            rows.append(_row(parent, p))
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.n < 1 or args.top < 1:
+        print("evo propose: -n and --top must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        shape = Shape.parse(args.shape)
+        archive = Archive(args.archive, mode="r")
+    except (ShapeError, ArchiveError, ValueError) as exc:
+        print(f"evo propose: {exc}", file=sys.stderr)
+        return 2
+    try:
+        rows = propose(archive, shape, args)
+    except (KeyError, ImportError, ValueError, TypeError) as exc:  # unknown operator, missing extra, bad option
+        print(f"evo propose: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        archive.close()
+    if args.json:
+        json.dump({"format": FORMAT, "shape": str(shape), "operator": args.operator, "proposals": rows},
+                  sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return 0
+    if not rows:
+        print(f"no elite at {shape}: nothing to propose from")
+    for r in rows:
+        head = f"parent {r['parent']} ({r['parent_speedup']:.3f}x)" if r["parent_speedup"] else f"parent {r['parent']}"
+        if not r["ok"]:
+            print(f"{head}: failed: {r['reason']}")
+            continue
+        what = ", ".join(f"{k}={v}" for k, v in r["changes"].items()) or "source change"
+        extra = f"  [{r['model']}, {r['tokens']} tokens, {r['seconds']} s] {r['completion']!r}" if r["model"] else ""
+        print(f"{head} -> {r['id']}: {what}{extra}")
+    return 0

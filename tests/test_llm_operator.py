@@ -281,3 +281,17 @@ def test_propose_with_the_llm(archive_dir: Path, capsys: pytest.CaptureFixture, 
     code, out, _ = propose_cli(capsys, "--archive", str(archive_dir), "--shape", "64x64x64", "-n", "1", "--top", "1")
     assert code == 0 and out.count("\n") == 1
     assert "SmolLM2-135M-Instruct.Q4_1" in out and "tokens" in out and "-> " in out, out
+
+
+@needs_llm
+def test_crossover_edits_the_fitter_parent_and_names_both(mini: Template, family) -> None:
+    parents, ctx = family
+    op = get_operator("llm_crossover")
+    assert op.arity == 2
+    assert "## Parent 2: " + parents[0].id in op.messages([parents[1], parents[0]], SHAPE, ctx, mini)[1]["content"]
+    props = op.propose([parents[1], parents[0]], SHAPE, random.Random(4), 2, ctx)
+    ok = [p for p in props if p.ok]
+    assert ok, [p.reason for p in props]
+    for p in ok:
+        assert p.parents == (parents[0].id, parents[1].id) and mini.check(p.candidate.knobs, SHAPE) == []
+        assert "## Parent 2: " + parents[1].id in p.candidate.prompt

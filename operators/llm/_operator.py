@@ -6,7 +6,8 @@ Modes (``mode=``): ``knobs`` (default; a JSON knob edit of a template candidate,
 models can do), ``edits`` (SEARCH/REPLACE edits against the parent's source) and ``source`` (a
 whole translation unit); the last two give candidates without a template, keeping the parent's
 launch plan. A parent that failed gets the ``fix`` prompt, else ``mutation`` (``crossover`` when
-the operator has arity 2 and two parents). Temperatures are drawn per call from
+the operator has arity 2 and two parents of one template; else the fitter one is mutated).
+Temperatures are drawn per call from
 ``temperature``; tokens, seconds, the model, the prompt and the answer go into the candidate.
 """
 from __future__ import annotations
@@ -66,6 +67,10 @@ class LLMOperator(Operator):
         if not parents:
             return [self.failure("the LLM operator needs a parent; none was given")]
         parents = parents[:self.arity]
+        if len(parents) == 2 and (parents[0].template != parents[1].template or parents[0].id == parents[1].id):
+            # nothing to combine (or knobs of two spaces): mutate the fitter parent instead
+            parents = (max(parents, key=lambda p: p.score),)
+        parents = tuple(sorted(parents, key=lambda p: -p.score))  # the fitter parent is the one edited
         first = parents[0]
         template = None
         if self.mode == "knobs":

@@ -12,9 +12,11 @@ KV caches are kept (a few) so several samples of one prompt pay for the prompt o
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib.util
+import io
 import math
 import random
 import time
@@ -74,8 +76,9 @@ class TransformersBackend:
         if model in _GGUF:
             package, gguf = _GGUF[model]
             folder = _package_folder(package)
-            self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
-            self.model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32)
+            with contextlib.redirect_stderr(io.StringIO()):  # the GGUF loader's own progress bar (plain tqdm)
+                self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+                self.model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32)
             self.name = gguf.removesuffix(".gguf")
         else:  # a local folder or a hub id
             self.tokenizer = AutoTokenizer.from_pretrained(model)

@@ -89,11 +89,11 @@ def test_cancel_all_drops_queued_work_and_close_returns_promptly(tmp_path):
     from concurrent.futures import CancelledError
 
     with pool(tmp_path) as p:
-        first = p.submit(cand("hang"))  # occupies the only GPU worker until its deadline
-        queued = [p.submit(cand(tile=t)) for t in (8, 32)]
+        first = p.submit(cand("hang"))  # occupies the only GPU worker until its 2 s deadline
         deadline = time.monotonic() + 60
         while p.stats.first_job is None and time.monotonic() < deadline:  # the hang is on the GPU
             time.sleep(0.05)
+        queued = [p.submit(cand(tile=t)) for t in (8, 32)]  # compiling or waiting behind the hang
         p.cancel_all()
         for f in queued:
             with pytest.raises(CancelledError):

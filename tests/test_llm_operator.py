@@ -204,12 +204,14 @@ def backend():
 
 @needs_llm
 def test_model_answers_with_accounting(backend) -> None:
+    from operators.llm import load_backend
     msgs = [{"role": "user", "content": "Name one GPU maker."}]
     c = backend.complete(msgs, rng=random.Random(1), temperature=0.7, max_new_tokens=12)
     assert c.text.strip() and 0 < c.completion_tokens <= 12 and c.prompt_tokens > 5 and c.seconds > 0
     assert c.model == "SmolLM2-135M-Instruct.Q4_1"
     again = backend.complete(msgs, rng=random.Random(1), temperature=0.7, max_new_tokens=12)
     assert again.text == c.text  # sampling draws from the caller's rng
+    assert load_backend("smollm2-135m", "cpu") is backend  # one model per process
 
 
 @needs_llm

@@ -106,7 +106,7 @@ class TransformersBackend:
         with self.torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renames past_key_values
             out = self.model(input_ids=self.torch.tensor([list(ids)], device=self.device), past_key_values=past,
-                             use_cache=True)
+                             use_cache=True, logits_to_keep=1)  # no vocabulary projection of the prompt
         return out.past_key_values, out.logits[0, -1].double().cpu()
 
     def _prefill(self, ids: list[int]) -> tuple[Any, Any]:
@@ -201,7 +201,11 @@ class TransformersBackend:
                           finished=finished)
 
 
-@functools.lru_cache(maxsize=4)
 def load_backend(model: str = DEFAULT_MODEL, device: str = "cpu") -> TransformersBackend:
     """One loaded backend per (model, device) for the process (loading takes tens of seconds on CPU)."""
+    return _load(model, device)  # positional, so load_backend() and load_backend(DEFAULT_MODEL) share one
+
+
+@functools.lru_cache(maxsize=4)
+def _load(model: str, device: str) -> TransformersBackend:
     return TransformersBackend(model, device)

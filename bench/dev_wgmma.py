@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from populations import Shape  # noqa: E402
 from populations._template import load_template  # noqa: E402
+from evaluators._loader import nvrtc_cubin  # noqa: E402
 
 TEMPLATE_DIR = ROOT / "populations" / "templates" / "sm90_wgmma"
 L2_BYTES = 60 * 2**20
@@ -80,23 +81,10 @@ def render(variant: str, layout: str, watchdog: bool) -> tuple[str, object]:
     return "\n".join(pre) + "\n" + source, plan
 
 
-def nvrtc_cubin(source: str) -> tuple[bytes, float]:
-    from cuda.bindings import nvrtc
-
+def timed_cubin(source: str) -> tuple[bytes, float]:
+    """sm_90a cubin through the evaluator's NVRTC helper, and the seconds it took."""
     t0 = time.perf_counter()
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"evo_wgmma.cu", 0, [], [])
-    opts = [b"--gpu-architecture=sm_90a", b"-std=c++17"]
-    (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    _, n = nvrtc.nvrtcGetProgramLogSize(prog)
-    log = b" " * n
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    if res != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(f"NVRTC failed: {log.decode(errors='replace')[:3000]}")
-    _, size = nvrtc.nvrtcGetCUBINSize(prog)
-    cubin = b" " * size
-    nvrtc.nvrtcGetCUBIN(prog, cubin)
-    nvrtc.nvrtcDestroyProgram(prog)
-    return cubin, time.perf_counter() - t0
+    return nvrtc_cubin(source, "sm_90a"), time.perf_counter() - t0
 
 
 # ------------------------------------------------------------------------------ launching
@@ -197,7 +185,7 @@ def job_check(variant: str, layout: str) -> dict:
     import torch
 
     source, plan = render(variant, layout, watchdog=True)
-    cubin, secs = nvrtc_cubin(source)
+    cubin, secs = timed_cubin(source)
     k = Kernel(cubin, plan)
     out = {"job": "check", "variant": variant, "layout": layout, "compile_s": round(secs, 2), "shapes": []}
     ok_all = True
@@ -271,7 +259,7 @@ def job_time(variants: list[str], layout: str) -> dict:
     kernels = {}
     for v in variants:
         source, plan = render(v, layout, watchdog=False)
-        kernels[v] = Kernel(nvrtc_cubin(source)[0], plan)
+        kernels[v] = Kernel(timed_cubin(source)[0], plan)
     rows = []
     for m, n, kk in TIME_SHAPES:
         if kk % 8 or (layout == "NN" and n % 8):

@@ -20,6 +20,7 @@ import pytest
 from populations import Shape
 from populations._knobs import TemplateError
 from populations._template import TEMPLATES_DIR, load_template
+from evaluators._loader import nvrtc_cubin
 
 FOLDER = TEMPLATES_DIR / "sm90_wgmma"
 BIG = Shape(4096, 4096, 4096, "TN", "f32")
@@ -31,21 +32,8 @@ def tpl():
 
 
 def nvrtc_compile(source: str) -> bytes:
-    """cubin for sm_90a, or an AssertionError carrying NVRTC's log."""
-    from cuda.bindings import nvrtc
-
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"evo_wgmma.cu", 0, [], [])
-    opts = [b"--gpu-architecture=sm_90a", b"-std=c++17"]
-    (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    _, n = nvrtc.nvrtcGetProgramLogSize(prog)
-    log = b" " * n
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")[:4000]
-    _, size = nvrtc.nvrtcGetCUBINSize(prog)
-    cubin = b" " * size
-    nvrtc.nvrtcGetCUBIN(prog, cubin)
-    nvrtc.nvrtcDestroyProgram(prog)
-    return cubin
+    """cubin for sm_90a through the evaluator's NVRTC helper (RuntimeError carrying the log)."""
+    return nvrtc_cubin(source, "sm_90a")
 
 
 def cuobjdump() -> str | None:

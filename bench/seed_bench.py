@@ -1,7 +1,7 @@
 """Best seed per shape vs torch.matmul in GPU time, over a stratified sample of the 1000-shape grid.
 
     python bench/seed_bench.py [--grid configs.csv] [--n 100]
-                               [--picks 2] [--budget-s 300] [--out DIR]
+                               [--picks 2] [--budget-s 300] [--out DIR] [--archive DIR]
 
 The grid is CUDA-L2's (M, N, K in {64 ... 16384}, TN layout, f32 contract). The sample takes
 the ten largest shapes by FLOPs, then spreads the rest evenly over FLOP decades (a fixed seed),
@@ -13,7 +13,9 @@ shape's figure is its best ``ok`` unflagged candidate.
 
 Prints the summary last, writes ``seed_bench.csv``, ``seed_bench.json`` and ``seed_bench.png``
 (speedup vs FLOPs) under ``--out`` (default: $OUT or .). Shapes not reached inside
-``--budget-s`` are listed as not run, not dropped silently.
+``--budget-s`` are listed as not run, not dropped silently. With ``--archive DIR`` every
+candidate and its evaluations are also recorded in an evo archive (created, or resumed), so the
+seeds can be exported (``evo export``) and measured against the peers (``bench/peers_bench.py``).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from evaluators import LocalPool  # noqa: E402
-from populations import Candidate, Shape, load_templates  # noqa: E402
+from populations import Archive, ArchiveError, Candidate, Shape, load_templates  # noqa: E402
 
 #: CUDA-L2's grid (shared/anchors/cuda-l2/configs.csv holds exactly these 1000 shapes).
 GRID_SIZES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
@@ -87,10 +89,19 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=300.0, help="stop submitting new shapes after this")
     p.add_argument("--compile-workers", type=int, default=min(14, os.cpu_count() or 2))
     p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--archive", type=Path, default=None,
+                   help="also record every candidate and evaluation in this evo archive (created or resumed)")
     args = p.parse_args()
     if args.grid is not None and not args.grid.exists():
         print(f"seed_bench: grid file {args.grid} not found", file=sys.stderr)
         return 2
+    archive = None
+    if args.archive is not None:
+        try:
+            archive = Archive(args.archive, "w")
+        except (ArchiveError, OSError) as exc:
+            print(f"seed_bench: cannot open archive {args.archive}: {exc}", file=sys.stderr)
+            return 2
     shapes = stratified(read_grid(args.grid), args.n, args.seed)
     if args.largest:
         shapes = shapes[-10:]
@@ -113,7 +124,10 @@ def main() -> int:
             best, best_c, statuses = None, None, defaultdict(int)
             baseline = None
             for c, f in zip(cands, futures):
-                for e in f.result():
+                evals = f.result()
+                if archive is not None:
+                    archive.record(c, evals)
+                for e in evals:
                     statuses[e.status.value] += 1
                     t = e.timers.get("device")
                     if t is not None:
@@ -128,9 +142,13 @@ def main() -> int:
                 "cublas_tflops": shape.flops / baseline / 1e12 if baseline else None,
                 "statuses": json.dumps(dict(statuses)),
             })
+            if archive is not None:
+                archive.commit()  # durable shape by shape: a killed run keeps what it measured
             print(f"{str(shape):>26} {len(cands):2d} cand  best {best if best else float('nan'):.3f}x"
                   f"  {best_c.template if best_c else '-':>12}  {dict(statuses)}", flush=True)
         stats = pool.stats
+    if archive is not None:
+        archive.close()
     wall = time.monotonic() - t0
     with open(out / "seed_bench.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["M"])

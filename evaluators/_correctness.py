@@ -70,10 +70,14 @@ class CheckFailed(Exception):
 
 
 class Guarded:
-    """A matrix (or workspace) with canary bands of random bits before and after it."""
+    """A matrix (or workspace) with canary bands of random bits before and after it.
+
+    ``alloc(nbytes)`` (default ``torch.empty``) may return more bytes than asked for (a whole
+    VA-reserved block, :mod:`evaluators._vmm`): the upper canary then runs to the block's end, so
+    every mapped byte around the data is checked and the unmapped gaps beyond fault."""
 
     def __init__(self, rows: int, cols: int, device: torch.device, gen: torch.Generator, dtype=torch.float16,
-                 guard_bytes: Optional[int] = None) -> None:
+                 guard_bytes: Optional[int] = None, alloc: Optional[Callable[[int], torch.Tensor]] = None) -> None:
         n = rows * cols
         esize = torch.empty((), dtype=dtype).element_size()
         if guard_bytes is None:  # 256 rows past the edge, 32 KiB to 8 MiB
@@ -82,8 +86,10 @@ class Guarded:
             band = guard_bytes // esize
         band = -(-band // (256 // esize)) * (256 // esize)  # keep the data 256-byte aligned
         self.rows, self.cols, self.band = rows, cols, band
-        self.full = torch.empty(2 * band + n, dtype=dtype, device=device)
-        bits = self.full.view(torch.uint8) if dtype != torch.uint8 else self.full
+        want = (2 * band + n) * esize
+        raw = torch.empty(want, dtype=torch.uint8, device=device) if alloc is None else alloc(want)
+        self.full = raw[: raw.numel() // esize * esize].view(dtype)
+        bits = self.full.view(torch.uint8)
         bits.random_(0, 256, generator=gen)
         self._lo, self._hi = band * esize, (band + n) * esize
         self.pattern_lo, self.pattern_hi = bits[:self._lo].clone(), bits[self._hi:].clone()
@@ -112,14 +118,20 @@ class Operands:
 
     @classmethod
     def allocate(cls, shape: Shape, workspace_bytes: int, zero_workspace: bool, device: torch.device,
-                 gen: torch.Generator, guard_bytes: Optional[int] = None) -> "Operands":
-        """``guard_bytes`` per side of every operand (the GPU harness uses 64 MiB: far stores land
-        in a canary rather than in memory nobody checks); default 256 rows, 32 KiB to 8 MiB."""
+                 gen: torch.Generator, guard_bytes: Optional[int] = None,
+                 alloc: Optional[Callable[[int], torch.Tensor]] = None) -> "Operands":
+        """``guard_bytes`` per side of every operand (the GPU harness uses 64 MiB on plain
+        allocations, so far stores land in a canary rather than in memory nobody checks, and 1 MiB
+        in VA-reserved blocks, whose unmapped gaps fault); default 256 rows, 32 KiB to 8 MiB.
+        Always allocated in the order A, B, C, workspace (the same addresses job after job when
+        ``alloc`` reuses blocks)."""
         b_rows, b_cols = (shape.n, shape.k) if shape.layout == "TN" else (shape.k, shape.n)
         g = guard_bytes
-        return cls(shape, Guarded(shape.m, shape.k, device, gen, guard_bytes=g),
-                   Guarded(b_rows, b_cols, device, gen, guard_bytes=g), Guarded(shape.m, shape.n, device, gen, guard_bytes=g),
-                   Guarded(1, workspace_bytes, device, gen, torch.uint8, guard_bytes=g), workspace_bytes, zero_workspace)
+        return cls(shape, Guarded(shape.m, shape.k, device, gen, guard_bytes=g, alloc=alloc),
+                   Guarded(b_rows, b_cols, device, gen, guard_bytes=g, alloc=alloc),
+                   Guarded(shape.m, shape.n, device, gen, guard_bytes=g, alloc=alloc),
+                   Guarded(1, workspace_bytes, device, gen, torch.uint8, guard_bytes=g, alloc=alloc),
+                   workspace_bytes, zero_workspace)
 
     def b_kn(self, b: Optional[torch.Tensor] = None) -> torch.Tensor:
         """B as the K×N operand of the product (a view)."""
@@ -335,7 +347,8 @@ def ragged_instances(shape: Shape, tma_pitch: set[str], rng: Optional[random.Ran
 
 
 def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: str, call: Callable[[int], None],
-                 sync: Callable[[], None], gen: torch.Generator, passes: int = 3) -> None:
+                 sync: Callable[[], None], gen: torch.Generator, passes: int = 3,
+                 call_all: Optional[Callable[[], None]] = None) -> None:
     """The after-timing check, on the timing rotation: state kept across calls must not matter.
 
     ``a3``/``b3``/``c3`` are the stacked sets (B as stored); ``call(i)`` runs the candidate on set
@@ -347,7 +360,11 @@ def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: s
     caches keyed by pointers, by sampled or strided elements, or pre-packed B miss them. Every C
     is filled with finite garbage first (a kernel that trusts C or skips "already done" tiles
     leaves it there), every set is called back-to-back and every set verified. The inputs are
-    restored afterwards (the rotation is reused). Raises :class:`CheckFailed` naming the set."""
+    restored afterwards (the rotation is reused). Raises :class:`CheckFailed` naming the set.
+
+    ``call_all()``, when given, calls every set once in order (the harness replays the timer's
+    captured one-rotation graph: one launch instead of thousands of eager calls at tiny shapes);
+    the in-place changes are eager ops on the same stream, ordered before it."""
     saved: list[tuple[torch.Tensor, tuple, torch.Tensor]] = []
 
     def change(t3: torch.Tensor, index: tuple) -> None:
@@ -379,8 +396,11 @@ def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: s
                     change(t3, (slice(None), flat // cols, flat % cols))
             c3.uniform_(-4, 4, generator=gen)
             expect = snapshot()
-            for i in range(n_sets):
-                call(i)
+            if call_all is not None:
+                call_all()
+            else:
+                for i in range(n_sets):
+                    call(i)
             if mode == "repeat":  # C now holds the right output: a memo that trusts it must see the change
                 sync()
                 unchanged(expect, p)

@@ -4,15 +4,25 @@ Runs inside the worker process started by :mod:`evaluators._worker` (one per GPU
 sees is ``cuda:0``). Buffers and the stream are torch's; kernels go through the loader of
 :mod:`evaluators._loader` with parameters packed by :mod:`evaluators._tmap`.
 
-A job is ``{"cubin", "plan", "shapes", "generic", "timers", "seed", "qps"}``; the result has
-``status``/``message`` for the job and one dict per shape (status, message, max_error, flags,
-timers, correctness_s, timing_s, provenance). A context-poisoning CUDA error sets ``fatal``
-and the worker exits after replying (the context cannot be used again).
+A job is ``{"cubin", "plan", "shapes", "generic", "timers", "seed", "qps"}`` plus optional
+``elite_threshold`` (the memoisation timing pass runs only when the device speedup reaches it:
+below it the candidate cannot become an elite, so a memo would buy it nothing; absent or None:
+always), ``memo_check`` (False: never) and ``rotations`` (time the device timer on that many
+freshly allocated rotations and report the median of their medians, with each one kept). The
+result has ``status``/``message`` for the job and one dict per shape (status, message,
+max_error, flags, timers, correctness_s, timing_s, phases (seconds per step), provenance).
+
+Buffers a candidate can reach come from :mod:`evaluators._vmm` (worker option ``buffers``:
+``"vmm"``, VA reservations with 2 GiB unmapped gaps, so far stores fault; ``"torch"``, plain
+allocations with 64 MiB canaries; default from ``EVO_EVAL_BUFFERS``, else ``torch`` until
+the VMM path is verified on the device). A context-poisoning CUDA error sets ``fatal`` and the
+worker exits after replying (the context cannot be used again).
 """
 from __future__ import annotations
 
 import os
 import random
+import statistics
 import threading
 import time
 from typing import Any, Callable, Mapping, Optional
@@ -22,13 +32,14 @@ import torch
 from populations import LaunchPlan, PlanError, Shape
 
 from ._builtin_kernels import EMPTY_KERNEL, NAIVE_GEMM, naive_plan
-from ._correctness import Cascade, CheckFailed, Operands, ragged_instances, recheck_sets
+from ._correctness import Cascade, CheckFailed, Guarded, Operands, ragged_instances, recheck_sets
 from ._loader import get_loader, is_poisoning, nvrtc_cubin
 from ._provenance import sm_clock_mhz, static_provenance
 from ._timers import Arm, device_timer, host_timer, rotation_sets
 from ._tmap import ParamPack, TensorMapError, encode_tensor_map
+from ._vmm import TorchAllocator, make_allocator
 
-__all__ = ["make_handler", "GpuHandler", "DEFAULT_CEILINGS", "physical_floor", "memo_flag", "MEMO_RATIO"]
+__all__ = ["make_handler", "GpuHandler", "DEFAULT_CEILINGS", "physical_floor", "memo_flag", "memo_wanted", "MEMO_RATIO"]
 
 #: Ceilings used for the physical-floor flag when the start-up measurement is lower.
 DEFAULT_CEILINGS = {"flops": 790e12, "bytes_per_s": 4.3e12, "launch_s": 0.5e-6}
@@ -39,6 +50,12 @@ TIMERS = ("device", "offline", "server")
 #: Canary bytes on each side of every operand in the correctness checks: a store up to 64 MiB
 #: away from A, B, C or the workspace lands in a canary, not in memory nobody checks.
 GUARD_BYTES = 64 << 20
+#: Canary bytes per side inside VA-reserved blocks: beyond the block the unmapped gap faults.
+VMM_GUARD_BYTES = 1 << 20
+#: Canary bytes per side of the timing rotation's stacks and workspaces.
+ROTATION_GUARD_BYTES = 64 << 10
+#: Default buffer source of the worker (option ``buffers``); see the module docstring.
+DEFAULT_BUFFERS = os.environ.get("EVO_EVAL_BUFFERS", "torch")
 
 
 #: An honest kernel takes the same time whether or not its inputs change between calls (the
@@ -92,19 +109,23 @@ class CandidateKernels:
             fns.append(self.fns[key])
         zero = self.plan.zero_workspace and ws > 0
         specs = self.plan.tensor_maps
+        packs: dict[tuple[int, ...], list[ParamPack]] = {}  # per pointer set: built once (4096 sets at tiny shapes)
 
         def call(ptrs: Mapping[str, int], wtensor: Optional[torch.Tensor]) -> None:
             stream = torch.cuda.current_stream().cuda_stream
             if zero and wtensor is not None:
                 wtensor.zero_()
-            tmaps = {}
-            for name, spec in specs.items():
-                key = (name, ptrs[spec.matrix], shape)
-                if key not in self._tmaps:
-                    self._tmaps[key] = encode_tensor_map(spec, shape, ptrs[spec.matrix])
-                tmaps[name] = self._tmaps[key]
-            for ln, fn in zip(launches, fns):
-                pack = ParamPack(ln.args, ptrs, tmaps)
+            key = (ptrs.get("A", 0), ptrs.get("B", 0), ptrs.get("C", 0), ptrs.get("workspace", 0))
+            got = packs.get(key)
+            if got is None:
+                tmaps = {}
+                for name, spec in specs.items():
+                    tkey = (name, ptrs[spec.matrix], shape)
+                    if tkey not in self._tmaps:
+                        self._tmaps[tkey] = encode_tensor_map(spec, shape, ptrs[spec.matrix])
+                    tmaps[name] = self._tmaps[tkey]
+                got = packs[key] = [ParamPack(ln.args, ptrs, tmaps) for ln in launches]
+            for ln, fn, pack in zip(launches, fns, got):
                 self.loader.launch(fn, ln.grid, ln.block, ln.smem, stream, pack.address)
         return call, ws, len(launches)
 
@@ -128,6 +149,9 @@ class GpuHandler:
         self.arch = "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
         self.l2 = int(self.provenance.get("l2_bytes") or 60 << 20)
         self._timing_cache: dict[tuple[int, int, int], TimingBuffers] = {}
+        self.alloc = make_allocator(str(self.options.get("buffers") or DEFAULT_BUFFERS))
+        self.guard_bytes = VMM_GUARD_BYTES if self.alloc.gap_bytes else GUARD_BYTES
+        self.provenance["buffers"] = self.alloc.stats()
         if self.options.get("evo_version"):
             self.provenance["evo"] = self.options["evo_version"]
         self._probe_kernels = CandidateKernels(self.loader, nvrtc_cubin(NAIVE_GEMM, self.arch), naive_plan())
@@ -139,7 +163,7 @@ class GpuHandler:
 
     def info(self) -> dict[str, Any]:
         return {"arch": self.arch, "provenance": self.provenance, "ceilings": self.ceilings,
-                "loader": self.loader.name, "pid": os.getpid()}
+                "loader": self.loader.name, "pid": os.getpid(), "buffers": self.alloc.stats()}
 
     # -- start-up ------------------------------------------------------------------------
     def _measure_ceilings(self) -> dict[str, float]:
@@ -183,7 +207,7 @@ class GpuHandler:
             shape = Shape(64, 48, 40, "TN")
             call, ws, _ = self._probe_kernels.bind(shape)
             gen = torch.Generator(device=self.device).manual_seed(1234)
-            ops = Operands.allocate(shape, ws, False, self.device, gen)
+            ops = Operands.allocate(shape, ws, False, self.device, gen, None, self.alloc.bytes)
             cas = Cascade(ops, lambda o: call(o.pointers(), None), self._sync, gen)
             cas.random()
             g = torch.cuda.CUDAGraph()
@@ -206,6 +230,7 @@ class GpuHandler:
         if kind == "probe":
             return self._probe()
         threads_before = thread_count()
+        self._allocator().trim()  # between jobs: unmap idle blocks beyond the keep limit
         phase("load")
         t0 = time.perf_counter()
         try:
@@ -247,7 +272,8 @@ class GpuHandler:
     def _one_shape(self, kernels: CandidateKernels, shape: Shape, job: Mapping[str, Any],
                    phase: Callable[[str], None], rng: random.Random) -> dict[str, Any]:
         res: dict[str, Any] = {"shape": str(shape), "status": "ok", "message": "", "flags": [], "timers": {},
-                               "max_error": None, "correctness_s": 0.0, "timing_s": 0.0, "checks": []}
+                               "max_error": None, "correctness_s": 0.0, "timing_s": 0.0, "checks": [],
+                               "phases": {}}
         phase("correctness")
         stage = "correctness"
         t0 = time.perf_counter()
@@ -263,7 +289,8 @@ class GpuHandler:
                     call, ws, _ = kernels.bind(inst)
                 except (PlanError, TensorMapError) as exc:
                     return {**res, "status": "rejected", "message": f"plan does not resolve for {inst}: {exc}"}
-                ops = Operands.allocate(inst, ws, kernels.plan.zero_workspace, self.device, gen, GUARD_BYTES)
+                ops = Operands.allocate(inst, ws, kernels.plan.zero_workspace, self.device, gen,
+                                        getattr(self, "guard_bytes", GUARD_BYTES), self._allocator().bytes)
                 cas = Cascade(ops, lambda o, c=call: c(o.pointers(), o.W.data if o.workspace_bytes else None), self._sync, gen)
                 try:
                     if inst is shape:
@@ -281,6 +308,7 @@ class GpuHandler:
                 res["max_error"] = max(res["max_error"] or 0.0, cas.max_error)
                 del ops
             res["correctness_s"] = time.perf_counter() - t0
+            res["phases"]["correctness"] = res["correctness_s"]
             if not self._timing_intact():
                 return {**res, "status": "incorrect", "correctness_s": res["correctness_s"],
                         "message": "wrote outside its buffers: the harness's cached timing inputs changed during the checks"}
@@ -299,6 +327,12 @@ class GpuHandler:
         res["provenance"] = {"sm_clock_mhz": sm_clock_mhz()}
         return res
 
+    def _allocator(self) -> Any:
+        alloc = getattr(self, "alloc", None)
+        if alloc is None:  # a handler built without __init__ (CPU tests): plain tensors on its device
+            alloc = self.alloc = TorchAllocator(self.device)
+        return alloc
+
     # -- timing -----------------------------------------------------------------------------
     def _buffers(self, shape: Shape, ws: int) -> "TimingBuffers":
         """Rotation buffers and captured baseline graphs, kept for the last two shapes: the
@@ -311,7 +345,7 @@ class GpuHandler:
             while len(self._timing_cache) >= 2:
                 self._timing_cache.pop(next(iter(self._timing_cache)))
             torch.cuda.empty_cache()
-            bufs = TimingBuffers(shape, ws, self.l2, self.device)
+            bufs = TimingBuffers(shape, ws, self.l2, self.device, self._allocator().bytes)
         self._timing_cache[key] = bufs
         return bufs
 
@@ -335,9 +369,13 @@ class GpuHandler:
     def _time(self, call: Callable, ws: int, zero_ws: bool, shape: Shape, job: Mapping[str, Any],
               rng: random.Random, gen: torch.Generator, res: dict[str, Any]) -> None:
         m, n = shape.m, shape.n
+        phases = res.setdefault("phases", {})
+        clock = _PhaseClock(phases)
         tb = self._buffers(shape, ws)
         n_sets, a, b_nk, b_kn, cc, cb, cc_all = tb.n_sets, tb.a, tb.b_nk, tb.b_kn, tb.cc, tb.cb, tb.cc_all
-        w_all = torch.empty(n_sets, max(ws, 1) + 255 >> 8 << 8, dtype=torch.uint8, device=self.device)
+        w_guard = Guarded(n_sets, max(ws, 1) + 255 >> 8 << 8, self.device, gen, torch.uint8,
+                          guard_bytes=ROTATION_GUARD_BYTES, alloc=self._allocator().bytes)
+        w_all = w_guard.data
         w_all.fill_(0 if zero_ws else 0xFF)
         b_c = b_nk if shape.layout == "TN" else b_kn
         ptrs = [{"A": a[i].data_ptr(), "B": b_c[i].data_ptr(), "C": cc[i].data_ptr(), "workspace": w_all[i].data_ptr()}
@@ -348,25 +386,31 @@ class GpuHandler:
                 Arm("torch.matmul TN", lambda i: torch.matmul(a[i], b_nk[i].t(), out=cb[i]), n_sets, cacheable=True)]
         wanted = [t for t in (job.get("timers") or TIMERS) if t in TIMERS]
         flip = {"p": rng.randrange(shape.m * shape.k)}
+        clock("setup")
 
         def perturb() -> None:  # a different element of every set's A changes sign before each call
             flip["p"] = (flip["p"] + 7919) % (shape.m * shape.k)
             tb.flip(flip["p"])
         stats: dict[str, dict[str, Any]] = {}
+        kept: dict[str, Any] = {}  # the candidate's one-rotation graph, replayed again below
         try:
             if "device" in wanted:
                 stats["device"] = device_timer(arms, rng=rng, rounds=job.get("rounds"), graph_cache=tb.graphs,
-                                               perturb=perturb)
+                                               perturb=perturb, keep=kept)
+                clock("device")
             if "offline" in wanted:
                 stats["offline"] = host_timer(arms, calls=int(job.get("host_calls", 20)), rng=rng, perturb=perturb)
+                clock("offline")
             if "server" in wanted:
                 stats["server"] = host_timer(arms, calls=int(job.get("host_calls", 20)),
                                              qps=float(job.get("qps", 2000.0)), rng=rng, perturb=perturb)
+                clock("server")
             self._sync()
         finally:
             tb.unflip()
         if not tb.intact():
             return self._inputs_modified(tb, res, "during timing")
+        clock("intact")
         for name, st in stats.items():
             cand = st["candidate"]
             base_name = min(("torch.matmul NN", "torch.matmul TN"), key=lambda a_: st[a_].median)
@@ -374,7 +418,15 @@ class GpuHandler:
             res["timers"][name] = {"median": cand.median, "lo": cand.lo, "hi": cand.hi, "baseline_median": base.median,
                                    "baseline_lo": base.lo, "baseline_hi": base.hi, "samples": cand.samples,
                                    "baseline_name": base_name}
+        rotations = int(job.get("rotations") or 1)
+        if "device" in stats and rotations > 1:
+            self._more_rotations(call, ws, zero_ws, shape, job, rng, gen, rotations, res)
+            clock("rotations")
         # -- hack flags ------------------------------------------------------------------
+        replay = None
+        if "candidate" in kept:  # one replay = every set called once, as the eager loop below would
+            graph = kept["candidate"][0]
+            replay = graph.replay
         if "device" in stats:
             dev = stats["device"]["candidate"]
             ceil = self.ceilings or DEFAULT_CEILINGS
@@ -387,10 +439,16 @@ class GpuHandler:
             if dev.host_median * dev.reps > 1.5 * dev.median * dev.reps + 1e-4:
                 res["flags"].append(f"event time {dev.median * 1e6:.2f} us far below host-synchronised time "
                                     f"{dev.host_median * 1e6:.2f} us per call (work outside the timed stream?)")
-            if job.get("memo_check", True):
-                memo = memo_flag(dev.median, device_timer(arms[:1], rng=rng, rounds=5)["candidate"].median)
+            memo_why = memo_wanted(job, res["timers"]["device"])
+            res["memo_check"] = memo_why
+            if memo_why == "run":
+                cache = {"candidate": kept["candidate"]} if "candidate" in kept else None
+                repeat = Arm("candidate", arms[0].launch, n_sets, cacheable=cache is not None)
+                memo = memo_flag(dev.median, device_timer([repeat], rng=rng, rounds=5, graph_cache=cache,
+                                                          warmup_s=0.002)["candidate"].median)
                 if memo:
                     res["flags"].append(memo)
+                clock("memo")
         if "device" in stats:  # every set was written by whole rotations: no poison may be left
             left = int(torch.isnan(cc_all[:, :m * n]).sum())
             if left:
@@ -401,38 +459,114 @@ class GpuHandler:
               else tb.bkn_all[:, :k_ * n_].view(n_sets, k_, n_))
         try:
             recheck_sets(a3, b3, cc_all[:, :m_ * n_].view(n_sets, m_, n_), shape.layout,
-                         lambda i: call(ptrs[i], w_all[i] if ws else None), self._sync, gen)
+                         lambda i: call(ptrs[i], w_all[i] if ws else None), self._sync, gen, call_all=replay)
         except CheckFailed as exc:
             res["flags"].append(str(exc))
+        clock("recheck")
+        del kept
         if not tb.intact():
             return self._inputs_modified(tb, res, "during the calls after timing")
+        if not w_guard.guards_intact():
+            res["flags"].append("wrote outside its buffers during timing: a workspace canary changed")
         if not self._timing_intact(keep=tb):
             res["flags"].append("wrote outside its buffers during timing: another cached rotation's inputs changed")
+        clock("intact")
         if res["flags"]:
             res["status"] = "flagged"
             res["message"] = "; ".join(res["flags"])
         res["rotation_sets"] = n_sets
         res["rotation_bytes"] = n_sets * 2 * (shape.m * shape.k + shape.n * shape.k + shape.m * shape.n)
-        del w_all
+        del w_all, w_guard
+
+    def _more_rotations(self, call: Callable, ws: int, zero_ws: bool, shape: Shape, job: Mapping[str, Any],
+                        rng: random.Random, gen: torch.Generator, rotations: int, res: dict[str, Any]) -> None:
+        """The device timer again on ``rotations - 1`` freshly allocated rotations (each held while
+        the next is made, so each lands on other memory); the reported device times become the
+        median over all rotations, each kept in ``device_rotations``. Tells placement from noise."""
+        first = res["timers"]["device"]
+        runs = [{"median": first["median"], "baseline_median": first["baseline_median"]}]
+        held = []
+        for _ in range(rotations - 1):
+            tb = TimingBuffers(shape, ws, self.l2, self.device, self._allocator().bytes)
+            held.append(tb)
+            w = torch.empty(tb.n_sets, max(ws, 1) + 255 >> 8 << 8, dtype=torch.uint8, device=self.device)
+            w.fill_(0 if zero_ws else 0xFF)
+            b_c = tb.b_nk if shape.layout == "TN" else tb.b_kn
+            ptrs = [{"A": tb.a[i].data_ptr(), "B": b_c[i].data_ptr(), "C": tb.cc[i].data_ptr(),
+                     "workspace": w[i].data_ptr()} for i in range(tb.n_sets)]
+            arms = [Arm("candidate", lambda i, p=ptrs, w=w: call(p[i], w[i] if ws else None), tb.n_sets),
+                    Arm("torch.matmul NN", lambda i, t=tb: torch.matmul(t.a[i], t.b_kn[i], out=t.cb[i]), tb.n_sets),
+                    Arm("torch.matmul TN", lambda i, t=tb: torch.matmul(t.a[i], t.b_nk[i].t(), out=t.cb[i]), tb.n_sets)]
+            flip = {"p": rng.randrange(shape.m * shape.k)}
+
+            def perturb(t: TimingBuffers = tb) -> None:
+                flip["p"] = (flip["p"] + 7919) % (shape.m * shape.k)
+                t.flip(flip["p"])
+            try:
+                st = device_timer(arms, rng=rng, rounds=job.get("rounds"), perturb=perturb)
+            finally:
+                tb.unflip()
+            base = min(st["torch.matmul NN"].median, st["torch.matmul TN"].median)
+            runs.append({"median": st["candidate"].median, "baseline_median": base})
+        for key in ("median", "baseline_median"):
+            first[key] = statistics.median(r[key] for r in runs)
+        res["device_rotations"] = runs
+        del held
+
+
+def memo_wanted(job: Mapping[str, Any], device: Mapping[str, Any]) -> str:
+    """Whether the memoisation timing pass runs for this result: ``"run"``, or why not.
+
+    It costs a second device timing, and a memo pays only where it makes the candidate an elite:
+    the engine passes ``elite_threshold`` (the speedup the candidate must reach to join the
+    elites; the cutoff only rises as the population grows), and below it the pass is skipped."""
+    if not job.get("memo_check", True):
+        return "off"
+    thr = job.get("elite_threshold")
+    if thr is None:
+        return "run"
+    speedup = device["baseline_median"] / device["median"] if device["median"] > 0 else float("inf")
+    if speedup >= float(thr):
+        return "run"
+    return f"skipped: speedup {speedup:.3f} below the elite threshold {float(thr):.3f}"
+
+
+class _PhaseClock:
+    """Adds the seconds since the last call to ``phases[name]`` (where the timing step's time goes)."""
+
+    def __init__(self, phases: dict[str, float]) -> None:
+        self.phases, self.t = phases, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.t
+        self.t = now
 
 
 class TimingBuffers:
     """Rotating input/output sets for one shape (more than 2x L2 in total), filled once from a
     fixed seed so that repeated measurements of a kernel see the same data, plus the captured
-    baseline graphs over them."""
+    baseline graphs over them. Each stack is a :class:`Guarded` block from ``alloc`` (in the
+    worker a VA reservation with unmapped gaps), allocated in a fixed order; its canaries are
+    part of :meth:`intact`."""
 
     SEED = 0x5EED
 
-    def __init__(self, shape: Shape, ws: int, l2: int, device: torch.device) -> None:
+    def __init__(self, shape: Shape, ws: int, l2: int, device: torch.device,
+                 alloc: Optional[Callable[[int], torch.Tensor]] = None) -> None:
         m, n, k = shape.m, shape.n, shape.k
         free, _ = torch.cuda.mem_get_info()
         per_set = 2 * (2 * m * k + 4 * n * k + 2 * m * n) + ws + 6 * 256  # inputs, pristine copies, outputs
         self.n_sets = n_sets = max(2, min(rotation_sets(2 * (m * k + n * k + m * n), l2), int(0.4 * free) // per_set))
         gen = torch.Generator(device=device).manual_seed(self.SEED)
+        canary_gen = torch.Generator(device=device).manual_seed(self.SEED + 1)
+        self._guards: list[Guarded] = []
 
         def stack(rows: int, cols: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
             stride = -(-rows * cols // 128) * 128  # 256-byte aligned sets
-            flat = torch.empty(n_sets, stride, dtype=torch.float16, device=device)
+            g = Guarded(n_sets, stride, device, canary_gen, guard_bytes=ROTATION_GUARD_BYTES, alloc=alloc)
+            self._guards.append(g)
+            flat = g.data
             return flat, [flat[i, :rows * cols].view(rows, cols) for i in range(n_sets)]
 
         self.a_all, self.a = stack(m, k)
@@ -462,10 +596,12 @@ class TimingBuffers:
         self._flipped.clear()
 
     def intact(self) -> bool:
-        """Bit-exact comparison of the inputs with their pristine copy (after :meth:`unflip`): False
-        when a candidate wrote into them, in place (its own A or B) or by a far store (the other
-        cached rotations are the harness's other large live buffers, so they double as canaries)."""
-        return not self._flipped and all(torch.equal(t, q) for t, q in zip(self._inputs, self._pristine))
+        """Bit-exact comparison of the inputs with their pristine copy (after :meth:`unflip`), and
+        every stack's canaries: False when a candidate wrote into them, in place (its own A or B)
+        or by a far store (the other cached rotations are the harness's other large live
+        buffers, so they double as canaries)."""
+        return (not self._flipped and all(torch.equal(t, q) for t, q in zip(self._inputs, self._pristine))
+                and all(g.guards_intact() for g in self._guards))
 
 
 def _event_time(fn: Callable[[], Any], reps: int) -> float:

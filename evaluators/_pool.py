@@ -78,6 +78,7 @@ class _Item:
     candidate: Candidate
     future: Future
     compiled: Any = None
+    hints: dict = field(default_factory=dict)
 
 
 class LocalPool:
@@ -135,12 +136,20 @@ class LocalPool:
         self._arch_known.wait()
         return self._arch or "sm_90a"
 
-    def submit(self, candidate: Candidate) -> "Future[list[Evaluation]]":
-        """Queue one candidate; blocks while the pool holds ``max_in_flight`` unfinished ones."""
+    #: ``submit`` takes ``elite_threshold`` (the engine looks for this before passing it).
+    takes_elite_threshold = True
+
+    def submit(self, candidate: Candidate, *, elite_threshold: Optional[float] = None) -> "Future[list[Evaluation]]":
+        """Queue one candidate; blocks while the pool holds ``max_in_flight`` unfinished ones.
+
+        ``elite_threshold``: the device speedup the candidate must reach to become an elite of
+        its shape now; below it the worker skips the memoisation timing pass (a second device
+        timing that only a would-be elite needs). None: always run it."""
         if self._closed or self._cancelled:
             raise RuntimeError("LocalPool is closed" if self._closed else "LocalPool was cancelled")
         self._slots.acquire()
-        item = _Item(candidate, Future())
+        hints = {} if elite_threshold is None else {"elite_threshold": float(elite_threshold)}
+        item = _Item(candidate, Future(), hints=hints)
         item.future.set_running_or_notify_cancel()
         self._compile_pool.submit(self._compile, item)
         return item.future
@@ -234,7 +243,7 @@ class LocalPool:
                 continue
             job = {"cubin": comp.cubin, "plan": cand.plan.to_dict(), "shapes": [str(s) for s in cand.shapes],
                    "generic": cand.generic, "timers": list(self.timers), "qps": self.qps,
-                   "candidate_id": cand.id, "meta": dict(cand.meta), **self.job_options}
+                   "candidate_id": cand.id, "meta": dict(cand.meta), **self.job_options, **item.hints}
             t0 = time.monotonic()
             with self._lock:
                 self.stats.first_job = self.stats.first_job or t0
@@ -300,7 +309,9 @@ class LocalPool:
             timers = {name: TimerResult(**t) for name, t in (r.get("timers") or {}).items()}
             prov = {**base_prov, **(r.get("provenance") or {}), "checks": list(r.get("checks") or ()),
                     "rotation_sets": r.get("rotation_sets"), "rotation_bytes": r.get("rotation_bytes"),
-                    "floor_s": r.get("floor_s")}
+                    "floor_s": r.get("floor_s"), "phases": r.get("phases"), "memo_check": r.get("memo_check")}
+            if r.get("device_rotations"):
+                prov["device_rotations"] = r["device_rotations"]
             out.append(self._record(cand, shape, r["status"], r.get("message", ""), compile=comp, timers=timers,
                                     flags=tuple(r.get("flags") or ()), max_error=r.get("max_error"),
                                     correctness_s=float(r.get("correctness_s") or 0.0),

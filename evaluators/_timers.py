@@ -67,7 +67,8 @@ def rotation_sets(set_bytes: int, l2_bytes: int, *, minimum: int = 2, maximum: i
 
 def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_per_round: int = 1,
                  target_replay_s: float = 2e-3, budget_s: float = 0.05, warmup_s: float = 0.03, rng: random.Random,
-                 graph_cache: Optional[dict] = None, perturb: Optional[Callable[[], None]] = None) -> dict[str, TimerStats]:
+                 graph_cache: Optional[dict] = None, perturb: Optional[Callable[[], None]] = None,
+                 keep: Optional[dict] = None) -> dict[str, TimerStats]:
     """CUDA-graph replays of back-to-back calls, interleaved across arms (see module docstring).
 
     After ``warmup_s`` of untimed replays of all arms, each round replays every arm
@@ -78,7 +79,10 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
     With ``perturb`` (an eager op that changes the inputs, e.g. flips the sign of one element of
     every set's A), a graph holds exactly one rotation, so each set is called once per replay,
     and ``perturb`` runs before every replay, outside the timed events: no call ever sees the
-    inputs it saw before, so memoising outputs by input content buys nothing in this timer."""
+    inputs it saw before, so memoising outputs by input content buys nothing in this timer.
+
+    ``keep`` (a dict) receives ``(graph, calls per replay)`` of every arm, for the caller to
+    replay again (the harness's after-timing recheck and memoisation pass: no second capture)."""
     stream = torch.cuda.Stream()
     graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
     replay_s = 0.0
@@ -103,6 +107,8 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
         replay_s = max(replay_s, 1e-7 * graphs[arm.name][1])
         if arm.cacheable and graph_cache is not None:
             graph_cache[arm.name] = graphs[arm.name]
+        if keep is not None:
+            keep[arm.name] = graphs[arm.name]
     torch.cuda.synchronize()
     warm_until = time.perf_counter() + warmup_s  # steady clocks before the first sample
     touch = perturb or (lambda: None)

@@ -362,9 +362,23 @@ class Engine:
             out.append(cand)
         return out
 
+    #: The elite threshold sent with a job is this share of the current elite cutoff (a removed
+    #: elite can lower the cutoff a little).
+    ELITE_MARGIN = 0.95
+
+    def _elite_threshold(self, shape: Shape) -> Optional[float]:
+        """The speedup a new candidate must reach to join ``shape``'s elites now (None while the
+        elite set is not full); the evaluator skips its memoisation timing pass below it."""
+        pop = self.pops[shape]
+        elites = pop.elites()
+        if len(elites) < pop.n_elites:
+            return None
+        return elites[-1].fitness * self.ELITE_MARGIN
+
     def _submit(self, cand: Candidate, shape: Shape, op: str) -> None:
         self.archive.add(cand)
-        fut = self.pool.submit(cand)
+        thr = self._elite_threshold(shape) if getattr(self.pool, "takes_elite_threshold", False) else None
+        fut = self.pool.submit(cand, elite_threshold=thr) if thr is not None else self.pool.submit(cand)
         self.inflight[fut] = _Job(cand, shape, op, self.clock())
         self.known[shape].add(cand.id)
         self.events.emit("proposal", shape, candidate=cand.id, operator=op, template=cand.template,

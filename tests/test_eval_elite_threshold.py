@@ -1,0 +1,116 @@
+"""The memoisation timing pass only for would-be elites (issue 4 throughput): the engine sends the
+elite cutoff with each job once the elite set is full, the worker's harness skips the pass below
+it, and the pass's decision is recorded. Also the CPU-checkable parts of the VA-reserved buffers
+(issue 5): canaries that fill a whole oversized block, and the after-timing recheck driven by one
+call-every-set function (the harness replays the timer's graph there)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+torch = pytest.importorskip("torch")
+
+from fake_pool import FakeEvaluatorPool  # noqa: E402
+from populations import Shape  # noqa: E402
+from test_engine import run_engine  # noqa: E402
+
+from evaluators._correctness import Guarded, recheck_sets  # noqa: E402
+from evaluators._harness import memo_wanted  # noqa: E402
+
+
+class _ThresholdPool(FakeEvaluatorPool):
+    """The fake pool, declaring that ``submit`` takes ``elite_threshold``; records what it got."""
+
+    takes_elite_threshold = True
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.thresholds: list[Optional[float]] = []
+
+    def submit(self, candidate, *, elite_threshold: Optional[float] = None):  # type: ignore[override]
+        self.thresholds.append(elite_threshold)
+        return super().submit(candidate)
+
+
+def test_engine_sends_the_elite_cutoff_once_the_elite_set_is_full(tmp_path):
+    pool = _ThresholdPool(delay_s=0.0)
+    result, _ = run_engine(tmp_path / "a", [Shape.parse("64x128x64")], pool=pool, max_evals=40, seed=1,
+                           selection={"elites": 4})
+    assert result.evaluations >= 40
+    first = next(i for i, t in enumerate(pool.thresholds) if t is not None)
+    assert first >= 4  # nothing before four members could fill the elite set
+    sent = [t for t in pool.thresholds if t is not None]
+    assert sent and all(t > 0 for t in sent)
+    assert sent == sorted(sent)  # the cutoff of a growing population only rises
+
+
+def test_engine_leaves_pools_without_the_keyword_alone(tmp_path):
+    pool = FakeEvaluatorPool(delay_s=0.0)  # its submit takes the candidate only
+    result, _ = run_engine(tmp_path / "b", [Shape.parse("64x128x64")], pool=pool, max_evals=20, seed=1)
+    assert result.evaluations >= 20
+
+
+def test_memo_pass_runs_only_at_or_above_the_threshold():
+    dev = {"median": 2e-6, "baseline_median": 3e-6}  # speedup 1.5
+    assert memo_wanted({}, dev) == "run"
+    assert memo_wanted({"elite_threshold": None}, dev) == "run"
+    assert memo_wanted({"elite_threshold": 1.5}, dev) == "run"
+    why = memo_wanted({"elite_threshold": 1.6}, dev)
+    assert why.startswith("skipped") and "1.500" in why and "1.600" in why
+    assert memo_wanted({"memo_check": False}, dev) == "off"
+
+
+def test_guarded_canaries_cover_a_whole_oversized_block():
+    gen = torch.Generator().manual_seed(3)
+    got = []
+
+    def block_alloc(n):  # a test double of the VA-reserved allocator: whole 1 MiB blocks
+        t = torch.empty(-(-n // (1 << 20)) * (1 << 20), dtype=torch.uint8)
+        got.append(t)
+        return t
+    g = Guarded(3, 5, torch.device("cpu"), gen, guard_bytes=512, alloc=block_alloc)
+    assert g.full.numel() * 2 == (1 << 20)  # the block, in fp16 elements
+    assert g.guards_intact()
+    g.data.fill_(1.0)
+    assert g.guards_intact()
+    g.full[-1] = 7.0  # the far end of the block, well past the requested band: still a canary
+    assert not g.guards_intact()
+
+
+def test_recheck_with_one_call_for_every_set_matches_the_eager_loop():
+    gen = torch.Generator().manual_seed(5)
+    sets, m, n, k = 4, 8, 6, 16
+    a3 = torch.empty(sets, m, k, dtype=torch.float16).uniform_(-1, 1, generator=gen)
+    b3 = torch.empty(sets, n, k, dtype=torch.float16).uniform_(-1, 1, generator=gen)
+    c3 = torch.empty(sets, m, n, dtype=torch.float16)
+    calls = []
+
+    def honest(i):
+        calls.append(i)
+        c3[i] = (a3[i].double() @ b3[i].double().t()).half()
+    all_calls = []
+
+    def every_set():
+        all_calls.append(1)
+        for i in range(sets):
+            honest(i)
+    recheck_sets(a3, b3, c3, "TN", honest, lambda: None, gen, call_all=every_set)
+    assert len(all_calls) == 3  # one per pass; the repeat pass's extra call stays a single call
+    assert calls.count(sets - 1) == 4
+
+    memo = {}
+
+    def stale(i):  # per-set memo: right once, stale after in-place changes
+        if i not in memo:
+            honest(i)
+            memo[i] = c3[i].clone()
+        c3[i] = memo[i]
+    for i in range(sets):
+        stale(i)
+    with pytest.raises(Exception, match="outputs after timing"):
+        recheck_sets(a3, b3, c3, "TN", stale, lambda: None, gen, call_all=lambda: [stale(i) for i in range(sets)])

@@ -10,6 +10,8 @@ from ._static import ScanResult, scan, scan_source
 # GPU side (issue 4): nothing here imports torch or initialises CUDA in the importing process.
 from ._loader import CudaError, LoaderUnavailable, get_loader
 from ._pool import LocalPool, PoolStats, gpu_arch, visible_gpus
+# Ray backend (issue 10): ray itself is imported only when a RayPool is made.
+from ._ray_pool import RayPool, RayPoolStats, RayUnavailable, connect_ray
 from ._tmap import ParamPack, TensorMapError, tmap_geometry
 from ._worker import DEFAULT_DEADLINES, WorkerSupervisor, WorkerUnavailable
 
@@ -21,6 +23,7 @@ __all__ = [
     "ScanResult", "scan", "scan_source",
     "CudaError", "LoaderUnavailable", "get_loader",
     "LocalPool", "PoolStats", "gpu_arch", "visible_gpus",
+    "RayPool", "RayPoolStats", "RayUnavailable", "connect_ray",
     "ParamPack", "TensorMapError", "tmap_geometry",
     "DEFAULT_DEADLINES", "WorkerSupervisor", "WorkerUnavailable",
 ]

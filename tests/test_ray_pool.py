@@ -1,0 +1,194 @@
+"""RayPool on a real local Ray cluster (``ray.init(num_cpus=2, num_gpus=2)``: two CPUs, two
+*logical* GPUs, since this machine has none).
+
+Real parts: Ray tasks and actors, NVRTC compiles of the ``tiny`` template, the WorkerSupervisor
+and its spawned worker processes inside the actors, the engine and its archive. The test double
+is the GPU handler inside the worker (``fake_gpu_worker``, the GPU being a boundary we cannot
+cross here), slowed down by :class:`SlowFakeHandler` so that an actor can be killed while it
+holds a candidate.
+"""
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the Ray pool tests need ray (pip install -e '.[dev]' installs it)")
+pytest.importorskip("evaluators._compile")
+
+from fake_gpu_worker import FakeGpuHandler  # noqa: E402
+from populations import Archive, Shape, Status, load_templates  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+S1, S2, S3, S4 = (Shape.parse(s) for s in ("64x64x64", "128x64x32", "64x128x64", "32x32x4096"))
+DEADLINES = {"startup": 60.0, "probe": 20.0, "load": 10.0, "correctness": 10.0, "timing": 10.0}
+SLOW = "test_ray_pool:make_slow_handler"
+
+
+class SlowFakeHandler(FakeGpuHandler):
+    """Test double: the fake GPU handler, each job taking ``options['delay_s']`` seconds."""
+
+    def handle(self, kind, job, phase):  # type: ignore[no-untyped-def]
+        if kind == "job":
+            time.sleep(float(self.options.get("delay_s", 0.0)))
+        return super().handle(kind, job, phase)
+
+
+def make_slow_handler(options: dict) -> SlowFakeHandler:
+    return SlowFakeHandler(options)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local cluster for the module (starting Ray costs ~5-10 s); workers import this
+    checkout and this folder (the worker handler above lives here)."""
+    if ray.is_initialized():
+        ray.shutdown()
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield ray
+    ray.shutdown()
+
+
+def tiny_candidates(shape: Shape, n: int, seed: int = 0) -> list:
+    """``n`` distinct candidates of the real ``tiny`` template for ``shape``."""
+    tmpl = load_templates()["tiny"]
+    out, seen = [], set()
+    for knobs in tmpl.sample(random.Random(seed), shape, 8 * n):
+        cand = tmpl.candidate(knobs, shape, False)
+        if cand.id not in seen:
+            seen.add(cand.id)
+            out.append(cand)
+        if len(out) == n:
+            return out
+    raise AssertionError(f"the tiny template gave only {len(out)} distinct candidates for {shape}")
+
+
+def make_pool(tmp_path: Path, gpus: int = 2, delay_s: float = 0.0, **kw):
+    from evaluators import RayPool
+
+    return RayPool(gpus=gpus, compile_workers=2, target=SLOW, worker_options={"delay_s": delay_s},
+                   deadlines=DEADLINES, log_dir=str(tmp_path / "logs"), cache_dir=str(tmp_path / "cache"),
+                   arch="sm_90a", **kw)
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_compiles_run_as_ray_tasks_in_parallel_and_shapes_spread_over_actors(cluster, tmp_path):
+    cands = tiny_candidates(S1, 3) + tiny_candidates(S2, 3)
+    with make_pool(tmp_path) as pool:
+        evals = pool.evaluate(cands)
+        affinity = pool.affinity()
+        stats = pool.stats
+    assert [e.status for e in evals] == [Status.OK] * 6, [(e.status, e.message[:200]) for e in evals]
+    assert all(e.compile_s > 0 and e.kernels for e in evals)  # real NVRTC cubins, ptxas stats kept
+    workers = {pid for _, pid in stats.compile_workers}
+    assert len(workers) == 2 and os.getpid() not in workers  # two Ray worker processes compiled, concurrently
+    assert stats.compiled == 6
+    assert sorted(affinity.values()) == [0, 1]  # two shapes, one per actor
+    assert {e.provenance["ray_gpu_ids"][0] for e in evals} <= {"0", "1"}
+    assert all(e.provenance["ray_attempt"] == 1 for e in evals)
+
+
+def test_an_actor_killed_mid_batch_is_replaced_and_its_candidate_retried(cluster, tmp_path):
+    cands = tiny_candidates(S1, 4, seed=1) + tiny_candidates(S2, 4, seed=1)
+    with make_pool(tmp_path, delay_s=0.6) as pool:
+        futures = [pool.submit(c) for c in cands]
+        victim = wait_for(lambda: pool.running().get(0), what="a candidate on actor 0")
+        old_actor = pool.actor(0)
+        child_pid = int(wait_for(lambda: _read(tmp_path / "logs" / "ray-slot0.child"), what="the child's pid file"))
+        ray.kill(old_actor, no_restart=True)
+        evals = {f.result(timeout=120)[0].candidate_id: f.result()[0] for f in futures}
+        stats = pool.stats
+        new_actor = wait_for(lambda: pool.actor(0), what="the replacement actor")
+        assert new_actor != old_actor
+    assert len(evals) == 8 and all(e.status is Status.OK for e in evals.values()), \
+        [(e.status, e.message[:200]) for e in evals.values()]
+    assert evals[victim].provenance["ray_attempt"] == 2
+    assert stats.actors_replaced == 1 and stats.retried == 1
+    wait_for(lambda: not _alive(child_pid), timeout=20, what="the killed actor's worker child to be gone")
+
+
+def test_a_candidate_whose_actor_dies_past_the_retries_is_marked(cluster, tmp_path):
+    cands = tiny_candidates(S3, 3, seed=2)
+    with make_pool(tmp_path, gpus=1, delay_s=0.6, max_retries=0) as pool:
+        futures = [pool.submit(c) for c in cands]
+        victim = wait_for(lambda: pool.running().get(0), what="a candidate on actor 0")
+        ray.kill(pool.actor(0), no_restart=True)
+        evals = {e.candidate_id: e for f in futures for e in f.result(timeout=120)}
+    marked = evals.pop(victim)
+    assert marked.status is Status.RUNTIME_ERROR and "actor 0 died" in marked.message
+    assert "not retried" in marked.message
+    assert all(e.status is Status.OK for e in evals.values())  # the replacement actor took the rest
+
+
+def test_the_engine_on_the_ray_pool_loses_nothing_when_an_actor_dies(cluster, tmp_path):
+    from evo._cmd_run import expand_operators, make_operators
+    from evo._config import merge
+    from evo._engine import Engine
+    from evo._progress import EVENTS_FILE, EventLog
+
+    shapes = [S1, S4]
+    cfg = merge({}, {"shapes": [str(s) for s in shapes], "archive": str(tmp_path / "a"), "operators": "knob",
+                     "progress": "none", "max_evals": 12, "pool": {"compile_workers": 2}})
+    cfg.operators = expand_operators(cfg.operators)
+    killed: list[str] = []
+    with make_pool(tmp_path, delay_s=0.3) as pool, Archive(tmp_path / "a", "w") as archive:
+        def killer() -> None:
+            victim = wait_for(lambda: pool.running().get(1), what="a candidate on actor 1")
+            killed.append(victim)
+            ray.kill(pool.actor(1), no_restart=True)
+
+        thread = threading.Thread(target=killer, daemon=True)
+        thread.start()
+        events = EventLog(tmp_path / "a" / EVENTS_FILE)
+        engine = Engine(cfg, archive, pool, make_operators(cfg.operators), {"tiny": load_templates()["tiny"]},
+                        events=events)
+        result = engine.run()
+        events.close()
+        thread.join(timeout=30)
+        replaced = pool.stats.actors_replaced
+    assert killed and replaced == 1
+    assert result.evaluations == 12 and result.lost == 0, result
+    with Archive(tmp_path / "a", "r") as ar:
+        evaluated = {(e.candidate_id, e.shape) for s in shapes for e in ar.evaluations(s)}
+        submitted = {(c.id, s) for s in shapes for c in ar.candidates(s)}
+        statuses = [e.status for s in shapes for e in ar.evaluations(s)]
+    assert len(evaluated) == 12 and submitted <= evaluated  # every archived candidate has its evaluation
+    assert killed[0] in {cid for cid, _ in evaluated}
+    assert all(s is Status.OK for s in statuses), statuses
+
+
+def test_no_gpu_in_the_cluster_is_a_clear_error(cluster, tmp_path):
+    from evaluators import RayPool, WorkerUnavailable
+
+    with pytest.raises(WorkerUnavailable, match="no GPU"):
+        RayPool(gpus=None, gpu_per_actor=4.0, target=SLOW, log_dir=str(tmp_path))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

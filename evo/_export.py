@@ -20,6 +20,20 @@ a failure leaves nothing half-written. Launchers return 0, or a ``cudaError_t`` 
 The loader (:func:`load_library`) reads the manifest and returns an :class:`EvoLibrary` whose
 ``evo_hgemm(a, b)`` (also the torch custom op ``evo::hgemm``) runs the exported kernel for
 known shapes on a GPU of the library's architecture and ``torch.matmul`` otherwise.
+
+Sharing torch's GPU state: the library links CUDA's runtime statically (nvcc's default), so it
+carries its own runtime instance. That instance uses whatever driver context is current on the
+calling thread, which is the device's primary context torch made current, so both see the same
+memory, and the launcher runs on the stream handle torch passes (``CUstream`` handles are the
+driver's, valid across runtimes; graph capture happens at the driver level, so launches made
+here are captured into torch's ``CUDAGraph``). The loader switches torch to the tensors' device
+before a call when it is not the current one.
+
+Thread-block clusters: a plan carries no cluster shape; kernels that need clusters declare
+``__cluster_dims__`` at compile time (the sm90_wgmma template with ``CLUSTER_M`` 2), and such
+kernels launch through the classic ``cudaLaunchKernel`` (like ``<<<>>>``) as long as the grid is
+a multiple of the cluster shape, which the plan's grid expression guarantees. Only a cluster
+shape chosen at launch time would need ``cudaLaunchKernelEx`` with a cluster attribute.
 """
 from __future__ import annotations
 
@@ -32,7 +46,7 @@ import subprocess
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
@@ -379,6 +393,10 @@ class EvoLibrary:
             return None
         if not a.is_contiguous():
             return None
+        # Every exported kernel may use 16-byte loads (cp.async, TMA) from the matrix bases; a
+        # view can start anywhere, and a misaligned access would poison the CUDA context.
+        if a.data_ptr() % 16 or b.data_ptr() % 16:
+            return None
         m, k = a.shape
         k2, n = b.shape
         if k != k2:
@@ -386,11 +404,17 @@ class EvoLibrary:
         for layout, fits in (("NN", b.is_contiguous()), ("TN", b.t().is_contiguous())):
             key = (m, n, k, layout)
             if fits and key in self.kernels:
-                # TMA needs 16-byte aligned bases (views can start anywhere): else matmul does it
-                if self.kernels[key]["tensor_maps"] and (a.data_ptr() % 16 or b.data_ptr() % 16):
-                    return None
                 return key
         return None
+
+    def launcher(self, key: tuple[int, int, int, str]) -> tuple[Any, int]:
+        """(the exported C function for ``key``, its workspace bytes): for callers that own their
+        buffers and want the bare host path, ``fn(A, B, C, M, N, K, workspace, stream) -> int``
+        with device pointers as ints (0 = success). Raises KeyError for a shape not exported and
+        RuntimeError when the library is not loaded here (see ``reason``)."""
+        if self._lib is None:
+            raise RuntimeError(f"library not loaded: {self.reason}")
+        return self._function(key), int(self.kernels[key]["workspace_bytes"])
 
     def evo_hgemm(self, a: Any, b: Any) -> Any:
         """``a @ b`` (fp16, fp32 accumulation): the exported kernel where one fits, else torch.matmul."""
@@ -411,8 +435,10 @@ class EvoLibrary:
                     buf = self._workspaces.setdefault(
                         wkey, torch.empty(entry["workspace_bytes"], dtype=torch.uint8, device=a.device))
             ws = buf.data_ptr()
-        stream = torch.cuda.current_stream(a.device).cuda_stream
-        rc = self._function(key)(a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k, ws, stream)
+        fn = self._function(key)
+        other = a.device.index is not None and a.device.index != torch.cuda.current_device()
+        with torch.cuda.device(a.device) if other else nullcontext():  # its runtime follows the current context
+            rc = fn(a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k, ws, torch.cuda.current_stream().cuda_stream)
         if rc:
             raise RuntimeError(f"evo_hgemm_{entry['key']} failed with code {rc}")
         return c

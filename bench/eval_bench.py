@@ -7,8 +7,13 @@
    4096x4096x4096 and at 64x128x64, through one ``LocalPool``: candidates per minute, the
    summed compile / correctness / timing seconds, the workers' busy share of the GPU phase
    (``PoolStats.busy_fraction``) and NVML's GPU utilisation sampled every 50 ms.
-2. Repeatability: one kernel timed in ``--starts`` separate worker starts (a fresh pool each);
-   the spread of its ``device`` medians, (max - min) / median, should stay under 2%.
+   Candidates are submitted one by one with the engine's elite threshold (the ``--elites``-th best
+   speedup so far x 0.95, once that many are ``ok``), so the memoisation pass runs as in a run;
+   per-step seconds (``provenance["phases"]``) are summed, and memo passes run/skipped counted.
+2. Repeatability: one kernel timed in ``--starts`` separate worker starts (a fresh pool each),
+   each start timing ``--rotations`` freshly allocated rotations and reporting their median; the
+   spread of the per-start medians, (max - min) / median, should stay under 2%, and the spread
+   inside each start says how much of it is where the buffers landed.
 
 Prints a table last and writes ``eval_bench.json`` under ``--out`` (default: $OUT or .).
 """
@@ -84,16 +89,46 @@ class UtilSampler(threading.Thread):
             self.samples.append(statistics.mean(self.nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self.handles))
 
 
-def throughput(pool: LocalPool, cands: list[Candidate]) -> dict[str, Any]:
+def elite_threshold(speedups: list[float], elites: int, margin: float = 0.95) -> float | None:
+    """The engine's rule (evo._engine.Engine._elite_threshold): the ``elites``-th best x margin."""
+    if elites <= 0 or len(speedups) < elites:
+        return None
+    return sorted(speedups, reverse=True)[elites - 1] * margin
+
+
+def throughput(pool: LocalPool, cands: list[Candidate], elites: int = 8) -> dict[str, Any]:
     pool.stats = PoolStats()
     sampler = UtilSampler()
     sampler.start()
     t0 = time.monotonic()
-    evals = pool.evaluate(cands)
+    done: list[float] = []
+    lock = threading.Lock()
+
+    def seen(fut: Any) -> None:
+        try:
+            for e in fut.result():
+                if e.status is Status.OK and e.speedup:
+                    with lock:
+                        done.append(e.speedup)
+        except Exception:
+            pass
+    futures = []
+    for c in cands:
+        with lock:
+            thr = elite_threshold(done, elites)
+        fut = pool.submit(c, elite_threshold=thr)
+        fut.add_done_callback(seen)
+        futures.append(fut)
+    evals = [e for f in futures for e in f.result()]
     wall = time.monotonic() - t0
     sampler.stop.set()
     ok = [e for e in evals if e.status is Status.OK]
     speedups = sorted(e.speedup for e in ok if e.speedup)
+    phases: dict[str, float] = {}
+    for e in evals:
+        for k, v in (e.provenance.get("phases") or {}).items():
+            phases[k] = phases.get(k, 0.0) + float(v)
+    memo = Counter(str(e.provenance.get("memo_check") or "none").split(":")[0] for e in evals)
     return {
         "candidates": len(cands), "wall_s": wall, "per_minute": 60 * len(cands) / wall,
         "statuses": dict(Counter(e.status.value for e in evals)),
@@ -102,26 +137,33 @@ def throughput(pool: LocalPool, cands: list[Candidate]) -> dict[str, Any]:
         "nvml_util_mean": statistics.mean(sampler.samples) if sampler.samples else None,
         "best_speedup": speedups[-1] if speedups else None,
         "median_speedup": statistics.median(speedups) if speedups else None,
+        "phases_s": {k: round(v, 3) for k, v in sorted(phases.items())}, "memo_pass": dict(memo),
         "messages": sorted({e.message[:160] for e in evals if e.status is not Status.OK})[:8],
     }
 
 
-def repeatability(cand: Candidate, starts: int, workers: int) -> dict[str, Any]:
+def repeatability(cand: Candidate, starts: int, workers: int, rotations: int = 1,
+                  worker_options: dict | None = None) -> dict[str, Any]:
     runs = []
     for _ in range(starts):
-        with LocalPool(compile_workers=workers, timers=("device",)) as pool:
+        with LocalPool(compile_workers=workers, timers=("device",), job_options={"rotations": rotations},
+                       worker_options=worker_options) as pool:
             e = pool.evaluate([cand])[0]
         if e.status is not Status.OK:
             return {"error": f"{e.status}: {e.message[:200]}"}
         t = e.timers["device"]
         runs.append({"median_us": t.median * 1e6, "lo_us": t.lo * 1e6, "hi_us": t.hi * 1e6, "samples": t.samples,
                      "baseline_us": t.baseline_median * 1e6, "speedup": t.speedup,
-                     "sm_clock_mhz": e.provenance.get("sm_clock_mhz")})
+                     "sm_clock_mhz": e.provenance.get("sm_clock_mhz"),
+                     "rotations_us": [round(r["median"] * 1e6, 2) for r in e.provenance.get("device_rotations") or ()]})
     meds = [r["median_us"] for r in runs]
+    inside = [(max(r["rotations_us"]) - min(r["rotations_us"])) / statistics.median(r["rotations_us"])
+              for r in runs if len(r["rotations_us"]) > 1]
     sps = [r["speedup"] for r in runs]
     return {"candidate": cand.template or "naive", "knobs": dict(cand.knobs or {}), "shape": str(cand.shapes[0]),
             "medians_us": meds, "spread": (max(meds) - min(meds)) / statistics.median(meds),
-            "speedup_spread": (max(sps) - min(sps)) / statistics.median(sps), "runs": runs}
+            "speedup_spread": (max(sps) - min(sps)) / statistics.median(sps), "runs": runs,
+            "rotations": rotations, "spread_inside_start_max": max(inside) if inside else None}
 
 
 def main() -> int:
@@ -130,10 +172,16 @@ def main() -> int:
     ap.add_argument("--starts", type=int, default=5)
     ap.add_argument("--compile-workers", type=int, default=min(12, os.cpu_count() or 4))
     ap.add_argument("--shapes", default="4096x4096x4096:TN,64x128x64:TN")
+    ap.add_argument("--rotations", type=int, default=3, help="re-allocated rotations per start (repeatability)")
+    ap.add_argument("--elites", type=int, default=8, help="elite-set size for the memo-pass threshold (0: always run it)")
+    ap.add_argument("--skip-repeatability", action="store_true")
+    ap.add_argument("--buffers", default=None, choices=["vmm", "torch"],
+                    help="worker buffers (default: the worker's, EVO_EVAL_BUFFERS)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "args": vars(args)}
-    with LocalPool(compile_workers=args.compile_workers) as pool:
+    wopts = {"buffers": args.buffers} if args.buffers else None
+    with LocalPool(compile_workers=args.compile_workers, worker_options=wopts) as pool:
         arch = int(pool.arch[3:5])
         warm = pool.evaluate([naive_candidate((Shape.parse("64x64x64"),))])[0]
         report["warmup"] = {"status": warm.status.value, "message": warm.message[:200]}
@@ -141,13 +189,17 @@ def main() -> int:
         for text in args.shapes.split(","):
             shape = Shape.parse(text)
             cands = template_batch(shape, args.n, arch, seed=1)
-            res = throughput(pool, cands)
+            res = throughput(pool, cands, args.elites)
             report[str(shape)] = res
             print(json.dumps({str(shape): res}, indent=1, default=str), flush=True)
-    big = Shape.parse(args.shapes.split(",")[0])
-    rep_cand = template_batch(big, 1, arch, seed=1)[0]
-    report["repeatability"] = repeatability(rep_cand, args.starts, args.compile_workers)
+        report["buffers"] = pool.supervisors[0].info.get("buffers")
     os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "eval_bench.json"), "w") as f:  # throughput kept if repeatability dies
+        json.dump(report, f, indent=1, default=str)
+    if not args.skip_repeatability:
+        big = Shape.parse(args.shapes.split(",")[0])
+        rep_cand = template_batch(big, 1, arch, seed=1)[0]
+        report["repeatability"] = repeatability(rep_cand, args.starts, args.compile_workers, args.rotations, wopts)
     with open(os.path.join(args.out, "eval_bench.json"), "w") as f:
         json.dump(report, f, indent=1, default=str)
     print(f"\n{'shape':<24}{'cands':>6}{'per min':>9}{'compile s':>10}{'check s':>9}{'time s':>8}{'busy':>6}{'nvml%':>7}  statuses")
@@ -155,7 +207,9 @@ def main() -> int:
         r = report[str(Shape.parse(text))]
         print(f"{text:<24}{r['candidates']:>6}{r['per_minute']:>9.1f}{r['compile_s']:>10.1f}{r['correctness_s']:>9.1f}"
               f"{r['timing_s']:>8.1f}{r['busy_fraction']:>6.2f}{(r['nvml_util_mean'] or 0):>7.0f}  {r['statuses']}")
-    print("repeatability:", json.dumps(report["repeatability"], default=str))
+        print(f"  phases {r['phases_s']}  memo {r['memo_pass']}")
+    print("buffers:", json.dumps(report.get("buffers"), default=str))
+    print("repeatability:", json.dumps(report.get("repeatability"), default=str))
     return 0
 
 

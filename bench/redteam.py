@@ -66,12 +66,14 @@ def _summarise(row: Row, evals: list[Evaluation]) -> None:
                      max_error=worst.max_error, checks=list(worst.provenance.get("checks") or ()))
 
 
-def schedule(cases: list[HostileCase], rounds: int, every: int, seed: int) -> list[tuple[int, Optional[HostileCase]]]:
-    """(round, case or None for the control): control first, between every ``every`` cases, and last."""
+def schedule(cases: list[HostileCase], rounds: int, every: int, seed: int,
+             repeat: Optional[dict[str, int]] = None) -> list[tuple[int, Optional[HostileCase]]]:
+    """(round, case or None for the control): control first, between every ``every`` cases, and last.
+    ``repeat`` names cases submitted that many times per round (a fault that depends on luck)."""
     rng = random.Random(seed)
     out: list[tuple[int, Optional[HostileCase]]] = [(0, None)]
     for r in range(1, rounds + 1):
-        order = list(cases)
+        order = [c for c in cases for _ in range(max(1, (repeat or {}).get(c.name, 1)))]
         rng.shuffle(order)
         for i, case in enumerate(order, 1):
             out.append((r, case))
@@ -84,7 +86,8 @@ def schedule(cases: list[HostileCase], rounds: int, every: int, seed: int) -> li
 def run_redteam(*, rounds: int = 2, every: int = 8, only: Optional[list[str]] = None, seed: int = 5,
                 budget_s: float = 1e9, deadline_s: float = 15.0, compile_timeout_s: float = 20.0,
                 measure_ceilings: bool = False, good_shape: str = "1024x1024x1024",
-                log_dir: Optional[str] = None, pool: Any = None) -> dict[str, Any]:
+                log_dir: Optional[str] = None, pool: Any = None, repeat: Optional[dict[str, int]] = None,
+                buffers: Optional[str] = None) -> dict[str, Any]:
     """Run the corpus; return {"rows", "control", "alive", "timing_ok", "holes", "seconds"}."""
     from evaluators._pool import LocalPool
 
@@ -97,13 +100,15 @@ def run_redteam(*, rounds: int = 2, every: int = 8, only: Optional[list[str]] = 
     if own_pool:
         pool = LocalPool(compile_workers=4, timers=("device",), compile_timeout_s=compile_timeout_s,
                          deadlines={"load": deadline_s, "correctness": deadline_s, "timing": 4 * deadline_s},
-                         worker_options={"measure_ceilings": measure_ceilings}, log_dir=log_dir)
+                         worker_options={"measure_ceilings": measure_ceilings,
+                                         **({"buffers": buffers} if buffers else {})}, log_dir=log_dir)
     rows: list[Row] = []
     lock = threading.Lock()
     last_done = [time.monotonic()]
     pending = []
+    buffers_info: list = []
     try:
-        for rnd, case in schedule(cases, rounds, every, seed):
+        for rnd, case in schedule(cases, rounds, every, seed, repeat):
             if time.monotonic() - t_start > budget_s and case is not None:
                 rows.append(Row(case.name, rnd, case.expected.value, got="not run", message="budget spent"))
                 continue
@@ -146,6 +151,7 @@ def run_redteam(*, rounds: int = 2, every: int = 8, only: Optional[list[str]] = 
         except Exception as exc:
             final.got, final.message = "pool error", repr(exc)
         rows.append(final)
+        buffers_info = [dict(getattr(s, "info", {}) or {}).get("buffers") for s in getattr(pool, "supervisors", ())]
     finally:
         if own_pool:
             pool.close()
@@ -160,7 +166,7 @@ def run_redteam(*, rounds: int = 2, every: int = 8, only: Optional[list[str]] = 
     holes = sorted({r.name for r in rows if r.caught is False})
     return {"rows": rows, "control": {"before_us": before, "after_us": after, "drift": drift,
                                       "statuses": [r.got for r in control]},
-            "alive": alive, "holes": holes, "seconds": time.monotonic() - t_start}
+            "alive": alive, "holes": holes, "seconds": time.monotonic() - t_start, "buffers": buffers_info}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -187,6 +193,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--measure-ceilings", action="store_true")
     ap.add_argument("--good-shape", default="1024x1024x1024")
     ap.add_argument("--tolerance", type=float, default=0.02, help="allowed drift of the control's device time")
+    ap.add_argument("--repeat", default="", help="NAME=K,...: submit these cases K times per round")
+    ap.add_argument("--buffers", default=None, choices=["vmm", "torch"],
+                    help="worker buffers (default: the worker's, EVO_EVAL_BUFFERS)")
     ap.add_argument("--out", default=os.environ.get("OUT", ""), help="folder for redteam.json and redteam.md")
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else None
@@ -195,7 +204,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     res = run_redteam(rounds=args.rounds, every=args.every, only=[s for s in args.only.split(",") if s] or None,
                       seed=args.seed, budget_s=args.budget_s, deadline_s=args.deadline_s,
                       compile_timeout_s=args.compile_timeout_s, measure_ceilings=args.measure_ceilings,
-                      good_shape=args.good_shape, log_dir=str(out / "logs") if out else None)
+                      good_shape=args.good_shape, log_dir=str(out / "logs") if out else None,
+                      repeat={k: int(v) for k, v in (x.split("=") for x in args.repeat.split(",") if x)},
+                      buffers=args.buffers)
     text = table(res)
     ctl = res["control"]
     drift = ctl["drift"]
@@ -204,7 +215,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                f"after {ctl['after_us']} us, drift {drift if drift is None else f'{100 * drift:+.2f}%'} "
                f"(limit {100 * args.tolerance:.0f}%): {'ok' if timing_ok else 'NOT OK'}\n"
                f"control statuses: {ctl['statuses']}\n"
-               f"holes (not caught): {', '.join(res['holes']) or 'none'}\nwall {res['seconds']:.1f} s")
+               f"holes (not caught): {', '.join(res['holes']) or 'none'}\nbuffers: {res.get('buffers')}\n"
+               f"wall {res['seconds']:.1f} s")
     print(text + summary, flush=True)
     if out:
         (out / "redteam.md").write_text(text + "\n" + summary + "\n")

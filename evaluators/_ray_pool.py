@@ -157,6 +157,7 @@ class _Item:
     future: Future
     compiled: Any = None
     attempts: int = 0
+    hints: dict = field(default_factory=dict)
 
 
 def _compile_task(fn: Callable[..., Any], candidate: Candidate, arch: str, timeout_s: float,
@@ -238,12 +239,17 @@ class RayPool:
             t.start()
 
     # -- public -------------------------------------------------------------------------
-    def submit(self, candidate: Candidate) -> "Future[list[Evaluation]]":
-        """Queue one candidate; blocks while the pool holds ``max_in_flight`` unfinished ones."""
+    #: ``submit`` takes ``elite_threshold``, as LocalPool's does.
+    takes_elite_threshold = True
+
+    def submit(self, candidate: Candidate, *, elite_threshold: Optional[float] = None) -> "Future[list[Evaluation]]":
+        """Queue one candidate; blocks while the pool holds ``max_in_flight`` unfinished ones.
+        ``elite_threshold``: as ``LocalPool.submit`` (below it the worker skips its memoisation pass)."""
         if self._closed or self._cancelled:
             raise RuntimeError("RayPool is closed" if self._closed else "RayPool was cancelled")
         self._slots.acquire()
-        item = _Item(candidate, Future())
+        hints = {} if elite_threshold is None else {"elite_threshold": float(elite_threshold)}
+        item = _Item(candidate, Future(), hints=hints)
         item.future.set_running_or_notify_cancel()
         self._compile_pool.submit(self._compile, item)
         return item.future
@@ -394,7 +400,7 @@ class RayPool:
         cand, comp = item.candidate, item.compiled
         job = {"cubin": comp.cubin, "plan": cand.plan.to_dict(), "shapes": [str(s) for s in cand.shapes],
                "generic": cand.generic, "timers": list(self.timers), "qps": self.qps,
-               "candidate_id": cand.id, "meta": dict(cand.meta), **self.job_options}
+               "candidate_id": cand.id, "meta": dict(cand.meta), **self.job_options, **item.hints}
         item.attempts += 1
         t0 = time.monotonic()
         with self._lock:

@@ -43,6 +43,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--gpus", metavar="LIST", help="GPU indices for the pool, e.g. 0 or 0,1 (default: all visible)")
     p.add_argument("--compile-workers", type=int, metavar="N", help="CPU compile processes (default 4)")
     p.add_argument("--max-inflight", type=int, metavar="N", help="candidates in flight (default 2 x GPUs + compile workers)")
+    p.add_argument("--ray", metavar="auto|ADDRESS",
+                   help="evaluate on a Ray cluster: auto (the cluster on this machine, else a new local one) "
+                        "or HEAD:6379 of a running cluster (default: the local pool)")
     p.add_argument("--arch", metavar="SM", help="target architecture, e.g. sm_90a (default: the pool's GPU)")
     p.add_argument("--progress", choices=("auto", "rich", "plain", "none"), help="live progress display")
     p.add_argument("--no-transfer", action="store_true", default=None,
@@ -64,7 +67,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The run configuration: the file (if any) with the flags laid over it."""
     file_values = load_config(args.config) if args.config else {}
     pool = {k: v for k, v in {"gpus": _gpus(args.gpus), "compile_workers": args.compile_workers,
-                                "max_inflight": args.max_inflight, "arch": args.arch, "kind": args.pool}.items()
+                                "max_inflight": args.max_inflight, "arch": args.arch, "kind": args.pool,
+                                "ray": args.ray}.items()
             if v is not None}
     flags: dict[str, Any] = {
         "shapes": args.shapes, "archive": args.archive, "budget": args.budget, "gpu_seconds": args.gpu_seconds,
@@ -78,7 +82,16 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def make_pool(pool: PoolConfig) -> Any:
-    """The evaluator pool: ``local`` is evaluators.LocalPool; ``module:factory`` is a test double."""
+    """The evaluator pool: ``local`` is evaluators.LocalPool (evaluators.RayPool when ``pool.ray``
+    names a cluster); ``module:factory`` is a test double."""
+    if pool.ray and pool.kind == "local":
+        from evaluators import RayPool, RayUnavailable
+
+        try:
+            return RayPool(gpus=pool.gpus or None, compile_workers=pool.compile_workers, address=pool.ray,
+                           max_in_flight=pool.max_inflight or None, arch=None if pool.arch == "auto" else pool.arch)
+        except RayUnavailable as exc:
+            raise ConfigError(f"--ray {pool.ray}: {exc}") from None
     if pool.kind == "local":
         from evaluators import LocalPool  # imported here, not at start-up: it may pull in CUDA bindings
 

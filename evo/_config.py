@@ -102,7 +102,7 @@ class SelectionConfig:
 
 @dataclass
 class PoolConfig:
-    """The evaluator pool (evaluators.LocalPool) and how much work is kept in flight."""
+    """The evaluator pool (evaluators.LocalPool, or RayPool with ``ray``) and how much work is kept in flight."""
 
     kind: str = "local"               # local | a test-only double (docs/run.md)
     gpus: list[int] = field(default_factory=list)  # empty: every visible GPU
@@ -111,6 +111,7 @@ class PoolConfig:
     arch: str = "auto"                # auto: what the pool reports for its GPU (sm_90a on an H200)
     drain_s: float = 60.0             # first Ctrl-C: how long in-flight work may still finish
     max_consecutive_errors: int = 16  # stop when this many results in a row are runtime errors (0: never)
+    ray: str = ""                     # "": the local pool; "auto" or a cluster address: evaluators.RayPool
 
     def inflight(self, gpus: int) -> int:
         """The in-flight bound for a pool with ``gpus`` GPUs."""
@@ -182,6 +183,8 @@ class RunConfig:
             raise ConfigError(f"pool.gpus: a list of distinct GPU indices (empty: all visible), got {p.gpus!r}")
         if p.compile_workers < 1 or p.max_inflight < 0 or not p.drain_s >= 0 or p.max_consecutive_errors < 0:
             raise ConfigError("pool: compile_workers >= 1; max_inflight, drain_s and max_consecutive_errors >= 0")
+        if p.ray and p.kind != "local":
+            raise ConfigError(f"pool.ray: runs the Ray pool; it cannot be combined with pool.kind {p.kind!r}")
         if self.transfer.neighbors < 0 or self.transfer.per_neighbor < 0:
             raise ConfigError("transfer: neighbors and per_neighbor must be >= 0")
         return self

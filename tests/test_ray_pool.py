@@ -24,7 +24,7 @@ from fake_gpu_worker import FakeGpuHandler  # noqa: E402
 from populations import Archive, Shape, Status, load_templates  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-S1, S2, S3, S4 = (Shape.parse(s) for s in ("64x64x64", "128x64x32", "64x128x64", "32x32x4096"))
+S1, S2, S4 = (Shape.parse(s) for s in ("64x64x64", "128x64x32", "32x32x4096"))
 DEADLINES = {"startup": 60.0, "probe": 20.0, "load": 10.0, "correctness": 10.0, "timing": 10.0}
 SLOW = "test_ray_pool:make_slow_handler"
 
@@ -40,6 +40,13 @@ class SlowFakeHandler(FakeGpuHandler):
 
 def make_slow_handler(options: dict) -> SlowFakeHandler:
     return SlowFakeHandler(options)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """One cubin cache for the module: the tests after the first still compile as Ray tasks,
+    but mostly hit the cache (the first test proves the real compiles)."""
+    return tmp_path_factory.mktemp("cubins")
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +76,11 @@ def tiny_candidates(shape: Shape, n: int, seed: int = 0) -> list:
     raise AssertionError(f"the tiny template gave only {len(out)} distinct candidates for {shape}")
 
 
-def make_pool(tmp_path: Path, gpus: int = 2, delay_s: float = 0.0, **kw):
+def make_pool(tmp_path: Path, cache: Path, gpus: int = 2, delay_s: float = 0.0, **kw):
     from evaluators import RayPool
 
     return RayPool(gpus=gpus, compile_workers=2, target=SLOW, worker_options={"delay_s": delay_s},
-                   deadlines=DEADLINES, log_dir=str(tmp_path / "logs"), cache_dir=str(tmp_path / "cache"),
+                   deadlines=DEADLINES, log_dir=str(tmp_path / "logs"), cache_dir=str(cache),
                    arch="sm_90a", **kw)
 
 
@@ -87,25 +94,25 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_compiles_run_as_ray_tasks_in_parallel_and_shapes_spread_over_actors(cluster, tmp_path):
-    cands = tiny_candidates(S1, 3) + tiny_candidates(S2, 3)
-    with make_pool(tmp_path) as pool:
+def test_compiles_run_as_ray_tasks_in_parallel_and_shapes_spread_over_actors(cluster, cache, tmp_path):
+    cands = tiny_candidates(S1, 2) + tiny_candidates(S2, 2)
+    with make_pool(tmp_path, cache) as pool:
         evals = pool.evaluate(cands)
         affinity = pool.affinity()
         stats = pool.stats
-    assert [e.status for e in evals] == [Status.OK] * 6, [(e.status, e.message[:200]) for e in evals]
-    assert all(e.compile_s > 0 and e.kernels for e in evals)  # real NVRTC cubins, ptxas stats kept
+    assert [e.status for e in evals] == [Status.OK] * 4, [(e.status, e.message[:200]) for e in evals]
+    assert all(e.compile_s > 0.01 and e.kernels for e in evals)  # real NVRTC compiles, ptxas stats kept
     workers = {pid for _, pid in stats.compile_workers}
     assert len(workers) == 2 and os.getpid() not in workers  # two Ray worker processes compiled, concurrently
-    assert stats.compiled == 6
+    assert stats.compiled == 4
     assert sorted(affinity.values()) == [0, 1]  # two shapes, one per actor
     assert {e.provenance["ray_gpu_ids"][0] for e in evals} <= {"0", "1"}
     assert all(e.provenance["ray_attempt"] == 1 for e in evals)
 
 
-def test_an_actor_killed_mid_batch_is_replaced_and_its_candidate_retried(cluster, tmp_path):
-    cands = tiny_candidates(S1, 4, seed=1) + tiny_candidates(S2, 4, seed=1)
-    with make_pool(tmp_path, delay_s=0.6) as pool:
+def test_an_actor_killed_mid_batch_is_replaced_and_its_candidate_retried(cluster, cache, tmp_path):
+    cands = tiny_candidates(S1, 3) + tiny_candidates(S2, 3)
+    with make_pool(tmp_path, cache, delay_s=0.6) as pool:
         futures = [pool.submit(c) for c in cands]
         victim = wait_for(lambda: pool.running().get(0), what="a candidate on actor 0")
         old_actor = pool.actor(0)
@@ -115,16 +122,16 @@ def test_an_actor_killed_mid_batch_is_replaced_and_its_candidate_retried(cluster
         stats = pool.stats
         new_actor = wait_for(lambda: pool.actor(0), what="the replacement actor")
         assert new_actor != old_actor
-    assert len(evals) == 8 and all(e.status is Status.OK for e in evals.values()), \
+    assert len(evals) == 6 and all(e.status is Status.OK for e in evals.values()), \
         [(e.status, e.message[:200]) for e in evals.values()]
     assert evals[victim].provenance["ray_attempt"] == 2
     assert stats.actors_replaced == 1 and stats.retried == 1
     wait_for(lambda: not _alive(child_pid), timeout=20, what="the killed actor's worker child to be gone")
 
 
-def test_a_candidate_whose_actor_dies_past_the_retries_is_marked(cluster, tmp_path):
-    cands = tiny_candidates(S3, 3, seed=2)
-    with make_pool(tmp_path, gpus=1, delay_s=0.6, max_retries=0) as pool:
+def test_a_candidate_whose_actor_dies_past_the_retries_is_marked(cluster, cache, tmp_path):
+    cands = tiny_candidates(S1, 3)
+    with make_pool(tmp_path, cache, gpus=1, delay_s=0.6, max_retries=0) as pool:
         futures = [pool.submit(c) for c in cands]
         victim = wait_for(lambda: pool.running().get(0), what="a candidate on actor 0")
         ray.kill(pool.actor(0), no_restart=True)
@@ -135,7 +142,7 @@ def test_a_candidate_whose_actor_dies_past_the_retries_is_marked(cluster, tmp_pa
     assert all(e.status is Status.OK for e in evals.values())  # the replacement actor took the rest
 
 
-def test_the_engine_on_the_ray_pool_loses_nothing_when_an_actor_dies(cluster, tmp_path):
+def test_the_engine_on_the_ray_pool_loses_nothing_when_an_actor_dies(cluster, cache, tmp_path):
     from evo._cmd_run import expand_operators, make_operators
     from evo._config import merge
     from evo._engine import Engine
@@ -143,10 +150,10 @@ def test_the_engine_on_the_ray_pool_loses_nothing_when_an_actor_dies(cluster, tm
 
     shapes = [S1, S4]
     cfg = merge({}, {"shapes": [str(s) for s in shapes], "archive": str(tmp_path / "a"), "operators": "knob",
-                     "progress": "none", "max_evals": 12, "pool": {"compile_workers": 2}})
+                     "progress": "none", "max_evals": 8, "pool": {"compile_workers": 2}})
     cfg.operators = expand_operators(cfg.operators)
     killed: list[str] = []
-    with make_pool(tmp_path, delay_s=0.3) as pool, Archive(tmp_path / "a", "w") as archive:
+    with make_pool(tmp_path, cache, delay_s=0.3) as pool, Archive(tmp_path / "a", "w") as archive:
         def killer() -> None:
             victim = wait_for(lambda: pool.running().get(1), what="a candidate on actor 1")
             killed.append(victim)
@@ -162,17 +169,17 @@ def test_the_engine_on_the_ray_pool_loses_nothing_when_an_actor_dies(cluster, tm
         thread.join(timeout=30)
         replaced = pool.stats.actors_replaced
     assert killed and replaced == 1
-    assert result.evaluations == 12 and result.lost == 0, result
+    assert result.evaluations == 8 and result.lost == 0, result
     with Archive(tmp_path / "a", "r") as ar:
         evaluated = {(e.candidate_id, e.shape) for s in shapes for e in ar.evaluations(s)}
         submitted = {(c.id, s) for s in shapes for c in ar.candidates(s)}
         statuses = [e.status for s in shapes for e in ar.evaluations(s)]
-    assert len(evaluated) == 12 and submitted <= evaluated  # every archived candidate has its evaluation
+    assert len(evaluated) == 8 and submitted <= evaluated  # every archived candidate has its evaluation
     assert killed[0] in {cid for cid, _ in evaluated}
     assert all(s is Status.OK for s in statuses), statuses
 
 
-def test_no_gpu_in_the_cluster_is_a_clear_error(cluster, tmp_path):
+def test_a_cluster_without_enough_gpus_is_a_clear_error(cluster, tmp_path):
     from evaluators import RayPool, WorkerUnavailable
 
     with pytest.raises(WorkerUnavailable, match="no GPU"):

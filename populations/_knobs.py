@@ -9,6 +9,12 @@ Knob values are ints, bools or strings. In expressions (and in the ``#define`` h
 is 0/1 and a string is its index in the knob's ``values``; each string value ``v`` of knob
 ``X`` also binds the name ``X_v`` to its index, so ``EPI == EPI_smem`` reads the same in a
 constraint and in ``#if`` of the CUDA source.
+
+Two kinds of context beyond the knobs: ``LAYOUT_TN``/``LAYOUT_NN`` (1/0 by the shape's layout;
+derived values and constraints may use them, and a rendered candidate knows its layout) and
+``ARCH`` (the target's compute capability, e.g. 80 or 90; constraints only, since a rendered
+source must not depend on it). A derived value or constraint that needs a name not known at
+check time (M, N, K or a layout without a shape, ARCH without an arch) is skipped until it is.
 """
 from __future__ import annotations
 
@@ -20,15 +26,25 @@ from typing import Any, Mapping, Optional, Sequence
 from ._expr import ExprError, check_expr, evaluate, names_in
 from ._shape import Shape
 
-__all__ = ["AXES", "SHAPE_NAMES", "Knob", "Constraint", "KnobSpace", "TemplateError", "KnobValue", "knob_key", "LITERALS"]
+__all__ = ["AXES", "SHAPE_NAMES", "LAYOUT_NAMES", "ARCH_NAME", "Knob", "Constraint", "KnobSpace", "TemplateError",
+           "KnobValue", "knob_key", "LITERALS", "layout_env"]
 
 KnobValue = Any  # int | bool | str
 #: The four search axes of the brief plus a few more; each knob belongs to one.
 AXES = ("tiling", "loops", "padding", "swizzle", "splitk", "epilogue", "schedule", "other")
 SHAPE_NAMES = frozenset({"M", "N", "K"})
+#: 1 for the shape's layout, 0 for the other; bound once a shape (or a layout) is known.
+LAYOUT_NAMES = frozenset({"LAYOUT_TN", "LAYOUT_NN"})
+#: The target's compute capability (80, 90...); bound in constraints when an arch is given.
+ARCH_NAME = "ARCH"
 #: ``when = "true"`` reads naturally in TOML; these two names are bound everywhere.
 LITERALS = {"true": 1, "false": 0}
-_RESERVED = SHAPE_NAMES | set(LITERALS) | {"lda", "ldb", "ldc", "A", "B", "C", "workspace"}
+_RESERVED = SHAPE_NAMES | LAYOUT_NAMES | set(LITERALS) | {ARCH_NAME, "lda", "ldb", "ldc", "A", "B", "C", "workspace"}
+
+
+def layout_env(layout: str) -> dict[str, int]:
+    """``{"LAYOUT_TN": 1, "LAYOUT_NN": 0}`` for ``"TN"`` (and the reverse for ``"NN"``)."""
+    return {name: int(name == f"LAYOUT_{layout}") for name in sorted(LAYOUT_NAMES)}
 
 
 class TemplateError(ValueError):
@@ -122,7 +138,7 @@ class KnobSpace:
             if not name.isidentifier() or name in _RESERVED or name in names:
                 raise TemplateError(f"derived name {name!r} clashes with a knob or a reserved name, or is not an identifier")
             try:
-                check_expr(expr, names | SHAPE_NAMES)
+                check_expr(expr, names | SHAPE_NAMES | LAYOUT_NAMES)
             except ExprError as exc:
                 raise TemplateError(f"derived {name}: {exc}") from None
             names.add(name)
@@ -130,7 +146,7 @@ class KnobSpace:
             if not c.reason.strip():
                 raise TemplateError(f"constraint {c.expr!r} needs a reason")
             try:
-                check_expr(c.expr, names | SHAPE_NAMES)
+                check_expr(c.expr, names | SHAPE_NAMES | LAYOUT_NAMES | {ARCH_NAME})
             except ExprError as exc:
                 raise TemplateError(f"constraint {c.expr!r}: {exc}") from None
 
@@ -143,12 +159,16 @@ class KnobSpace:
 
     @property
     def names(self) -> frozenset[str]:
-        """Every name an expression of this space may use, shape names included."""
-        return frozenset(self.knobs) | frozenset(self.aliases()) | frozenset(self.derived) | SHAPE_NAMES
+        """Every name a derived value or plan expression of this space may use (shape and layout names included)."""
+        return frozenset(self.knobs) | frozenset(self.aliases()) | frozenset(self.derived) | SHAPE_NAMES | LAYOUT_NAMES
 
     def shape_dependent(self) -> frozenset[str]:
         """Derived names whose value needs M, N or K."""
-        return _shape_dependent(tuple(self.derived.items()))
+        return _dependent(tuple(self.derived.items()), SHAPE_NAMES)
+
+    def layout_dependent(self) -> frozenset[str]:
+        """Derived names whose value needs the layout (``LAYOUT_TN``/``LAYOUT_NN``)."""
+        return _dependent(tuple(self.derived.items()), LAYOUT_NAMES)
 
     # -- knob sets ------------------------------------------------------------------------
     def defaults(self) -> dict[str, KnobValue]:
@@ -161,11 +181,14 @@ class KnobSpace:
         return out
 
     def env(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None,
-            failed: Optional[dict[str, str]] = None) -> dict[str, int]:
-        """Integer bindings of knobs, aliases and derived values (shape-dependent ones only with a shape).
+            failed: Optional[dict[str, str]] = None, *, layout: Optional[str] = None,
+            arch: Optional[int] = None) -> dict[str, int]:
+        """Integer bindings of knobs, aliases, context and derived values.
 
-        A derived value that cannot be computed (``cdiv`` by zero...) raises :class:`ExprError`,
-        or, when ``failed`` is given, is left out and recorded there with the error.
+        Shape-dependent derived values appear only with a shape, layout-dependent ones only with
+        a shape or a ``layout``; ``ARCH`` only with an ``arch`` (compute capability). A derived
+        value that cannot be computed (``cdiv`` by zero...) raises :class:`ExprError`, or, when
+        ``failed`` is given, is left out and recorded there with the error.
         """
         full = self.complete(knobs)
         env: dict[str, int] = dict(self.aliases())
@@ -173,9 +196,15 @@ class KnobSpace:
             env[name] = knob.as_int(full[name])
         if shape is not None:
             env.update(shape.env())
-        dependent = self.shape_dependent()
+            layout = shape.layout
+        if layout is not None:
+            env.update(layout_env(layout))
+        if arch is not None:
+            env[ARCH_NAME] = int(arch)
+        dependent = (self.shape_dependent() if shape is None else frozenset()) | \
+            (self.layout_dependent() if layout is None else frozenset())
         for name, expr in self.derived.items():
-            if shape is None and name in dependent:
+            if name in dependent:
                 continue
             if failed is not None and _names(expr) & failed.keys():
                 failed[name] = f"needs {sorted(_names(expr) & failed.keys())}"
@@ -188,11 +217,13 @@ class KnobSpace:
                 failed[name] = str(exc)
         return env
 
-    def check(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None) -> list[str]:
-        """Reasons the knob set is invalid (for this shape, when given); empty when it is valid.
+    def check(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None,
+              arch: Optional[int] = None) -> list[str]:
+        """Reasons the knob set is invalid (for this shape and arch, when given); empty when it is valid.
 
-        Without a shape, constraints that mention M, N or K (or shape-dependent derived values)
-        are skipped: they are checked again when a shape is known.
+        Without a shape, constraints that mention M, N, K or the layout (or derived values that
+        do) are skipped; without an arch, those that mention ``ARCH``: they are checked again
+        when the shape or the arch is known.
         """
         reasons = []
         for name, value in knobs.items():
@@ -204,7 +235,7 @@ class KnobSpace:
         if reasons:
             return reasons
         failed: dict[str, str] = {}
-        env = self.env(knobs, shape, failed)
+        env = self.env(knobs, shape, failed, arch=arch)
         for c in self.constraints:
             if _names(c.expr) & failed.keys():
                 continue  # reported below unless another constraint already explains it
@@ -221,15 +252,16 @@ class KnobSpace:
             reasons = [f"derived {n} cannot be computed: {e}" for n, e in failed.items()]
         return reasons
 
-    def is_valid(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None) -> bool:
-        return not self.check(knobs, shape)
+    def is_valid(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None,
+                 arch: Optional[int] = None) -> bool:
+        return not self.check(knobs, shape, arch)
 
     def random(self, rng: random.Random) -> dict[str, KnobValue]:
         """One knob set drawn uniformly per knob (not necessarily valid)."""
         return {name: rng.choice(k.values) for name, k in self.knobs.items()}
 
-    def sample(self, rng: random.Random, shape: Optional[Shape], n: int, *,
-               max_tries: int = 20000, exclude: Sequence[Mapping[str, KnobValue]] = ()) -> list[dict[str, KnobValue]]:
+    def sample(self, rng: random.Random, shape: Optional[Shape], n: int, *, max_tries: int = 20000,
+               exclude: Sequence[Mapping[str, KnobValue]] = (), arch: Optional[int] = None) -> list[dict[str, KnobValue]]:
         """Up to ``n`` distinct valid knob sets by rejection sampling (fewer if the space is small)."""
         seen = {_key(k) for k in exclude}
         out: list[dict[str, KnobValue]] = []
@@ -241,7 +273,7 @@ class KnobSpace:
             if key in seen:
                 continue
             seen.add(key)
-            if self.is_valid(knobs, shape):
+            if self.is_valid(knobs, shape, arch):
                 out.append(knobs)
         return out
 
@@ -254,10 +286,11 @@ class KnobSpace:
 
 
 @functools.lru_cache(maxsize=256)
-def _shape_dependent(derived: tuple[tuple[str, str], ...]) -> frozenset[str]:
+def _dependent(derived: tuple[tuple[str, str], ...], roots: frozenset[str]) -> frozenset[str]:
+    """Derived names that use one of ``roots``, directly or through earlier derived names."""
     dep: set[str] = set()
     for name, expr in derived:
-        if _names(expr) & (SHAPE_NAMES | dep):
+        if _names(expr) & (roots | dep):
             dep.add(name)
     return frozenset(dep)
 

@@ -5,8 +5,12 @@ Each folder under ``populations/templates/`` holds ``template.toml`` and the CUD
 knob-only derived values, the layout, and M/N/K when specialised) to the source and substitutes
 the knob values into the plan, giving a :class:`~populations.Candidate` for one shape.
 
-One optional key beyond §2: ``applies = "M <= 128 or N <= 128"``, an expression of M, N, K
-that says for which shapes a template is meant at all (the tiny latency family uses it).
+Optional keys beyond §2: ``applies = "M <= 128 or N <= 128"``, an expression of M, N, K (and
+``LAYOUT_TN``/``LAYOUT_NN``) that says for which shapes a template is meant at all (the tiny
+latency family uses it); and in a ``[[heuristic]]`` rule, ``derive = { SPLIT_K = "expr" }``:
+integer knobs computed from the shape and the rule's other knobs (``expr`` may use every name
+of the knob space), snapped down to the largest value of the knob's domain that is <= the
+result (the smallest value when none is), e.g. a split-K factor that fills the SMs.
 """
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from ._expr import ExprError, check_expr, evaluate, names_in, substitute
-from ._knobs import LITERALS, SHAPE_NAMES, Constraint, Knob, KnobSpace, KnobValue, TemplateError, knob_key
+from ._knobs import (LAYOUT_NAMES, LITERALS, SHAPE_NAMES, Constraint, Knob, KnobSpace, KnobValue, TemplateError,
+                     knob_key, layout_env)
 from ._plan import Launch, LaunchPlan, PlanError, TensorMapSpec
 from ._records import Candidate
 from ._shape import CONTRACTS, LAYOUTS, Shape
@@ -42,11 +47,22 @@ _TMAP_KEYS = {"matrix", "box", "swizzle"}
 _POINTERS = {"A", "B", "C", "workspace"}
 _LD_NAMES = {"lda", "ldb", "ldc"}
 _FEATURES = {"sm_90a"}
-_SHAPE_ONLY = SHAPE_NAMES | set(LITERALS)
+_SHAPE_ONLY = SHAPE_NAMES | LAYOUT_NAMES | set(LITERALS)
+_RULE_KEYS = {"when", "knobs", "derive"}
 
 
 def _shape_env(shape: Shape) -> dict[str, int]:
-    return {**LITERALS, **shape.env()}
+    return {**LITERALS, **shape.env(), **layout_env(shape.layout)}
+
+
+def _cc(arch: Union[int, str, None]) -> Optional[int]:
+    return None if arch is None else parse_arch(arch)[0]
+
+
+def _snap(knob: Knob, value: int) -> KnobValue:
+    """The largest value of ``knob``'s (int) domain that is <= ``value``; its smallest if none is."""
+    below = [v for v in knob.values if v <= value]
+    return max(below) if below else min(knob.values)
 
 
 def parse_arch(arch: Union[int, str]) -> tuple[int, bool]:
@@ -75,7 +91,7 @@ class Template:
     source_name: str
     source_text: str
     space: KnobSpace
-    heuristics: tuple[tuple[str, Mapping[str, KnobValue]], ...]
+    heuristics: tuple[tuple[str, Mapping[str, KnobValue], Mapping[str, str]], ...]
     plan_spec: Mapping[str, Any]
     applies: str = "true"
     path: Optional[Path] = None
@@ -103,9 +119,14 @@ class Template:
         return f"sm_{cc}a" if "sm_90a" in self.arch_features else f"sm_{cc}"
 
     # -- knob sets -------------------------------------------------------------------------
-    def check(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None) -> list[str]:
-        """Reasons ``knobs`` (missing ones at their defaults) is invalid; empty when valid."""
-        reasons = self.space.check(self.space.complete(knobs), shape)
+    def check(self, knobs: Mapping[str, KnobValue], shape: Optional[Shape] = None,
+              arch: Union[int, str, None] = None) -> list[str]:
+        """Reasons ``knobs`` (missing ones at their defaults) is invalid; empty when valid.
+
+        Constraints that need the shape (M, N, K, the layout) or the arch (``ARCH``) are checked
+        only when that is given.
+        """
+        reasons = self.space.check(self.space.complete(knobs), shape, _cc(arch))
         if shape is not None and not reasons:
             if shape.layout not in self.layouts:
                 reasons.append(f"layout {shape.layout} is not one of {list(self.layouts)}")
@@ -113,28 +134,48 @@ class Template:
                 reasons.append(f"contract {shape.contract} is not one of {list(self.contracts)}")
         return reasons
 
-    def heuristic(self, shape: Shape) -> list[dict[str, KnobValue]]:
+    def heuristic(self, shape: Shape, arch: Union[int, str, None] = None) -> list[dict[str, KnobValue]]:
         """The valid knob sets of every ``[[heuristic]]`` rule whose ``when`` holds, first rules first.
 
-        Falls back to the defaults (when valid) so a shape always gets a first pick if one exists.
+        A rule's ``derive`` knobs are computed for ``shape`` (see the module docstring). Falls
+        back to the defaults (when valid) so a shape always gets a first pick if one exists.
         """
         out: list[dict[str, KnobValue]] = []
         seen: set = set()
-        picks = [self.space.complete(k) for when, k in self.heuristics if evaluate(when, _shape_env(shape))]
+        senv = _shape_env(shape)
+        picks = [self._derive(self.space.complete(k), derive, shape)
+                 for when, k, derive in self.heuristics if evaluate(when, senv)]
         picks.append(self.space.defaults())
         for knobs in picks:
+            if knobs is None:
+                continue
             key = knob_key(knobs)
-            if key in seen or self.check(knobs, shape):
+            if key in seen or self.check(knobs, shape, arch):
                 continue
             seen.add(key)
             out.append(knobs)
         return out
 
-    def sample(self, rng: Union[random.Random, int], shape: Optional[Shape], n: int) -> list[dict[str, KnobValue]]:
+    def _derive(self, knobs: dict[str, KnobValue], derive: Mapping[str, str],
+                shape: Shape) -> Optional[dict[str, KnobValue]]:
+        """``knobs`` with each ``derive`` knob computed for ``shape`` and snapped to its domain (None if it cannot be)."""
+        if not derive:
+            return knobs
+        try:
+            env = self.space.env(knobs, shape)
+            for name, expr in derive.items():
+                knobs[name] = _snap(self.space.knobs[name], evaluate(expr, env))
+                env = self.space.env(knobs, shape)
+        except ExprError:
+            return None
+        return knobs
+
+    def sample(self, rng: Union[random.Random, int], shape: Optional[Shape], n: int,
+               arch: Union[int, str, None] = None) -> list[dict[str, KnobValue]]:
         """Up to ``n`` distinct valid knob sets drawn at random (fewer when the space is small)."""
         if not isinstance(rng, random.Random):
             rng = random.Random(rng)
-        return self.space.sample(rng, shape, n)
+        return self.space.sample(rng, shape, n, arch=_cc(arch))
 
     # -- rendering -------------------------------------------------------------------------
     def render(self, knobs: Mapping[str, KnobValue], shape: Shape, specialize: bool = False) -> tuple[str, LaunchPlan]:
@@ -143,7 +184,7 @@ class Template:
         reasons = self.check(full, shape)
         if reasons:
             raise TemplateError(f"template {self.name}: invalid knobs for {shape}: " + "; ".join(reasons))
-        env = self.space.env(full, None)  # knob-level bindings only
+        env = self.space.env(full, None, layout=shape.layout)  # knob- and layout-level bindings
         header = [f"// evo template {self.name} (family {self.family}); generated, do not edit",
                   f"#define EVO_LAYOUT_{shape.layout} 1"]
         for name, knob in self.space.knobs.items():
@@ -152,7 +193,7 @@ class Template:
             header.append(f"#define {name} {knob.as_int(full[name])}")
         dependent = self.space.shape_dependent()
         for name in self.space.derived:
-            if name not in dependent:
+            if name not in dependent and name in env:
                 header.append(f"#define {name} {env[name]}")
         if specialize:
             header += [f"#define EVO_M {shape.m}", f"#define EVO_N {shape.n}", f"#define EVO_K {shape.k}"]
@@ -280,14 +321,19 @@ def _build(folder: Path, data: Mapping[str, Any]) -> Template:
     check_expr(applies, _SHAPE_ONLY)
     heuristics = []
     for rule in data.get("heuristic", ()):
-        _unknown(rule, {"when", "knobs"}, "[[heuristic]]")
+        _unknown(rule, _RULE_KEYS, "[[heuristic]]")
         when = rule.get("when", "true")
         check_expr(when, _SHAPE_ONLY)
         picks = dict(rule.get("knobs", {}))
         bad = [f"{k}={v!r}" for k, v in picks.items() if k not in knobs or v not in knobs[k].values]
         if bad:
             raise TemplateError(f"[[heuristic]] when={when!r}: unknown knob or value outside its domain: {', '.join(bad)}")
-        heuristics.append((when, picks))
+        derive = dict(rule.get("derive", {}))
+        for k, expr in derive.items():
+            if k not in knobs or knobs[k].kind != "int" or k in picks:
+                raise TemplateError(f"[[heuristic]] when={when!r}: derive {k!r} must be an int knob not also in knobs")
+            check_expr(str(expr), space.names)
+        heuristics.append((when, picks, derive))
 
     plan = data["plan"]
     _unknown(plan, _PLAN_KEYS, "[plan]")

@@ -84,7 +84,9 @@ def test_loads_as_family_b_for_hopper_only(tpl):
     ({"SCHED": "pingpong", "BM": 128, "BN": 256}, "accumulators"),
     ({"CLUSTER_M": 2, "BN": 192, "EPI": "direct"}, "BN must be 128 or 256"),
     ({"EPI": "smem", "STAGES": 4}, "227 KiB"),
-    ({"SPLIT_K": 2}, "unknown knob"),
+    ({"SPLIT_K": 2}, "EPI direct"),
+    ({"SPLIT_K": 5, "EPI": "direct"}, "not one of"),
+    ({"SPLIT_K": 128, "EPI": "direct"}, "not one of"),
 ])
 def test_invalid_knob_sets_are_refused_with_reasons(tpl, knobs, words):
     reasons = tpl.check(knobs, BIG)
@@ -93,16 +95,58 @@ def test_invalid_knob_sets_are_refused_with_reasons(tpl, knobs, words):
         tpl.render(knobs, BIG)
 
 
-@pytest.mark.parametrize("m, n, k, words", [
-    (1000, 1000, 1001, "K % 8 == 0"),
-    (129, 257, 64, "N % 8"),
+@pytest.mark.parametrize("m, n, k, layouts, words", [
+    (1000, 1000, 1001, ("TN", "NN"), "K % 8 == 0"),
+    (129, 257, 64, ("NN",), "N % 8"),
 ])
-def test_shapes_tma_cannot_describe_are_refused(tpl, m, n, k, words):
-    for layout in ("TN", "NN"):
+def test_shapes_tma_cannot_describe_are_refused(tpl, m, n, k, layouts, words):
+    for layout in layouts:
         shape = Shape(m, n, k, layout, "f32")
         reasons = tpl.check({}, shape)
         assert any(words in r for r in reasons), reasons
         assert not tpl.applicable(shape, 90) and not tpl.heuristic(shape)
+
+
+def test_odd_n_is_accepted_in_tn_only(tpl):
+    """TN reads B (N x K) with TMA over K, and C is written with guarded stores: any N works;
+    NN's B (K x N) needs N % 8 == 0 for the TMA row pitch."""
+    tn, nn = Shape(129, 257, 64, "TN", "f32"), Shape(129, 257, 64, "NN", "f32")
+    assert tpl.applicable(tn, 90) and tpl.heuristic(tn, 90) and not tpl.check({}, tn)
+    assert not tpl.applicable(nn, 90) and tpl.check({}, nn)
+    assert not tpl.check({}, None)  # layout unknown: the layout's constraint waits for a shape
+
+
+def test_split_k_plan_adds_workspace_and_reduce(tpl):
+    shape = Shape(256, 256, 4096, "TN", "f32")
+    knobs = {"BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 7, "EPI": "direct", "SPLIT_K": 16}
+    _, plan = tpl.render(knobs, shape)
+    (main, reduce), ws = plan.resolve(shape)
+    assert ws == 16 * 256 * 256 * 4 and not plan.zero_workspace  # every slice is written in full
+    assert main.grid == (min(4 * 2 * 16, 132), 1, 1)               # persistent over tiles x K shares
+    assert main.args == (("tmap", "tmA"), ("tmap", "tmB"), "C", "workspace", 256, 256, 4096)
+    assert reduce.kernel == "evo_splitk_reduce" and reduce.args == ("workspace", "C", 256, 256)
+    assert reduce.grid[0] * 256 * 4 >= 256 * 256                  # four outputs per thread cover C
+    _, plan = tpl.render(dict(knobs, PERSISTENT=False, SPLIT_K=3), shape)
+    (main, _), _ = plan.resolve(shape)
+    assert main.grid == (4 * 2 * 3, 1, 1)
+    _, plan = tpl.render(dict(knobs, SPLIT_K=1), shape)
+    (main,), ws = plan.resolve(shape)
+    assert ws == 0 and main.args[3] == "workspace"
+    assert any("at least one BK-deep" in r for r in tpl.check(dict(knobs, SPLIT_K=8), Shape(64, 64, 448, "TN", "f32")))
+
+
+@pytest.mark.parametrize("shape, tiles", [("64x64x16384", 1), ("256x256x4096", 8), ("1024x256x16384", 32),
+                                          ("128x128x1024", 2)])
+def test_heuristic_splits_k_to_fill_the_sms(tpl, shape, tiles):
+    """Few tiles and deep K: the first pick splits K so tiles x SPLIT_K is <= 132 and >= 64 or
+    each share is down to 4 K blocks."""
+    s = Shape.parse(shape)
+    first = tpl.heuristic(s, 90)[0]
+    units = tiles * first["SPLIT_K"]
+    assert first["SPLIT_K"] > 1 and first["EPI"] == "direct"
+    assert -(-s.m // first["BM"]) * -(-s.n // first["BN"]) == tiles
+    assert units <= 132 and (units >= 64 or s.k // 64 // first["SPLIT_K"] <= 7), (first, units)
+    assert all(p["SPLIT_K"] == 1 for p in tpl.heuristic(BIG, 90))
 
 
 def test_plan_grid_smem_and_tensor_maps(tpl):
@@ -115,7 +159,7 @@ def test_plan_grid_smem_and_tensor_maps(tpl):
     _, plan = tpl.render({"BM": 128, "BN": 256, "STAGES": 3, "EPI": "smem"}, shape)
     (launch,), _ = plan.resolve(shape)
     assert launch.smem == 3 * 384 * 128 + 128 * (512 + 16) + 1024 + 48
-    assert launch.args == (("tmap", "tmA"), ("tmap", "tmB"), "C", 8192, 8192, 1024)
+    assert launch.args == (("tmap", "tmA"), ("tmap", "tmB"), "C", "workspace", 8192, 8192, 1024)
     assert plan.tensor_maps["tmA"].box == (128, 64) and plan.tensor_maps["tmB"].box == (64, 64)
     assert all(t.swizzle == 128 for t in plan.tensor_maps.values())
     _, plan = tpl.render({"BM": 128, "BN": 256, "PERSISTENT": False}, shape)
@@ -171,6 +215,7 @@ def test_seeded_sample_compiles_for_sm90a(tpl):
     # every schedule, epilogue and cluster value is among them
     for knob in ("SCHED", "EPI", "CLUSTER_M", "CONSUMERS", "PERSISTENT", "RASTER"):
         assert len({k[knob] for k in sets}) == 2, knob
+    assert sum(k["SPLIT_K"] > 1 for k in sets) >= 4
     with ProcessPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
         errors = list(pool.map(_compile_one, sources))
     bad = [(lay, k, e[:1500]) for lay, k, e in zip(layouts, sets, errors) if e]

@@ -20,8 +20,6 @@ from populations._plan import MAX_SMEM
 OURS = ("sm80_mma", "tiny")
 RAGGED = ["1x1x1", "7x13x17", "129x257x65", "1000x1000x1000", "77x4096x4096", "8192x8192x8192", "64x8192x8192",
           "1x4096x3", "4095x1x4097"]
-#: sm_80 (A100) allows 163 KiB of shared memory per block; the templates' own limit is the H200's 227 KiB.
-SM80_SMEM = 166912
 
 DEMO = '''
 name = "demo"
@@ -189,6 +187,41 @@ def test_applicable_and_arch(tmp_path: Path, demo: Template) -> None:
     assert hopper.compile_arch(90) == "sm_90a"
 
 
+# A demo whose pipeline depends on the layout, whose shared-memory limit depends on the arch and
+# whose split-K pick is derived from the tile count.
+CONTEXT = DEMO.replace('KT2 = "KT * 2"', 'KT2 = "KT * 2"\nSMEM = "BM * 256 if LAYOUT_NN else BM * 128"').replace(
+    '[[constraints]]\nexpr = "BM % WM == 0"',
+    '[[constraints]]\nexpr = "ARCH >= 90 or SMEM <= 16384"\nreason = "too much smem for sm_80"\n\n'
+    '[[constraints]]\nexpr = "BM % WM == 0"').replace(
+    'knobs = { BM = 64, SPLIT_K = 4 }', 'knobs = { BM = 64 }\nderive = { SPLIT_K = "132 // (cdiv(M, BM) * cdiv(N, BM))" }')
+
+
+def test_constraints_see_layout_and_arch(tmp_path: Path) -> None:
+    t = load_template(write_demo(tmp_path, CONTEXT))
+    tn, nn = Shape.parse("256x256x256"), Shape.parse("256x256x256:NN")
+    assert t.check({"BM": 128}) == [] and t.check({"BM": 128}, nn) == []  # no arch: ARCH constraints wait
+    assert t.check({"BM": 128}, nn, "sm_80") == ["too much smem for sm_80"]
+    assert t.check({"BM": 128}, tn, "sm_80") == [] and t.check({"BM": 128}, nn, "sm_90a") == []
+    assert t.check({"BM": 64}, nn, 80) == []
+    # a layout-dependent derived value is a #define of the rendered (layout-specific) source
+    assert "#define SMEM 32768" in t.render({"BM": 128}, nn)[0].splitlines()
+    assert "#define SMEM 16384" in t.render({"BM": 128}, tn)[0].splitlines()
+    assert t.sample(random.Random(1), nn, 10, arch=80) == [k for k in t.sample(random.Random(1), nn, 10, arch=80)
+                                                          if not t.check(k, nn, 80)]
+    assert all(k["BM"] == 64 for k in t.sample(random.Random(1), nn, 10, arch=80))
+
+
+def test_heuristic_derive_snaps_to_the_domain(tmp_path: Path) -> None:
+    t = load_template(write_demo(tmp_path, CONTEXT))
+    # 1 tile of 64 x 64: 132 -> the largest SPLIT_K <= 132 is 4; 64 tiles: 132 // 64 = 2
+    assert t.heuristic(Shape.parse("64x64x4096"))[0] == dict(t.space.defaults(), BM=64, SPLIT_K=4)
+    assert t.heuristic(Shape.parse("64x64x4096"))[0]["SPLIT_K"] == 4
+    assert t.heuristic(Shape.parse("32x16x4096"))[0]["SPLIT_K"] == 4
+    bad = CONTEXT.replace('derive = { SPLIT_K', 'derive = { EPI')
+    with pytest.raises(TemplateError, match="derive 'EPI' must be an int knob"):
+        load_template(write_demo(tmp_path / "b", bad))
+
+
 BROKEN = [
     ('name = "demo"', 'name = "other"', "must equal the folder name"),
     ('description = "a test template"', 'descriptoin = "x"', "unknown key(s) ['descriptoin']"),
@@ -201,6 +234,8 @@ BROKEN = [
     ('block = ["THREADS", 1, 1]', 'block = ["KT", 1, 1]', "block must be knob-only"),
     ('knobs = { BM = 64, SPLIT_K = 4 }', 'knobs = { BM = 65 }', "outside its domain: BM=65"),
     ('when = "SPLIT_K > 1"', 'when = "M > 1"', "unknown name(s) ['M']"),
+    ('when = "SPLIT_K > 1"', 'when = "ARCH > 1"', "unknown name(s) ['ARCH']"),
+    ('KT = "cdiv(K, 32)"', 'KT = "cdiv(K, ARCH)"', "unknown name(s) ['ARCH']"),
     ('source = "k.cu"', 'source = "missing.cu"', "does not exist"),
     ('family = "A"', 'family = "Z"', "family 'Z'"),
     ('[plan]', '[plan]\nstreams = 2', "unknown key(s) ['streams'] in [plan]"),
@@ -288,7 +323,8 @@ REFUSED = [
     ("sm80_mma", {"BM": 32, "WM": 64}, None, "whole number of warp tiles"),
     ("sm80_mma", {"WN": 16, "WM": 16, "BM": 256, "BN": 256}, None, "2 to 16 warps"),
     ("sm80_mma", {"WM": 128, "WN": 64, "BM": 128, "BN": 128}, None, "255 registers"),
-    ("sm80_mma", {"BM": 256, "BN": 256, "BK": 64, "STAGES": 5, "WM": 64, "WN": 64, "SWIZZLE": 1}, None, "227 KiB"),
+    ("sm80_mma", {"BM": 256, "BN": 256, "BK": 64, "STAGES": 5, "WM": 64, "WN": 64, "SWIZZLE": 1}, "4096x4096x4096",
+     "227 KiB"),  # shared memory depends on the layout: checked once a shape is known
     ("sm80_mma", {"SWIZZLE": 1, "PAD": 8}, None, "XOR swizzle and row padding"),
     ("sm80_mma", {"SPLIT_K": 2, "EPI": "smem"}, None, "staged epilogue"),
     ("sm80_mma", {"SPLIT_K": 16}, "64x64x100", "every K split needs at least one"),
@@ -296,7 +332,20 @@ REFUSED = [
     ("tiny", {"TM": 64, "TN": 64, "WARPS": 8}, None, "reduction buffer"),
     ("tiny", {"TM": 64, "TN": 64, "KU": 4}, None, "255 registers"),
     ("tiny", {"SPLIT_K": 8}, "16x16x64", "at least one k16 step"),
+    ("tiny", {"SPLIT_K": 64}, None, "not one of"),
 ]
+
+
+def test_sm80_smem_follows_layout_and_arch(families: dict[str, Template]) -> None:
+    """NN's B tile is BK x (BN + PAD), TN's BN x (BK + PAD): each layout asks for its own; sm_80
+    refuses more than its 163 KiB, sm_90 allows 227 KiB."""
+    t = families["sm80_mma"]
+    knobs = {"BM": 128, "BN": 256, "BK": 64, "WM": 64, "WN": 64, "STAGES": 4, "PAD": 8, "SWIZZLE": 0}
+    tn, nn = Shape.parse("4096x4096x4096"), Shape.parse("4096x4096x4096:NN")
+    smem = {lay: t.render(knobs, s)[1].resolve(s)[0][0].smem for lay, s in (("TN", tn), ("NN", nn))}
+    assert smem == {"TN": 4 * (128 * 72 + 256 * 72) * 2, "NN": 4 * (128 * 72 + 64 * 264) * 2}
+    assert t.check(knobs, tn, 90) == [] and any("163 KiB" in r for r in t.check(knobs, tn, "sm_80"))
+    assert t.check(dict(knobs, STAGES=2), tn, 80) == []
 
 
 @pytest.mark.parametrize("name,knobs,shape,reason", REFUSED, ids=[r[3][:24] for r in REFUSED])
@@ -317,9 +366,18 @@ def test_heuristics_are_shape_aware(families: dict[str, Template], name: str) ->
         assert t.heuristic(Shape.parse("64x64x8192"))[0]["SPLIT_K"] > 1  # small M*N, deep K: split-K
         big = t.heuristic(Shape.parse("8192x8192x8192"))[0]
         assert big["SPLIT_K"] == 1 and big["BM"] * big["BN"] >= 128 * 128
+        tiles = {"TILES": 1}
+        for text in ("64x64x16384", "256x256x4096", "256x512x8192"):  # tiles x split about fills 132 SMs
+            first = t.heuristic(Shape.parse(text))[0]
+            tiles = t.space.env(first, Shape.parse(text))["TILES"]
+            assert 66 <= tiles * first["SPLIT_K"] <= 132 or first["SPLIT_K"] == 32, (text, first)
     else:
         assert t.heuristic(Shape.parse("64x64x64"))[0]["TM"] * t.heuristic(Shape.parse("64x64x64"))[0]["TN"] <= 32 * 32
         assert t.heuristic(Shape.parse("32x32x16384"))[0]["SPLIT_K"] > 1
+        for text in ("64x64x4096", "64x64x16384", "128x64x8192"):  # 16 x 16 tiles, split to fill the SMs
+            first = t.heuristic(Shape.parse(text))[0]
+            ctas = t.space.env(first, Shape.parse(text))["TILES"] * first["SPLIT_K"]
+            assert 64 <= ctas <= 132, (text, first)
 
 
 # ---- compiles (real NVRTC through evaluators.CompilePool) -------------------------------------
@@ -333,11 +391,12 @@ def _compile_sample(families: dict[str, Template], per_family: int, seed: int) -
         for i, knobs in enumerate(t.sample(rng, None, per_family)):
             layout = ("TN", "NN")[i % 2]
             arch = ("sm_90a", "sm_80")[(i // 2) % 2]
-            if arch == "sm_80" and t.space.env(knobs).get("SMEM", 0) > SM80_SMEM:
-                arch = "sm_90a"
             shape = Shape.parse(f"{'1000x1000x1000' if name == 'sm80_mma' else '77x4096x520'}:{layout}")
             if t.check(knobs, shape):
                 shape = Shape.parse(f"8192x{120 if name == 'tiny' else 8192}x8192:{layout}")
+            if t.check(knobs, shape, arch):  # the arch's own limits (sm_80: 163 KiB of shared memory)
+                arch = "sm_90a"
+            assert not t.check(knobs, shape, arch), (knobs, shape, arch)
             jobs.append((name, knobs, arch, t.candidate(knobs, shape)))
     with CompilePool(workers=2, use_cache=False) as pool:
         futures = [pool.submit(cand, arch) for _, _, arch, cand in jobs]

@@ -17,13 +17,19 @@
 //                   consumers release a stage in both CTAs.
 //   EPI direct:     fp32 registers -> fp16 global, guarded 4-byte stores.
 //   EPI smem:       registers -> padded shared staging -> coalesced, guarded 16-byte stores.
+//   SPLIT_K > 1:    the work units are SPLIT_K x tiles: unit u computes tile u % tiles over
+//                   the z = u / tiles share of the K blocks (balanced, none empty) and writes
+//                   its fp32 partial tile to workspace[z][M][N] (direct stores); a second
+//                   launch, evo_splitk_reduce, sums the slices in a fixed order into C. The
+//                   first wave of a persistent grid then holds one z for many tiles (L2 reuse).
 // TMA zero-fills out-of-bounds boxes, so ragged M, N, K need no padding; every store is
 // guarded. Persistent mode: grid = min(#tiles, #SMs), each CTA loops over tiles (the kernel is
 // the same; only the plan's grid differs). Tiles are ordered in groups of GROUP tile-rows
 // (RASTER = M) or tile-columns (RASTER = N), like Triton's grouped order.
 //
 // Knobs (prepended by the renderer as #defines; template.toml documents them): BM, BN, BK,
-// STAGES, CONSUMERS, SCHED, GROUP, RASTER, EPI, CLUSTER_M. PERSISTENT only changes the grid.
+// STAGES, CONSUMERS, SCHED, GROUP, RASTER, EPI, CLUSTER_M, SPLIT_K. PERSISTENT only changes
+// the grid.
 // No CUTLASS/CuTe, no <cuda.h>, no includes at all: raw PTX.
 
 #ifndef BM
@@ -62,6 +68,9 @@
 #ifndef CLUSTER_M
 #define CLUSTER_M 1
 #endif
+#ifndef SPLIT_K
+#define SPLIT_K 1
+#endif
 #if !defined(EVO_LAYOUT_TN) && !defined(EVO_LAYOUT_NN)
 #define EVO_LAYOUT_TN 1
 #endif
@@ -71,6 +80,9 @@
 #endif
 #if CLUSTER_M != 1 && CLUSTER_M != 2
 #error "CLUSTER_M must be 1 or 2"
+#endif
+#if SPLIT_K > 1 && EPI == EPI_smem
+#error "split-K partials are fp32 stores straight to the workspace: use EPI direct"
 #endif
 #if CLUSTER_M == 2 && (BN / 64) % 2 != 0
 #error "CLUSTER_M 2 splits B's 64-column boxes between the two CTAs: BN must be 128 or 256"
@@ -343,6 +355,33 @@ __device__ __forceinline__ void store_pair(evo_half_bits* C, int M, int N, int r
   }
 }
 
+// One fragment pair of an fp32 partial tile into its workspace slice (8-byte stores when N is even).
+__device__ __forceinline__ void store_partial(float* W, int M, int N, int row, int col, float x, float y) {
+  if (row >= M || col >= N) return;
+  float* p = W + (long long)row * N + col;
+  if ((N & 1) == 0) {
+    *reinterpret_cast<float2*>(p) = make_float2(x, y);
+  } else {
+    p[0] = x;
+    if (col + 1 < N) p[1] = y;
+  }
+}
+
+// Unit u of SPLIT_K x ctiles: its cluster tile and its K blocks [kb0, kb1). A balanced split
+// (z * kblocks / SPLIT_K) leaves no unit empty while SPLIT_K <= kblocks (a constraint).
+__device__ __forceinline__ void unit_range(int u, int ctiles, int kblocks, int& t, int& kb0, int& kb1) {
+#if SPLIT_K > 1
+  const int z = u / ctiles;
+  t = u - z * ctiles;
+  kb0 = (int)((long long)z * kblocks / SPLIT_K);
+  kb1 = (int)((long long)(z + 1) * kblocks / SPLIT_K);
+#else
+  t = u;
+  kb0 = 0;
+  kb1 = kblocks;
+#endif
+}
+
 // A consumer gives a ring slot back: to its own producer, and with multicast to every
 // producer of the cluster (each one writes B boxes into this CTA's slot).
 __device__ __forceinline__ void release_stage(u32 empty_bar) {
@@ -363,7 +402,7 @@ __device__ __forceinline__ void release_stage(u32 empty_bar) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) EVO_CLUSTER
 evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoTensorMap tmB,
-          evo_half_bits* __restrict__ C, int M, int N, int K) {
+          evo_half_bits* __restrict__ C, float* __restrict__ W, int M, int N, int K) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // 128-byte swizzle atoms need 1024-byte alignment; the plan reserves 1 KiB of slack.
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -379,6 +418,7 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
   // A cluster of CLUSTER_M CTAs walks "cluster tiles" of CLUSTER_M vertically adjacent tiles.
   const int ctiles_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
   const int ctiles = ctiles_m * tiles_n;
+  const int units = ctiles * SPLIT_K;            // work units: (K share, cluster tile)
   const int first = blockIdx.x / CLUSTER_M, stride = gridDim.x / CLUSTER_M;
 #if CLUSTER_M > 1
   const u32 rank = cluster_rank();
@@ -409,11 +449,12 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
     if (threadIdx.x == 0) {
       int stage = 0;
       u32 phase = 0;
-      for (int t = first; t < ctiles; t += stride) {
-        int tm, tn;
+      for (int u = first; u < units; u += stride) {
+        int t, kb0, kb1, tm, tn;
+        unit_range(u, ctiles, kblocks, t, kb0, kb1);
         tile_coords(t, ctiles_m, tiles_n, tm, tn);
         const int m0 = (tm * CLUSTER_M + (int)rank) * BM, n0 = tn * BN;
-        for (int kb = 0; kb < kblocks; ++kb) {
+        for (int kb = kb0; kb < kb1; ++kb) {
           mbar_wait(EMPTY(stage), phase ^ 1u);
           const u32 full = FULL(stage);
           mbar_expect_tx(full, STAGE_BYTES);
@@ -445,19 +486,24 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
     const int lt = threadIdx.x - 128 * wg;   // thread in warpgroup
     const int warp = lt / 32, lane = lt % 32;
 #if PINGPONG
-    const int row_off = 0;                   // whole tiles; the tile loop interleaves consumers
-    int local = c;                           // this consumer's tiles: local index c, c + CONSUMERS, ...
+    const int row_off = 0;                   // whole tiles; the unit loop interleaves consumers
 #else
     const int row_off = c * WM;
-    int local = 0;
 #endif
     float acc[WM_TILES][ACC];
-    for (int t = first + local * stride; t < ctiles; t += TILE_STEP * stride, local += TILE_STEP) {
-      int tm, tn;
+    // `it` is the position in the producer's sequence of K blocks (over all units of this
+    // CTA): it gives the ring slot and its phase. `local` is the unit's index in this CTA.
+    u32 it = 0;
+    int local = 0;
+    for (int u = first; u < units; u += stride, ++local) {
+      int t, kb0, kb1, tm, tn;
+      unit_range(u, ctiles, kblocks, t, kb0, kb1);
+#if PINGPONG
+      // pingpong: consumer c owns units c, c + CONSUMERS, ... of its CTA; skip the others' K blocks
+      if (local % TILE_STEP != c) { it += (u32)(kb1 - kb0); continue; }
+#endif
       tile_coords(t, ctiles_m, tiles_n, tm, tn);
       const int m_tile = tm * CLUSTER_M + (int)rank;
-      // position in the producer's sequence of K blocks gives the ring slot and its phase
-      u32 it = (u32)local * (u32)kblocks;
       int prev_stage = -1;
 #if PINGPONG
       // Main loops run in tile order, one warpgroup at a time: wait for the previous tile's
@@ -465,7 +511,7 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
       // every full-barrier wait within one phase of the barrier (parity cannot alias).
       if (local > 0) named_sync(3 + c, 128 * 2);
 #endif
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      for (int kb = kb0; kb < kb1; ++kb, ++it) {
         const int stage = (int)(it % STAGES);
         mbar_wait(FULL(stage), (it / STAGES) & 1u);
         const u32 a_base = sA + stage * A_STAGE_BYTES + row_off * 128;
@@ -488,9 +534,9 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
           for (int w = 0; w < WM_TILES; ++w) {
             const u64 da = make_desc(a_base + w * 64 * 128 + kk * 32, 16, 1024);
 #if defined(EVO_LAYOUT_NN)
-            wgmma_bn<1>(acc[w], da, db, (kb > 0 || kk > 0) ? 1 : 0);
+            wgmma_bn<1>(acc[w], da, db, (kb > kb0 || kk > 0) ? 1 : 0);
 #else
-            wgmma_bn<0>(acc[w], da, db, (kb > 0 || kk > 0) ? 1 : 0);
+            wgmma_bn<0>(acc[w], da, db, (kb > kb0 || kk > 0) ? 1 : 0);
 #endif
           }
         }
@@ -503,7 +549,7 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
       }
 #if PINGPONG
       // hand the tensor cores to the next tile's warpgroup (only if that tile exists)
-      if (t + stride < ctiles) named_arrive(3 + (c + 1) % CONSUMERS, 128 * 2);
+      if (u + stride < units) named_arrive(3 + (c + 1) % CONSUMERS, 128 * 2);
 #endif
       wgmma_wait<0>();
       if (prev_stage >= 0 && lt == 0) release_stage(EMPTY(prev_stage));
@@ -551,13 +597,21 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
       // epilogue: registers -> global, guarded (fragment layout of wgmma m64nN f32).
       const int row0 = tile_row + warp * 16 + lane / 4;
       const int col0 = tile_col + 2 * (lane % 4);
+#if SPLIT_K > 1
+      float* Wz = W + (long long)(u / ctiles) * M * N;   // this unit's K share's slice
+#endif
 #pragma unroll
       for (int w = 0; w < WM_TILES; ++w) {
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
           const int row = row0 + w * 64, col = col0 + j * 8;
+#if SPLIT_K > 1
+          store_partial(Wz, M, N, row, col, acc[w][4 * j + 0], acc[w][4 * j + 1]);
+          store_partial(Wz, M, N, row + 8, col, acc[w][4 * j + 2], acc[w][4 * j + 3]);
+#else
           store_pair(C, M, N, row, col, acc[w][4 * j + 0], acc[w][4 * j + 1]);
           store_pair(C, M, N, row + 8, col, acc[w][4 * j + 2], acc[w][4 * j + 3]);
+#endif
         }
       }
 #endif
@@ -569,3 +623,30 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
 #undef FULL
 #undef EMPTY
 }
+
+#if SPLIT_K > 1
+// Sum the SPLIT_K fp32 slices in a fixed order (deterministic) and convert to fp16.
+// Four elements per thread; 16-byte loads when M*N is a multiple of 4.
+extern "C" __global__ void __launch_bounds__(256)
+evo_splitk_reduce(const float* __restrict__ W, evo_half_bits* __restrict__ C, int M, int N) {
+  const long long mn = (long long)M * N;
+  const long long e0 = ((long long)blockIdx.x * 256 + threadIdx.x) * 4;
+  if (e0 >= mn) return;
+  if (mn % 4 == 0) {
+    float4 s = *reinterpret_cast<const float4*>(W + e0);
+#pragma unroll
+    for (int z = 1; z < SPLIT_K; ++z) {
+      const float4 v = *reinterpret_cast<const float4*>(W + z * mn + e0);
+      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+    }
+    *reinterpret_cast<uint2*>(C + e0) = make_uint2(pack_half2(s.x, s.y), pack_half2(s.z, s.w));
+  } else {
+    for (long long e = e0; e < e0 + 4 && e < mn; ++e) {
+      float s = W[e];
+#pragma unroll
+      for (int z = 1; z < SPLIT_K; ++z) s += W[z * mn + e];
+      C[e] = (evo_half_bits)(pack_half2(s, 0.f) & 0xFFFFu);
+    }
+  }
+}
+#endif

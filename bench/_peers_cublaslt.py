@@ -1,8 +1,11 @@
 """The cuBLASLt peers through nvmath-python: the heuristic's first algorithm and the autotuned one.
 
 nvmath's ``Matmul`` does the planning: operand layouts, the matmul descriptor (fp32 compute and
-scale, ``CUBLAS_COMPUTE_32F``: torch.matmul's semantics), ``plan()`` (cuBLASLt's heuristic,
-best first) and ``autotune()`` (every planned algorithm timed, fastest first). The calls we time
+scale, ``CUBLAS_COMPUTE_32F``: torch.matmul's semantics) and ``plan()`` (cuBLASLt's heuristic,
+up to ``limit`` algorithms, best first). "Heuristic" is the first of them. "Autotuned" is the
+fastest of them in our own timing (events over a few calls on rotating operand sets, after one
+warm-up call each), rather than ``Matmul.autotune()``, which flushes L2 by copying an L2-sized
+host buffer to the GPU before every trial (about 0.3 s per shape with 8 algorithms). The calls we time
 do not go through ``Matmul.execute()``: its Python path (stream holder, workspace context,
 result allocation) costs tens of microseconds per call, which would make the host-inclusive
 timers measure nvmath, not cuBLASLt. Instead each call is one ``cublasLt.matmul`` through
@@ -10,9 +13,9 @@ nvmath's Cython binding, with the plan's descriptors, a copy of the chosen algor
 own workspace and the operands' pointers: the same host path as torch.matmul's own cuBLAS call.
 
 That reuses attributes of ``Matmul`` that are not its documented API (``handle``, ``mm_desc``,
-``*_layout_ptr``, ``alpha``/``beta``, ``cached_best_algorithm_struct``, ``algorithms_buffer``;
+``*_layout_ptr``, ``alpha``/``beta``, ``algorithms_buffer``;
 nvmath-python 1.0.0). Where they are missing the peer falls back to ``reset_operands_unchecked``
-+ ``execute(algorithm=...)`` and says so (``lt_path``).
++ ``execute(algorithm=...)``, with nvmath's own autotuning, and says so (``lt_path``).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import torch
 __all__ = ["LtPeer", "LtPlan"]
 
 RAW = ("handle", "mm_desc", "a_layout_ptr", "b_layout_ptr", "c_layout_ptr", "d_layout_ptr", "alpha", "beta",
-       "cached_best_algorithm_struct", "algorithms_buffer")
+       "algorithms_buffer")
 
 
 class LtPlan:
@@ -56,8 +59,8 @@ class LtPlan:
 class LtPeer:
     """``available`` and ``reason``; :meth:`plans` gives the heuristic and autotuned :class:`LtPlan`."""
 
-    def __init__(self, autotune_iterations: int = 3) -> None:
-        self.iterations = autotune_iterations
+    def __init__(self, autotune_iterations: int = 5, limit: int = 16) -> None:
+        self.iterations, self.limit = max(1, autotune_iterations), limit
         self.reason: Optional[str] = None
         try:
             import numpy as np
@@ -72,31 +75,41 @@ class LtPeer:
     def available(self) -> bool:
         return self.reason is None
 
-    def plans(self, a: torch.Tensor, b_kn: torch.Tensor, c: torch.Tensor) -> tuple[LtPlan, LtPlan, str]:
-        """(heuristic, autotuned, note) for the product on these operands (set 0 of the rotation;
-        autotuning writes into ``c``). The caller keeps both plans alive while it uses them and
-        then calls :meth:`free`."""
+    def plans(self, sets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> tuple[LtPlan, LtPlan, str]:
+        """(heuristic, autotuned, note) for the product on rotation sets ``(a, b_kn, c)`` (planned
+        on the first; trials write into the sets' ``c``). The caller keeps both plans alive while
+        it uses them and then calls :meth:`free`."""
+        a, b_kn, c = sets[0]
         stream = torch.cuda.current_stream()
         mm = self.Matmul(a, b_kn, c=c, beta=0.0, stream=stream,
                          options={"compute_type": self.compute, "inplace": True})
-        algorithms = mm.plan(stream=stream)
-        raw = all(hasattr(mm, name) for name in RAW)
-        heur = self._plan(mm, algorithms[0], raw)
-        mm.autotune(iterations=self.iterations, stream=stream)
-        best = mm.algorithms[0]
-        auto = self._plan(mm, best, raw)
-        note = (f"{len(algorithms)} algorithms planned; autotuned pick is heuristic #{list(algorithms).index(best)}"
-                if best in algorithms else f"{len(algorithms)} algorithms planned")
-        return heur, auto, note
+        algorithms = list(mm.plan(preferences={"limit": self.limit}, stream=stream))
+        if not all(hasattr(mm, name) for name in RAW):
+            heur = LtPlan(self, mm, algorithms[0], None, torch.empty(1, dtype=torch.uint8, device="cuda"), False)
+            mm.autotune(iterations=self.iterations, stream=stream)
+            auto = LtPlan(self, mm, mm.algorithms[0], None, heur.workspace, False)
+            return heur, auto, f"{len(algorithms)} algorithms planned; autotuned by nvmath"
+        buf = mm.algorithms_buffer
+        workspace = torch.empty(max(int(self.np.max(buf["workspace_size"])), 1), dtype=torch.uint8, device="cuda")
+        plans = [LtPlan(self, mm, alg, self.np.array(buf[i]["algo"], copy=True), workspace, True)
+                 for i, alg in enumerate(algorithms)]
+        times = [self._trial(p, sets) for p in plans]
+        best = min(range(len(plans)), key=lambda i: times[i])
+        note = (f"{len(plans)} algorithms planned; fastest is heuristic #{best} "
+                f"({times[best] * 1e6:.1f} us vs #0 {times[0] * 1e6:.1f} us)")
+        return plans[0], plans[best], note
 
-    def _plan(self, mm: Any, algorithm: Any, raw: bool) -> LtPlan:
-        """Called right after plan() or autotune(): the cached best struct is then ``algorithm``'s."""
-        ws_bytes, struct = 0, None
-        if raw:
-            struct = self.np.array(mm.cached_best_algorithm_struct, copy=True)
-            ws_bytes = int(self.np.max(mm.algorithms_buffer["workspace_size"]))
-        workspace = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
-        return LtPlan(self, mm, algorithm, struct, workspace, raw)
+    def _trial(self, plan: LtPlan, sets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> float:
+        """Seconds per call: one warm-up, then ``iterations`` calls over the sets, timed with events."""
+        calls = [plan.bind(*s) for s in sets]
+        calls[0]()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for i in range(self.iterations):
+            calls[i % len(calls)]()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3 / self.iterations
 
     @staticmethod
     def path(plan: LtPlan) -> str:

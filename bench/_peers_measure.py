@@ -143,7 +143,8 @@ def measure(shape: Shape, kernel: Optional[EvolvedKernel], why_none: str, opts: 
     arms.append(Arm("torch_tn", lambda i: torch.matmul(tb.a[i], tb.b_nk[i].t(), out=tb.cb[i]), n))
     lt_plans: tuple = ()
     if opts.lt is not None and opts.lt.available:
-        planned = _guard("cuBLASLt plan", notes, lambda: opts.lt.plans(tb.a[0], b_kn[0], tb.cb[0]))
+        planned = _guard("cuBLASLt plan", notes, lambda: opts.lt.plans([(tb.a[i], b_kn[i], tb.cb[i])
+                                                                         for i in range(min(n, 5))]))
         if planned is not None:
             heur, auto, row["lt_note"] = planned
             lt_plans = (heur, auto)

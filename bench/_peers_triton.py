@@ -76,8 +76,11 @@ def _matmul(a_ptr, b_ptr, c_ptr, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_cn,
 
 
 def fits(cfg: Config, m: int, n: int) -> bool:
-    """Skip tiles more than twice the problem in M or N (they waste most of their work); the
-    smallest config always fits, so every shape has at least one."""
+    """Skip tiles more than twice the problem in M or N (they waste most of their work), and
+    tiles under 128 x 128 where C has 2048 x 2048 elements or more (too little reuse, and each
+    trial call costs milliseconds there); every shape keeps at least one config."""
+    if m * n >= 2048 * 2048:
+        return cfg.bm * cfg.bn >= 128 * 128
     return (cfg.bm <= max(2 * m, 32) and cfg.bn <= max(2 * n, 64)) or cfg == CONFIGS[-1]
 
 

@@ -41,6 +41,7 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -80,10 +81,12 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="output directory (created)")
     p.add_argument("--work", type=Path, help="where the export is built (default: a new temporary directory)")
     p.add_argument("--max-seconds", type=float, default=0.0, help="stop starting new shapes after this (0: no cap)")
+    p.add_argument("--shape-timeout", type=float, default=90.0,
+                   help="a watchdog ends the run (summary written, exit 1) when one shape takes longer")
     p.add_argument("--host-calls", type=int, default=20, help="calls per arm in the offline and server timers")
     p.add_argument("--qps", type=float, default=2000.0, help="server timer's mean call rate")
     p.add_argument("--device-budget-s", type=float, default=0.05, help="device timer's replay seconds per arm")
-    p.add_argument("--lt-autotune-iterations", type=int, default=3)
+    p.add_argument("--lt-autotune-iterations", type=int, default=5, help="timed calls per cuBLASLt algorithm")
     p.add_argument("--no-lt", action="store_true", help="leave the cuBLASLt columns out")
     p.add_argument("--no-triton", action="store_true", help="leave the Triton column out")
     p.add_argument("--seed", type=int, default=3, help="grid sample and timer order")
@@ -91,8 +94,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--summarize", type=Path, metavar="CSV", help="only rebuild the summary, plots and join from a peers.csv")
     p.add_argument("--list-shapes", action="store_true", help="print the selected shapes and exit (no GPU)")
     args = p.parse_args(argv)
-    if args.max_seconds < 0 or args.grid_sample < 0 or args.host_calls < 1 or args.qps <= 0:
-        p.error("--max-seconds and --grid-sample must be >= 0, --host-calls >= 1, --qps > 0")
+    if args.max_seconds < 0 or args.grid_sample < 0 or args.host_calls < 1 or args.qps <= 0 or args.shape_timeout <= 0:
+        p.error("--max-seconds and --grid-sample must be >= 0, --host-calls >= 1, --qps and --shape-timeout > 0")
     if args.summarize is not None:
         if args.out is None:
             p.error("--out DIR is required with --summarize")
@@ -198,6 +201,50 @@ def summarize_only(args: argparse.Namespace) -> int:
     return 0
 
 
+class Watchdog:
+    """A thread that ends a stuck run cleanly: when one shape runs longer than
+    ``--shape-timeout`` or the run passes ``--max-seconds`` by more than that, it writes the
+    summary of the shapes measured so far and exits the process with status 1 (a kernel that
+    never finishes cannot be interrupted from Python)."""
+
+    def __init__(self, args: argparse.Namespace, rows: list[dict[str, Any]], meta: dict[str, Any],
+                 anchors: Optional[Path], current: dict[str, Any], t0: float, order: list[Shape]) -> None:
+        self.args, self.rows, self.meta, self.anchors, self.current, self.t0 = args, rows, meta, anchors, current, t0
+        self.order = order
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="peers-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        limit = self.args.shape_timeout
+        cap = (self.args.max_seconds or float("inf")) + limit
+        while not self._stop.wait(1.0):
+            shape, since = self.current.get("shape"), self.current.get("since")
+            now = time.monotonic()
+            why = None
+            if shape is not None and since is not None and now - since > limit:
+                why = f"{shape} ran longer than --shape-timeout {limit:.0f} s (a kernel that never finishes?)"
+            elif now - self.t0 > cap:
+                why = f"the run passed --max-seconds by more than {limit:.0f} s"
+            if why is None:
+                continue
+            with self.lock:
+                rows = list(self.rows)
+            done = {r["shape"] for r in rows}
+            self.meta.update({"wall": f"{now - self.t0:.0f} s", "fatal": f"stopped by the watchdog: {why}",
+                              "not run": ", ".join(str(s) for s in self.order if str(s) not in done) or "none"})
+            print(f"peers_bench: {why}; writing the summary of {len(rows)} shape(s) and exiting", file=sys.stderr,
+                  flush=True)
+            try:
+                write_summary(self.args.out, rows, self.meta, self.anchors)
+            finally:
+                os._exit(1)
+
+
 def _fmt(x: Optional[float]) -> str:
     return "   –  " if x is None else f"{x:6.3f}"
 
@@ -255,6 +302,17 @@ def run(args: argparse.Namespace, shapes: list[Shape], notes: list[str]) -> int:
     log(f"{len(order)} shapes on {prov.get('gpu')} ({arch}); cap {args.max_seconds or 'none'} s")
     print(f"{'':>6} {'shape':>24} {'path':>9} {'check':>6} | device x vs torch  lt-h   lt-a  triton | offline vs torch",
           flush=True)
+    meta = {"gpu": f"{prov.get('gpu')} ({arch}), driver {prov.get('driver', '?')}, torch {prov.get('torch')}, "
+                   f"CUDA {prov.get('cuda_runtime')}",
+            "evo": prov.get("evo"),
+            "source": f"archive {args.archive}" if args.archive else f"library {args.library}",
+            "export": evolved.export_note or (f"library {evolved.library_path}" if evolved.library_path else "none"),
+            "cuBLASLt": (opts.lt.reason or "nvmath-python") if opts.lt is not None else "left out (--no-lt)",
+            "Triton": "ours, 8-config search" if opts.triton is not None else "missing"}
+    if notes:
+        meta["notes"] = "; ".join(notes)
+    current: dict[str, Any] = {}
+    watchdog = Watchdog(args, rows, meta, anchors, current, t0, order)
     with open(args.out / "peers.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(CSV_FIELDS), extrasaction="ignore")
         writer.writeheader()
@@ -262,6 +320,7 @@ def run(args: argparse.Namespace, shapes: list[Shape], notes: list[str]) -> int:
             if fatal or time.monotonic() - t0 > cap:
                 not_run.append(str(shape))
                 continue
+            current.update(shape=shape, since=time.monotonic())
             kernel, why = evolved.kernel(shape)
             try:
                 row = measure(shape, kernel, why, opts, rng, l2)
@@ -270,8 +329,11 @@ def run(args: argparse.Namespace, shapes: list[Shape], notes: list[str]) -> int:
                 log(fatal)
                 not_run.append(str(shape))
                 continue
+            finally:
+                current.clear()
             row = with_speedups(row)
-            rows.append(row)
+            with watchdog.lock:
+                rows.append(row)
             writer.writerow(row)
             fh.flush()
             sp = [speedup(row, "device", "evolved", r) for r in ("torch", "lt_heuristic", "lt_autotuned", "triton")]
@@ -279,19 +341,10 @@ def run(args: argparse.Namespace, shapes: list[Shape], notes: list[str]) -> int:
                   f"{(row.get('evolved_check') or '-').split(':')[0]:>6} | {' '.join(_fmt(x) for x in sp)} | "
                   f"{_fmt(speedup(row, 'offline', 'evolved', 'torch'))}  [{time.monotonic() - t0:.0f}s]"
                   + (f"  {row['notes'][:100]}" if row.get("notes") else ""), flush=True)
-    meta = {"gpu": f"{prov.get('gpu')} ({arch}), driver {prov.get('driver', '?')}, torch {prov.get('torch')}, "
-                   f"CUDA {prov.get('cuda_runtime')}",
-            "evo": prov.get("evo"),
-            "source": f"archive {args.archive}" if args.archive else f"library {args.library}",
-            "export": evolved.export_note or (f"library {evolved.library_path}" if evolved.library_path else "none"),
-            "cuBLASLt": (opts.lt.reason or "nvmath-python") if opts.lt is not None else "left out (--no-lt)",
-            "Triton": "ours, 8-config search" if opts.triton is not None else "missing",
-            "wall": f"{time.monotonic() - t0:.0f} s",
-            "not run": (f"{len(not_run)} shape(s) ({'CUDA context lost' if fatal else 'the --max-seconds cap'}): "
-                        + ", ".join(not_run)) if not_run else "none"}
-    for n in notes:
-        meta.setdefault("notes", "")
-        meta["notes"] += ("; " if meta["notes"] else "") + n
+    watchdog.stop()
+    meta.update({"wall": f"{time.monotonic() - t0:.0f} s",
+                 "not run": (f"{len(not_run)} shape(s) ({'CUDA context lost' if fatal else 'the --max-seconds cap'}): "
+                             + ", ".join(not_run)) if not_run else "none"})
     if fatal:
         meta["fatal"] = fatal
     write_summary(args.out, rows, meta, anchors)

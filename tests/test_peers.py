@@ -284,3 +284,31 @@ def test_triton_kernel_under_the_interpreter() -> None:
                          timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.split()[-1]) < 2e-3  # fp16 output rounding of an fp32 accumulation
+
+
+WATCHDOG = r"""
+import sys, time, argparse
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import peers_bench
+from populations import Shape
+out = Path(sys.argv[2])
+out.mkdir()
+args = argparse.Namespace(shape_timeout=1.0, max_seconds=0.0, out=out)
+rows = [dict(r) for r in ROWS]
+current = {"shape": Shape(512, 512, 512), "since": time.monotonic()}
+peers_bench.Watchdog(args, rows, {"gpu": "test"}, None, current, time.monotonic(), [Shape(512, 512, 512)])
+time.sleep(30)  # a kernel that never finishes
+sys.exit(0)
+"""
+
+
+def test_watchdog_writes_the_summary_of_a_stuck_run(tmp_path: Path) -> None:
+    """A shape that never finishes: the watchdog writes what was measured and exits 1 within seconds."""
+    code = "ROWS = " + repr(ROWS) + "\n" + WATCHDOG
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "bench"), str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "ran longer than --shape-timeout" in out.stderr
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "stopped by the watchdog" in md and "512x512x512:TN:f32" in md and "| evolved vs torch | 3 |" in md

@@ -177,15 +177,12 @@ def measure(shape: Shape, kernel: Optional[EvolvedKernel], why_none: str, opts: 
         flip["p"] = (flip["p"] + 7919) % (shape.m * shape.k)
         tb.flip(flip["p"])
     try:
-        got = _guard("device timer", notes, lambda: device_timer(arms, rng=rng, perturb=perturb,
-                                                                 budget_s=opts.device_budget_s))
-        _fill(row, "device", got)
-        got = _guard("offline timer", notes, lambda: host_timer(arms + host_only, calls=opts.host_calls, rng=rng,
-                                                               perturb=perturb))
-        _fill(row, "offline", got)
-        got = _guard("server timer", notes, lambda: host_timer(arms + host_only, calls=opts.host_calls, qps=opts.qps,
-                                                              rng=rng, perturb=perturb))
-        _fill(row, "server", got)
+        _fill(row, "device", _timed("device timer", arms, notes, lambda a: device_timer(
+            a, rng=rng, perturb=perturb, budget_s=opts.device_budget_s)))
+        _fill(row, "offline", _timed("offline timer", arms + host_only, notes, lambda a: host_timer(
+            a, calls=opts.host_calls, rng=rng, perturb=perturb)))
+        _fill(row, "server", _timed("server timer", arms + host_only, notes, lambda a: host_timer(
+            a, calls=opts.host_calls, qps=opts.qps, rng=rng, perturb=perturb)))
         torch.cuda.synchronize()
     finally:
         tb.unflip()
@@ -195,6 +192,22 @@ def measure(shape: Shape, kernel: Optional[EvolvedKernel], why_none: str, opts: 
     del tb, arms, host_only
     torch.cuda.empty_cache()
     return row
+
+
+def _timed(label: str, arms: list[Arm], notes: list[str],
+           timer: Callable[[list[Arm]], dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """All arms interleaved in one timer call; if that fails (not fatally), each other arm apart
+    with the torch.matmul arms, so one contender's failure does not cost the others' numbers."""
+    got = _guard(label, notes, lambda: timer(arms))
+    base = [a for a in arms if a.name.startswith("torch")]
+    if got is not None or len(arms) <= len(base) + 1:
+        return got
+    out: dict[str, Any] = {}
+    for arm in arms:
+        if arm not in base:
+            part = _guard(f"{label}, {arm.name} with torch.matmul only", notes, lambda arm=arm: timer(base + [arm]))
+            out.update(part or {})
+    return out or None
 
 
 def _fill(row: dict[str, Any], timer: str, stats: Optional[dict[str, Any]]) -> None:

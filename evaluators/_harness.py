@@ -289,9 +289,11 @@ class GpuHandler:
                     call, ws, _ = kernels.bind(inst)
                 except (PlanError, TensorMapError) as exc:
                     return {**res, "status": "rejected", "message": f"plan does not resolve for {inst}: {exc}"}
+                alloc = self._allocator()
                 ops = Operands.allocate(inst, ws, kernels.plan.zero_workspace, self.device, gen,
-                                        getattr(self, "guard_bytes", GUARD_BYTES), self._allocator().bytes)
-                cas = Cascade(ops, lambda o, c=call: c(o.pointers(), o.W.data if o.workspace_bytes else None), self._sync, gen)
+                                        getattr(self, "guard_bytes", GUARD_BYTES), alloc.bytes, movable=True)
+                cas = Cascade(ops, lambda o, c=call: c(o.pointers(), o.W.data if o.workspace_bytes else None), self._sync, gen,
+                              placements=rng, gapped=bool(alloc.gap_bytes))
                 try:
                     if inst is shape:
                         cas.full(bool(job.get("generic")))
@@ -562,22 +564,28 @@ class TimingBuffers:
         canary_gen = torch.Generator(device=device).manual_seed(self.SEED + 1)
         self._guards: list[Guarded] = []
 
-        def stack(rows: int, cols: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        place_rng = random.Random(self.SEED)
+        gapped = bool(getattr(getattr(alloc, "__self__", None), "gap_bytes", 0))
+
+        def stack(rows: int, cols: int, aligned: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+            """Inputs start on a 2 MiB boundary (as fresh large allocations do), outputs at a fixed
+            pseudo-random offset: over the sets, address bits and alignments of A, B and C vary."""
             stride = -(-rows * cols // 128) * 128  # 256-byte aligned sets
-            g = Guarded(n_sets, stride, device, canary_gen, guard_bytes=ROTATION_GUARD_BYTES, alloc=alloc)
+            g = Guarded(n_sets, stride, device, canary_gen, guard_bytes=ROTATION_GUARD_BYTES, alloc=alloc, movable=True)
+            g.place(aligned, place_rng, gapped)
             self._guards.append(g)
             flat = g.data
             return flat, [flat[i, :rows * cols].view(rows, cols) for i in range(n_sets)]
 
-        self.a_all, self.a = stack(m, k)
+        self.a_all, self.a = stack(m, k, True)
         self.a_all.uniform_(-1, 1, generator=gen)
-        self.bnk_all, self.b_nk = stack(n, k)
+        self.bnk_all, self.b_nk = stack(n, k, True)
         self.bnk_all.uniform_(-1, 1, generator=gen)
-        self.bkn_all, self.b_kn = stack(k, n)
+        self.bkn_all, self.b_kn = stack(k, n, True)
         for i in range(n_sets):
             self.b_kn[i].copy_(self.b_nk[i].t())
-        self.cc_all, self.cc = stack(m, n)
-        self.cb_all, self.cb = stack(m, n)
+        self.cc_all, self.cc = stack(m, n, False)
+        self.cb_all, self.cb = stack(m, n, False)
         self.graphs: dict[str, Any] = {}
         self._inputs = [t.view(torch.int16) for t in (self.a_all[:, :m * k], self.bnk_all[:, :n * k],
                                                       self.bkn_all[:, :k * n])]

@@ -14,7 +14,9 @@ Export (:func:`export`) takes per shape the best non-flagged ``ok`` candidate
 - ``libevo_hgemm.so`` (nvcc ``-shared``) and ``manifest.json``.
 
 Everything is built in a temporary directory beside ``--out`` and renamed into place at the end:
-a failure leaves nothing half-written. Launchers return 0, or a ``cudaError_t`` / negative code
+a failure leaves nothing half-written. A kernel unit nvcc refuses is left out of the library
+(listed under ``skipped`` with nvcc's error, the dispatchers do not know its shape); the export
+fails only when no kernel builds or the launchers do not. Launchers return 0, or a ``cudaError_t`` / negative code
 (-1 unknown shape, -2 shape mismatch, -3 missing workspace, -4 tensor map encoding failed).
 
 The loader (:func:`load_library`) reads the manifest and returns an :class:`EvoLibrary` whose
@@ -264,19 +266,42 @@ def _entry(shape: Shape, elite: Elite, unit: str, workspace: int, arch: str) -> 
     }
 
 
-def _build(tmp: Path, sources: list[str], gencode: str, jobs: Optional[int]) -> None:
-    """nvcc -c every unit of ``tmp/src`` in parallel, link ``tmp/libevo_hgemm.so``, drop the objects."""
-    flags = [gencode, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-w"]
-    with ThreadPoolExecutor(max_workers=jobs or min(len(sources), os.cpu_count() or 2)) as pool:
-        list(pool.map(lambda s: _nvcc([*flags, "-c", s, "-o", s[:-3] + ".o"], tmp / "src"), sources))
-    _nvcc([gencode, "-shared", "-o", str(tmp / LIBRARY), *[s[:-3] + ".o" for s in sources]], tmp / "src")
+_FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-w"]
+
+
+def _compile_units(tmp: Path, units: list[str], gencode: str, jobs: Optional[int]) -> dict[str, str]:
+    """nvcc -c every kernel unit of ``tmp/src`` in parallel; returns {unit: nvcc's error} for the
+    units that did not compile (their sources are removed: ``src`` holds what the library holds)."""
+    def one(unit: str) -> Optional[str]:
+        try:
+            _nvcc([gencode, *_FLAGS, "-c", unit, "-o", unit[:-3] + ".o"], tmp / "src")
+        except ExportError as exc:
+            return str(exc)
+        return None
+    if not units:
+        return {}
+    with ThreadPoolExecutor(max_workers=jobs or min(len(units), os.cpu_count() or 2)) as pool:
+        errors = dict(zip(units, pool.map(one, units)))
+    failed = {u: e for u, e in errors.items() if e is not None}
+    for u in failed:
+        (tmp / "src" / u).unlink()
+    return failed
+
+
+def _link(tmp: Path, units: list[str], gencode: str) -> None:
+    """Compile ``launchers.cu``, link it with the compiled units into ``tmp/libevo_hgemm.so``, drop the objects."""
+    _nvcc([gencode, *_FLAGS, "-c", "launchers.cu", "-o", "launchers.o"], tmp / "src")
+    _nvcc([gencode, "-shared", "-o", str(tmp / LIBRARY), "launchers.o", *[u[:-3] + ".o" for u in units]], tmp / "src")
     for o in (tmp / "src").glob("*.o"):
         o.unlink()
 
 
 def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], arch: str = "sm_90a",
            *, jobs: Optional[int] = None) -> dict[str, Any]:
-    """Build the library at ``out`` (which must not exist, or be an earlier export); returns the manifest."""
+    """Build the library at ``out`` (which must not exist, or be an earlier export); returns the manifest.
+
+    A kernel nvcc refuses is left out (``skipped`` in the manifest, with nvcc's error) and the
+    others are exported; when every kernel fails, or the launchers do not build, nothing is."""
     gencode = _gencode(arch)
     out = Path(out).resolve()
     if out.exists() and not (out / "manifest.json").is_file():
@@ -291,7 +316,8 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
             continue
         exported.append((shape, elite, list(elite.candidate.plan.kernel_names)))  # type: ignore[union-attr]
     with staged_dir(out) as tmp:
-        entries, launchers, units = [], [_PRELUDE], []
+        (tmp / "src").mkdir()
+        built: list[tuple[Shape, str, str, dict[str, Any]]] = []  # (shape, unit file, launcher code, entry)
         for shape, elite, kernels in exported:
             cand = elite.candidate
             assert cand is not None
@@ -301,17 +327,19 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
                 skipped.append({"shape": str(shape), "reason": f"{cand.id}: {exc}"})
                 continue
             unit = _kernel_unit(shape, cand, kernels)
-            (tmp / "src").mkdir(exist_ok=True)
             (tmp / "src" / f"k_{shape.key}.cu").write_text(unit)
-            units.append(f"k_{shape.key}.cu")
-            launchers.append(code)
-            entries.append(_entry(shape, elite, unit, workspace, arch))
-        tn = [Shape.parse(e["shape"]) for e in entries if e["layout"] == "TN"]
-        nn = [Shape.parse(e["shape"]) for e in entries if e["layout"] == "NN"]
-        launchers += [_dispatcher("evo_hgemm", tn), _dispatcher("evo_hgemm_nn", nn)]
-        (tmp / "src").mkdir(exist_ok=True)
+            built.append((shape, f"k_{shape.key}.cu", code, _entry(shape, elite, unit, workspace, arch)))
+        failed = _compile_units(tmp, [b[1] for b in built], gencode, jobs)
+        if failed and len(failed) == len(built):
+            raise ExportError(next(iter(failed.values())))
+        skipped += [{"shape": str(b[0]), "reason": f"{b[3]['candidate']}: {failed[b[1]]}"} for b in built if b[1] in failed]
+        built = [b for b in built if b[1] not in failed]
+        entries = [b[3] for b in built]
+        tn = [b[0] for b in built if b[0].layout == "TN"]
+        nn = [b[0] for b in built if b[0].layout == "NN"]
+        launchers = [_PRELUDE, *[b[2] for b in built], _dispatcher("evo_hgemm", tn), _dispatcher("evo_hgemm_nn", nn)]
         (tmp / "src" / "launchers.cu").write_text("\n".join(launchers))
-        _build(tmp, ["launchers.cu", *units], gencode, jobs)
+        _link(tmp, [b[1] for b in built], gencode)
         manifest = {"format": MANIFEST_FORMAT, "arch": arch, "library": LIBRARY, "evo": _evo_version(),
                     "archive": archive.path, "kernels": entries, "skipped": skipped,
                     "abi": "int evo_hgemm(const void* A, const void* B, void* C, int M, int N, int K, "

@@ -5,7 +5,8 @@ split-K workspace) plus two sm90_wgmma candidates with ``CLUSTER_M`` 2 (compile-
 ``__cluster_dims__(2, 1, 1)``, B multicast across the pair), TN and NN, exported with nvcc for
 sm_90a. On the CPU: the export builds and the library holds sm_90a machine code for every
 kernel. On a GPU (``-m gpu``): every exported shape through ``evo_hgemm`` matches an fp32
-reference on fresh inputs; unknown shapes and misaligned views fall back to torch.matmul; the
+reference on fresh inputs; unknown shapes, a shape whose kernel did not compile (left out of the
+library) and misaligned views fall back to torch.matmul; the
 cluster kernels run correctly on a side stream and inside a captured CUDA graph (the library's
 own CUDA runtime shares torch's context and stream).
 """
@@ -42,22 +43,34 @@ def cluster_candidate(shape: Shape) -> Candidate:
     return t.candidate(knobs, shape)
 
 
+S_BROKEN = Shape(128, 128, 128)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[Shape, Candidate]]:
+    """The library, and the best candidate per exported shape. S_BROKEN's best kernel does not
+    compile: it is left out, the other kernels are exported."""
     root = tmp_path_factory.mktemp("export_gpu")
     best = build(root / "arch")
+    t = load_templates()["tiny"]
+    src, plan = t.render(t.heuristic(S_BROKEN)[0], S_BROKEN)
+    broken = Candidate(source=src + "\n#error deliberately broken\n", plan=plan, shapes=(S_BROKEN,))
     with Archive(root / "arch", "w") as a:
         for shape in (S_CL_TN, S_CL_NN):
             c = cluster_candidate(shape)
             a.record(c, [ok(c, shape, 1.4)])
             best[shape] = c
+        a.record(broken, [ok(broken, S_BROKEN, 3.0)])
     export(root / "arch", root / "lib")
     return root / "lib", best
 
 
-def test_cluster_kernels_build_for_sm90a(exported: tuple[Path, dict[Shape, Candidate]]) -> None:
+def test_export_builds_for_sm90a_and_leaves_out_a_broken_kernel(exported: tuple[Path, dict[Shape, Candidate]]) -> None:
     lib, best = exported
     loaded = load_library(lib)
+    assert {Shape.parse(e["shape"]) for e in loaded.manifest["kernels"]} == set(best)
+    skipped = {s["shape"]: s["reason"] for s in loaded.manifest["skipped"]}
+    assert "deliberately broken" in skipped[str(S_BROKEN)] and not (lib / "src" / f"k_{S_BROKEN.key}.cu").exists()
     for shape in (S_CL_TN, S_CL_NN):
         entry = loaded.kernels[(shape.m, shape.n, shape.k, shape.layout)]
         assert entry["candidate"] == best[shape].id and entry["knobs"]["CLUSTER_M"] == 2
@@ -128,9 +141,10 @@ def test_known_shapes_run_the_exported_kernel(exported: tuple[Path, dict[Shape, 
 def test_unknown_shapes_and_misaligned_views_fall_back(on_gpu: Any) -> None:
     import torch
 
-    a, b = _operands(Shape(96, 80, 48))
-    assert on_gpu.route(a, b) is None
-    assert torch.equal(evo.evo_hgemm(a, b), torch.matmul(a, b))
+    for shape in (Shape(96, 80, 48), S_BROKEN):  # never archived; archived but its kernel did not build
+        a, b = _operands(shape)
+        assert on_gpu.route(a, b) is None
+        assert torch.equal(evo.evo_hgemm(a, b), torch.matmul(a, b))
     # a known shape, but A starts 2 bytes into its allocation: torch.matmul does it
     big = torch.empty(64 * 64 + 1, device="cuda", dtype=torch.float16).uniform_(-1, 1)
     a2 = big[1:].view(64, 64)

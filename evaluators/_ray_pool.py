@@ -72,13 +72,16 @@ def connect_ray(address: Optional[str] = "auto", **init_options: Any) -> Any:
         return ray
     paths = [_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _ROOT]
     options = {"runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}}, **init_options}
+    # A cluster started here holds only small objects (cubins, results): 1 GiB of object store,
+    # not Ray's default 30% of RAM, which a container's /dev/shm rarely has.
+    local = {"object_store_memory": 1 << 30, **options}
     if address in (None, "", "local"):
-        ray.init(**options)
+        ray.init(**local)
     elif address == "auto":
         try:
             ray.init(address="auto", **options)
         except ConnectionError:
-            ray.init(**options)
+            ray.init(**local)
     else:
         try:
             ray.init(address=address, **options)
@@ -280,6 +283,11 @@ class RayPool:
         """Slot -> id of the candidate its actor is evaluating right now."""
         with self._lock:
             return dict(self._running)
+
+    def placement(self) -> dict[int, dict[str, Any]]:
+        """Slot -> where its live actor runs (``ray_node``, ``ray_gpu_ids``, ``ray_actor_pid``)."""
+        with self._lock:
+            return {slot: dict(view.where) for slot, view in self._views.items() if slot in self._actors}
 
     def affinity(self) -> dict[str, int]:
         """Shape -> the slot its candidates are queued on."""

@@ -1,10 +1,14 @@
 """LLM proposal operators (issue 7): prompts from data files, forgiving and strict parsing,
-a local transformers backend with grammar-constrained knob edits, and :class:`LLMOperator`.
+backends behind one ``complete()`` interface (local transformers with grammar-constrained knob
+edits, an OpenAI-compatible HTTP client, in-process vLLM), models configured as data with a
+bandit choosing among several, and :class:`LLMOperator`.
 
-Importing this package does not import torch or transformers; the backend loads them (and
+Importing this package does not import torch, transformers or vllm; a backend loads them (and
 the model) on the first proposal.
 """
+from ._bandit import ModelBandit
 from ._grammar import PREFIX, KnobEditGrammar
+from ._models import BACKENDS, MODELS_FILE, ModelSpec, get_backend, load_models, resolve_model
 from ._operator import LLMOperator
 from ._parse import Parsed, apply_edits, code_blocks, parse_edits, parse_knob_edit, parse_source
 from ._prompts import KINDS, MODES, PROMPTS_DIR, load_prompts, render_messages
@@ -12,4 +16,5 @@ from ._transformers import DEFAULT_MODEL, Completion, TransformersBackend, load_
 
 __all__ = ["LLMOperator", "KnobEditGrammar", "PREFIX", "Parsed", "apply_edits", "code_blocks", "parse_edits",
            "parse_knob_edit", "parse_source", "KINDS", "MODES", "PROMPTS_DIR", "load_prompts", "render_messages",
-           "DEFAULT_MODEL", "Completion", "TransformersBackend", "load_backend"]
+           "DEFAULT_MODEL", "Completion", "TransformersBackend", "load_backend", "ModelBandit", "BACKENDS",
+           "MODELS_FILE", "ModelSpec", "get_backend", "load_models", "resolve_model"]

@@ -58,6 +58,14 @@ class KnobEditGrammar:
                 out.append(json.dumps(v) + ', "')
         return out
 
+    def json_schema(self) -> dict[str, Any]:
+        """The edit as a JSON schema, for servers that decode under one (vLLM, SGLang, hosted APIs):
+        known knobs, each with its other values, one to ``max_changes`` of them. Constraints
+        between knobs are not expressible there: the answer is still validated after."""
+        props = {n: {"enum": self._values(n)} for n in self.template.space.knobs if self._values(n)}
+        return {"type": "object", "properties": props, "additionalProperties": False,
+                "minProperties": 1, "maxProperties": self.max_changes}
+
     def _completable(self, name: str, value: Any) -> bool:
         """Whether, after ``name = value``, one more knob can give a valid set (the next is the last
         change) or any other knob is left (more changes follow): no dead end one step ahead."""

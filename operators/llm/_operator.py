@@ -8,21 +8,33 @@ whole translation unit); the last two give candidates without a template, keepin
 launch plan. A parent that failed gets the ``fix`` prompt, else ``mutation`` (``crossover`` when
 the operator has arity 2 and two parents of one template; else the fitter one is mutated).
 Temperatures are drawn per call from
-``temperature``; tokens, seconds, the model, the prompt and the answer go into the candidate.
+``temperature`` (or the model's own range); tokens, seconds, the model, the prompt and the
+answer go into the candidate (tokens and seconds in ``meta``).
+
+Models: ``model`` names one, ``models`` several (names from ``operators/llm/models.toml`` or
+``model_config`` files, or spec strings, see :mod:`._models`); with several, a
+:class:`ModelBandit` picks one per call by improvements per token, learning from :meth:`tell`
+whether a child beat its parent. ``device`` forces in-process transformers models onto a
+device (``cpu`` on the GPU machine, so timing has the GPU alone). :meth:`take_tokens` hands
+the engine every token spent, failed calls included, for the ``--max-tokens`` budget.
 """
 from __future__ import annotations
 
 import random
+import threading
+from collections import Counter
 from typing import Any, Optional, Sequence
 
-from populations import Candidate, Shape, Status, Template, TemplateError
+from populations import Candidate, Evaluation, Shape, Status, Template, TemplateError
 
 from .._base import Operator, OperatorContext, ParentView, Proposal
 from .._knobs import base_knobs, key_of, next_generation, seen_keys, shape_mismatch
+from ._bandit import ModelBandit
 from ._grammar import PREFIX, KnobEditGrammar
+from ._models import ModelSpec, get_backend, resolve_model
 from ._parse import Parsed, apply_edits, parse_edits, parse_knob_edit, parse_source
 from ._prompts import MODES, render_messages
-from ._transformers import DEFAULT_MODEL, Completion, load_backend
+from ._transformers import DEFAULT_MODEL, Completion
 
 __all__ = ["LLMOperator"]
 
@@ -30,10 +42,11 @@ __all__ = ["LLMOperator"]
 class LLMOperator(Operator):
     """Mutation (arity 1) or crossover (arity 2) written by a language model."""
 
-    def __init__(self, *, name: str = "llm", model: str = DEFAULT_MODEL, device: str = "cpu", mode: str = "knobs",
-                 arity: int = 1, temperature: Sequence[float] = (0.4, 1.0), max_new_tokens: int = 768,
-                 max_changes: int = 2, max_attempts: int = 2, inspirations: int = 2, source_chars: int = 6000,
-                 knob_source_chars: int = 0, specialize: Optional[bool] = None) -> None:
+    def __init__(self, *, name: str = "llm", model: str = DEFAULT_MODEL, models: Sequence[str] = (),
+                 model_config: Sequence[str] = (), device: Optional[str] = None, threads: Optional[int] = None,
+                 mode: str = "knobs", arity: int = 1, temperature: Sequence[float] = (0.4, 1.0),
+                 max_new_tokens: int = 768, max_changes: int = 2, max_attempts: int = 2, inspirations: int = 2,
+                 source_chars: int = 6000, knob_source_chars: int = 0, specialize: Optional[bool] = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if arity not in (1, 2):
@@ -41,7 +54,18 @@ class LLMOperator(Operator):
         lo, hi = (float(temperature), float(temperature)) if isinstance(temperature, (int, float)) else map(float, temperature)
         if not 0 <= lo <= hi or max_attempts < 1 or max_changes < 1:
             raise ValueError("temperature must be a range 0 <= lo <= hi; max_attempts and max_changes >= 1")
-        self.name, self.model, self.device, self.mode, self.arity = name, model, device, mode, arity
+        names = [models] if isinstance(models, str) else list(models or [model])
+        if not names or len(set(names)) != len(names) or not all(isinstance(m, str) and m.strip() for m in names):
+            raise ValueError(f"models must be distinct non-empty names, got {names!r}")
+        self.name, self.model, self.device, self.mode, self.arity = name, names[0], device, mode, arity
+        self.models, self.model_config, self.threads = names, tuple(model_config or ()), threads
+        self._specs: dict[str, ModelSpec] = {}
+        self.bandit = ModelBandit(names)
+        self._lock = threading.Lock()
+        self._unclaimed_tokens = 0
+        self._pending: dict[str, tuple[str, Optional[float]]] = {}  # child id -> (model name, parent fitness)
+        #: per model: proposals, and outcomes of their evaluations (compiled, passed, improved)
+        self.outcomes: dict[str, Counter] = {m: Counter() for m in names}
         self.temperature = (lo, hi)
         self.max_new_tokens, self.max_changes, self.max_attempts = max_new_tokens, max_changes, max_attempts
         self.inspirations, self.source_chars, self.knob_source_chars = inspirations, source_chars, knob_source_chars
@@ -85,10 +109,6 @@ class LLMOperator(Operator):
         else:
             template = context.template(first.template)
         messages = self.messages(parents, shape, context, template)
-        try:
-            backend = load_backend(self.model, self.device)
-        except (ImportError, OSError, ValueError) as exc:
-            return [self.failure(f"model {self.model} could not load: {exc}", parents)]
         specialize = self.specialize if self.specialize is not None else not first.candidate.generic
         seen = seen_keys(context.history)
         known_ids = set(context.known_ids)
@@ -96,7 +116,16 @@ class LLMOperator(Operator):
         for _ in range(n):
             reason = ""
             for _attempt in range(self.max_attempts):
-                temperature = rng.uniform(*self.temperature)
+                arm = self.bandit.choose(rng)
+                try:
+                    spec = self._spec(arm)
+                    backend = get_backend(spec)
+                except (ImportError, OSError, ValueError, RuntimeError) as exc:
+                    reason = f"model {arm} could not load: {type(exc).__name__}: {exc}"
+                    self.bandit.spend(arm, 0)
+                    continue
+                temperature = rng.uniform(*(spec.temperature or self.temperature))
+                backend = _Accounted(self, arm, backend)
                 if self.mode == "knobs":
                     prop, reason = self._knob_child(backend, messages, parents, template, shape, rng, temperature,
                                                     specialize, seen, context)
@@ -104,16 +133,66 @@ class LLMOperator(Operator):
                     prop, reason = self._source_child(backend, messages, parents, shape, rng, temperature, context,
                                                       known_ids)
                 if prop is not None:
+                    self._track(prop, arm, parents[0])
                     out.append(prop)
                     break
             else:
                 out.append(self.failure(f"no usable answer in {self.max_attempts} attempts; last: {reason}", parents))
         return out
 
-    def _meta(self, c: Completion) -> dict[str, Any]:
+    # -- models, accounting and learning ------------------------------------------------------
+    def _spec(self, name: str) -> ModelSpec:
+        spec = self._specs.get(name)
+        if spec is None:
+            spec = self._specs[name] = resolve_model(name, self.model_config, device=self.device, threads=self.threads)
+        return spec
+
+    def _track(self, prop: Proposal, arm: str, parent: ParentView) -> None:
+        with self._lock:
+            self._pending[prop.candidate.id] = (arm, parent.fitness)
+            self.outcomes[arm]["proposed"] += 1
+
+    def _spent(self, arm: str, c: Completion) -> None:
+        tokens = c.prompt_tokens + c.completion_tokens
+        self.bandit.spend(arm, tokens)
+        with self._lock:
+            self._unclaimed_tokens += tokens
+            self.outcomes[arm]["calls"] += 1
+            self.outcomes[arm]["tokens"] += tokens
+            if c.error:
+                self.outcomes[arm]["call_errors"] += 1
+
+    def take_tokens(self) -> int:
+        """Tokens spent since the last call (every model call, failed ones too): the engine's budget."""
+        with self._lock:
+            tokens, self._unclaimed_tokens = self._unclaimed_tokens, 0
+        return tokens
+
+    def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
+        """Count the child's outcome for its model; an improvement on its parent rewards the model."""
+        with self._lock:
+            entry = self._pending.pop(candidate.id, None)
+        if entry is None:
+            return
+        arm, parent_fitness = entry
+        fit = evaluation.fitness
+        improved = fit is not None and (parent_fitness is None or fit > parent_fitness)
+        with self._lock:
+            counts = self.outcomes[arm]
+            counts["evaluated"] += 1
+            counts["compiled"] += evaluation.status not in (Status.COMPILE_ERROR, Status.REJECTED)
+            counts["passed"] += evaluation.status is Status.OK
+            counts["improved"] += improved
+        if improved:
+            self.bandit.reward(arm)
+
+    def _meta(self, c: Completion, backend: Any) -> dict[str, Any]:
+        """Accounting for the archive: tokens, latency (``seconds``), temperature, and which
+        configured model (``model_name``, the bandit's arm) answered."""
         return {"tokens": c.prompt_tokens + c.completion_tokens, "prompt_tokens": c.prompt_tokens,
                 "completion_tokens": c.completion_tokens, "seconds": round(c.seconds, 4),
-                "temperature": round(c.temperature, 4), "mode": self.mode}
+                "temperature": round(c.temperature, 4), "mode": self.mode,
+                "model_name": getattr(backend, "arm", self.model)}
 
     def _knob_child(self, backend: Any, messages: list[dict[str, str]], parents: Sequence[ParentView],
                     template: Template, shape: Shape, rng: random.Random, temperature: float, specialize: bool,
@@ -123,6 +202,8 @@ class LLMOperator(Operator):
                                   known=lambda k: key_of(template.name, k, not specialize) in seen)
         c = backend.complete(messages, rng=rng, temperature=temperature, max_new_tokens=64, prefix=PREFIX,
                              grammar=grammar)
+        if c.error:
+            return None, c.error
         if not c.finished:
             return None, f"constrained decoding did not finish an edit: {c.text!r}"
         parsed = parse_knob_edit(c.text, template, parent_knobs, shape)
@@ -134,7 +215,7 @@ class LLMOperator(Operator):
         try:
             cand = template.candidate(parsed.value, shape, specialize, operator=self.name,
                                       parents=tuple(p.id for p in parents), generation=next_generation(parents, context),
-                                      model=c.model, prompt=_transcript(messages), completion=c.text, meta=self._meta(c))
+                                      model=c.model, prompt=_transcript(messages), completion=c.text, meta=self._meta(c, backend))
         except (TemplateError, ValueError) as exc:
             return None, f"template {template.name} does not render: {exc}"
         seen.add(key)
@@ -144,6 +225,8 @@ class LLMOperator(Operator):
                       rng: random.Random, temperature: float, context: OperatorContext,
                       known_ids: set) -> tuple[Optional[Proposal], str]:
         c = backend.complete(messages, rng=rng, temperature=temperature, max_new_tokens=self.max_new_tokens)
+        if c.error:
+            return None, c.error
         parent = parents[0].candidate
         parsed: Parsed
         if self.mode == "source":
@@ -158,7 +241,7 @@ class LLMOperator(Operator):
             cand = Candidate(source=parsed.value, plan=parent.plan, shapes=(shape,), generic=parent.generic,
                              parents=tuple(p.id for p in parents), operator=self.name, model=c.model,
                              prompt=_transcript(messages), completion=c.text,
-                             generation=next_generation(parents, context), meta=self._meta(c))
+                             generation=next_generation(parents, context), meta=self._meta(c, backend))
         except ValueError as exc:
             return None, f"the answer is not a candidate: {exc}"
         if cand.id in known_ids:
@@ -169,3 +252,15 @@ class LLMOperator(Operator):
 
 def _transcript(messages: list[dict[str, str]]) -> str:
     return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
+
+
+class _Accounted:
+    """A backend wrapper that reports each completion's tokens to the operator (and the bandit)."""
+
+    def __init__(self, op: LLMOperator, arm: str, backend: Any) -> None:
+        self.op, self.arm, self.backend = op, arm, backend
+
+    def complete(self, *args: Any, **kwargs: Any) -> Completion:
+        c = self.backend.complete(*args, **kwargs)
+        self.op._spent(self.arm, c)
+        return c

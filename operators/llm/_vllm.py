@@ -1,0 +1,82 @@
+"""In-process vLLM (``vllm.LLM``) with an optional LoRA adapter, behind the backend interface.
+
+For a GPU machine with vLLM installed (or the vllm-cpu build): higher throughput than the
+transformers loop, and LoRA adapters from the RL updates served per request. ``vllm`` is
+imported when the backend is built, never at module import. Knob edits decode under the
+grammar's JSON schema (vLLM's structured outputs; ``StructuredOutputsParams`` in recent
+releases, ``GuidedDecodingParams`` in older ones); the answer is validated after either way.
+A failed generation is returned as a :class:`Completion` with ``error``, never raised.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+from ._models import ModelSpec
+from ._transformers import GGUF_MODELS, Completion
+
+__all__ = ["VLLMBackend"]
+
+
+class VLLMBackend:
+    """One ``vllm.LLM`` for the process; ``spec.lora`` (a folder) is applied to every request."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        import vllm  # deliberately lazy: vLLM is optional and heavy
+        from vllm import SamplingParams
+
+        self.spec = spec
+        self.vllm = vllm
+        self.SamplingParams = SamplingParams
+        model = spec.model
+        if model in GGUF_MODELS:  # vLLM wants a HF-format folder; the GGUF is for transformers
+            raise ValueError(f"model {model!r} is a GGUF in a wheel; give vLLM a HF-format folder "
+                             "(scripts/setup_vllm_cpu.sh converts the default model into one)")
+        kwargs: dict[str, Any] = {"model": model, "max_model_len": spec.max_model_len, "enforce_eager": True}
+        if spec.lora:
+            kwargs.update(enable_lora=True, max_loras=1)
+        kwargs.update(spec.extra)
+        self.llm = vllm.LLM(**kwargs)
+        self.lora = None
+        if spec.lora:
+            from vllm.lora.request import LoRARequest
+            self.lora = LoRARequest("evo-adapter", 1, spec.lora)
+        self.name = spec.name if spec.lora else model_folder_name(model)
+        self._lock = threading.Lock()
+
+    def _params(self, temperature: float, max_new_tokens: int, seed: int, schema: Any) -> Any:
+        kwargs: dict[str, Any] = {"temperature": temperature, "max_tokens": max_new_tokens, "seed": seed}
+        if schema is not None:
+            try:  # vLLM >= 0.10.2
+                from vllm.sampling_params import StructuredOutputsParams
+                kwargs["structured_outputs"] = StructuredOutputsParams(json=schema)
+            except ImportError:  # older releases
+                from vllm.sampling_params import GuidedDecodingParams
+                kwargs["guided_decoding"] = GuidedDecodingParams(json=schema)
+        return self.SamplingParams(**kwargs)
+
+    def complete(self, messages: list[dict[str, str]], *, rng: random.Random, temperature: float = 0.7,
+                 max_new_tokens: int = 256, prefix: str = "", grammar: Any = None) -> Completion:
+        start = time.perf_counter()
+        schema_of = getattr(grammar, "json_schema", None)
+        params = self._params(temperature, max_new_tokens, rng.getrandbits(31),
+                              schema_of() if callable(schema_of) else None)
+        try:
+            with self._lock:  # vllm.LLM is not meant to be driven from several threads at once
+                out = self.llm.chat([messages], params, lora_request=self.lora, use_tqdm=False)[0]
+        except Exception as exc:  # an engine error is a counted outcome, not the end of the run
+            return Completion(text="", prompt_tokens=0, completion_tokens=0, seconds=time.perf_counter() - start,
+                              model=self.name, temperature=temperature, finished=False,
+                              error=f"vllm: {type(exc).__name__}: {exc}")
+        gen = out.outputs[0]
+        return Completion(text=gen.text, prompt_tokens=len(out.prompt_token_ids or ()),
+                          completion_tokens=len(gen.token_ids or ()), seconds=time.perf_counter() - start,
+                          model=self.name, temperature=temperature, finished=gen.finish_reason != "length")
+
+
+def model_folder_name(model: str) -> str:
+    """A short model name for the archive: a folder's last part, else the id as given."""
+    return model.rstrip("/").rsplit("/", 1)[-1] if model.startswith(("/", ".")) else model
+

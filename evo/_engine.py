@@ -16,7 +16,16 @@ wait on a compile) and proposes a new one each time a result arrives:
    progress, ``tell`` the operator, and commit (fsync) the archive, so a SIGKILL loses at
    most the candidates in flight.
 
+Slow operators (those with ``asynchronous = True``: the LLM ones, 1-4 s a call on CPU) propose
+on daemon threads instead (at most ``concurrency`` calls per operator, default 1, and one per
+shape): while a call runs the step takes the next operator in its drawn order, and the finished
+proposals join the shape's queue. Parents, history and a child random generator are taken on
+the loop's thread, so the loop's own random stream does not depend on thread timing.
+
 Stopping: a budget reached, every shape converged, nothing left to propose, or an interrupt.
+The token budget (``max_tokens``) first switches off only the operators that spend tokens
+(finished LLM answers still go to the GPU); the run stops with ``tokens`` when no other
+operator is left.
 Every stop but a second interrupt lets in-flight work finish (at most ``pool.drain_s`` seconds);
 a second interrupt abandons it. Either way the archive is committed before :meth:`Engine.run`
 returns.
@@ -24,6 +33,7 @@ returns.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -147,6 +157,13 @@ class Engine:
         self.errors_in_a_row = 0  # runtime errors in a row, all shapes: a dead pool, not bad kernels
         self.duplicates = 0
         self.failures: Counter = Counter()  # (operator, reason) of proposals that came back empty
+        #: called with the engine on its own thread after each batch of results is archived and
+        #: committed (``evo run --rl-every`` hangs its RL updater here); a hook that raises is
+        #: reported as an event and dropped, never the end of the run
+        self.hooks: list[Callable[["Engine"], None]] = []
+        self.proposing: dict[Future, tuple[str, Shape]] = {}  # asynchronous proposals running
+        self.token_spenders: set[str] = set()  # operators that reported tokens
+        self.switched_off: set[str] = set()  # operators the token budget stopped
 
     # -- interrupts (called from a signal handler: only set a flag) ---------------------------
     def interrupt(self) -> None:
@@ -181,17 +198,18 @@ class Engine:
                             self._announce(reason)
                     if reason is None:
                         self._fill()
-                        if not self.inflight:
+                        if not self.inflight and not self.proposing:
                             reason = "exhausted"
                             self._announce(reason)
-                    if not self.inflight:
+                    if not self.inflight and (reason is not None or not self.proposing):
                         break
                     if deadline is not None and self.clock() >= deadline:
                         self._abandon(reason or "drain_timeout")
                         break
-                    done, _ = wait(list(self.inflight), timeout=self.TICK, return_when=FIRST_COMPLETED)
+                    done, _ = wait([*self.inflight, *self.proposing], timeout=self.TICK, return_when=FIRST_COMPLETED)
                     if done:
-                        self._collect(done)
+                        self._collect_proposals({f for f in done if f in self.proposing})
+                        self._collect({f for f in done if f in self.inflight})
                     self.progress.update()
         finally:
             self.archive.commit()
@@ -201,13 +219,17 @@ class Engine:
                                self.budget.summary())
             self.events.emit("stop", None, reason=result.reason, evaluations=result.evaluations, lost=self.lost,
                              best=result.best, budget=result.budget, duplicates=self.duplicates,
-                             proposal_failures={f"{op}: {why}": n for (op, why), n in self.failures.items()})
+                             proposal_failures={f"{op}: {why}": n for (op, why), n in self.failures.items()},
+                             models={name: {m: dict(c) for m, c in op.outcomes.items()}
+                                     for name, op in self.operators.items() if isinstance(getattr(op, "outcomes", None), dict)})
         return result
 
     def _why_stop(self) -> Optional[str]:
         if self.interrupts:
             return "interrupted"
         exhausted = self.budget.exhausted()
+        if exhausted == "tokens":
+            exhausted = self._tokens_spent()
         if exhausted:
             return exhausted
         if self.converged >= set(self.config.shapes):
@@ -216,6 +238,17 @@ class Engine:
         if limit and self.errors_in_a_row >= limit:
             return "pool_failing"
         return None
+
+    def _tokens_spent(self) -> Optional[str]:
+        """The token budget is reached: switch off the operators that spend tokens (once); the run
+        goes on with the others, or stops (``tokens``) when none is left."""
+        stop = self.token_spenders - self.switched_off
+        if stop:
+            self.switched_off |= stop
+            self.events.emit("operators_stopped", None, budget="tokens", operators=sorted(stop),
+                             used=self.budget.summary())
+            self.progress.message(f"evo: token budget reached; no more proposals from {', '.join(sorted(stop))}")
+        return None if set(self.operators) - self.switched_off else "tokens"
 
     def _announce(self, reason: str) -> None:
         if reason == "interrupted":
@@ -328,15 +361,59 @@ class Engine:
                 return cand, op
             self.duplicates += 1
         for name in self.chooser.order(self.rng):
-            if getattr(self.operators[name], "arity", 0) > 0 and not len(self.pops[shape]):
+            op = self.operators[name]
+            if name in self.switched_off:
+                continue
+            if getattr(op, "arity", 0) > 0 and not len(self.pops[shape]):
                 continue  # nothing to mutate yet (seeds still in flight, or all failed)
-            proposals = self._propose(name, shape)
+            if getattr(op, "asynchronous", False):
+                self._propose_async(name, shape)  # its answer joins the queue later
+                continue
+            context = OperatorContext(history=self.history[shape], templates=self.templates, arch=self.arch)
+            proposals = self._accept(name, shape, op.propose(self._parents(op, shape), shape, self.rng,
+                                                             self.config.batch, context))
             fresh = [c for c in proposals if c.id not in self.known[shape]]
             self.duplicates += len(proposals) - len(fresh)
             if fresh:
                 q.extend((c, name) for c in fresh[1:])
                 return fresh[0], name
         return None
+
+    def _propose_async(self, name: str, shape: Shape) -> None:
+        """Start ``name`` proposing for ``shape`` on a daemon thread, unless the operator already
+        has ``concurrency`` calls running or one for this shape."""
+        op = self.operators[name]
+        running = [s for n, s in self.proposing.values() if n == name]
+        if shape in running or len(running) >= max(1, int(getattr(op, "concurrency", 1) or 1)):
+            return
+        context = OperatorContext(history=self.history[shape], templates=self.templates, arch=self.arch)
+        parents = self._parents(op, shape)
+        rng = random.Random(self.rng.getrandbits(64))
+        fut: Future = Future()
+        fut.set_running_or_notify_cancel()
+
+        def work() -> None:
+            try:
+                fut.set_result(op.propose(parents, shape, rng, self.config.batch, context))
+            except BaseException as exc:  # propose() turns operator errors into failures; this is a bad call
+                fut.set_exception(exc)
+
+        self.proposing[fut] = (name, shape)
+        threading.Thread(target=work, name=f"evo-propose-{name}", daemon=True).start()
+
+    def _collect_proposals(self, done: set[Future]) -> None:
+        """Queue the children of finished asynchronous proposals (their failures are counted)."""
+        for fut in done:
+            name, shape = self.proposing.pop(fut)
+            try:
+                proposals = fut.result()
+            except Exception as exc:
+                self.failures[(name, f"operator error: {type(exc).__name__}")] += 1
+                continue
+            accepted = self._accept(name, shape, proposals)
+            fresh = [c for c in accepted if c.id not in self.known[shape]]
+            self.duplicates += len(accepted) - len(fresh)
+            self.queue[shape].extend((c, name) for c in fresh)
 
     def _parents(self, op: Any, shape: Shape) -> list[ParentView]:
         sel = self.config.selection
@@ -345,17 +422,22 @@ class Engine:
                                           alpha=sel.power_alpha) if arity > 0 else []
         return [ParentView(m.candidate, m.evaluation) for m in members]
 
-    def _propose(self, name: str, shape: Shape) -> list[Candidate]:
-        """Ask operator ``name`` for ``config.batch`` proposals; failures are counted, not fatal."""
+    def _accept(self, name: str, shape: Shape, proposals: list[Any]) -> list[Candidate]:
+        """The candidates among operator ``name``'s proposals; failures are counted, not fatal, and
+        tokens charged (all the operator spent, failed calls included, where it can say)."""
         op = self.operators[name]
-        context = OperatorContext(history=self.history[shape], templates=self.templates, arch=self.arch)
+        take = getattr(op, "take_tokens", None)
+        tokens = take() if callable(take) else sum(int(p.candidate.meta.get("tokens", 0) or 0)
+                                                    for p in proposals if p.candidate is not None)
+        if tokens > 0:
+            self.token_spenders.add(name)
+            self.budget.charge_tokens(tokens)
         out = []
-        for p in op.propose(self._parents(op, shape), shape, self.rng, self.config.batch, context):
+        for p in proposals:
             cand = p.candidate
             if cand is None:
                 self.failures[(name, p.reason.split(":")[0][:60])] += 1
                 continue
-            self.budget.charge_tokens(int(cand.meta.get("tokens", 0) or 0))  # LLM operators report here
             if shape not in cand.shapes:
                 self.failures[(name, "proposed for another shape")] += 1
                 continue
@@ -408,6 +490,12 @@ class Engine:
                     self._record(job, ev)
             self._tell(job, evals)
         self.archive.commit()
+        for hook in list(self.hooks):
+            try:
+                hook(self)
+            except Exception as exc:
+                self.hooks.remove(hook)
+                self.events.emit("hook_failed", None, hook=repr(hook), error=f"{type(exc).__name__}: {exc}")
 
     def _record(self, job: _Job, ev: Evaluation) -> None:
         shape = ev.shape

@@ -42,11 +42,15 @@ __all__ = ["LLMOperator"]
 class LLMOperator(Operator):
     """Mutation (arity 1) or crossover (arity 2) written by a language model."""
 
+    #: the engine runs this operator's proposals on a thread (a call takes seconds)
+    asynchronous = True
+
     def __init__(self, *, name: str = "llm", model: str = DEFAULT_MODEL, models: Sequence[str] = (),
                  model_config: Sequence[str] = (), device: Optional[str] = None, threads: Optional[int] = None,
                  mode: str = "knobs", arity: int = 1, temperature: Sequence[float] = (0.4, 1.0),
                  max_new_tokens: int = 768, max_changes: int = 2, max_attempts: int = 2, inspirations: int = 2,
-                 source_chars: int = 6000, knob_source_chars: int = 0, specialize: Optional[bool] = None) -> None:
+                 source_chars: int = 6000, knob_source_chars: int = 0, specialize: Optional[bool] = None,
+                 concurrency: int = 1) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if arity not in (1, 2):
@@ -59,6 +63,7 @@ class LLMOperator(Operator):
             raise ValueError(f"models must be distinct non-empty names, got {names!r}")
         self.name, self.model, self.device, self.mode, self.arity = name, names[0], device, mode, arity
         self.models, self.model_config, self.threads = names, tuple(model_config or ()), threads
+        self.concurrency = max(1, int(concurrency))  # proposal calls the engine may run at once (HTTP models)
         self._specs: dict[str, ModelSpec] = {}
         self.bandit = ModelBandit(names)
         self._lock = threading.Lock()

@@ -1,12 +1,13 @@
 """Ray pool scaling: evaluations per GPU-hour with 1 GPU and with 2 GPUs on one shape set (issue 10).
 
-    python bench/ray_scaling.py [--seconds 100] [--shapes 2048x2048x2048,4096x4096x4096]
+    python bench/ray_scaling.py [--seconds 100] [--warmup 10] [--shapes 2048x2048x2048,4096x4096x4096]
                                 [--legs ray1,ray2] [--ray local|auto|HOST:6379] [--out DIR]
 
 Each leg runs the real engine (knob operators: mutation, crossover, random; no Optuna needed) on
-a fresh archive for ``--seconds`` of wall time, once its pool is up (GPU actors started, health
-probes passed: start-up is not counted), and counts the evaluations that finished inside that
-window (``evaluation`` events of the run's ``events.jsonl``). Legs: ``ray1``/``ray2`` are
+a fresh archive once its pool is up (GPU actors started, health probes passed: start-up is not
+counted) for ``--warmup`` + ``--seconds`` of wall time, and counts the evaluations that finished
+in the last ``--seconds`` (``evaluation`` events of the run's ``events.jsonl``): steady state,
+not the pipeline filling. Legs: ``ray1``/``ray2`` are
 RayPool with 1/2 GPU actors on one Ray cluster; ``local1``/``local2`` the same on LocalPool
 (GPUs 0 / 0,1) for comparison. Each leg has its own archive and cubin cache, so no leg profits
 from an earlier leg's compiles.
@@ -45,10 +46,13 @@ LEGS = {"ray1": ("ray", 1), "ray2": ("ray", 2), "local1": ("local", 1), "local2"
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=100.0, help="measured wall time per leg (default 100)")
+    ap.add_argument("--warmup", type=float, default=10.0,
+                    help="seconds each leg runs before its measured window opens (pipeline fill; default 10)")
     ap.add_argument("--shapes", default="2048x2048x2048,4096x4096x4096", help="comma-separated shapes")
     ap.add_argument("--legs", default="ray1,ray2", help=f"comma-separated, from {','.join(LEGS)}")
     ap.add_argument("--ray", default="local", help="local (a fresh cluster here), auto, or HOST:PORT")
-    ap.add_argument("--compile-workers", type=int, default=max(2, min(24, (os.cpu_count() or 4) - 4)))
+    ap.add_argument("--compile-workers", type=int, default=max(2, min(12, (os.cpu_count() or 4) - 4)),
+                    help="compiles in flight, the same in every leg (default: CPUs - 4, at most 12)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default=None, help="folder for the archives (default: a temp folder, removed)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -65,8 +69,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     bad = [leg for leg in args.leg_list if leg not in LEGS]
     if bad or not args.leg_list:
         ap.error(f"--legs: unknown {bad}; choose from {', '.join(LEGS)}")
-    if not args.seconds > 0 or not args.shape_list:
-        ap.error("--seconds must be positive and --shapes must name a shape")
+    if not args.seconds > 0 or args.warmup < 0 or not args.shape_list:
+        ap.error("--seconds must be positive, --warmup not negative, and --shapes must name a shape")
     return args
 
 
@@ -92,7 +96,7 @@ def run_leg(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     kind, gpus = LEGS[name]
     archive_dir, cache = work / name, str(work / f"{name}-cubins")
     cfg = merge({}, {"shapes": [str(s) for s in args.shape_list], "archive": str(archive_dir), "operators": "knob",
-                     "seed": args.seed, "budget": args.seconds, "progress": "plain",
+                     "seed": args.seed, "budget": args.warmup + args.seconds, "progress": "plain",
                      "pool": {"compile_workers": args.compile_workers, "gpus": list(range(gpus))}})
     cfg.operators = expand_operators(cfg.operators)
     print(f"[{name}] starting the {kind} pool with {gpus} GPU(s), {args.compile_workers} compile workers", flush=True)
@@ -105,7 +109,9 @@ def run_leg(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             where = sorted(",".join(w["ray_gpu_ids"]) for w in pool.placement().values())
             print(f"[{name}] actors up on GPU(s) {where} after {time.monotonic() - t_pool:.1f} s", flush=True)
         else:
-            _ = pool.arch  # waits until the first worker is up
+            _ = pool.arch  # waits until the first worker is up; then the others
+            while any(not sup.info for sup in pool.supervisors) and time.monotonic() - t_pool < 600:
+                time.sleep(0.1)
             print(f"[{name}] workers up after {time.monotonic() - t_pool:.1f} s", flush=True)
         started = time.monotonic()
         with Archive(archive_dir, "w") as archive:
@@ -121,7 +127,7 @@ def run_leg(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     evs = read_events(archive_dir / EVENTS_FILE)
     t0 = next(e["t"] for e in evs if e["event"] == "start")
     done = [e for e in evs if e["event"] == "evaluation"]
-    inside = [e for e in done if e["t"] - t0 <= args.seconds]
+    inside = [e for e in done if args.warmup < e["t"] - t0 <= args.warmup + args.seconds]
     statuses = Counter(e["status"] for e in done)
     gpu_s = sum(float(e.get("gpu_s") or 0.0) for e in done)
     per_s = len(inside) / args.seconds
@@ -152,7 +158,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def write(rows: list[dict[str, Any]], summary: dict[str, Any], args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"shapes": [str(s) for s in args.shape_list], "seconds": args.seconds, "legs": args.leg_list,
+    meta = {"shapes": [str(s) for s in args.shape_list], "seconds": args.seconds, "warmup": args.warmup,
+            "legs": args.leg_list,
             "compile_workers": args.compile_workers, "ray": args.ray, "cpus": os.cpu_count(),
             "smoke_test": bool(args.worker_target), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (out / "ray_scaling.json").write_text(json.dumps({"meta": meta, "legs": rows, "summary": summary}, indent=2) + "\n")

@@ -199,3 +199,27 @@ def _alive(pid: int) -> bool:
             return fh.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.slow
+def test_the_scaling_benchmark_runs_both_legs_and_writes_its_figures(cluster, tmp_path, capsys):
+    """bench/ray_scaling.py end to end on the module's cluster with the GPU-handler test double
+    (its figures mean nothing here, compiles bound them; the lead runs it on two H200s). Slow:
+    ~80 s, most of it compiling from a cold cache on two busy cores."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("ray_scaling", ROOT / "bench" / "ray_scaling.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    code = bench.main(["--seconds", "6", "--warmup", "12", "--legs", "ray1,ray2", "--shapes", "64x64x64,128x64x32",
+                       "--compile-workers", "2", "--worker-target", SLOW, "--out", str(tmp_path / "out"),
+                       "--work", str(tmp_path / "work")])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    report = json.loads((tmp_path / "out" / "ray_scaling.json").read_text())
+    assert [r["leg"] for r in report["legs"]] == ["ray1", "ray2"]
+    assert all(r["evaluations"] > 0 and r["ok"] == r["evaluations_total"] for r in report["legs"])
+    assert report["summary"]["ray"]["scaling"] > 0 and report["meta"]["smoke_test"] is True
+    assert (tmp_path / "out" / "ray_scaling.csv").read_text().startswith("leg,pool,gpus")
+    assert "[ray2] actors up on GPU(s) ['0', '1']" in out and "2 GPUs give" in out

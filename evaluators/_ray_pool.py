@@ -198,9 +198,13 @@ class RayPool:
         if gpus is None:
             gpus = int(ray.cluster_resources().get("GPU", 0) // max(gpu_per_actor, 1e-9)) if gpu_per_actor else 0
         count = gpus if isinstance(gpus, int) else len(list(gpus))
-        if count < 1:
-            raise WorkerUnavailable("the Ray cluster offers no GPU (ray.cluster_resources() lists none); "
-                                    "start GPU nodes with `ray start --address HEAD:6379` or name a GPU count")
+        have = ray.cluster_resources().get("GPU", 0)
+        if count < 1 or count * gpu_per_actor > have:
+            raise WorkerUnavailable(
+                f"the Ray cluster offers {have:g} GPU(s), {count} GPU actor(s) asked for; "
+                "join GPU nodes with `ray start --address HEAD:6379`, or ask for fewer" if count >= 1 else
+                "the Ray cluster offers no GPU (ray.cluster_resources() lists none); "
+                "join GPU nodes with `ray start --address HEAD:6379`")
         self.gpus = list(range(count))  # actor slots; Ray decides which physical GPU each gets
         self.address = address
         self.timers = tuple(timers)
@@ -431,6 +435,12 @@ class RayPool:
                                                  f"{why} while evaluating this candidate (attempt {item.attempts} of "
                                                  f"{self.max_retries + 1}); not retried again", compile=comp)
                                     for s in cand.shapes])
+            return self._start_actor(slot)
+        except WorkerUnavailable as exc:  # the actor's fresh worker failed its probes: try another actor
+            with self._lock:
+                self._running.pop(slot, None)
+            self._finish(item, [self._record(cand, s, Status.RUNTIME_ERROR, f"GPU worker unavailable: {_short(exc)}",
+                                             compile=comp) for s in cand.shapes])
             return self._start_actor(slot)
         except Exception as exc:  # an actor-side bug must not strand the future
             out = {"result": {"status": "runtime_error", "message": f"evaluator error: {_short(exc)}"}, "pid": None}

@@ -179,11 +179,24 @@ def test_the_engine_on_the_ray_pool_loses_nothing_when_an_actor_dies(cluster, ca
     assert all(s is Status.OK for s in statuses), statuses
 
 
+def test_an_actor_whose_worker_cannot_start_leaves_the_work_to_the_others(cluster, cache, tmp_path):
+    from evaluators import RayPool
+
+    with RayPool(gpus=2, compile_workers=2, target=SLOW, worker_options={"fail_gpu": "1"}, deadlines=DEADLINES,
+                 log_dir=str(tmp_path / "logs"), cache_dir=str(cache), arch="sm_90a") as pool:
+        assert pool.wait_ready(timeout=120) is False
+        evals = pool.evaluate(tiny_candidates(S1, 2) + tiny_candidates(S2, 2))
+    assert [e.status for e in evals] == [Status.OK] * 4, [e.message[:200] for e in evals]
+    assert {e.provenance["ray_gpu_ids"][0] for e in evals} == {"0"}
+
+
 def test_a_cluster_without_enough_gpus_is_a_clear_error(cluster, tmp_path):
     from evaluators import RayPool, WorkerUnavailable
 
     with pytest.raises(WorkerUnavailable, match="no GPU"):
         RayPool(gpus=None, gpu_per_actor=4.0, target=SLOW, log_dir=str(tmp_path))
+    with pytest.raises(WorkerUnavailable, match="offers 2 GPU"):
+        RayPool(gpus=3, target=SLOW, log_dir=str(tmp_path))
 
 
 def _read(path: Path) -> str:

@@ -28,24 +28,26 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from populations import Candidate, Shape, ShapeError, load_templates  # noqa: E402
 
 SHAPES = ["64x64x16384", "128x128x8192", "256x256x4096", "1024x256x16384", "129x257x520", "77x4096x4096:NN",
-          "1024x1024x1024", "128x128x1024", "64x1024x1024", "256x512x8192"]
+          "12288x64x12288", "128x128x1024", "64x1024x1024", "256x512x8192", "256x256x512", "64x512x512",
+          "1024x1024x1024"]
 PICKS = 2
 BAD = {"incorrect", "runtime_error", "timeout", "compile_error", "rejected"}
 
 
 def candidates(shape: Shape, templates: dict[str, Any], arch: str) -> list[Candidate]:
-    """The first ``PICKS`` heuristic picks, then the first split pick at the other valid SPLIT_K
-    values within a factor of 4 of its own, per template."""
+    """The first ``PICKS`` heuristic picks, then the first split pick (or the first pick) at the
+    other valid SPLIT_K values within a factor of 2 of its own (2, 4, 8 for an unsplit pick)."""
     out: dict[str, Candidate] = {}
     for name, t in sorted(templates.items()):
         if not t.applicable(shape, arch):
             continue
         picks = t.heuristic(shape, arch)[:PICKS]
         sets = list(picks)
-        split = next((p for p in picks if p.get("SPLIT_K", 1) > 1), None)
+        split = next((p for p in picks if p.get("SPLIT_K", 1) > 1), picks[0] if picks else None)
         if split is not None:
             own = split["SPLIT_K"]
-            for s in (v for v in t.space.knobs["SPLIT_K"].values if own / 4 <= v <= own * 4 and v > 1):
+            lo, hi = (own / 2, own * 2) if own > 1 else (2, 8)
+            for s in (v for v in t.space.knobs["SPLIT_K"].values if lo <= v <= hi and v > 1):
                 k = dict(split, SPLIT_K=s)
                 if not t.check(k, shape, arch):
                     sets.append(k)

@@ -10,7 +10,10 @@ Optional keys beyond §2: ``applies = "M <= 128 or N <= 128"``, an expression of
 latency family uses it); and in a ``[[heuristic]]`` rule, ``derive = { SPLIT_K = "expr" }``:
 integer knobs computed from the shape and the rule's other knobs (``expr`` may use every name
 of the knob space), snapped down to the largest value of the knob's domain that is <= the
-result (the smallest value when none is), e.g. a split-K factor that fills the SMs.
+result (the smallest value when none is), e.g. a split-K factor that fills the SMs; and
+``prelude = ["mma_sync.cuh"]``: files of ``templates/_prelude/`` whose text the renderer puts
+between the ``#define`` header and the source (code several families share; a candidate may
+not ``#include`` our own headers, so it travels as text).
 """
 from __future__ import annotations
 
@@ -36,9 +39,10 @@ else:  # pragma: no cover
 __all__ = ["Template", "load_template", "load_templates", "TEMPLATES_DIR", "parse_arch"]
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
+PRELUDE_DIR = "_prelude"  # under the templates' root; load_templates skips folders starting with "_"
 FAMILIES = ("A", "B", "T")
 _TOP_KEYS = {"name", "family", "description", "min_arch", "arch_features", "layouts", "contracts",
-             "source", "knobs", "derived", "constraints", "heuristic", "plan", "applies"}
+             "source", "knobs", "derived", "constraints", "heuristic", "plan", "applies", "prelude"}
 _REQUIRED = {"name", "family", "min_arch", "layouts", "contracts", "source", "knobs", "plan"}
 _KNOB_KEYS = {"values", "default", "axis", "doc"}
 _PLAN_KEYS = {"workspace", "zero_workspace", "launches", "tensor_maps"}
@@ -95,6 +99,7 @@ class Template:
     plan_spec: Mapping[str, Any]
     applies: str = "true"
     path: Optional[Path] = None
+    prelude_text: str = ""
 
     # -- applicability ---------------------------------------------------------------------
     def supports_arch(self, arch: Union[int, str]) -> bool:
@@ -197,8 +202,7 @@ class Template:
                 header.append(f"#define {name} {env[name]}")
         if specialize:
             header += [f"#define EVO_M {shape.m}", f"#define EVO_N {shape.n}", f"#define EVO_K {shape.k}"]
-        header.append(f'#line 1 "{self.source_name}"')
-        source = "\n".join(header) + "\n" + self.source_text
+        source = "\n".join(header) + "\n" + self.prelude_text + f'#line 1 "{self.source_name}"\n' + self.source_text
         return source, self._plan(env, shape, specialize)
 
     def candidate(self, knobs: Mapping[str, KnobValue], shape: Shape, specialize: bool = False,
@@ -303,6 +307,12 @@ def _build(folder: Path, data: Mapping[str, Any]) -> Template:
     src = folder / data["source"]
     if not src.is_file():
         raise TemplateError(f"source {data['source']!r} does not exist in {folder}")
+    prelude = ""
+    for pname in data.get("prelude", ()):
+        ppath = folder.parent / PRELUDE_DIR / str(pname)
+        if "/" in str(pname) or not ppath.is_file():
+            raise TemplateError(f"prelude {pname!r} is not a file of {folder.parent / PRELUDE_DIR}")
+        prelude += f'#line 1 "{PRELUDE_DIR}/{pname}"\n' + ppath.read_text().rstrip("\n") + "\n"
 
     knobs: dict[str, Knob] = {}
     for kname, table in data["knobs"].items():
@@ -370,7 +380,7 @@ def _build(folder: Path, data: Mapping[str, Any]) -> Template:
         name=name, family=data["family"], description=data.get("description", ""), min_arch=data["min_arch"],
         arch_features=features, layouts=layouts, contracts=contracts, source_name=data["source"],
         source_text=src.read_text(), space=space, heuristics=tuple(heuristics), plan_spec=plan,
-        applies=applies, path=folder,
+        applies=applies, path=folder, prelude_text=prelude,
     )
 
 

@@ -196,6 +196,21 @@ CONTEXT = DEMO.replace('KT2 = "KT * 2"', 'KT2 = "KT * 2"\nSMEM = "BM * 256 if LA
     'knobs = { BM = 64, SPLIT_K = 4 }', 'knobs = { BM = 64 }\nderive = { SPLIT_K = "132 // (cdiv(M, BM) * cdiv(N, BM))" }')
 
 
+def test_prelude_goes_between_header_and_source(tmp_path: Path) -> None:
+    (tmp_path / "_prelude").mkdir()
+    (tmp_path / "_prelude" / "common.cuh").write_text("__device__ int evo_common() { return 1; }\n")
+    t = load_template(write_demo(tmp_path, DEMO.replace('source = "k.cu"', 'source = "k.cu"\nprelude = ["common.cuh"]')))
+    source, _ = t.render({}, Shape.parse("64x64x64"))
+    lines = source.splitlines()
+    at = lines.index('#line 1 "_prelude/common.cuh"')
+    assert lines[at - 1].startswith("#define ") and lines[at + 1] == "__device__ int evo_common() { return 1; }"
+    assert lines[at + 2] == '#line 1 "k.cu"' and source.endswith(t.source_text)
+    assert list(load_templates(tmp_path)) == ["demo"]  # _prelude is not a template
+    for i, bad in enumerate(('["missing.cuh"]', '["../demo/k.cu"]')):
+        with pytest.raises(TemplateError, match="is not a file of"):
+            load_template(write_demo(tmp_path / f"bad{i}", DEMO.replace('source = "k.cu"', f'source = "k.cu"\nprelude = {bad}')))
+
+
 def test_constraints_see_layout_and_arch(tmp_path: Path) -> None:
     t = load_template(write_demo(tmp_path, CONTEXT))
     tn, nn = Shape.parse("256x256x256"), Shape.parse("256x256x256:NN")
@@ -303,7 +318,7 @@ def test_plans_resolve_at_ragged_shapes(families: dict[str, Template], name: str
                     assert launches[0].grid[2] == split and launches[0].smem <= MAX_SMEM
                     assert ws == (split * shape.m * shape.n * 4 if split > 1 else 0)
                     assert [launch.kernel for launch in launches][1:] == (["evo_splitk_reduce"] if split > 1 else [])
-                    reduce_threads = launches[-1].grid[0] * 256 * (4 if name == "sm80_mma" else 1)
+                    reduce_threads = launches[-1].grid[0] * 256 * 4  # _prelude/splitk_reduce.cuh: 4 per thread
                     assert split == 1 or reduce_threads >= shape.m * shape.n  # the reduce covers C
                     if specialize:
                         assert LaunchPlan.from_dict(plan.to_dict()) == plan and isinstance(plan.workspace, int)
@@ -332,7 +347,7 @@ REFUSED = [
     ("tiny", {"TM": 64, "TN": 64, "WARPS": 8}, None, "reduction buffer"),
     ("tiny", {"TM": 64, "TN": 64, "KU": 4}, None, "255 registers"),
     ("tiny", {"SPLIT_K": 8}, "16x16x64", "at least one k16 step"),
-    ("tiny", {"SPLIT_K": 64}, None, "not one of"),
+    ("tiny", {"SPLIT_K": 128}, None, "not one of"),
 ]
 
 
@@ -366,18 +381,21 @@ def test_heuristics_are_shape_aware(families: dict[str, Template], name: str) ->
         assert t.heuristic(Shape.parse("64x64x8192"))[0]["SPLIT_K"] > 1  # small M*N, deep K: split-K
         big = t.heuristic(Shape.parse("8192x8192x8192"))[0]
         assert big["SPLIT_K"] == 1 and big["BM"] * big["BN"] >= 128 * 128
-        tiles = {"TILES": 1}
-        for text in ("64x64x16384", "256x256x4096", "256x512x8192"):  # tiles x split about fills 132 SMs
+        # few tiles, deep K: about two CTAs per SM (<= 264), unless K runs out (>= 2 BK tiles per
+        # split) or the domain does (64)
+        for text, want in (("64x64x16384", 64), ("256x256x4096", 16), ("256x512x8192", 8), ("128x128x1024", 8)):
             first = t.heuristic(Shape.parse(text))[0]
             tiles = t.space.env(first, Shape.parse(text))["TILES"]
-            assert 66 <= tiles * first["SPLIT_K"] <= 132 or first["SPLIT_K"] == 32, (text, first)
+            assert first["SPLIT_K"] == want and tiles * want <= 264, (text, first)
     else:
         assert t.heuristic(Shape.parse("64x64x64"))[0]["TM"] * t.heuristic(Shape.parse("64x64x64"))[0]["TN"] <= 32 * 32
         assert t.heuristic(Shape.parse("32x32x16384"))[0]["SPLIT_K"] > 1
-        for text in ("64x64x4096", "64x64x16384", "128x64x8192"):  # 16 x 16 tiles, split to fill the SMs
+        # deep K: split until each CTA does about one round of WARPS x KU k16 steps, <= 528 CTAs
+        for text, tile, split in (("64x64x4096", 32, 16), ("64x64x16384", 32, 64), ("128x64x8192", 32, 32),
+                                  ("128x128x1024", 16, 2)):
             first = t.heuristic(Shape.parse(text))[0]
             ctas = t.space.env(first, Shape.parse(text))["TILES"] * first["SPLIT_K"]
-            assert 64 <= ctas <= 132, (text, first)
+            assert (first["TM"], first["SPLIT_K"]) == (tile, split) and ctas <= 528, (text, first)
 
 
 # ---- compiles (real NVRTC through evaluators.CompilePool) -------------------------------------
@@ -391,9 +409,12 @@ def _compile_sample(families: dict[str, Template], per_family: int, seed: int) -
         for i, knobs in enumerate(t.sample(rng, None, per_family)):
             layout = ("TN", "NN")[i % 2]
             arch = ("sm_90a", "sm_80")[(i // 2) % 2]
-            shape = Shape.parse(f"{'1000x1000x1000' if name == 'sm80_mma' else '77x4096x520'}:{layout}")
-            if t.check(knobs, shape):
-                shape = Shape.parse(f"8192x{120 if name == 'tiny' else 8192}x8192:{layout}")
+            # the first shape this knob set is valid at (big tiles need big shapes, big splits deep K
+            # and a workspace under 4 GiB)
+            texts = (["1000x1000x1000", "2048x2048x8192", "8192x8192x8192"] if name == "sm80_mma"
+                     else ["77x4096x520", "120x2048x8192", "8192x120x8192"])
+            shape = next((s for s in (Shape.parse(f"{x}:{layout}") for x in texts) if not t.check(knobs, s)),
+                         Shape.parse(f"{texts[-1]}:{layout}"))
             if t.check(knobs, shape, arch):  # the arch's own limits (sm_80: 163 KiB of shared memory)
                 arch = "sm_90a"
             assert not t.check(knobs, shape, arch), (knobs, shape, arch)

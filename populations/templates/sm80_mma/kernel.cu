@@ -7,11 +7,9 @@
 //   math:             mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32.
 //   split-K:          SPLIT_K > 1 writes fp32 partial tiles to workspace[SPLIT_K][M][N] and a
 //                     second launch (evo_splitk_reduce) sums them in a fixed order into C.
-// Knobs arrive as #defines (see template.toml); no includes, so NVRTC compiles it fast.
-
-typedef unsigned short half_t;   // fp16 bits
-typedef unsigned int u32;
-typedef unsigned long long u64;
+// Knobs arrive as #defines (see template.toml); no includes, so NVRTC compiles it fast. The
+// renderer prepends the _prelude files named in template.toml: half_t/u32/u64, mma16816, f2h,
+// pack2 (mma_sync.cuh) and evo_splitk_reduce (splitk_reduce.cuh).
 
 #define WARPS_M (BM / WM)
 #define WARPS_N (BN / WN)
@@ -65,24 +63,6 @@ __device__ __forceinline__ void ldsm_x4_t(u32* r, u32 addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ half_t f2h(float x) {
-  half_t h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
-  return h;
-}
-__device__ __forceinline__ u32 pack2(float lo, float hi) {
-  u32 r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
 
 // Copy the ROWS x COLS tile g[row0.., col0..] (row-major, leading dimension ld) into shared
 // memory at sbase, zero-filling rows >= nrows and cols >= ncols. vec: 16-byte cp.async (needs
@@ -327,30 +307,3 @@ evo_gemm(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __r
       }
 #endif
 }
-
-#if SPLIT_K > 1
-// Sum the SPLIT_K fp32 slices in a fixed order (deterministic) and convert to fp16.
-// Four elements per thread; float4 loads when M*N is a multiple of 4.
-extern "C" __global__ void __launch_bounds__(256)
-evo_splitk_reduce(const float* __restrict__ W, half_t* __restrict__ C, int M, int N) {
-  const long long mn = (long long)M * N;
-  const long long e0 = ((long long)blockIdx.x * 256 + threadIdx.x) * 4;
-  if (e0 >= mn) return;
-  if (mn % 4 == 0) {
-    float4 s = *reinterpret_cast<const float4*>(W + e0);
-#pragma unroll
-    for (int z = 1; z < SPLIT_K; ++z) {
-      const float4 v = *reinterpret_cast<const float4*>(W + z * mn + e0);
-      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-    }
-    *reinterpret_cast<uint2*>(C + e0) = make_uint2(pack2(s.x, s.y), pack2(s.z, s.w));
-  } else {
-    for (long long e = e0; e < e0 + 4 && e < mn; ++e) {
-      float s = W[e];
-#pragma unroll
-      for (int z = 1; z < SPLIT_K; ++z) s += W[z * mn + e];
-      C[e] = f2h(s);
-    }
-  }
-}
-#endif

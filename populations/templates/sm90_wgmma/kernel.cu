@@ -20,7 +20,8 @@
 //   SPLIT_K > 1:    the work units are SPLIT_K x tiles: unit u computes tile u % tiles over
 //                   the z = u / tiles share of the K blocks (balanced, none empty) and writes
 //                   its fp32 partial tile to workspace[z][M][N] (direct stores); a second
-//                   launch, evo_splitk_reduce, sums the slices in a fixed order into C. The
+//                   launch, evo_splitk_reduce (_prelude/splitk_reduce.cuh, prepended by the
+//                   renderer), sums the slices in a fixed order into C. The
 //                   first wave of a persistent grid then holds one z for many tiles (L2 reuse).
 // TMA zero-fills out-of-bounds boxes, so ragged M, N, K need no padding; every store is
 // guarded. Persistent mode: grid = min(#tiles, #SMs), each CTA loops over tiles (the kernel is
@@ -368,7 +369,8 @@ __device__ __forceinline__ void store_partial(float* W, int M, int N, int row, i
 }
 
 // Unit u of SPLIT_K x ctiles: its cluster tile and its K blocks [kb0, kb1). A balanced split
-// (z * kblocks / SPLIT_K) leaves no unit empty while SPLIT_K <= kblocks (a constraint).
+// (z * kblocks / SPLIT_K) leaves no unit empty while SPLIT_K <= kblocks (a constraint at the
+// candidate's own shape; at smaller shapes some units are empty and write zero partials).
 __device__ __forceinline__ void unit_range(int u, int ctiles, int kblocks, int& t, int& kb0, int& kb1) {
 #if SPLIT_K > 1
   const int z = u / ctiles;
@@ -511,6 +513,17 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
       // every full-barrier wait within one phase of the barrier (parity cannot alias).
       if (local > 0) named_sync(3 + c, 128 * 2);
 #endif
+#if SPLIT_K > 1
+      // An empty K share (more shares than K blocks: the evaluator also runs a generic candidate
+      // at small ragged shapes) issues no wgmma; its partial tile must still be written, as zeros.
+      if (kb0 == kb1) {
+#pragma unroll
+        for (int w = 0; w < WM_TILES; ++w) {
+#pragma unroll
+          for (int i = 0; i < ACC; ++i) acc[w][i] = 0.f;
+        }
+      }
+#endif
       for (int kb = kb0; kb < kb1; ++kb, ++it) {
         const int stage = (int)(it % STAGES);
         mbar_wait(FULL(stage), (it / STAGES) & 1u);
@@ -623,30 +636,3 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
 #undef FULL
 #undef EMPTY
 }
-
-#if SPLIT_K > 1
-// Sum the SPLIT_K fp32 slices in a fixed order (deterministic) and convert to fp16.
-// Four elements per thread; 16-byte loads when M*N is a multiple of 4.
-extern "C" __global__ void __launch_bounds__(256)
-evo_splitk_reduce(const float* __restrict__ W, evo_half_bits* __restrict__ C, int M, int N) {
-  const long long mn = (long long)M * N;
-  const long long e0 = ((long long)blockIdx.x * 256 + threadIdx.x) * 4;
-  if (e0 >= mn) return;
-  if (mn % 4 == 0) {
-    float4 s = *reinterpret_cast<const float4*>(W + e0);
-#pragma unroll
-    for (int z = 1; z < SPLIT_K; ++z) {
-      const float4 v = *reinterpret_cast<const float4*>(W + z * mn + e0);
-      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-    }
-    *reinterpret_cast<uint2*>(C + e0) = make_uint2(pack_half2(s.x, s.y), pack_half2(s.z, s.w));
-  } else {
-    for (long long e = e0; e < e0 + 4 && e < mn; ++e) {
-      float s = W[e];
-#pragma unroll
-      for (int z = 1; z < SPLIT_K; ++z) s += W[z * mn + e];
-      C[e] = (evo_half_bits)(pack_half2(s, 0.f) & 0xFFFFu);
-    }
-  }
-}
-#endif

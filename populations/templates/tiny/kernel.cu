@@ -4,33 +4,14 @@
 //   straight from global memory (no shared-memory pipeline: nothing to fill or drain), then
 //   the warps add their partial tiles through shared memory. SPLIT_K > 1 splits K across CTAs
 //   too: fp32 partial tiles go to workspace[SPLIT_K][M][N] and a reduce launch sums them.
-// Knobs arrive as #defines (see template.toml); no includes, so NVRTC compiles it fast.
-
-typedef unsigned short half_t;
-typedef unsigned int u32;
-typedef unsigned long long u64;
+// Knobs arrive as #defines (see template.toml); no includes, so NVRTC compiles it fast. The
+// renderer prepends the _prelude files named in template.toml: half_t/u32/u64, mma16816, f2h,
+// pack2 (mma_sync.cuh) and evo_splitk_reduce (splitk_reduce.cuh).
 
 #define MI (TM / 16)
 #define NI (TN / 8)
 #define FR (MI * NI * 4)   // accumulator floats per thread
 
-__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ __forceinline__ half_t f2h(float x) {
-  half_t h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
-  return h;
-}
-__device__ __forceinline__ u32 pack2(float lo, float hi) {
-  u32 r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
 
 // Elements (row, k) and (row, k+1) of a row-major matrix, zero outside rows < nrows, k < kend.
 // vec: one 4-byte load (k even, kend even, 4-byte aligned rows).
@@ -176,17 +157,3 @@ evo_tiny(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __r
       }
 #endif
 }
-
-#if SPLIT_K > 1
-// Sum the SPLIT_K fp32 slices in a fixed order (deterministic) and convert to fp16.
-extern "C" __global__ void __launch_bounds__(256)
-evo_splitk_reduce(const float* __restrict__ W, half_t* __restrict__ C, int M, int N) {
-  const long long mn = (long long)M * N;
-  const long long e = (long long)blockIdx.x * 256 + threadIdx.x;
-  if (e >= mn) return;
-  float s = W[e];
-#pragma unroll
-  for (int z = 1; z < SPLIT_K; ++z) s += W[z * mn + e];
-  C[e] = f2h(s);
-}
-#endif

@@ -33,7 +33,7 @@ from collections import deque
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from populations import Candidate, Evaluation, Status
 
@@ -180,10 +180,15 @@ class RayPool:
     ``max_retries``: how many times a candidate whose actor died is tried again.
     """
 
-    # The records are LocalPool's: one Evaluation per claimed shape, built the same way.
+    # LocalPool's own code where the two pools agree: the records (one Evaluation per claimed
+    # shape), the arch wait, batch evaluation, finishing a future, and the compile step, whose
+    # ``self._compile_fn`` is here a Ray task and whose ``self._ready.put`` is the affinity queue.
     _record = LocalPool._record
     _evaluations = LocalPool._evaluations
     arch = LocalPool.arch
+    evaluate = LocalPool.evaluate
+    _finish = LocalPool._finish
+    _compile = LocalPool._compile
 
     def __init__(self, gpus: Optional[Sequence[int] | int] = None, compile_workers: int = 4, *,
                  address: Optional[str] = "auto", arch: Optional[str] = None, target: str = HARNESS_TARGET,
@@ -214,7 +219,9 @@ class RayPool:
         self.compile_timeout_s = compile_timeout_s
         if compile_fn is None:
             from ._compile import compile_candidate as compile_fn  # noqa: N813
-        self._compile_fn = compile_fn
+        self._task_fn = compile_fn
+        self._compile_fn = self._compile_on_ray
+        self._ready = SimpleNamespace(put=self._enqueue)
         self.max_retries = max_retries
         self.stats = RayPoolStats()
         from ._provenance import code_version
@@ -260,11 +267,6 @@ class RayPool:
         item.future.set_running_or_notify_cancel()
         self._compile_pool.submit(self._compile, item)
         return item.future
-
-    def evaluate(self, candidates: Iterable[Candidate]) -> list[Evaluation]:
-        """Evaluate all, pipelined; Evaluations in candidate order, then shape order."""
-        futures = [self.submit(c) for c in candidates]
-        return [e for f in futures for e in f.result()]
 
     def wait_ready(self, timeout: Optional[float] = None) -> bool:
         """Block until every actor has started (or given up); True when all are up."""
@@ -328,27 +330,12 @@ class RayPool:
         self.close()
 
     # -- compiling --------------------------------------------------------------------------
-    def _compile(self, item: _Item) -> None:
-        cand = item.candidate
-        try:
-            res, node, pid = self._ray.get(self._compile_remote.remote(
-                self._compile_fn, cand, self.arch, self.compile_timeout_s, self.cache_dir))
-            with self._lock:
-                self.stats.compile_s += res.seconds
-                self.stats.compiled += 1
-                self.stats.compile_workers.add((node, pid))
-            if not res.ok:
-                self._finish(item, [self._record(cand, s, res.status, res.message, compile=res) for s in cand.shapes])
-                return
-        except Exception as exc:  # a compiler-side bug or a lost task must not strand the candidate
-            self._finish(item, [self._record(cand, s, Status.COMPILE_ERROR, f"compile crashed: {_short(exc)}")
-                                for s in cand.shapes])
-            return
-        item.compiled = res
-        if self._cancelled:
-            self._drop(item)
-            return
-        self._enqueue(item)
+    def _compile_on_ray(self, candidate: Candidate, arch: str, *, timeout_s: float, cache_dir: Any) -> Any:
+        """One compile as a Ray task (LocalPool._compile calls this); notes where it ran."""
+        res, node, pid = self._ray.get(self._compile_remote.remote(self._task_fn, candidate, arch, timeout_s, cache_dir))
+        with self._lock:
+            self.stats.compile_workers.add((node, pid))
+        return res
 
     # -- queues with shape affinity -----------------------------------------------------------
     def _enqueue(self, item: _Item, front: bool = False) -> None:
@@ -532,12 +519,6 @@ class RayPool:
     # -- futures ------------------------------------------------------------------------------
     def _drop(self, item: _Item) -> None:
         item.future.set_exception(CancelledError("RayPool.cancel_all() dropped this candidate"))
-        self._slots.release()
-
-    def _finish(self, item: _Item, evals: list[Evaluation]) -> None:
-        with self._lock:
-            self.stats.evaluated += 1
-        item.future.set_result(evals)
         self._slots.release()
 
 

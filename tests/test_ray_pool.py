@@ -142,6 +142,26 @@ def test_a_candidate_whose_actor_dies_past_the_retries_is_marked(cluster, cache,
     assert all(e.status is Status.OK for e in evals.values())  # the replacement actor took the rest
 
 
+def test_cancel_all_drops_queued_work_and_keeps_the_running_candidate(cluster, cache, tmp_path):
+    from concurrent.futures import CancelledError
+
+    cands = tiny_candidates(S1, 3)
+    with make_pool(tmp_path, cache, gpus=1, delay_s=1.0) as pool:
+        futures = [pool.submit(c) for c in cands]
+        running = wait_for(lambda: pool.running().get(0), what="a candidate on actor 0")
+        pool.cancel_all()
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 10  # close() did not evaluate the dropped work
+    outcomes = {}
+    for cand, fut in zip(cands, futures):
+        try:
+            outcomes[cand.id] = fut.result(timeout=30)[0].status
+        except CancelledError:
+            outcomes[cand.id] = "cancelled"
+    assert outcomes.pop(running) is Status.OK
+    assert set(outcomes.values()) == {"cancelled"}
+
+
 def test_the_engine_on_the_ray_pool_loses_nothing_when_an_actor_dies(cluster, cache, tmp_path):
     from evo._cmd_run import expand_operators, make_operators
     from evo._config import merge

@@ -20,6 +20,7 @@ COMMANDS = {
     "export": "evo._cmd_export",
     "report": "evo._cmd_report",
     "propose": "evo._cmd_propose",
+    "rl": "evo._cmd_rl",
 }
 
 

@@ -1,0 +1,114 @@
+"""``evo rl``: RL updates of the LLM operator's model from archives (issue 8).
+
+``evo rl export ARCHIVE... --out DATASET.jsonl [--since T] [--last N]`` writes every evaluated
+LLM-made candidate as a (prompt, completion, reward) row in JSON lines (trl's conversational
+prompt/completion format plus reward, advantage, group and provenance columns; evo.rl._dataset).
+
+``evo rl train --dataset DATASET.jsonl [--archive DIR...] --out ADAPTER_DIR [--model M]
+[--steps N] [--seed S] [--group-size G] [--lr X] [--beta X] [--init-adapter DIR] [--version N]``
+runs GRPO with LoRA on the dataset's knob-edit groups; rewards of sampled completions come from
+the dataset's own rows and the given archives (completions that map to no measured candidate
+get a penalty), and writes a peft adapter with its evo-adapter.json manifest. Exit 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("rl", help="export RL datasets from archives and train LoRA adapters (GRPO)",
+                              description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="rl_command", metavar="ACTION")
+    sub.required = True
+    e = sub.add_parser("export", help="write an archive's LLM-made candidates as a JSONL RL dataset")
+    e.add_argument("archives", nargs="+", metavar="ARCHIVE", help="archive directories")
+    e.add_argument("--out", required=True, metavar="DATASET.jsonl", help="output file (JSON lines)")
+    e.add_argument("--since", type=float, default=0.0, metavar="T", help="only candidates created at or after T (unix time)")
+    e.add_argument("--last", type=int, metavar="N", help="only the newest N rows")
+    t = sub.add_parser("train", help="GRPO + LoRA on a dataset; writes a versioned adapter")
+    t.add_argument("--dataset", required=True, metavar="DATASET.jsonl")
+    t.add_argument("--archive", action="append", default=[], metavar="DIR", help="more rewards (repeatable)")
+    t.add_argument("--out", required=True, metavar="ADAPTER_DIR")
+    t.add_argument("--model", default=None, help="the base model (default: the LLM operator's default)")
+    t.add_argument("--device", default="cpu")
+    t.add_argument("--steps", type=int, default=8)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--group-size", type=int, default=8)
+    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--beta", type=float, default=0.02, help="KL weight against the base model")
+    t.add_argument("--init-adapter", metavar="DIR", help="continue training this adapter")
+    t.add_argument("--version", type=int, help="version number (default: the init adapter's + 1, else 1)")
+
+
+def _export(args: argparse.Namespace) -> int:
+    from populations import Archive, ArchiveError
+
+    from .rl import export_rows, write_jsonl
+
+    archives = []
+    try:
+        for path in args.archives:
+            archives.append(Archive(path, mode="r"))
+        rows = export_rows(archives, since=args.since, last=args.last)
+    except ArchiveError as exc:
+        print(f"evo rl export: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        for a in archives:
+            a.close()
+    n = write_jsonl(rows, args.out)
+    groups = len({r["group"] for r in rows})
+    print(f"evo rl export: {n} rows in {groups} groups -> {args.out}")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from populations import Archive, ArchiveError, load_templates
+
+    from .rl import DatasetError, read_jsonl
+    from .rl._adapters import read_manifest, table_from_rows, train_adapter
+    from .rl._grpo import GRPOConfig
+
+    try:
+        rows = read_jsonl(args.dataset)
+        config = GRPOConfig(steps=args.steps, group_size=args.group_size, lr=args.lr, beta=args.beta, seed=args.seed)
+        version, parent = 1, None
+        if args.init_adapter:
+            m = read_manifest(args.init_adapter)
+            version, parent = int(m.get("version", 0)) + 1, m.get("name")
+        version = args.version if args.version is not None else version
+        table = table_from_rows(rows)
+        for path in args.archive:
+            with Archive(path, mode="r") as a:
+                table.add_archive(a)
+        if Path(args.out).exists() and any(Path(args.out).iterdir()):
+            raise ValueError(f"--out {args.out} exists and is not empty")
+    except (DatasetError, ArchiveError, ValueError) as exc:
+        print(f"evo rl train: {exc}", file=sys.stderr)
+        return 2
+    from operators.llm import DEFAULT_MODEL, load_backend
+
+    from .rl._grpo import prompts_from_rows
+    from .rl._policy import Policy
+
+    templates = load_templates(errors="warn")
+    if not prompts_from_rows(rows, templates)[0]:
+        print("evo rl train: no trainable rows (knob edits of a loaded template's parent) in the dataset",
+              file=sys.stderr)
+        return 2
+    backend = load_backend(args.model or DEFAULT_MODEL, args.device)
+    policy = Policy(backend, seed=args.seed, init_adapter=args.init_adapter)
+    manifest = train_adapter(rows, args.out, policy=policy, templates=templates, table=table, config=config,
+                             version=version, parent_adapter=parent, log=lambda m: print(m, flush=True))
+    print(f"evo rl train: adapter {manifest['name']} -> {args.out} "
+          f"(rewards from {manifest['reward_sources']})")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return _export(args) if args.rl_command == "export" else _train(args)

@@ -14,6 +14,9 @@ import sys
 from typing import Any
 
 from operators import OperatorContext, ParentView, get_operator
+
+from ._cmd_run import add_llm_flags, llm_options
+from ._config import ConfigError
 from populations import Archive, ArchiveError, Shape, ShapeError, load_templates
 
 FORMAT = "evo-propose/1"
@@ -25,13 +28,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--archive", metavar="DIR", required=True, help="archive directory (read only)")
     p.add_argument("--shape", required=True, help="the shape, MxNxK[:TN|NN][:f32|f16]")
     p.add_argument("--operator", default="llm", help="operator name (default llm; see operators/settings.toml)")
-    p.add_argument("--model", help="model for LLM operators (default: the operator's)")
     p.add_argument("--mode", choices=("knobs", "edits", "source"), help="answer format for LLM operators")
     p.add_argument("-n", type=int, default=2, help="proposals per elite (default 2)")
     p.add_argument("--top", type=int, default=3, help="how many elites to use as parents (default 3)")
     p.add_argument("--arch", default="90", help="target architecture for the prompt and templates (default 90)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--json", action="store_true", help="print the evo-propose/1 JSON document")
+    add_llm_flags(p)
 
 
 def _row(parent: ParentView, p: Any) -> dict[str, Any]:
@@ -41,15 +44,16 @@ def _row(parent: ParentView, p: Any) -> dict[str, Any]:
         return row
     c = p.candidate
     changed = {k: v for k, v in (c.knobs or {}).items() if parent.knobs.get(k) != v}
-    row.update(id=c.id, template=c.template, changes=changed, model=c.model, completion=c.completion,
-               tokens=c.meta.get("tokens"), seconds=c.meta.get("seconds"), temperature=c.meta.get("temperature"))
+    row.update(id=c.id, template=c.template, changes=changed, model=c.model, model_name=c.meta.get("model_name"),
+               completion=c.completion, tokens=c.meta.get("tokens"), seconds=c.meta.get("seconds"),
+               temperature=c.meta.get("temperature"))
     return row
 
 
 def propose(archive: Archive, shape: Shape, args: argparse.Namespace) -> list[dict[str, Any]]:
     """The rows of the report: one per proposal (or failure), parents the top elites in rank order."""
-    options = {k: v for k, v in (("model", args.model), ("mode", args.mode)) if v}
-    op = get_operator(args.operator, **options)
+    options = {**llm_options(args), **({"mode": args.mode} if args.mode else {})}
+    op = get_operator(args.operator, **options) if args.operator.startswith("llm") else get_operator(args.operator)
     cands = {c.id: c for c in archive.candidates(shape)}
     history = [(cands[e.candidate_id], e) for e in archive.evaluations(shape) if e.candidate_id in cands]
     context = OperatorContext(history, load_templates(errors="warn"), arch=args.arch)
@@ -76,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         rows = propose(archive, shape, args)
-    except (KeyError, ImportError, ValueError, TypeError) as exc:  # unknown operator, missing extra, bad option
+    except (KeyError, ImportError, ValueError, TypeError, ConfigError) as exc:  # unknown operator, missing extra, bad option
         print(f"evo propose: {exc}", file=sys.stderr)
         return 2
     finally:

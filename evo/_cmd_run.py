@@ -50,6 +50,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--progress", choices=("auto", "rich", "plain", "none"), help="live progress display")
     p.add_argument("--no-transfer", action="store_true", default=None,
                    help="do not seed new shapes from the elites of nearby archived shapes")
+    add_llm_flags(p)
+    p.add_argument("--rl-every", type=int, metavar="N",
+                   help="every N evaluations, train the LLM operators' model with GRPO + LoRA on the archive's "
+                        "newest LLM-made candidates (in the background) and switch to the new adapter")
     # Test-only: a `module:factory` evaluator pool (tests use fake_pool:FakeEvaluatorPool).
     p.add_argument("--pool", default=None, help=argparse.SUPPRESS)
 
@@ -77,6 +81,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         "converge_window": args.converge_window, "converge_threshold": args.converge_threshold,
         "progress": args.progress, "pool": pool or None,
         "transfer": {"enabled": False} if args.no_transfer else None,
+        "rl": {"every": args.rl_every} if getattr(args, "rl_every", None) is not None else None,
     }
     return merge(file_values, flags)
 
@@ -125,9 +130,45 @@ def expand_operators(weights: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def make_operators(weights: dict[str, float]) -> dict[str, Any]:
+def add_llm_flags(p: argparse.ArgumentParser) -> None:
+    """The LLM operators' flags (``evo run``; operators/llm/models.toml says what a model name is)."""
+    p.add_argument("--model", action="append", dest="models", metavar="NAME",
+                   help="model for the LLM operators (repeat for several: a bandit picks per call); a name from "
+                        "operators/llm/models.toml or --llm-config, or openai:MODEL@URL, transformers:PATH[@DEVICE], "
+                        "vllm:PATH")
+    p.add_argument("--llm-config", action="append", dest="llm_config", metavar="TOML",
+                   help="extra model tables (same format as operators/llm/models.toml)")
+    p.add_argument("--llm-device", metavar="DEVICE",
+                   help="device for in-process transformers models, e.g. cpu (default: the model's; keep cpu on a "
+                        "GPU machine so timing has the GPU alone)")
+    p.add_argument("--llm-threads", type=int, metavar="N", help="torch CPU threads for in-process models (default: torch's)")
+
+
+def llm_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Options for the LLM operators from the flags; an unknown model or bad config is a ConfigError."""
+    out: dict[str, Any] = {}
+    if getattr(args, "models", None):
+        out["models"] = list(dict.fromkeys(args.models))
+    if getattr(args, "llm_config", None):
+        out["model_config"] = list(args.llm_config)
+    if getattr(args, "llm_device", None):
+        out["device"] = args.llm_device
+    if getattr(args, "llm_threads", None) is not None:
+        out["threads"] = args.llm_threads
+    if out.get("models") or out.get("model_config"):
+        from operators.llm import resolve_model
+        try:
+            for m in out.get("models", ()):
+                resolve_model(m, out.get("model_config", ()))
+        except ValueError as exc:
+            raise ConfigError(f"--model: {exc}") from None
+    return out
+
+
+def make_operators(weights: dict[str, float], llm: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """One operator instance per configured name (aliases expanded); an unknown or uninstalled
-    name is a ConfigError naming what is available or what to install."""
+    name is a ConfigError naming what is available or what to install. ``llm`` options go to the
+    LLM operators (the names starting with ``llm``)."""
     from operators import get_operator, registered_operators
 
     known = registered_operators()
@@ -136,7 +177,7 @@ def make_operators(weights: dict[str, float]) -> dict[str, Any]:
         if name not in known:
             raise ConfigError(f"operators: unknown operator {name!r}; known: {', '.join(sorted(set(ALIASES) | set(known)))}")
         try:
-            out[name] = get_operator(name)
+            out[name] = get_operator(name, **(llm or {})) if name.startswith("llm") else get_operator(name)
         except ImportError as exc:
             raise ConfigError(f"operators: {exc}") from None
     return out
@@ -152,6 +193,18 @@ def _close_pool(pool: Any, abandon: bool) -> None:
         close()
 
 
+def _rl_updater(cfg: RunConfig, operators: dict[str, Any], templates: Any, events: Any, progress: Any) -> Any:
+    """The engine hook of ``--rl-every`` (evo.rl.RLUpdater)."""
+    from .rl._grpo import GRPOConfig
+    from .rl._updater import RLUpdater
+
+    r = cfg.rl
+    assert cfg.archive is not None
+    return RLUpdater(cfg.archive, operators, templates, every=r.every, window=r.window, events=events,
+                     log=progress.message, config=GRPOConfig(steps=r.steps, group_size=r.group_size, lr=r.lr,
+                                                             seed=cfg.seed))
+
+
 def run(args: argparse.Namespace) -> int:
     from populations import load_templates
     from populations import Archive, ArchiveError
@@ -162,14 +215,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
         cfg.operators = expand_operators(cfg.operators)
-        operators = make_operators(cfg.operators)
+        operators = make_operators(cfg.operators, llm_options(args))
         templates = load_templates(errors="warn")
         archive = Archive(cfg.archive, mode="w")
     except (ConfigError, ArchiveError) as exc:
         print(f"evo run: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     assert cfg.archive is not None
-    pool = engine = None
+    pool = engine = updater = None
     events = EventLog(Path(cfg.archive) / EVENTS_FILE)
     previous = {}
     try:
@@ -183,6 +236,9 @@ def run(args: argparse.Namespace) -> int:
             return 1
         progress = Progress(cfg.shapes, pool_gpus(pool, cfg), cfg.progress, cfg.progress_interval_s)
         engine = Engine(cfg, archive, pool, operators, templates, events=events, progress=progress)
+        if cfg.rl.every:
+            updater = _rl_updater(cfg, operators, templates, events, progress)
+            engine.hooks.append(updater)
 
         def on_signal(signum: int, frame: Any) -> None:
             engine.interrupt()
@@ -194,6 +250,8 @@ def run(args: argparse.Namespace) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         archive.close()  # the engine has committed; release the lock before a possibly slow pool shutdown
+        if updater is not None:
+            updater.close(cfg.rl.wait_s)
         events.close()
         if pool is not None:
             _close_pool(pool, abandon=engine is None or engine.lost > 0)

@@ -122,6 +122,8 @@ class Engine:
     TICK = 0.2
     #: Fruitless proposal rounds (failures, duplicates) in a row before a fill gives up on a shape.
     MAX_MISSES = 32
+    #: Seconds a stopping run waits for cancelled asynchronous proposals to return.
+    PROPOSAL_GRACE_S = 15.0
 
     def __init__(self, config: RunConfig, archive: Archive, pool: EvaluatorPool,
                  operators: Mapping[str, Any], templates: Mapping[str, Template], *,
@@ -212,6 +214,7 @@ class Engine:
                         self._collect({f for f in done if f in self.inflight})
                     self.progress.update()
         finally:
+            self._stop_proposals()
             self.archive.commit()
             result = RunResult(reason or "error", self.budget.used_evals, self.lost,
                                {str(s): self.pops[s].best.fitness if self.pops[s].best else None
@@ -400,6 +403,19 @@ class Engine:
 
         self.proposing[fut] = (name, shape)
         threading.Thread(target=work, name=f"evo-propose-{name}", daemon=True).start()
+
+    def _stop_proposals(self) -> None:
+        """Cancel running asynchronous proposals (operators with ``cancel()``) and wait briefly for
+        their threads, so no model call outlives the run (a torch call in a daemon thread at
+        interpreter exit aborts the process)."""
+        if not self.proposing:
+            return
+        for name in {n for n, _ in self.proposing.values()}:
+            cancel = getattr(self.operators[name], "cancel", None)
+            if callable(cancel):
+                cancel()
+        wait(list(self.proposing), timeout=self.PROPOSAL_GRACE_S)
+        self.proposing.clear()
 
     def _collect_proposals(self, done: set[Future]) -> None:
         """Queue the children of finished asynchronous proposals (their failures are counted)."""

@@ -34,7 +34,7 @@ from ._grammar import PREFIX, KnobEditGrammar
 from ._models import ModelSpec, get_backend, resolve_model
 from ._parse import Parsed, apply_edits, parse_edits, parse_knob_edit, parse_source
 from ._prompts import MODES, render_messages
-from ._transformers import DEFAULT_MODEL, Completion
+from ._transformers import DEFAULT_MODEL, Completion, TransformersBackend
 
 __all__ = ["LLMOperator"]
 
@@ -67,6 +67,7 @@ class LLMOperator(Operator):
         self._specs: dict[str, ModelSpec] = {}
         self.bandit = ModelBandit(names)
         self._lock = threading.Lock()
+        self._cancel = threading.Event()
         self._unclaimed_tokens = 0
         self._pending: dict[str, tuple[str, Optional[float]]] = {}  # child id -> (model name, parent fitness)
         #: per model: proposals, and outcomes of their evaluations (compiled, passed, improved)
@@ -167,6 +168,11 @@ class LLMOperator(Operator):
             if c.error:
                 self.outcomes[arm]["call_errors"] += 1
 
+    def cancel(self) -> None:
+        """End running and future model calls of this operator (the engine calls it when a run stops,
+        so no generation outlives the run); they come back as failures with reason ``cancelled``."""
+        self._cancel.set()
+
     def take_tokens(self) -> int:
         """Tokens spent since the last call (every model call, failed ones too): the engine's budget."""
         with self._lock:
@@ -220,7 +226,8 @@ class LLMOperator(Operator):
         try:
             cand = template.candidate(parsed.value, shape, specialize, operator=self.name,
                                       parents=tuple(p.id for p in parents), generation=next_generation(parents, context),
-                                      model=c.model, prompt=_transcript(messages), completion=c.text, meta=self._meta(c, backend))
+                                      model=c.model, adapter=c.adapter or None, prompt=_transcript(messages), completion=c.text,
+                                      meta=self._meta(c, backend))
         except (TemplateError, ValueError) as exc:
             return None, f"template {template.name} does not render: {exc}"
         seen.add(key)
@@ -245,6 +252,7 @@ class LLMOperator(Operator):
         try:
             cand = Candidate(source=parsed.value, plan=parent.plan, shapes=(shape,), generic=parent.generic,
                              parents=tuple(p.id for p in parents), operator=self.name, model=c.model,
+                             adapter=c.adapter or None,
                              prompt=_transcript(messages), completion=c.text,
                              generation=next_generation(parents, context), meta=self._meta(c, backend))
         except ValueError as exc:
@@ -266,6 +274,10 @@ class _Accounted:
         self.op, self.arm, self.backend = op, arm, backend
 
     def complete(self, *args: Any, **kwargs: Any) -> Completion:
+        if self.op._cancel.is_set():
+            return Completion("", 0, 0, 0.0, self.arm, kwargs.get("temperature", 0.0), finished=False, error="cancelled")
+        if isinstance(self.backend, TransformersBackend):
+            kwargs["cancel"] = self.op._cancel
         c = self.backend.complete(*args, **kwargs)
         self.op._spent(self.arm, c)
         return c

@@ -45,7 +45,12 @@ class Completion:
     model: str
     temperature: float
     finished: bool = True  # False when max_new_tokens cut it off or a grammar hit a dead end
+    adapter: str = ""  # the LoRA adapter version that answered (evo.rl); "" for the base model
     error: str = ""  # why there is no answer (a timeout, an HTTP error, a garbage reply); "" when there is one
+
+
+class _Cancelled(Exception):
+    """The caller's cancel event was set during a generation."""
 
 
 class Choices(Protocol):
@@ -96,7 +101,26 @@ class TransformersBackend:
         self.eos = {i for i in (self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("<|im_end|>"))
                     if isinstance(i, int) and i >= 0}
         self._cache: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()
+        self.adapter = ""  # the version name of the adapter in use (load_adapter)
         self._cache_size = prompt_cache
+
+    # -- adapters (RL updates, issue 8) -----------------------------------------------------
+    def load_adapter(self, folder: Any, name: str) -> None:
+        """Answer with the peft LoRA adapter saved in ``folder`` from the next completion on, and
+        record ``name`` (its version) in every Completion: a hot reload, no restart. The previous
+        adapter is dropped, and so are the prompt caches computed with the old weights.
+        ``folder=None`` goes back to the base model."""
+        with self._lock:
+            if folder is not None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    self.model.load_adapter(str(folder), adapter_name=name)
+                self.model.set_adapter(name)
+            old = [n for n in (getattr(self.model, "peft_config", None) or {}) if folder is None or n != name]
+            if old:
+                self.model.delete_adapter(old)
+            self._cache.clear()
+            self.adapter = name
 
     # -- vocabulary -------------------------------------------------------------------------
     @functools.cached_property
@@ -110,6 +134,9 @@ class TransformersBackend:
 
     # -- model steps ------------------------------------------------------------------------
     def _forward(self, ids: Sequence[int], past: Any) -> tuple[Any, Any]:
+        cancel = getattr(self, "_cancel_event", None)
+        if cancel is not None and cancel.is_set():
+            raise _Cancelled()
         with self.torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renames past_key_values
             out = self.model(input_ids=self.torch.tensor([list(ids)], device=self.device), past_key_values=past,
@@ -148,16 +175,29 @@ class TransformersBackend:
 
     # -- generation -------------------------------------------------------------------------
     def complete(self, messages: list[dict[str, str]], *, rng: random.Random, temperature: float = 0.7,
-                 max_new_tokens: int = 256, prefix: str = "", grammar: Optional[Choices] = None) -> Completion:
-        """An answer to ``messages`` (starting with ``prefix``), free or following ``grammar``."""
+                 max_new_tokens: int = 256, prefix: str = "", grammar: Optional[Choices] = None,
+                 cancel: Optional[threading.Event] = None) -> Completion:
+        """An answer to ``messages`` (starting with ``prefix``), free or following ``grammar``;
+        ``cancel``, once set, ends the generation at the next token (``error`` says so)."""
         with self._lock:
-            return self._complete(messages, rng=rng, temperature=temperature, max_new_tokens=max_new_tokens,
-                                  prefix=prefix, grammar=grammar)
+            if cancel is not None and cancel.is_set():
+                return Completion("", 0, 0, 0.0, self.name, temperature, finished=False, error="cancelled")
+            start = time.perf_counter()
+            ids = self.prompt_ids(messages, prefix)
+            self._cancel_event = cancel
+            try:
+                c = self._complete(ids, rng=rng, temperature=temperature, max_new_tokens=max_new_tokens,
+                                   prefix=prefix, grammar=grammar)
+            except _Cancelled:
+                return Completion("", len(ids), 0, time.perf_counter() - start, self.name, temperature,
+                                  finished=False, error="cancelled")
+            finally:
+                self._cancel_event = None
+            return c
 
-    def _complete(self, messages: list[dict[str, str]], *, rng: random.Random, temperature: float,
+    def _complete(self, ids: list[int], *, rng: random.Random, temperature: float,
                   max_new_tokens: int, prefix: str, grammar: Optional[Choices]) -> Completion:
         start = time.perf_counter()
-        ids = self.prompt_ids(messages, prefix)
         past, logits = self._prefill(ids)
         new: list[int] = []
         text, finished = prefix, True
@@ -211,7 +251,7 @@ class TransformersBackend:
             finished = finished and grammar.done
         return Completion(text=text, prompt_tokens=len(ids), completion_tokens=len(new),
                           seconds=time.perf_counter() - start, model=self.name, temperature=temperature,
-                          finished=finished)
+                          finished=finished, adapter=getattr(self, "adapter", ""))
 
 
 def load_backend(model: str = DEFAULT_MODEL, device: str = "cpu", threads: int = 0) -> TransformersBackend:

@@ -1,0 +1,133 @@
+"""Versioned adapters: training one into a folder with its manifest, the store of versions
+beside an archive, and switching LLM operators to a version without a restart.
+
+A version folder holds peft's ``adapter_config.json`` and ``adapter_model.safetensors`` and
+``evo-adapter.json``: ``version`` (N), ``name`` (``vN-<first 12 hex of the adapter hash>``, what
+new candidates record as ``Candidate.adapter``), ``seed``, ``base_model`` and its
+``base_model_hash``, ``adapter_hash``, ``parent_adapter``, the training ``config`` (GRPO, LoRA,
+rewards), the ``dataset`` it saw (rows, groups, sha256) and per-step ``metrics``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+
+from populations import Template
+
+from ._grpo import GRPOConfig, RewardSource, prompts_from_rows, train
+from ._policy import LoraSettings, Policy, write_manifest
+from ._reward import RewardConfig, RewardTable
+
+__all__ = ["MANIFEST", "AdapterStore", "version_name", "read_manifest", "train_adapter", "switch_adapter",
+           "backends_of", "table_from_rows"]
+
+MANIFEST = "evo-adapter.json"
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+def version_name(version: int, adapter_hash: str) -> str:
+    return f"v{version}-{adapter_hash[:12]}"
+
+
+def read_manifest(folder: Union[str, os.PathLike]) -> dict[str, Any]:
+    path = Path(folder) / MANIFEST
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{folder} is not an evo adapter ({MANIFEST}: {exc})") from None
+
+
+class AdapterStore:
+    """``ROOT/v1``, ``ROOT/v2``, ...: the adapters one run trained (``ARCHIVE/adapters``)."""
+
+    def __init__(self, root: Union[str, os.PathLike]) -> None:
+        self.root = Path(root)
+
+    def versions(self) -> list[int]:
+        if not self.root.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in self.root.iterdir()
+                      if (m := _VERSION_DIR.match(p.name)) and (p / MANIFEST).is_file())
+
+    def latest(self) -> Optional[tuple[int, Path]]:
+        v = self.versions()
+        return (v[-1], self.root / f"v{v[-1]}") if v else None
+
+    def folder(self, version: int) -> Path:
+        return self.root / f"v{version}"
+
+
+def table_from_rows(rows: Iterable[Mapping[str, Any]], config: RewardConfig = RewardConfig()) -> RewardTable:
+    """Rewards the dataset itself carries (its candidates' ids at their shapes)."""
+    from populations import Shape
+
+    table = RewardTable(config)
+    for r in rows:
+        if r.get("candidate") and r.get("shape"):
+            table.set(Shape.parse(r["shape"]), r["candidate"], float(r["reward"]))
+    return table
+
+
+def _rows_digest(rows: Sequence[Mapping[str, Any]]) -> str:
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(json.dumps(r, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def train_adapter(rows: Sequence[Mapping[str, Any]], out: Union[str, os.PathLike], *, policy: Policy,
+                  templates: Mapping[str, Template], table: Optional[RewardTable] = None,
+                  evaluate: Optional[Callable[..., Any]] = None, config: GRPOConfig = GRPOConfig(),
+                  version: int = 1, parent_adapter: Optional[str] = None,
+                  log: Optional[Callable[[str], None]] = None, deadline: Optional[float] = None) -> dict[str, Any]:
+    """Train ``policy`` on ``rows`` with GRPO, save the adapter into ``out`` with its manifest; the manifest."""
+    prompts, skipped = prompts_from_rows(rows, templates)
+    table = table if table is not None else table_from_rows(rows)
+    source = RewardSource(table, evaluate)
+    start = time.time()
+    history = train(policy, prompts, source, config, log=log, deadline=deadline)
+    digest = policy.save(out)
+    manifest = {
+        "format": "evo-adapter/1", "version": version, "name": version_name(version, digest),
+        "seed": config.seed, "base_model": policy.backend.name, "base_model_hash": policy.base_hash,
+        "adapter_hash": digest, "parent_adapter": parent_adapter,
+        "config": {"grpo": config.to_dict(), **policy.settings(), "reward": table.config.to_dict()},
+        "dataset": {"rows": len(rows), "groups": len(prompts), "skipped": dict(skipped), "sha256": _rows_digest(rows)},
+        "reward_sources": dict(source.sources), "train_seconds": round(time.time() - start, 2),
+        "metrics": [{k: v for k, v in h.items() if k != "completions"} for h in history],
+        "created": time.time(),
+    }
+    write_manifest(out, manifest)
+    return manifest
+
+
+def backends_of(operators: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """(model name, loaded backend) of every LLM operator's models (loading them if needed): the
+    process-wide backend objects the operators answer with."""
+    from operators.llm._models import get_backend
+
+    out = []
+    for op in operators.values():
+        models = getattr(op, "models", None)
+        spec_of = getattr(op, "_spec", None)
+        if models and callable(spec_of):
+            out.extend((m, get_backend(spec_of(m))) for m in models)
+    return out
+
+
+def switch_adapter(operators: Mapping[str, Any], folder: Union[str, os.PathLike, None], name: str) -> list[str]:
+    """Point every LLM operator's local transformers backend at the adapter in ``folder`` (recorded
+    as ``name`` on new candidates; None: back to the base model); the model names switched.
+    Backends without adapter support (HTTP, vLLM servers) are left as they are."""
+    switched = []
+    for m, backend in backends_of(operators):
+        load = getattr(backend, "load_adapter", None)
+        if callable(load):
+            load(folder, name)
+            switched.append(m)
+    return switched

@@ -1,0 +1,211 @@
+"""Group-relative policy optimisation (GRPO) of the LoRA policy on knob-edit prompts.
+
+Each step takes one prompt (a parent at a shape, from the dataset's groups), samples
+``group_size`` completions with the operator's constrained decoding, scores each (the archive
+when the completion's knob set was measured there, else the evaluator callback when one is
+given (the GPU path), else ``RewardConfig.unmapped``), turns the rewards into group-relative
+advantages ((r - mean) / std; a group whose rewards are all equal teaches nothing and is
+skipped), and takes ``inner`` optimiser steps on the clipped policy-gradient loss with a k3 KL
+estimate against the reference (the adapter disabled)::
+
+    loss = mean_samples mean_steps [ -min(rho A, clip(rho, 1-eps, 1+eps) A) + beta (exp(q) - q - 1) ],
+    rho = exp(logp - logp_old),  q = logp_ref - logp
+
+Only knob-mode groups (a template candidate's parent with knobs) are trainable offline; others
+are counted and skipped. Everything is seeded: the same seed, data and model give the same
+adapter (on one machine and thread count).
+"""
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+from operators.llm import KnobEditGrammar, parse_knob_edit
+from populations import Candidate, Evaluation, Shape, Template, TemplateError
+
+from ._policy import Policy
+from ._reward import RewardConfig, RewardTable, reward_of
+
+__all__ = ["GRPOConfig", "Prompt", "RewardSource", "prompts_from_rows", "train"]
+
+Evaluate = Callable[[Candidate], Sequence[Evaluation]]
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Training settings (stored in every adapter's manifest)."""
+
+    steps: int = 8
+    group_size: int = 8
+    lr: float = 2e-3
+    beta: float = 0.02
+    clip: float = 0.2
+    inner: int = 1
+    temperature: float = 1.0
+    max_changes: int = 2
+    max_grad_norm: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.group_size < 2 or self.inner < 1 or self.max_changes < 1:
+            raise ValueError("steps >= 0, group_size >= 2, inner >= 1 and max_changes >= 1 are needed")
+        if not (self.lr > 0 and self.beta >= 0 and 0 < self.clip < 1 and self.temperature > 0):
+            raise ValueError("lr > 0, beta >= 0, 0 < clip < 1 and temperature > 0 are needed")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A trainable group: the chat for one parent at one shape and what its grammar needs."""
+
+    group: str
+    messages: list[dict[str, str]]
+    template: Template
+    parent_knobs: Mapping[str, Any]
+    shape: Shape
+    generic: bool = False
+
+
+def prompts_from_rows(rows: Iterable[Mapping[str, Any]], templates: Mapping[str, Template]) -> tuple[list[Prompt], Counter]:
+    """One :class:`Prompt` per group of knob-mode rows whose template is loaded; and why others were skipped."""
+    seen: dict[str, Prompt] = {}
+    skipped: Counter = Counter()
+    for r in rows:
+        group = r.get("group", "-")
+        if group in seen:
+            continue
+        if not r.get("template") or r.get("parent_knobs") is None:
+            skipped["not a knob edit of a template parent"] += 1
+            continue
+        template = templates.get(r["template"])
+        if template is None:
+            skipped[f"template {r['template']} not loaded"] += 1
+            continue
+        try:
+            shape = Shape.parse(r["shape"])
+            knobs = template.space.complete(r["parent_knobs"])
+        except (ValueError, TemplateError) as exc:
+            skipped[f"bad row: {exc}"[:80]] += 1
+            continue
+        seen[group] = Prompt(group, list(r["prompt"]), template, knobs, shape, bool(r.get("generic", False)))
+    return list(seen.values()), skipped
+
+
+class RewardSource:
+    """Completion text -> (reward, source, candidate id): archive, evaluator or penalty."""
+
+    def __init__(self, table: RewardTable, evaluate: Optional[Evaluate] = None) -> None:
+        self.table = table
+        self.evaluate = evaluate
+        self.config: RewardConfig = table.config
+        self.sources: Counter = Counter()
+
+    def candidate(self, prompt: Prompt, text: str) -> Optional[Candidate]:
+        parsed = parse_knob_edit(text, prompt.template, prompt.parent_knobs, prompt.shape)
+        if not parsed.ok:
+            return None
+        try:
+            return prompt.template.candidate(parsed.value, prompt.shape, not prompt.generic)
+        except (TemplateError, ValueError):
+            return None
+
+    def __call__(self, prompt: Prompt, text: str) -> tuple[float, str, Optional[str]]:
+        cand = self.candidate(prompt, text)
+        if cand is None:
+            self.sources["unparsed"] += 1
+            return self.config.unmapped, "unparsed", None
+        r = self.table.get(prompt.shape, cand.id)
+        if r is not None:
+            self.sources["archive"] += 1
+            return r, "archive", cand.id
+        if self.evaluate is not None:
+            evals = [e for e in self.evaluate(cand) if e.shape == prompt.shape]
+            for e in evals:
+                self.table.add(e)
+            r = reward_of(evals, self.config)
+            if r is not None:
+                self.sources["evaluator"] += 1
+                return r, "evaluator", cand.id
+        self.sources["penalty"] += 1
+        return self.config.unmapped, "penalty", cand.id
+
+
+def train(policy: Policy, prompts: Sequence[Prompt], rewards: RewardSource, config: GRPOConfig,
+          log: Optional[Callable[[str], None]] = None, deadline: Optional[float] = None) -> list[dict[str, Any]]:
+    """Run ``config.steps`` GRPO steps over ``prompts`` (cycled in a seeded order); one record per
+    step. With ``deadline`` (a time.monotonic() value) no step starts after it."""
+    torch = policy.torch
+    if not prompts:
+        raise ValueError("no trainable prompts (knob-edit groups of loaded templates) in the data")
+    rng = random.Random(config.seed)
+    torch.manual_seed(config.seed)
+    opt = torch.optim.Adam(policy.trainable(), lr=config.lr)
+    order: list[Prompt] = []
+    history: list[dict[str, Any]] = []
+    for step in range(config.steps):
+        if deadline is not None and time.monotonic() >= deadline:
+            if log:
+                log(f"rl: time is up after {step} of {config.steps} steps")
+            break
+        if not order:
+            order = list(prompts)
+            rng.shuffle(order)
+        prompt = order.pop()
+        start = time.perf_counter()
+        ids = policy.prompt_ids(prompt.messages)
+        samples, scores = [], []
+        for _ in range(config.group_size):
+            grammar = KnobEditGrammar(prompt.template, prompt.parent_knobs, prompt.shape, config.max_changes)
+            s = policy.sample(prompt.messages, grammar, rng, config.temperature)
+            r = rewards(prompt, s.text)[0] if s.finished else rewards.config.unmapped
+            samples.append(s)
+            scores.append(r)
+        mean = statistics.fmean(scores)
+        std = statistics.pstdev(scores)
+        record: dict[str, Any] = {"step": step, "group": prompt.group, "reward_mean": mean, "reward_std": std,
+                                  "completions": [s.text for s in samples], "rewards": scores}
+        if std > 1e-8:
+            adv = [(r - mean) / std for r in scores]
+            ref = ([policy.logprobs(ids, s, reference=True) for s in samples] if config.beta > 0 else
+                   [None] * len(samples))
+            old: list[Any] = [None] * len(samples)
+            losses, kls = [], []
+            for it in range(config.inner):
+                opt.zero_grad()
+                total = 0.0
+                live = [i for i, s in enumerate(samples) if s.steps]
+                for i in live:
+                    lp = policy.logprobs(ids, samples[i])
+                    if it == 0:
+                        old[i] = lp.detach()
+                    ratio = torch.exp(lp - old[i])
+                    a = adv[i]
+                    loss = -torch.min(ratio * a, torch.clamp(ratio, 1 - config.clip, 1 + config.clip) * a)
+                    if ref[i] is not None:
+                        q = ref[i] - lp
+                        kl = torch.exp(q) - q - 1
+                        loss = loss + config.beta * kl
+                        kls.append(float(kl.detach().mean()))
+                    loss = loss.mean() / len(live)
+                    loss.backward()
+                    total += float(loss.detach())
+                torch.nn.utils.clip_grad_norm_(policy.trainable(), config.max_grad_norm)
+                opt.step()
+                policy.weights_changed()
+                losses.append(total)
+            record.update(loss=losses[-1], kl=statistics.fmean(kls) if kls else 0.0)
+        else:
+            record.update(loss=None, kl=None, skipped="equal rewards")
+        record["seconds"] = round(time.perf_counter() - start, 3)
+        history.append(record)
+        if log:
+            log(f"rl step {step + 1}/{config.steps}: reward mean {mean:+.3f} std {std:.3f}"
+                + (f", loss {record['loss']:+.4f}, kl {record['kl']:.4f}" if record.get("loss") is not None
+                   else " (skipped: equal rewards)") + f", {record['seconds']:.1f}s")
+    return history

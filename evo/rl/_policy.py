@@ -1,0 +1,209 @@
+"""The policy RL trains: a LoRA-adapted copy of a transformers backend's model.
+
+The copy samples through the backend's own grammar-constrained loop (the operator's decoding,
+so training sees exactly the distribution the operator proposes from) with a trace of every
+sampled step: the allowed token ids and the chosen one. The policy's probability of a
+completion is the product, over those steps, of the softmax restricted to the allowed tokens;
+steps the grammar determined (one live string) have probability 1 and carry no gradient.
+
+The prompt's KV cache is computed without gradient under the current weights: the gradient
+flows through the completion tokens' own forward pass (and the last prompt token's, whose
+logits choose the first token), not back through the prompt's keys and values. This truncated
+gradient saves a ~1000-token backward pass per step on CPU; the log-probabilities themselves
+are exact. The reference model for the KL term is the same network with the adapter disabled.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from operators.llm import PREFIX, TransformersBackend
+
+__all__ = ["LoraSettings", "Policy", "Sample", "model_hash", "adapter_hash"]
+
+LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """peft LoraConfig fields we set (dropout 0: training and sampling see one network)."""
+
+    r: int = 16
+    alpha: int = 32
+    targets: tuple[str, ...] = LLAMA_TARGETS
+
+    def config(self) -> Any:
+        from peft import LoraConfig
+
+        return LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=0.0, target_modules=list(self.targets),
+                          bias="none", task_type="CAUSAL_LM")
+
+
+@dataclass
+class Sample:
+    """One sampled completion with its trace: ``ids`` are the completion's tokens (after the
+    prompt and ``PREFIX``), ``steps`` the sampled ones as (index into ids, allowed ids, chosen)."""
+
+    text: str
+    finished: bool
+    ids: list[int] = field(default_factory=list)
+    steps: list[tuple[int, list[int], int]] = field(default_factory=list)
+    temperature: float = 1.0
+
+
+class _Tracing(TransformersBackend):
+    """The backend's sampling loop on another model, recording a :class:`Sample`'s trace."""
+
+    trace: Optional[Sample] = None
+
+    def _forward(self, ids: Sequence[int], past: Any) -> tuple[Any, Any]:
+        if past is not None and self.trace is not None:
+            self.trace.ids.extend(int(i) for i in ids)
+        return super()._forward(ids, past)
+
+    def _sample(self, logits: Any, ids: Optional[Sequence[int]], temperature: float, rng: Any) -> int:
+        tok = super()._sample(logits, ids, temperature, rng)
+        if self.trace is not None and ids is not None:
+            self.trace.steps.append((len(self.trace.ids), [int(i) for i in ids], tok))
+        return tok
+
+
+def model_hash(model: Any) -> str:
+    """sha256 over the base model's parameter names and bytes (LoRA weights excluded)."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        if "lora_" in name:
+            continue
+        h.update(name.replace("base_model.model.", "").encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def adapter_hash(folder: Union[str, os.PathLike]) -> str:
+    """sha256 of a saved adapter's weights file (what a version is named after)."""
+    folder = Path(folder)
+    files = sorted(folder.glob("adapter_model.*"))
+    if not files:
+        raise FileNotFoundError(f"no adapter_model.* in {folder}")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+class Policy:
+    """A trainable LoRA copy of ``backend``'s model (see the module docstring)."""
+
+    def __init__(self, backend: TransformersBackend, *, lora: LoraSettings = LoraSettings(), seed: int = 0,
+                 init_adapter: Optional[Union[str, os.PathLike]] = None) -> None:
+        import torch
+        from peft import PeftModel, get_peft_model
+
+        self.torch = torch
+        self.backend = backend
+        self.lora = lora
+        base = copy.deepcopy(backend.model)
+        if getattr(base, "peft_config", None):  # the backend serves an adapter: train from the base
+            base.delete_adapter(list(base.peft_config))
+        self.base_hash = model_hash(base)
+        torch.manual_seed(seed)
+        if init_adapter is not None:
+            self.model = PeftModel.from_pretrained(base, str(init_adapter), is_trainable=True)
+        else:
+            self.model = get_peft_model(base, lora.config())
+        self.model.eval()  # no dropout anywhere; gradients still flow
+        sampler = _Tracing.__new__(_Tracing)
+        sampler.__dict__.update(backend.__dict__)  # tokenizer, vocabulary pieces, eos ids, device...
+        sampler.model = self.model
+        sampler._cache = OrderedDict()
+        sampler._lock = threading.Lock()
+        self.sampler = sampler
+        self._train_past: dict[tuple[int, ...], Any] = {}
+        self._ref_past: dict[tuple[int, ...], Any] = {}
+
+    # -- prompts and caches --------------------------------------------------------------------
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.sampler.prompt_ids(messages, PREFIX)
+
+    def _prefix(self, ids: list[int], reference: bool) -> Any:
+        """KV cache of all prompt tokens but the last, without gradient (the reference's is kept)."""
+        torch = self.torch
+        key = tuple(ids)
+        cache = self._ref_past if reference else self._train_past
+        if key not in cache:
+            with torch.no_grad():
+                if reference:
+                    with self.model.disable_adapter():
+                        out = self.model(input_ids=torch.tensor([ids[:-1]], device=self.sampler.device), use_cache=True, logits_to_keep=1)
+                else:
+                    out = self.model(input_ids=torch.tensor([ids[:-1]], device=self.sampler.device), use_cache=True, logits_to_keep=1)
+                    # the sampler's prefill of the whole prompt, from this one (saves a prompt pass)
+                    full = copy.deepcopy(out.past_key_values)
+                    last = self.model(input_ids=torch.tensor([ids[-1:]], device=self.sampler.device), past_key_values=full, use_cache=True)
+                    self.sampler._cache[key] = (last.past_key_values, last.logits[0, -1].double().cpu())
+            cache[key] = out.past_key_values
+        return cache[key]
+
+    def weights_changed(self) -> None:
+        """Drop every cache computed under the old weights (call after each optimiser step)."""
+        self._train_past.clear()
+        self.sampler._cache.clear()
+
+    # -- sampling ------------------------------------------------------------------------------
+    def sample(self, messages: list[dict[str, str]], grammar: Any, rng: Any, temperature: float = 1.0) -> Sample:
+        """One constrained completion of ``messages`` with its trace."""
+        self._prefix(self.prompt_ids(messages), reference=False)
+        trace = Sample(text="", finished=False, temperature=temperature)
+        self.sampler.trace = trace
+        try:
+            c = self.sampler.complete(messages, rng=rng, temperature=temperature, max_new_tokens=64, prefix=PREFIX,
+                                      grammar=grammar)
+        finally:
+            self.sampler.trace = None
+        trace.text, trace.finished = c.text, c.finished
+        return trace
+
+    # -- log-probabilities ---------------------------------------------------------------------
+    def logprobs(self, prompt: list[int], sample: Sample, reference: bool = False) -> Any:
+        """Log-probabilities of the sampled steps under the restricted softmax (a 1-d tensor with
+        gradient unless ``reference``)."""
+        torch = self.torch
+        past = copy.deepcopy(self._prefix(prompt, reference))
+        x = torch.tensor([prompt[-1:] + sample.ids], device=self.sampler.device)
+        if reference:
+            with torch.no_grad(), self.model.disable_adapter():
+                logits = self.model(input_ids=x, past_key_values=past, use_cache=True).logits[0]
+        else:
+            logits = self.model(input_ids=x, past_key_values=past, use_cache=True).logits[0]
+        out = []
+        for j, allowed, chosen in sample.steps:
+            sub = logits[j, allowed].float() / sample.temperature
+            out.append(torch.log_softmax(sub, dim=0)[allowed.index(chosen)])
+        return torch.stack(out) if out else torch.zeros(0)
+
+    def trainable(self) -> list[Any]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def save(self, folder: Union[str, os.PathLike]) -> str:
+        """Save the adapter (peft format) and return its hash."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(folder))
+        return adapter_hash(folder)
+
+    def settings(self) -> dict[str, Any]:
+        return {"lora": {**asdict(self.lora), "targets": list(self.lora.targets)}, "base_model": self.backend.name}
+
+
+def write_manifest(folder: Union[str, os.PathLike], manifest: dict[str, Any]) -> None:
+    path = Path(folder) / "evo-adapter.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)

@@ -77,7 +77,15 @@ def _shape_report(archive: Archive, shape: Shape, top: int) -> dict[str, Any]:
         "status_counts": {s.value: counts[s] for s in Status},
         "best_speedup": _num(elites[0].fitness) if elites else None,
         "elites": [_elite(i + 1, e) for i, e in enumerate(elites)],
+        "adapters": _adapters(archive, shape),
     }
+
+
+def _adapters(archive: Archive, shape: Shape) -> list[dict[str, Any]]:
+    """Improvement per adapter version of the LLM-made candidates (evo.rl; [] when there are none)."""
+    from .rl._stats import adapter_stats
+
+    return [{k: _num(v) if isinstance(v, float) else v for k, v in row.items()} for row in adapter_stats(archive, shape)]
 
 
 def _lineage_report(tree: LineageNode) -> dict[str, Any]:
@@ -193,6 +201,11 @@ def render_rich(report: dict[str, Any], tree: Optional[LineageNode], out: Any) -
                       f"({s['candidates']} candidates, {s['evaluations']} evaluations)")
         statuses = "  ".join(f"{k} {v}" for k, v in s["status_counts"].items() if v)
         console.print("  " + (statuses or "no evaluations"))
+        for a in s.get("adapters") or ():
+            share = "-" if a["improved_share"] is None else f"{a['improved_share']:.0%}"
+            console.print(f"  llm adapter {escape(a['adapter'])}: {a['proposals']} proposals, {a['evaluated']} evaluated, "
+                          f"{a['ok']} ok, {a['improved']} improved on their parent ({share}), "
+                          f"best {_fmt(a['best'], '.3f')}x, mean reward {_fmt(a['mean_reward'], '+.3f')}")
         if not s["elites"]:  # "no elite yet" said it: no ok, unflagged measurement
             console.print()
             continue

@@ -128,6 +128,18 @@ class TransferConfig:
 
 
 @dataclass
+class RLConfig:
+    """Periodic RL updates of the LLM operators' model during a run (evo.rl, ``--rl-every N``)."""
+
+    every: int = 0                    # evaluations between updates (0: off)
+    steps: int = 4                    # GRPO steps per update
+    group_size: int = 8               # completions sampled per prompt
+    window: int = 256                 # the newest LLM-made rows of the archive trained on
+    lr: float = 2e-3
+    wait_s: float = 0.0               # at the end of the run, wait this long for an update in progress
+
+
+@dataclass
 class RunConfig:
     """Everything ``evo run`` needs; defaults are the documented ones (docs/run.md)."""
 
@@ -149,6 +161,7 @@ class RunConfig:
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     pool: PoolConfig = field(default_factory=PoolConfig)
     transfer: TransferConfig = field(default_factory=TransferConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
 
     def validate(self) -> "RunConfig":
         """Check cross-field rules; returns self so calls chain."""
@@ -185,13 +198,16 @@ class RunConfig:
             raise ConfigError("pool: compile_workers >= 1; max_inflight, drain_s and max_consecutive_errors >= 0")
         if p.ray and p.kind != "local":
             raise ConfigError(f"pool.ray: runs the Ray pool; it cannot be combined with pool.kind {p.kind!r}")
+        r = self.rl
+        if r.every < 0 or r.steps < 1 or r.group_size < 2 or r.window < 1 or not r.lr > 0 or not r.wait_s >= 0:
+            raise ConfigError("rl: every >= 0, steps >= 1, group_size >= 2, window >= 1, lr > 0, wait_s >= 0")
         if self.transfer.neighbors < 0 or self.transfer.per_neighbor < 0:
             raise ConfigError("transfer: neighbors and per_neighbor must be >= 0")
         return self
 
 
 # -- the TOML file --------------------------------------------------------------------------
-_SECTIONS = {"selection": SelectionConfig, "pool": PoolConfig, "transfer": TransferConfig}
+_SECTIONS = {"selection": SelectionConfig, "pool": PoolConfig, "transfer": TransferConfig, "rl": RLConfig}
 _TOP = {"shapes", "archive", "budget", "gpu_seconds", "max_evals", "max_tokens", "operators", "seed",
         "converge_window", "converge_threshold", "batch", "seeds_per_template", "specialize", "progress",
         "progress_interval", *_SECTIONS}

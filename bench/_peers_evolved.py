@@ -70,14 +70,17 @@ def evolved_shapes(archive: Optional[Path], library: Optional[Path]) -> tuple[li
         return sorted(_manifest_entries(library), key=lambda s: (s.flops, str(s))), notes
     assert archive is not None
     arch = _open_archive(archive)
-    shapes = []
+    shapes, without = [], []
     for s in arch.shapes():
         if not arch.elites(s, top=1):
+            without.append(str(s))
             continue
         if s.contract != "f32":
             notes.append(f"{s}: contract {s.contract} is not torch.matmul's; not benchmarked")
             continue
         shapes.append(s)
+    if without:
+        notes.append(f"{len(without)} archived shape(s) without an ok, unflagged kernel left out: {', '.join(without)}")
     return sorted(shapes, key=lambda s: (s.flops, str(s))), notes
 
 

@@ -225,6 +225,7 @@ def test_shape_selection(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert got == ["8x8x8:TN:f32", "64x64x64:TN:f32", "2048x64x64:NN:f32",
                    *[str(s) for s in (S_MMA, S_NN, S_WGMMA)]]
     assert str(S_FAIL) not in got and str(S_F16) not in got and "f16" in cap.err
+    assert f"1 archived shape(s) without an ok, unflagged kernel left out: {S_FAIL}" in cap.err
     assert peers_bench.main(["--shapes-file", str(tmp_path / "grid.csv"), "--grid-sample", "100", "--list-shapes"]) == 0
     grid = [Shape.parse(s) for s in capsys.readouterr().out.split()]
     assert grid[0] == Shape(64, 128, 96) and len(grid) == 101 and len(set(grid)) == 101

@@ -36,6 +36,7 @@ from _peers_stats import decade
 
 __all__ = ["Options", "Fatal", "check", "measure"]
 
+#: ``bind(a, b_stored, c) -> call()``: a contender bound to one set of operands.
 Binder = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Callable[[], None]]
 
 
@@ -62,8 +63,7 @@ def _kn(shape: Shape, b_stored: torch.Tensor) -> torch.Tensor:
     return b_stored.t() if shape.layout == "TN" else b_stored
 
 
-def check(shape: Shape, bind: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Callable[[], None]],
-          gen: torch.Generator) -> tuple[bool, float, float, str]:
+def check(shape: Shape, bind: Binder, gen: torch.Generator) -> tuple[bool, float, float, str]:
     """(passed, ||c - ref|| / ||ref||, max |c - ref| / tolerance, message) on fresh inputs;
     ``bind(a, b_stored, c)`` returns the call under test."""
     a = torch.empty(shape.m, shape.k, dtype=torch.float16, device="cuda").uniform_(-1, 1, generator=gen)

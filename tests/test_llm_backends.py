@@ -213,3 +213,18 @@ def test_bandit_prefers_improvements_per_token() -> None:
     assert ModelBandit(["only"]).choose(rng) == "only"
     with pytest.raises(ValueError):
         ModelBandit(["a", "a"])
+
+
+def test_a_model_that_cannot_load_is_a_counted_failure_and_not_reloaded(tmp_path: Path) -> None:
+    from operators import OperatorContext, ParentView, get_operator
+    from populations import Shape, load_templates
+    templates = load_templates()
+    shape = Shape.parse("128x256x64")
+    t = templates["sm80_mma"]
+    parent = ParentView(t.candidate(t.heuristic(shape, arch=90)[0], shape))
+    op = get_operator("llm", models=[f"transformers:{tmp_path / 'no-model-here'}"], max_attempts=2)
+    start = time.monotonic()
+    props = op.propose([parent], shape, random.Random(0), 2, OperatorContext([], templates, arch=90))
+    assert [p.ok for p in props] == [False, False] and time.monotonic() - start < 60
+    assert all(p.reason.startswith("no usable answer in 2 attempts; last: model transformers:") for p in props)
+    assert op.bandit.summary()[op.models[0]]["calls"] == 4 and op.take_tokens() == 0

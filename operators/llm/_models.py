@@ -128,23 +128,34 @@ def resolve_model(name: str, files: Sequence[Union[str, Path]] = (), **overrides
 
 
 _BACKENDS: dict[ModelSpec, Any] = {}
+_FAILED: dict[ModelSpec, Exception] = {}
 _LOCK = threading.Lock()
 
 
 def get_backend(spec: ModelSpec) -> Any:
-    """The backend serving ``spec``, built once per process (loading a model takes tens of seconds)."""
+    """The backend serving ``spec``, built once per process (loading a model takes tens of seconds).
+    A model that failed to load fails again at once (the same exception), not after another load."""
     with _LOCK:
         backend = _BACKENDS.get(spec)
         if backend is not None:
             return backend
-        if spec.backend == "openai":
-            from ._openai import OpenAIBackend
-            backend = OpenAIBackend(spec)
-        elif spec.backend == "vllm":
-            from ._vllm import VLLMBackend
-            backend = VLLMBackend(spec)
-        else:
-            from ._transformers import load_backend
-            backend = load_backend(spec.model, spec.device, spec.threads)
+        if spec in _FAILED:
+            raise _FAILED[spec]
+        try:
+            backend = _build(spec)
+        except Exception as exc:
+            _FAILED[spec] = exc
+            raise
         _BACKENDS[spec] = backend
         return backend
+
+
+def _build(spec: ModelSpec) -> Any:
+    if spec.backend == "openai":
+        from ._openai import OpenAIBackend
+        return OpenAIBackend(spec)
+    if spec.backend == "vllm":
+        from ._vllm import VLLMBackend
+        return VLLMBackend(spec)
+    from ._transformers import load_backend
+    return load_backend(spec.model, spec.device, spec.threads)

@@ -60,14 +60,19 @@ def parse_args(argv: Any = None) -> argparse.Namespace:
     p.add_argument("--value", default="8", type=_value, help="archive mode: that value (JSON)")
     p.add_argument("--parent", default=json.dumps(PARENT), type=json.loads, help="the parent's knobs (JSON)")
     p.add_argument("--samples", type=int, default=50)
-    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=16)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--beta", type=float, default=0.02)
+    p.add_argument("--temperature", type=float, default=2.0,
+                   help="sampling temperature in training (exploration: at 1.0 the base model almost never tries "
+                        "anything but TM=64 here, so GRPO never sees the value that pays)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--llm-device", default=None, help="the model's device (default: cpu; cuda in gpu mode)")
     p.add_argument("--gpus", default=None, help="gpu mode: GPU indices for LocalPool, e.g. 0")
     p.add_argument("--max-minutes", type=float, default=None, help="cap on the whole run's wall time")
+    p.add_argument("--adapter", metavar="DIR", help="archive mode: measure this trained adapter (evo-adapter.json "
+                   "beside it) instead of training one")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: decoding is many tiny matmuls, and on a busy machine one "
                         "thread beat two by 3-5x here; 0 leaves torch's default)")
@@ -98,7 +103,7 @@ def main(argv: Any = None) -> int:
     def say(msg: str) -> None:
         print(f"[{time.monotonic() - start:7.1f}s] {msg}", flush=True)
 
-    from evo.rl._adapters import backends_of, switch_adapter, train_adapter
+    from evo.rl._adapters import backends_of, read_manifest, switch_adapter, train_adapter
     from evo.rl._grpo import GRPOConfig
     from evo.rl._policy import Policy
     from operators.llm import LLMOperator
@@ -107,7 +112,8 @@ def main(argv: Any = None) -> int:
     say(f"loading the model on {device}")
     op = LLMOperator(device=device)
     backend = backends_of({"llm": op})[0][1]  # the operator's own backend, the one hot-reloaded below
-    config = GRPOConfig(steps=args.steps, group_size=args.group_size, lr=args.lr, beta=args.beta, seed=args.seed)
+    config = GRPOConfig(steps=args.steps, group_size=args.group_size, lr=args.lr, beta=args.beta, seed=args.seed,
+                        temperature=args.temperature)
     result: dict[str, Any] = {"evaluator": args.evaluator, "shape": str(shape), "parent": parent.knobs,
                               "samples": args.samples, "config": config.to_dict()}
     pool = None
@@ -145,11 +151,15 @@ def main(argv: Any = None) -> int:
             rows = export_rows([a])
             table = RewardTable().add_archive(a)
         say(f"dataset: {len(rows)} LLM rows; training {config.steps} GRPO steps of {config.group_size} samples")
-        policy = Policy(backend, seed=args.seed)
-        folder = out / "adapters" / "v1"
-        manifest = train_adapter(rows, folder, policy=policy, templates={"tiny": tiny}, table=table,
-                                 evaluate=evaluate, config=config, version=1, log=say,
-                                 deadline=None if deadline is None else deadline - 60 * 0.15 * (args.max_minutes or 0))
+        if args.adapter:
+            folder = Path(args.adapter)
+            manifest = read_manifest(folder)
+        else:
+            policy = Policy(backend, seed=args.seed)
+            folder = out / "adapters" / "v1"
+            manifest = train_adapter(rows, folder, policy=policy, templates={"tiny": tiny}, table=table,
+                                     evaluate=evaluate, config=config, version=1, log=say,
+                                     deadline=None if deadline is None else deadline - 60 * 0.15 * (args.max_minutes or 0))
         switch_adapter({"llm": op}, folder, manifest["name"])
         say(f"operator switched to adapter {manifest['name']}")
         after, cands = proposal_share(tiny, shape, knob, value, n=args.samples, seed=args.seed + 1, operator=op,

@@ -188,7 +188,9 @@ def test_operator_hot_reloads_the_adapter_and_records_its_version(trained, tiny)
         assert child is not None and child.adapter == manifest["name"]
     finally:
         backend.load_adapter(None, "")  # the session's shared backend goes back to the base model
-    assert backend.adapter == "" and not getattr(backend.model, "peft_config", None)
+    from peft import PeftModel
+
+    assert backend.adapter == "" and not isinstance(backend.model, PeftModel)
 
 
 @needs_llm
@@ -225,3 +227,14 @@ def test_updater_trains_in_the_background_and_switches_the_operator(tmp_path: Pa
         assert "rl_update" in kinds and "rl_switch" in kinds and "rl_failed" not in kinds
     finally:
         backend.load_adapter(None, "")
+
+
+def test_rl_every_flag_and_config(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from evo._config import ConfigError, merge
+
+    cfg = merge({"shapes": ["64x64x64"], "archive": str(tmp_path / "a"), "rl": {"steps": 2}}, {"rl": {"every": 7}})
+    assert (cfg.rl.every, cfg.rl.steps, cfg.rl.group_size) == (7, 2, 8)
+    with pytest.raises(ConfigError, match="rl:"):
+        merge({"shapes": ["64x64x64"], "archive": str(tmp_path / "a")}, {"rl": {"every": -1}})
+    assert main(["run", "--shape", "64x64x64", "--archive", str(tmp_path / "b"), "--rl-every", "-3"]) == 2
+    assert "rl: every >= 0" in capsys.readouterr().err

@@ -110,8 +110,8 @@ class Policy:
         self.backend = backend
         self.lora = lora
         base = copy.deepcopy(backend.model)
-        if getattr(base, "peft_config", None):  # the backend serves an adapter: train from the base
-            base.delete_adapter(list(base.peft_config))
+        if isinstance(base, PeftModel):  # the backend serves an adapter: train from the base
+            base = base.unload()
         self.base_hash = model_hash(base)
         torch.manual_seed(seed)
         if init_adapter is not None:

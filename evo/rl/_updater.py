@@ -50,6 +50,8 @@ class RLUpdater:
         latest = self.store.latest()
         self.version, self.current = (latest[0], read_manifest(latest[1])["name"]) if latest else (0, None)
         self._resume = latest is not None
+        if not self.model:
+            self.log("evo: rl: no LLM operator in this run; --rl-every has nothing to train")
 
     def _emit(self, kind: str, **data: Any) -> None:
         if self.events is not None:
@@ -120,12 +122,12 @@ class RLUpdater:
                 self._result = {"skip": "no LLM knob-edit rows in the archive yet", "evaluations": evaluations}
                 return
             if self.policy is None:
-                from operators.llm import load_backend
-
+                from ._adapters import backends_of
                 from ._policy import Policy
 
                 init = self.store.folder(self.version) if self.version else None
-                self.policy = Policy(load_backend(self.model), seed=self.config.seed, init_adapter=init)
+                backend = backends_of(self.operators)[0][1]  # the first LLM operator's own model, on its device
+                self.policy = Policy(backend, seed=self.config.seed, init_adapter=init)
             version = self.version + 1
             folder = self.store.folder(version)
             manifest = train_adapter(rows, folder, policy=self.policy, templates=self.templates, table=table,

@@ -107,20 +107,30 @@ class TransformersBackend:
     # -- adapters (RL updates, issue 8) -----------------------------------------------------
     def load_adapter(self, folder: Any, name: str) -> None:
         """Answer with the peft LoRA adapter saved in ``folder`` from the next completion on, and
-        record ``name`` (its version) in every Completion: a hot reload, no restart. The previous
-        adapter is dropped, and so are the prompt caches computed with the old weights.
-        ``folder=None`` goes back to the base model."""
+        record ``name`` (its version) in every Completion: a hot reload, no restart. The model
+        is wrapped in a ``peft.PeftModel`` on the first load; the previous adapter is dropped, and
+        so are the prompt caches computed with the old weights. ``folder=None`` goes back to the
+        base model (the LoRA layers are removed)."""
+        from peft import PeftModel
+
         with self._lock:
-            if folder is not None:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if folder is None:
+                    if isinstance(self.model, PeftModel):
+                        self.model = self.model.unload()
+                elif isinstance(self.model, PeftModel):
+                    old = list(self.model.peft_config)
                     self.model.load_adapter(str(folder), adapter_name=name)
-                self.model.set_adapter(name)
-            old = [n for n in (getattr(self.model, "peft_config", None) or {}) if folder is None or n != name]
-            if old:
-                self.model.delete_adapter(old)
+                    self.model.set_adapter(name)
+                    for n in old:
+                        if n != name:
+                            self.model.delete_adapter(n)
+                else:
+                    self.model = PeftModel.from_pretrained(self.model, str(folder), adapter_name=name)
+                self.model.eval()
             self._cache.clear()
-            self.adapter = name
+            self.adapter = name if folder is not None else ""
 
     # -- vocabulary -------------------------------------------------------------------------
     @functools.cached_property

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from collections import deque
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -94,15 +95,16 @@ class GpuEvaluator:
     """The body of one GPU actor: a :class:`WorkerSupervisor` whose spawned child runs candidates.
 
     Ray gives the actor one GPU through ``CUDA_VISIBLE_DEVICES``; the supervisor's GPU 0 is that
-    one. The child's pid is written next to its log so that a replacement actor on the same node
-    can end a child its killed predecessor left behind (a hung kernel holding the GPU).
+    one. The child's pid is written next to its log, named by the pool and the slot, so that a
+    replacement actor of the same pool on the same node can end a child its killed predecessor
+    left behind (a hung kernel holding the GPU); another pool's children are never touched.
     """
 
-    def __init__(self, slot: int, target: str, options: Mapping[str, Any], log_dir: Optional[str],
+    def __init__(self, pool_id: str, slot: int, target: str, options: Mapping[str, Any], log_dir: Optional[str],
                  deadlines: Optional[Mapping[str, float]]) -> None:
         self.slot = slot
         self.sup = WorkerSupervisor(0, target=target, options=options, log_dir=log_dir, deadlines=deadlines)
-        self.pidfile = os.path.join(os.path.dirname(self.sup.log_path), f"ray-slot{slot}.child")
+        self.pidfile = os.path.join(os.path.dirname(self.sup.log_path), f"ray-{pool_id}-slot{slot}.child")
         self._end_orphan()
 
     def start(self) -> dict[str, Any]:
@@ -226,6 +228,7 @@ class RayPool:
         self.stats = RayPoolStats()
         from ._provenance import code_version
 
+        self.pool_id = uuid.uuid4().hex[:12]  # names this pool's worker pid files on every node
         self._actor_args = (target, {"evo_version": code_version(), **(worker_options or {})}, log_dir, deadlines)
         d = {**DEFAULT_DEADLINES, **(deadlines or {})}
         self.start_timeout_s = start_timeout_s or 3 * (d["startup"] + d["probe"]) + 60.0
@@ -455,7 +458,7 @@ class RayPool:
         failed, or None."""
         ray = self._ray
         self._stop_actor(slot)
-        actor = self._actor_cls.remote(slot, *self._actor_args)
+        actor = self._actor_cls.remote(self.pool_id, slot, *self._actor_args)
         try:
             ready = ray.get(actor.start.remote(), timeout=self.start_timeout_s)
         except Exception as exc:  # WorkerUnavailable inside the actor, a timeout, a lost node

@@ -116,7 +116,7 @@ def test_an_actor_killed_mid_batch_is_replaced_and_its_candidate_retried(cluster
         futures = [pool.submit(c) for c in cands]
         victim = wait_for(lambda: pool.running().get(0), what="a candidate on actor 0")
         old_actor = pool.actor(0)
-        child_pid = int(wait_for(lambda: _read(tmp_path / "logs" / "ray-slot0.child"), what="the child's pid file"))
+        child_pid = int(wait_for(lambda: _read(tmp_path / "logs" / f"ray-{pool.pool_id}-slot0.child"), what="the child's pid file"))
         ray.kill(old_actor, no_restart=True)
         evals = {f.result(timeout=120)[0].candidate_id: f.result()[0] for f in futures}
         stats = pool.stats

@@ -150,6 +150,9 @@ def main(argv: Any = None) -> int:
         with Archive(out / "archive") as a:
             rows = export_rows([a])
             table = RewardTable().add_archive(a)
+            # gpu mode: the sweep's best one-knob children of the parent are replayed as demonstrations
+            # (the base model's own proposals rarely hold the target); archive mode: the LLM rows alone
+            demos = [Archive(out / "archive")] if args.evaluator == "gpu" else []
         say(f"dataset: {len(rows)} LLM rows; training {config.steps} GRPO steps of {config.group_size} samples")
         if args.adapter:
             folder = Path(args.adapter)
@@ -158,7 +161,7 @@ def main(argv: Any = None) -> int:
             policy = Policy(backend, seed=args.seed)
             folder = out / "adapters" / "v1"
             manifest = train_adapter(rows, folder, policy=policy, templates={"tiny": tiny}, table=table,
-                                     evaluate=evaluate, config=config, version=1, log=say,
+                                     evaluate=evaluate, config=config, version=1, log=say, demos=demos,
                                      deadline=None if deadline is None else deadline - 60 * 0.15 * (args.max_minutes or 0))
         switch_adapter({"llm": op}, folder, manifest["name"])
         say(f"operator switched to adapter {manifest['name']}")

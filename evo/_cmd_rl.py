@@ -8,7 +8,8 @@ prompt/completion format plus reward, advantage, group and provenance columns; e
 [--steps N] [--seed S] [--group-size G] [--lr X] [--beta X] [--init-adapter DIR] [--version N]``
 runs GRPO with LoRA on the dataset's knob-edit groups; rewards of sampled completions come from
 the dataset's own rows and the given archives (completions that map to no measured candidate
-get a penalty), and writes a peft adapter with its evo-adapter.json manifest. Exit 2 on bad input.
+get a penalty), the group's archived completions and its parent's best archived children are
+replayed beside the samples, and writes a peft adapter with its evo-adapter.json manifest. Exit 2 on bad input.
 """
 from __future__ import annotations
 
@@ -83,9 +84,9 @@ def _train(args: argparse.Namespace) -> int:
             version, parent = int(m.get("version", 0)) + 1, m.get("name")
         version = args.version if args.version is not None else version
         table = table_from_rows(rows)
-        for path in args.archive:
-            with Archive(path, mode="r") as a:
-                table.add_archive(a)
+        archives = [Archive(path, mode="r") for path in args.archive]
+        for a in archives:
+            table.add_archive(a)
         if Path(args.out).exists() and any(Path(args.out).iterdir()):
             raise ValueError(f"--out {args.out} exists and is not empty")
     except (DatasetError, ArchiveError, ValueError) as exc:
@@ -103,8 +104,13 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     backend = load_backend(args.model or DEFAULT_MODEL, args.device)
     policy = Policy(backend, seed=args.seed, init_adapter=args.init_adapter)
-    manifest = train_adapter(rows, args.out, policy=policy, templates=templates, table=table, config=config,
-                             version=version, parent_adapter=parent, log=lambda m: print(m, flush=True))
+    try:
+        manifest = train_adapter(rows, args.out, policy=policy, templates=templates, table=table, config=config,
+                                 version=version, parent_adapter=parent, log=lambda m: print(m, flush=True),
+                                 demos=archives)
+    finally:
+        for a in archives:
+            a.close()
     print(f"evo rl train: adapter {manifest['name']} -> {args.out} "
           f"(rewards from {manifest['reward_sources']})")
     return 0

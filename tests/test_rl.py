@@ -161,10 +161,36 @@ def test_grpo_steps_change_the_adapter_and_write_a_manifest(trained) -> None:
     assert manifest["name"] == f"v1-{manifest['adapter_hash'][:12]}"
     assert manifest["config"]["grpo"]["group_size"] == 4 and manifest["config"]["lora"]["r"] == 16
     assert manifest["dataset"]["rows"] == 6 and manifest["dataset"]["groups"] == 1
-    assert len(manifest["metrics"]) == 2 and sum(manifest["reward_sources"].values()) == 8
+    # each step: 4 samples plus the group's 6 archived completions replayed through the grammar
+    assert len(manifest["metrics"]) == 2 and [m["replayed"] for m in manifest["metrics"]] == [6, 6]
+    assert sum(manifest["reward_sources"].values()) == 2 * (4 + 6)
     assert manifest["reward_sources"].get("archive", 0) >= 1  # sampled edits map to archived candidates
     assert (out / "adapter_model.safetensors").is_file() and (out / "adapter_config.json").is_file()
     assert json.loads((out / "evo-adapter.json").read_text()) == manifest
+
+
+@needs_llm
+@needs_peft
+def test_replay_traces_an_archived_completion_through_the_grammar(trained, tiny) -> None:
+    from evo.rl._check import parent_of as parent_cand
+    from operators import OperatorContext, ParentView
+    from operators.llm import KnobEditGrammar, LLMOperator
+
+    policy = trained[0]
+    parent, pev = parent_cand(tiny, SHAPE, PARENT)
+    msgs = LLMOperator().messages([ParentView(parent, pev)], SHAPE, OperatorContext([(parent, pev)], {"tiny": tiny}),
+                                  tiny)
+
+    def grammar() -> KnobEditGrammar:
+        return KnobEditGrammar(tiny, parent.knobs, SHAPE, 2)
+
+    s = policy.replay(msgs, grammar(), '{"TM": 32, "WARPS": 8}')
+    assert s is not None and s.text == '{"TM": 32, "WARPS": 8}' and s.finished and len(s.steps) >= 2
+    lp = policy.logprobs(policy.prompt_ids(msgs), s)
+    assert lp.shape[0] == len(s.steps) and bool((lp <= 0).all()) and lp.requires_grad
+    assert policy.replay(msgs, grammar(), '{"WARPS": 4}') is None  # the parent's own value: not an edit
+    assert policy.replay(msgs, grammar(), '{"NOPE": 1}') is None
+    assert policy.replay(msgs, grammar(), '{"TM": 32, "TN": 32, "KU": 1}') is None  # three changes
 
 
 @needs_llm
@@ -238,3 +264,18 @@ def test_rl_every_flag_and_config(tmp_path: Path, capsys: pytest.CaptureFixture)
         merge({"shapes": ["64x64x64"], "archive": str(tmp_path / "a")}, {"rl": {"every": -1}})
     assert main(["run", "--shape", "64x64x64", "--archive", str(tmp_path / "b"), "--rl-every", "-3"]) == 2
     assert "rl: every >= 0" in capsys.readouterr().err
+
+
+def test_elite_demos_add_the_parents_best_archived_children(archive_dir: Path, tiny) -> None:
+    from evo.rl._grpo import add_elite_demos, prompts_from_rows
+
+    with Archive(archive_dir) as a:
+        rows = export_rows([a])
+        table = RewardTable().add_archive(a)
+        prompts, skipped = prompts_from_rows(rows, {"tiny": tiny})
+        assert len(prompts) == 1 and not skipped and len(prompts[0].replay) == 6
+        (p,) = add_elite_demos(prompts, a, table, top=4)
+    demos = p.replay[6:]
+    assert 1 <= len(demos) <= 4 and all(t.startswith('{"') for t in demos)
+    assert all(json.loads(t)[KNOB] == VALUE for t in demos)  # the best children all have the value that pays
+    assert prompts_from_rows(rows, {})[1] == {"template tiny not loaded": 6}  # counted per row

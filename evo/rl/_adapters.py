@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from populations import Template
 
-from ._grpo import GRPOConfig, RewardSource, prompts_from_rows, train
+from ._grpo import GRPOConfig, RewardSource, add_elite_demos, prompts_from_rows, train
 from ._policy import LoraSettings, Policy, write_manifest
 from ._reward import RewardConfig, RewardTable
 
@@ -84,10 +84,15 @@ def train_adapter(rows: Sequence[Mapping[str, Any]], out: Union[str, os.PathLike
                   templates: Mapping[str, Template], table: Optional[RewardTable] = None,
                   evaluate: Optional[Callable[..., Any]] = None, config: GRPOConfig = GRPOConfig(),
                   version: int = 1, parent_adapter: Optional[str] = None,
-                  log: Optional[Callable[[str], None]] = None, deadline: Optional[float] = None) -> dict[str, Any]:
-    """Train ``policy`` on ``rows`` with GRPO, save the adapter into ``out`` with its manifest; the manifest."""
+                  log: Optional[Callable[[str], None]] = None, deadline: Optional[float] = None,
+                  demos: Sequence[Any] = (), demos_top: int = 4) -> dict[str, Any]:
+    """Train ``policy`` on ``rows`` with GRPO, save the adapter into ``out`` with its manifest; the
+    manifest. ``demos`` (archives) add each group's best ``demos_top`` archived children of its
+    parent to the replayed completions (evo.rl._grpo.add_elite_demos)."""
     prompts, skipped = prompts_from_rows(rows, templates)
     table = table if table is not None else table_from_rows(rows)
+    for archive in demos if demos_top > 0 else ():
+        prompts = add_elite_demos(prompts, archive, table, demos_top, config.max_changes)
     source = RewardSource(table, evaluate)
     start = time.time()
     history = train(policy, prompts, source, config, log=log, deadline=deadline)
@@ -97,7 +102,8 @@ def train_adapter(rows: Sequence[Mapping[str, Any]], out: Union[str, os.PathLike
         "seed": config.seed, "base_model": policy.backend.name, "base_model_hash": policy.base_hash,
         "adapter_hash": digest, "parent_adapter": parent_adapter,
         "config": {"grpo": config.to_dict(), **policy.settings(), "reward": table.config.to_dict()},
-        "dataset": {"rows": len(rows), "groups": len(prompts), "skipped": dict(skipped), "sha256": _rows_digest(rows)},
+        "dataset": {"rows": len(rows), "groups": len(prompts), "skipped": dict(skipped), "sha256": _rows_digest(rows),
+                    "replay_texts": sum(len(p.replay) for p in prompts)},
         "reward_sources": dict(source.sources), "train_seconds": round(time.time() - start, 2),
         "metrics": [{k: v for k, v in h.items() if k != "completions"} for h in history],
         "created": time.time(),

@@ -6,7 +6,9 @@ recorded with an assigned device-timer speedup (``good`` when it has the value, 
 otherwise, a few compile errors). The fitness values are assigned, not measured: the archive
 is the reward source of offline training, so what matters is that the rewards are real archive
 records read through the real export and reward path. A handful of the children are recorded as
-LLM-made (the operator's real prompt, a JSON edit as completion), so the export has groups.
+LLM-made (the operator's real prompt, a JSON edit as completion), half of them with the best
+value, so the export has a group whose archived completions include elites (the base model
+itself almost never proposes the value: on-policy samples alone would never find it).
 
 :func:`proposal_share` asks the real :class:`operators.llm.LLMOperator` for ``n`` single
 proposals (each with its own seeded rng) and returns the share that set the knob to the value.
@@ -77,7 +79,12 @@ def synthetic_archive(path: Union[str, Path], template: Template, shape: Shape, 
     transcript = transcript_of(op.messages([ParentView(parent, pev)], shape, ctx, template))
     sets = edits(template, parent.knobs or {}, shape, max_changes)
     rng = random.Random(seed)
-    llm = set(rng.sample(range(len(sets)), min(llm_children, len(sets))))
+    # the LLM-made children: half of them with the best value (the operator found it now and then,
+    # as in a run whose archive has it among its elites), half without
+    best = [i for i, k in enumerate(sets) if k[knob] == value]
+    rest = [i for i, k in enumerate(sets) if k[knob] != value]
+    half = min(llm_children // 2, len(best))
+    llm = set(rng.sample(best, half)) | set(rng.sample(rest, min(llm_children - half, len(rest))))
     with Archive(path, mode="w") as archive:
         archive.record(parent, [pev])
         for i, knobs in enumerate(sets):

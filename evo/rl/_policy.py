@@ -58,18 +58,36 @@ class Sample:
     temperature: float = 1.0
 
 
+class _Unreachable(Exception):
+    """A forced completion that the grammar cannot spell."""
+
+
 class _Tracing(TransformersBackend):
-    """The backend's sampling loop on another model, recording a :class:`Sample`'s trace."""
+    """The backend's sampling loop on another model, recording a :class:`Sample`'s trace; with
+    ``force`` set, every sampled step takes the allowed token that spells most of the forced text
+    (replaying an archived completion through the same grammar)."""
 
     trace: Optional[Sample] = None
+    force: Optional[str] = None
 
     def _forward(self, ids: Sequence[int], past: Any) -> tuple[Any, Any]:
         if past is not None and self.trace is not None:
             self.trace.ids.extend(int(i) for i in ids)
+            if self.force is not None:
+                text = self.tokenizer.decode(list(ids))
+                if not self.force.startswith(text):
+                    raise _Unreachable(text)
+                self.force = self.force[len(text):]
         return super()._forward(ids, past)
 
     def _sample(self, logits: Any, ids: Optional[Sequence[int]], temperature: float, rng: Any) -> int:
-        tok = super()._sample(logits, ids, temperature, rng)
+        if self.force is not None and ids is not None:
+            fits = [(len(piece), i) for i in ids if (piece := self.tokenizer.decode([i])) and self.force.startswith(piece)]
+            if not fits:
+                raise _Unreachable(self.force)
+            tok = max(fits)[1]
+        else:
+            tok = super()._sample(logits, ids, temperature, rng)
         if self.trace is not None and ids is not None:
             self.trace.steps.append((len(self.trace.ids), [int(i) for i in ids], tok))
         return tok
@@ -168,6 +186,26 @@ class Policy:
         finally:
             self.sampler.trace = None
         trace.text, trace.finished = c.text, c.finished
+        return trace
+
+    def replay(self, messages: list[dict[str, str]], grammar: Any, text: str, temperature: float = 1.0) -> Optional[Sample]:
+        """The trace of an archived completion ``text`` (which starts with PREFIX) as if this policy
+        had sampled it under ``grammar``; None when the grammar cannot spell it."""
+        if not text.startswith(PREFIX):
+            return None
+        self._prefix(self.prompt_ids(messages), reference=False)
+        trace = Sample(text="", finished=False, temperature=temperature)
+        self.sampler.trace, self.sampler.force = trace, text[len(PREFIX):]
+        try:
+            c = self.sampler.complete(messages, rng=None, temperature=temperature, max_new_tokens=64, prefix=PREFIX,
+                                      grammar=grammar)
+        except _Unreachable:
+            return None
+        finally:
+            self.sampler.trace, self.sampler.force = None, None
+        if c.text != text or not c.finished:
+            return None
+        trace.text, trace.finished = c.text, True
         return trace
 
     # -- log-probabilities ---------------------------------------------------------------------

@@ -4,7 +4,8 @@
 Every ``every`` evaluations it starts one background training round (never two at once): export
 the newest ``window`` LLM-made rows of the archive (read through a separate reader, so the
 engine keeps writing), train the policy ``steps`` GRPO steps on them with the archive as reward
-source, and save adapter ``vN+1`` under ``ARCHIVE/adapters``. When a round has finished, the
+source (and each group's best archived children of its parent replayed as demonstrations,
+whatever operator made them), and save adapter ``vN+1`` under ``ARCHIVE/adapters``. When a round has finished, the
 next hook call (on the engine's thread again) switches the LLM operators to the new adapter
 and emits an ``rl_update`` event. A round that fails emits ``rl_failed`` with the error and the
 run goes on; rounds with no trainable rows are skipped (``rl_skip``). The policy is created on
@@ -114,24 +115,28 @@ class RLUpdater:
         try:
             reader = Archive(self.archive, mode="r")
             try:
-                rows = export_rows([reader], last=self.window)
-                table = RewardTable().add_archive(reader)
+                self._train(reader, evaluations)
             finally:
                 reader.close()
-            if not any(r.get("template") and r.get("parent_knobs") is not None for r in rows):
-                self._result = {"skip": "no LLM knob-edit rows in the archive yet", "evaluations": evaluations}
-                return
-            if self.policy is None:
-                from ._adapters import backends_of
-                from ._policy import Policy
-
-                init = self.store.folder(self.version) if self.version else None
-                backend = backends_of(self.operators)[0][1]  # the first LLM operator's own model, on its device
-                self.policy = Policy(backend, seed=self.config.seed, init_adapter=init)
-            version = self.version + 1
-            folder = self.store.folder(version)
-            manifest = train_adapter(rows, folder, policy=self.policy, templates=self.templates, table=table,
-                                     config=self.config, version=version, parent_adapter=self.current)
-            self._result = {"manifest": manifest, "folder": str(folder), "evaluations": evaluations}
         except Exception:
             self._result = {"error": traceback.format_exc(limit=6)}
+
+    def _train(self, reader: Archive, evaluations: int) -> None:
+        rows = export_rows([reader], last=self.window)
+        table = RewardTable().add_archive(reader)
+        if not any(r.get("template") and r.get("parent_knobs") is not None for r in rows):
+            self._result = {"skip": "no LLM knob-edit rows in the archive yet", "evaluations": evaluations}
+            return
+        if self.policy is None:
+            from ._adapters import backends_of
+            from ._policy import Policy
+
+            init = self.store.folder(self.version) if self.version else None
+            backend = backends_of(self.operators)[0][1]  # the first LLM operator's own model, on its device
+            self.policy = Policy(backend, seed=self.config.seed, init_adapter=init)
+        version = self.version + 1
+        folder = self.store.folder(version)
+        manifest = train_adapter(rows, folder, policy=self.policy, templates=self.templates, table=table,
+                                 config=self.config, version=version, parent_adapter=self.current,
+                                 demos=[reader])
+        self._result = {"manifest": manifest, "folder": str(folder), "evaluations": evaluations}

@@ -17,7 +17,7 @@ wait on a compile) and proposes a new one each time a result arrives:
    most the candidates in flight.
 
 Slow operators (those with ``asynchronous = True``: the LLM ones, 1-4 s a call on CPU) propose
-on daemon threads instead (at most ``concurrency`` calls per operator, default 1, and one per
+on threads instead (at most ``concurrency`` calls per operator, default 1, and one per
 shape): while a call runs the step takes the next operator in its drawn order, and the finished
 proposals join the shape's queue. Parents, history and a child random generator are taken on
 the loop's thread, so the loop's own random stream does not depend on thread timing.
@@ -383,7 +383,7 @@ class Engine:
         return None
 
     def _propose_async(self, name: str, shape: Shape) -> None:
-        """Start ``name`` proposing for ``shape`` on a daemon thread, unless the operator already
+        """Start ``name`` proposing for ``shape`` on a thread, unless the operator already
         has ``concurrency`` calls running or one for this shape."""
         op = self.operators[name]
         running = [s for n, s in self.proposing.values() if n == name]
@@ -402,7 +402,9 @@ class Engine:
                 fut.set_exception(exc)
 
         self.proposing[fut] = (name, shape)
-        threading.Thread(target=work, name=f"evo-propose-{name}", daemon=True).start()
+        # not a daemon: the interpreter waits for it at exit rather than kill it inside torch (which
+        # aborts the process); a stopping run cancels it first (_stop_proposals)
+        threading.Thread(target=work, name=f"evo-propose-{name}", daemon=False).start()
 
     def _stop_proposals(self) -> None:
         """Cancel running asynchronous proposals (operators with ``cancel()``) and wait briefly for

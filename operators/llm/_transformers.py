@@ -74,6 +74,9 @@ def _package_folder(package: str) -> str:
 class TransformersBackend:
     """A causal LM and its tokenizer, with our sampling loop."""
 
+    #: prompt tokens per prefill forward pass (a cancelled generation stops between chunks)
+    PREFILL_CHUNK = 256
+
     def __init__(self, model: str = DEFAULT_MODEL, device: str = "cpu", prompt_cache: int = 8, threads: int = 0) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -156,7 +159,10 @@ class TransformersBackend:
     def _prefill(self, ids: list[int]) -> tuple[Any, Any]:
         key = tuple(ids)
         if key not in self._cache:
-            self._cache[key] = self._forward(ids, None)
+            past = logits = None
+            for at in range(0, len(ids), self.PREFILL_CHUNK):  # chunks: a cancel waits for one chunk at most
+                past, logits = self._forward(ids[at:at + self.PREFILL_CHUNK], past)
+            self._cache[key] = (past, logits)
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(key)

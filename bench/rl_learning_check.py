@@ -104,7 +104,7 @@ def main(argv: Any = None) -> int:
         print(f"[{time.monotonic() - start:7.1f}s] {msg}", flush=True)
 
     from evo.rl._adapters import backends_of, read_manifest, switch_adapter, train_adapter
-    from evo.rl._grpo import GRPOConfig
+    from evo.rl._grpo import GRPOConfig, Prompt, RewardSource
     from evo.rl._policy import Policy
     from operators.llm import LLMOperator
 
@@ -145,6 +145,7 @@ def main(argv: Any = None) -> int:
                 with Archive(out / "archive", mode="w") as a:
                     a.record(cand, evs)
                 return evs
+        base_cands = cands
         say(f"BEFORE: {before:.0%} of {args.samples} proposals set {knob}={value} "
             f"(proposed: {Counter(_edit(c, parent) for c in cands).most_common(6)})")
         with Archive(out / "archive") as a:
@@ -171,6 +172,15 @@ def main(argv: Any = None) -> int:
         say(f"AFTER:  {after:.0%} of {args.samples} proposals set {knob}={value} "
             f"(proposed: {Counter(_edit(c, parent) for c in cands).most_common(6)}; adapters recorded {adapters})")
         ok = before <= 0.30 and after >= 0.70
+        # what the search gains: the mean reward (log speedup) of the proposals, before and after
+        # (gpu mode measures proposals not measured yet, while the time cap allows)
+        scorer = RewardSource(table, evaluate if deadline is None or time.monotonic() < deadline else None)
+        prompt = Prompt("-", [], tiny, parent.knobs, shape)
+        mean_before = _mean([scorer.candidate_reward(prompt, c) for c in base_cands], args.samples, table.config)
+        mean_after = _mean([scorer.candidate_reward(prompt, c) for c in cands], args.samples, table.config)
+        say(f"mean proposal reward (failed proposals count as {table.config.unmapped}): "
+            f"{mean_before:+.3f} before, {mean_after:+.3f} after")
+        result.update(mean_reward_before=mean_before, mean_reward_after=mean_after)
         result.update(knob=knob, value=value, before=before, after=after, steps_run=len(manifest["metrics"]),
                       adapter=manifest["name"], reward_sources=manifest["reward_sources"],
                       reward_means=[m["reward_mean"] for m in manifest["metrics"]],
@@ -182,6 +192,12 @@ def main(argv: Any = None) -> int:
     finally:
         if pool is not None:
             pool.close()
+
+
+def _mean(rewards: list, n: int, config: Any) -> float:
+    """Mean over ``n`` proposals; proposals that failed (fewer than n) or stayed unmeasured count as unmapped."""
+    known = [r for r in rewards if r is not None]
+    return (sum(known) + config.unmapped * (n - len(known))) / n
 
 
 def _edit(cand: Any, parent: Any) -> str:

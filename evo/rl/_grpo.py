@@ -153,11 +153,18 @@ class RewardSource:
         except (TemplateError, ValueError):
             return None
 
+    def candidate_reward(self, prompt: Prompt, cand: Candidate) -> Optional[float]:
+        """The reward of a proposed candidate at the prompt's shape (archive, else the evaluator)."""
+        return self._reward(prompt, cand)[0]
+
     def __call__(self, prompt: Prompt, text: str) -> tuple[float, str, Optional[str]]:
         cand = self.candidate(prompt, text)
         if cand is None:
             self.sources["unparsed"] += 1
             return self.config.unmapped, "unparsed", None
+        return self._reward(prompt, cand)
+
+    def _reward(self, prompt: Prompt, cand: Candidate) -> tuple[float, str, Optional[str]]:
         r = self.table.get(prompt.shape, cand.id)
         if r is not None:
             self.sources["archive"] += 1

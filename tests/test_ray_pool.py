@@ -95,7 +95,13 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
 
 
 def test_compiles_run_as_ray_tasks_in_parallel_and_shapes_spread_over_actors(cluster, cache, tmp_path):
-    cands = tiny_candidates(S1, 2) + tiny_candidates(S2, 2)
+    # Four distinct sources: generic candidates of the same knobs at two shapes share a source,
+    # and the second would then be a cache hit (compile_s ~0) whenever the two compiles do not
+    # overlap (seen in a clean-clone CI run).
+    first = tiny_candidates(S1, 2)
+    sources = {c.source for c in first}
+    cands = first + [c for c in tiny_candidates(S2, 6, seed=1) if c.source not in sources][:2]
+    assert len({c.source for c in cands}) == 4
     with make_pool(tmp_path, cache) as pool:
         evals = pool.evaluate(cands)
         affinity = pool.affinity()

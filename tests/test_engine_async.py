@@ -91,8 +91,10 @@ def test_slow_proposals_do_not_stall_submissions(tmp_path: Path) -> None:
 
 
 def test_token_budget_switches_off_only_the_token_spenders(tmp_path: Path) -> None:
-    slow = _SlowLLM(delay_s=0.1, tokens=100)
-    result, _, events = _run(tmp_path, slow, max_evals=60, max_tokens=250)
+    # The eval budget must outlast three LLM calls (0.15 s) by a wide margin: with 60 evaluations
+    # an unloaded machine finished the knob work first (a clean-clone CI run).
+    slow = _SlowLLM(delay_s=0.05, tokens=100)
+    result, _, events = _run(tmp_path, slow, max_evals=400, max_tokens=250)
     assert result.reason == "evals" and result.budget["tokens"] >= 250  # knob work went on to the eval budget
     stopped = [e for e in events if e["event"] == "operators_stopped"]
     assert len(stopped) == 1 and stopped[0]["operators"] == ["slow"] and stopped[0]["budget"] == "tokens"

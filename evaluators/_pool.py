@@ -98,14 +98,7 @@ class LocalPool:
         if not gpus:
             raise WorkerUnavailable("no GPU is visible (nvidia-smi lists none); LocalPool needs at least one")
         self.gpus = list(gpus)
-        self.timers = tuple(timers)
-        self.qps = qps
-        self.job_options = dict(job_options or {})
-        self.cache_dir = cache_dir
-        self.compile_timeout_s = compile_timeout_s
-        if compile_fn is None:
-            from ._compile import compile_candidate as compile_fn  # noqa: N813 (the other half of issue 4)
-        self._compile_fn = compile_fn
+        self._compile_fn = self._job_settings(timers, qps, job_options, cache_dir, compile_timeout_s, compile_fn)
         self.stats = PoolStats()
         self._lock = threading.Lock()
         self._compile_pool = ThreadPoolExecutor(max(1, compile_workers), thread_name_prefix="evo-compile")
@@ -131,6 +124,20 @@ class LocalPool:
             t.start()
 
     # -- public -------------------------------------------------------------------------
+    def _job_settings(self, timers: Sequence[str], qps: float, job_options: Optional[Mapping[str, Any]],
+                      cache_dir: Any, compile_timeout_s: float,
+                      compile_fn: Optional[Callable[..., Any]]) -> Callable[..., Any]:
+        """Keep what every job and compile is built from (shared with RayPool); returns the
+        compile function: ``compile_fn``, else the real compiler (the other half of issue 4)."""
+        self.timers = tuple(timers)
+        self.qps = qps
+        self.job_options = dict(job_options or {})
+        self.cache_dir = cache_dir
+        self.compile_timeout_s = compile_timeout_s
+        if compile_fn is None:
+            from ._compile import compile_candidate as compile_fn  # noqa: N813
+        return compile_fn
+
     @property
     def arch(self) -> str:
         self._arch_known.wait()

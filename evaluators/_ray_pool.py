@@ -191,6 +191,7 @@ class RayPool:
     evaluate = LocalPool.evaluate
     _finish = LocalPool._finish
     _compile = LocalPool._compile
+    _job_settings = LocalPool._job_settings
 
     def __init__(self, gpus: Optional[Sequence[int] | int] = None, compile_workers: int = 4, *,
                  address: Optional[str] = "auto", arch: Optional[str] = None, target: str = HARNESS_TARGET,
@@ -214,14 +215,7 @@ class RayPool:
                 "join GPU nodes with `ray start --address HEAD:6379`")
         self.gpus = list(range(count))  # actor slots; Ray decides which physical GPU each gets
         self.address = address
-        self.timers = tuple(timers)
-        self.qps = qps
-        self.job_options = dict(job_options or {})
-        self.cache_dir = cache_dir
-        self.compile_timeout_s = compile_timeout_s
-        if compile_fn is None:
-            from ._compile import compile_candidate as compile_fn  # noqa: N813
-        self._task_fn = compile_fn
+        self._task_fn = self._job_settings(timers, qps, job_options, cache_dir, compile_timeout_s, compile_fn)
         self._compile_fn = self._compile_on_ray
         self._ready = SimpleNamespace(put=self._enqueue)
         self.max_retries = max_retries

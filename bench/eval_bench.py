@@ -175,6 +175,8 @@ def main() -> int:
     ap.add_argument("--rotations", type=int, default=3, help="re-allocated rotations per start (repeatability)")
     ap.add_argument("--elites", type=int, default=8, help="elite-set size for the memo-pass threshold (0: always run it)")
     ap.add_argument("--skip-repeatability", action="store_true")
+    ap.add_argument("--rep-template", default=None,
+                    help="template of the repeatability kernel (its heuristic pick; default: the first applicable)")
     ap.add_argument("--buffers", default=None, choices=["vmm", "torch"],
                     help="worker buffers (default: the worker's, EVO_EVAL_BUFFERS)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -199,6 +201,11 @@ def main() -> int:
     if not args.skip_repeatability:
         big = Shape.parse(args.shapes.split(",")[0])
         rep_cand = template_batch(big, 1, arch, seed=1)[0]
+        if args.rep_template:
+            from populations import load_templates
+
+            tpl = load_templates()[args.rep_template]
+            rep_cand = tpl.candidate(tpl.heuristic(big)[0], big)
         report["repeatability"] = repeatability(rep_cand, args.starts, args.compile_workers, args.rotations, wopts)
     with open(os.path.join(args.out, "eval_bench.json"), "w") as f:
         json.dump(report, f, indent=1, default=str)

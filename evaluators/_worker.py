@@ -319,7 +319,28 @@ def load_target(target: str) -> Callable[[dict], Any]:
 
 
 def serve(conn: Connection, handler: Any) -> int:
-    """The worker's loop: one job at a time until ``stop`` or EOF."""
+    """The worker's loop: one job at a time until ``stop`` or EOF.
+
+    With ``EVO_WORKER_PROFILE=DIR`` the handler runs under cProfile and the cumulative stats are
+    written to ``DIR/worker-<pid>.prof`` after every job (a killed worker keeps what it had)."""
+    prof_dir = os.environ.get("EVO_WORKER_PROFILE")
+    if prof_dir:
+        import cProfile
+
+        os.makedirs(prof_dir, exist_ok=True)
+        profiler = cProfile.Profile()
+        inner = handler.handle
+
+        class _Profiled:
+            def info(self) -> Any:
+                return handler.info()
+
+            def handle(self, kind: str, job: Any, phase: Callable[..., None]) -> Any:
+                try:
+                    return profiler.runcall(inner, kind, job, phase)
+                finally:
+                    profiler.dump_stats(os.path.join(prof_dir, f"worker-{os.getpid()}.prof"))
+        handler = _Profiled()
     conn.send(("ready", handler.info()))
     while True:
         try:

@@ -329,15 +329,15 @@ def serve(conn: Connection, handler: Any) -> int:
 
         os.makedirs(prof_dir, exist_ok=True)
         profiler = cProfile.Profile()
-        inner = handler.handle
+        base = handler
 
         class _Profiled:
             def info(self) -> Any:
-                return handler.info()
+                return base.info()
 
             def handle(self, kind: str, job: Any, phase: Callable[..., None]) -> Any:
                 try:
-                    return profiler.runcall(inner, kind, job, phase)
+                    return profiler.runcall(base.handle, kind, job, phase)
                 finally:
                     profiler.dump_stats(os.path.join(prof_dir, f"worker-{os.getpid()}.prof"))
         handler = _Profiled()

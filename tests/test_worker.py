@@ -98,3 +98,17 @@ def test_worker_that_cannot_start_is_unavailable(tmp_path):
     with pytest.raises(WorkerUnavailable, match="ready"):
         sup.start()
     assert not sup.alive()
+
+
+def test_profile_hook_writes_stats_after_each_job(tmp_path, monkeypatch):
+    prof = tmp_path / "prof"
+    monkeypatch.setenv("EVO_WORKER_PROFILE", str(prof))
+    with supervisor(tmp_path) as sup:
+        res = sup.run({"fake": "print", "phase": "load"})
+        assert res["status"] == "ok"
+        files = list(prof.glob("worker-*.prof"))
+    assert len(files) == 1
+    import pstats
+
+    names = {fn for (_, _, fn) in pstats.Stats(str(files[0])).stats}
+    assert "handle" in names  # the fake handler's own frame was profiled

@@ -13,9 +13,10 @@ result has ``status``/``message`` for the job and one dict per shape (status, me
 max_error, flags, timers, correctness_s, timing_s, phases (seconds per step), provenance).
 
 Buffers a candidate can reach come from :mod:`evaluators._vmm` (worker option ``buffers``:
-``"vmm"``, VA reservations with 2 GiB unmapped gaps, so far stores fault; ``"torch"``, plain
-allocations with 64 MiB canaries; default from ``EVO_EVAL_BUFFERS``, else ``torch`` until
-the VMM path is verified on the device). A context-poisoning CUDA error sets ``fatal`` and the
+``"vmm"``, the default, VA reservations with 2 GiB unmapped gaps, so far stores fault (verified
+on the H200: `oob_write_far` and the placement cheats caught, red team with no holes); ``"torch"``,
+plain allocations with 64 MiB canaries; the default can be overridden by ``EVO_EVAL_BUFFERS``).
+A context-poisoning CUDA error sets ``fatal`` and the
 worker exits after replying (the context cannot be used again).
 """
 from __future__ import annotations
@@ -55,7 +56,7 @@ VMM_GUARD_BYTES = 1 << 20
 #: Canary bytes per side of the timing rotation's stacks and workspaces.
 ROTATION_GUARD_BYTES = 64 << 10
 #: Default buffer source of the worker (option ``buffers``); see the module docstring.
-DEFAULT_BUFFERS = os.environ.get("EVO_EVAL_BUFFERS", "torch")
+DEFAULT_BUFFERS = os.environ.get("EVO_EVAL_BUFFERS", "vmm")
 
 
 #: An honest kernel takes the same time whether or not its inputs change between calls (the

@@ -181,8 +181,8 @@ class Evolved:
         if entry is not None and self.lib is not None and self.lib.active:
             key = (shape.m, shape.n, shape.k, shape.layout)
             fn, ws = self.lib.launcher(key)
-            return EvolvedKernel(shape, entry["candidate"], entry.get("template") or "free-form",
-                                 (entry.get("speedups") or {}).get("device"), "export", ws,
+            archived = entry.get("fitness", (entry.get("speedups") or {}).get("device"))  # the elite's, as below
+            return EvolvedKernel(shape, entry["candidate"], entry.get("template") or "free-form", archived, "export", ws,
                                  _export_binder(fn, shape), op=True), ""
         if shape in self.cubins:
             cand, cubin = self.cubins[shape]

@@ -11,6 +11,11 @@ in one timer, so above 1 means X is faster. ``torch`` is the faster of ``torch_n
 ``best_peer`` is the fastest of torch, the two cuBLASLt arms and Triton that were measured.
 The evolved arms count only where the fresh-input correctness check passed
 (``evolved_check == "pass"``).
+
+``archived_device_speedup`` and ``seed_archived_device_speedup`` (``--seed-archive``) are the
+archives' own figures (the evaluator's device timer vs torch.matmul, median of the elite's
+measurements): evolved vs seed compares them shape by shape, so the gain of evolution is read
+on one measurement method, beside what this run measured.
 """
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ COMPARISONS = (("evolved", "torch"), ("evolved", "lt_heuristic"), ("evolved", "l
                ("evolved", "triton"), ("evolved", "best_peer"), ("evolved_op", "torch"),
                ("lt_heuristic", "torch"), ("lt_autotuned", "torch"), ("triton", "torch"))
 ID_FIELDS = ("shape", "M", "N", "K", "layout", "flops", "decade", "candidate", "template", "evolved_path",
-             "archived_device_speedup", "evolved_check", "evolved_rel_err", "evolved_err_over_tol")
+             "archived_device_speedup", "seed_archived_device_speedup", "evolved_check", "evolved_rel_err", "evolved_err_over_tol")
 NOTE_FIELDS = ("lt_path", "lt_note", "triton_config", "triton_note", "rotation_sets", "notes")
 CSV_FIELDS = (ID_FIELDS + tuple(f"{t}_{a}_us" for t in TIMERS for a in ARMS)
               + tuple(f"{t}_{s}_vs_{r}" for t in TIMERS for s, r in COMPARISONS) + NOTE_FIELDS)
@@ -131,12 +136,29 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
             per[f"{s} vs {r}"] = st
         if per:
             out["timers"][t] = per
+    out["seed_vs_evolved"] = _seed_gain(rows, decades)
     head = out["timers"].get("device", {}).get("evolved vs torch")
     if head:
         low = [d for d, st in head["per_decade"].items() if st["geomean"] < 1.0]
         out["compass"] = {"device_geomean_vs_cublas": head["geomean"], "target": 1.10,
                           "decades_below_1": low, "met": head["geomean"] >= 1.10 and not low}
     return out
+
+
+def _seed_gain(rows: Sequence[dict[str, Any]], decades: Sequence[str]) -> Optional[dict[str, Any]]:
+    """Archived evolved vs archived seed speedups (both the evaluator's device figure vs torch),
+    overall and per decade: geomeans of each, of the per-shape gain, and the share improved;
+    None when no row has both."""
+    pairs = [(decade(int(r["flops"])), s, e) for r in rows
+             if (s := _num(r.get("seed_archived_device_speedup"))) and (e := _num(r.get("archived_device_speedup")))]
+    if not pairs:
+        return None
+
+    def stats(ps: Sequence[tuple[str, float, float]]) -> dict[str, Any]:
+        return {"n": len(ps), "seed_geomean": _geomean([s for _, s, _ in ps]),
+                "evolved_geomean": _geomean([e for _, _, e in ps]), "gain_geomean": _geomean([e / s for _, s, e in ps]),
+                "improved": sum(e > s for _, s, e in ps) / len(ps)}
+    return {**stats(pairs), "per_decade": {d: stats(ps) for d in decades if (ps := [p for p in pairs if p[0] == d])}}
 
 
 def _count(xs: Iterable[str]) -> dict[str, int]:
@@ -171,6 +193,7 @@ def markdown(summary: dict[str, Any], meta: Optional[dict[str, Any]] = None,
                      f"{comp['device_geomean_vs_cublas']:.3f}x, decades below 1.00x: {low}")
     lines.append("")
     decades = summary["decades"]
+    lines += _decade_table(summary)
     for t, per in summary["timers"].items():
         lines += [f"## {t} timer", "", "Speedup = time(reference) / time(subject); wins = share of shapes above 1.", ""]
         head = ["subject vs reference", "n", "mean", "geomean", "median", "min", "wins"] + [f"{d} (n)" for d in decades]
@@ -187,6 +210,42 @@ def markdown(summary: dict[str, Any], meta: Optional[dict[str, Any]] = None,
     if join is not None:
         lines += _join_markdown(join)
     return "\n".join(lines) + "\n"
+
+
+def _decade_table(summary: dict[str, Any]) -> list[str]:
+    """One row per FLOP decade (and all): the headline comparisons, and evolved vs seed when known."""
+    timers = summary["timers"]
+    cols = [("device", "evolved vs torch"), ("device", "evolved vs best_peer"), ("offline", "evolved vs torch"),
+            ("server", "evolved vs torch")]
+    cols = [(t, c) for t, c in cols if c in timers.get(t, {})]
+    if not cols:
+        return []
+    seed = summary.get("seed_vs_evolved")
+    head = (["decade", "shapes", "device vs torch: geomean", "min", "wins"]
+            + [f"{t} vs {c.split(' vs ')[1].replace('_', ' ')}" for t, c in cols[1:]])
+    if seed:
+        head += ["seed (archived)", "evolved (archived)", "evolved / seed", "improved"]
+    lines = ["## Per FLOP decade", "",
+             "Geomean speedups of the evolved kernel as measured in this run (device timer unless named). "
+             + ("The archived columns are the archives' own device figures vs torch.matmul, seed archive and "
+                "evolved archive, shape by shape (`improved`: evolved above seed). " if seed else "")
+             + "The compass asks every decade's device geomean vs torch to be >= 1.00x.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    first = timers[cols[0][0]][cols[0][1]]
+    for d in [*summary["decades"], "all"]:
+        st = first if d == "all" else first["per_decade"].get(d)
+        cells = [f"**{d}**" if d == "all" else d, "0" if st is None else str(st["n"])]
+        cells += ["–", "–", "–"] if st is None else [_x(st["geomean"]), _x(st["min"]), f"{st['wins'] * 100:.0f}%"]
+        for t, c in cols[1:]:
+            other = timers[t][c] if d == "all" else timers[t][c]["per_decade"].get(d)
+            cells.append(_x(other["geomean"]) if other else "–")
+        if seed:
+            sd = seed if d == "all" else seed["per_decade"].get(d)
+            cells += (["–"] * 4 if sd is None else
+                      [_x(sd["seed_geomean"]), _x(sd["evolved_geomean"]), _x(sd["gain_geomean"]),
+                       f"{sd['improved'] * 100:.0f}% of {sd['n']}"])
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 # -- CSV ------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """evo's best evolved kernels vs torch.matmul, cuBLASLt (heuristic, autotuned) and Triton, per shape.
 
     python bench/peers_bench.py (--archive DIR | --library DIR) SHAPES --out DIR [options]
-    python bench/peers_bench.py --summarize peers.csv --out DIR [--cuda-l2 DIR]
+    python bench/peers_bench.py --summarize peers.csv --out DIR [--cuda-l2 DIR] [--seed-archive DIR]
 
 SHAPES (at least one; their union, in this order, without repeats):
   --shapes 64x64x64,4096x4096x4096:NN   shapes as ``evo`` writes them (TN and f32 by default)
@@ -22,8 +22,10 @@ DESIGN.md (``device``, ``offline``, ``server``) with the evaluator's own timer c
 (``_peers_measure``).
 
 Writes under ``--out`` (at most 7 files): ``peers.csv`` (one row per shape, written as measured),
-``summary.md`` and ``summary.json`` (mean, geomean, median, min, share of wins, per FLOP decade,
-per timer and comparison), ``speedup_vs_flops.png``, ``speedup_per_decade.png``,
+``summary.md`` and ``summary.json`` (a per-decade table of the headline figures, then mean,
+geomean, median, min, share of wins, per FLOP decade, per timer and comparison; with
+``--seed-archive DIR`` also the archived seed vs archived evolved speedup per shape and decade,
+the gain of evolution), ``speedup_vs_flops.png``, ``speedup_per_decade.png``,
 ``heatmap_device.png`` and, with CUDA-L2's anchors (``--cuda-l2``, default: the shared anchors
 directory when it exists), ``cuda_l2_published.csv``: CUDA-L2's published H100 speedups beside
 ours on shared shapes, marked published, not re-measured.
@@ -90,6 +92,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--no-lt", action="store_true", help="leave the cuBLASLt columns out")
     p.add_argument("--no-triton", action="store_true", help="leave the Triton column out")
     p.add_argument("--seed", type=int, default=3, help="grid sample and timer order")
+    p.add_argument("--seed-archive", type=Path, metavar="DIR",
+                   help="an archive of the seeds (e.g. seed_bench --archive): its best archived speedup per shape goes "
+                        "beside the evolved one, for the evolved-vs-seed columns of the summary")
     p.add_argument("--cuda-l2", type=Path, help="CUDA-L2 anchors directory (eval_results/...) for the published join")
     p.add_argument("--summarize", type=Path, metavar="CSV", help="only rebuild the summary, plots and join from a peers.csv")
     p.add_argument("--list-shapes", action="store_true", help="print the selected shapes and exit (no GPU)")
@@ -181,6 +186,24 @@ def find_anchors(arg: Optional[Path]) -> Optional[Path]:
     return next((p for p in ANCHORS if (p / "eval_results").is_dir()), None)
 
 
+def seed_speedups(path: Optional[Path]) -> dict[Shape, float]:
+    """Best archived (device) speedup per shape of a seed archive; {} without one."""
+    if path is None:
+        return {}
+    from populations import Archive, ArchiveError
+
+    try:
+        arch = Archive(path, "r")
+    except (ArchiveError, OSError) as exc:
+        raise UsageError(f"--seed-archive {path}: cannot open the archive ({exc})") from None
+    out = {}
+    for s in arch.shapes():
+        elites = arch.elites(s, top=1)
+        if elites and elites[0].fitness is not None:
+            out[s] = float(elites[0].fitness)
+    return out
+
+
 def prepare_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
@@ -195,8 +218,15 @@ def summarize_only(args: argparse.Namespace) -> int:
     except (ValueError, OSError, csv.Error) as exc:
         raise UsageError(str(exc)) from None
     anchors = find_anchors(args.cuda_l2)
+    meta = {"source": str(args.summarize)}
+    if args.seed_archive is not None:
+        seeds = {str(s): v for s, v in seed_speedups(args.seed_archive).items()}
+        for r in rows:
+            if r["shape"] in seeds:
+                r["seed_archived_device_speedup"] = round(seeds[r["shape"]], 4)
+        meta["seeds"] = f"archive {args.seed_archive} ({len(seeds)} shapes)"
     prepare_out(args.out)
-    write_summary(args.out, rows, {"source": str(args.summarize)}, anchors)
+    write_summary(args.out, rows, meta, anchors)
     print((args.out / "summary.md").read_text())
     return 0
 
@@ -253,6 +283,7 @@ def run(args: argparse.Namespace, shapes: list[Shape], notes: list[str]) -> int:
     t0 = time.monotonic()
     cap = args.max_seconds or float("inf")
     anchors = find_anchors(args.cuda_l2)
+    seeds = seed_speedups(args.seed_archive)
     prepare_out(args.out)
     work = args.work or Path(tempfile.mkdtemp(prefix="evo_peers_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -306,6 +337,7 @@ def run(args: argparse.Namespace, shapes: list[Shape], notes: list[str]) -> int:
                    f"CUDA {prov.get('cuda_runtime')}",
             "evo": prov.get("evo"),
             "source": f"archive {args.archive}" if args.archive else f"library {args.library}",
+            **({"seeds": f"archive {args.seed_archive} ({len(seeds)} shapes)"} if args.seed_archive else {}),
             "export": evolved.export_note or (f"library {evolved.library_path}" if evolved.library_path else "none"),
             "cuBLASLt": (opts.lt.reason or "nvmath-python") if opts.lt is not None else "left out (--no-lt)",
             "Triton": "ours, 8-config search" if opts.triton is not None else "missing"}
@@ -331,6 +363,8 @@ def run(args: argparse.Namespace, shapes: list[Shape], notes: list[str]) -> int:
                 continue
             finally:
                 current.clear()
+            if shape in seeds:
+                row["seed_archived_device_speedup"] = round(seeds[shape], 4)
             row = with_speedups(row)
             with watchdog.lock:
                 rows.append(row)

@@ -1,7 +1,9 @@
 """Best seed per shape vs torch.matmul in GPU time, over a stratified sample of the 1000-shape grid.
 
-    python bench/seed_bench.py [--grid configs.csv] [--n 100]
+    python bench/seed_bench.py [--grid configs.csv] [--n 100] [--order flops|interleave]
                                [--picks 2] [--budget-s 300] [--out DIR] [--archive DIR]
+    python bench/seed_bench.py --list [--n 100]          # the sample, one shape a line (no GPU)
+    python bench/seed_bench.py --compile-only [--n 100]  # compile every seed with NVRTC (no GPU)
 
 The grid is CUDA-L2's (M, N, K in {64 ... 16384}, TN layout, f32 contract). The sample takes
 the ten largest shapes by FLOPs, then spreads the rest evenly over FLOP decades (a fixed seed),
@@ -13,9 +15,16 @@ shape's figure is its best ``ok`` unflagged candidate.
 
 Prints the summary last, writes ``seed_bench.csv``, ``seed_bench.json`` and ``seed_bench.png``
 (speedup vs FLOPs) under ``--out`` (default: $OUT or .). Shapes not reached inside
-``--budget-s`` are listed as not run, not dropped silently. With ``--archive DIR`` every
-candidate and its evaluations are also recorded in an evo archive (created, or resumed), so the
-seeds can be exported (``evo export``) and measured against the peers (``bench/peers_bench.py``).
+``--budget-s`` are listed as not run, not dropped silently; ``--order interleave`` submits
+round-robin over FLOP decades (largest first), so a cut run still spans the sizes and reaches
+the largest shapes. With ``--archive DIR`` every candidate and its evaluations are also recorded
+in an evo archive (created, or resumed: a seed already evaluated at its shape there is not run
+again, its archived evaluations count), so the seeds can be exported (``evo export``), measured
+against the peers (``bench/peers_bench.py``) or evolved further (``evo run`` on a copy).
+
+``--compile-only`` is the CPU check of a device plan: every seed of the sample goes through the
+evaluator's compiler (static scan, NVRTC, ptxas resource policy) for ``--arch``; exit 1 when
+any fails.
 """
 from __future__ import annotations
 
@@ -68,6 +77,21 @@ def stratified(grid: list[Shape], n: int, seed: int) -> list[Shape]:
     return sorted(picked + largest, key=lambda s: s.flops)
 
 
+def interleave(shapes: list[Shape]) -> list[Shape]:
+    """Round-robin over FLOP decades, the largest decade first and each decade largest first: a
+    budget cut then drops shapes of every size evenly instead of all the largest ones."""
+    by: dict[int, list[Shape]] = defaultdict(list)
+    for s in shapes:
+        by[len(str(s.flops))].append(s)
+    queues = [sorted(by[d], key=lambda s: (-s.flops, str(s))) for d in sorted(by, reverse=True)]
+    out: list[Shape] = []
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop(0))
+    return out
+
+
 def seeds_for(shape: Shape, templates: dict[str, Any], arch: str, picks: int) -> list[Candidate]:
     out: dict[str, Candidate] = {}
     for name, t in sorted(templates.items()):
@@ -86,6 +110,12 @@ def main() -> int:
     p.add_argument("--picks", type=int, default=2, help="heuristic knob sets per template and shape")
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--largest", action="store_true", help="only the ten largest shapes of the sample")
+    p.add_argument("--order", choices=("flops", "interleave"), default="flops",
+                   help="submission order: by FLOPs (smallest first), or round-robin over FLOP decades")
+    p.add_argument("--list", action="store_true", help="print the sampled shapes, one a line, and exit (no GPU)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="compile every seed candidate (NVRTC, CPU only), report failures, exit (no GPU)")
+    p.add_argument("--arch", default="sm_90a", help="target for --compile-only (default sm_90a)")
     p.add_argument("--budget-s", type=float, default=300.0, help="stop submitting new shapes after this")
     p.add_argument("--compile-workers", type=int, default=min(14, os.cpu_count() or 2))
     p.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -95,6 +125,14 @@ def main() -> int:
     if args.grid is not None and not args.grid.exists():
         print(f"seed_bench: grid file {args.grid} not found", file=sys.stderr)
         return 2
+    shapes = stratified(read_grid(args.grid), args.n, args.seed)
+    if args.largest:
+        shapes = shapes[-10:]
+    if args.list:
+        print("\n".join(str(s) for s in shapes))
+        return 0
+    if args.compile_only:
+        return compile_only(shapes, args.picks, args.arch, args.compile_workers)
     archive = None
     if args.archive is not None:
         try:
@@ -102,9 +140,8 @@ def main() -> int:
         except (ArchiveError, OSError) as exc:
             print(f"seed_bench: cannot open archive {args.archive}: {exc}", file=sys.stderr)
             return 2
-    shapes = stratified(read_grid(args.grid), args.n, args.seed)
-    if args.largest:
-        shapes = shapes[-10:]
+    if args.order == "interleave":
+        shapes = interleave(shapes)
     templates = load_templates()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -119,13 +156,15 @@ def main() -> int:
                 not_run.append(str(shape))
                 continue
             cands = seeds_for(shape, templates, arch, args.picks)
-            pending.append((shape, cands, [pool.submit(c) for c in cands]))
-        for shape, cands, futures in pending:
+            known = archived(archive, shape)
+            pending.append((shape, cands, [known[c.id] if c.id in known else pool.submit(c) for c in cands]))
+        for n_done, (shape, cands, futures) in enumerate(pending, 1):
             best, best_c, statuses = None, None, defaultdict(int)
             baseline = None
             for c, f in zip(cands, futures):
-                evals = f.result()
-                if archive is not None:
+                reused = isinstance(f, list)
+                evals = f if reused else f.result()
+                if archive is not None and not reused:
                     archive.record(c, evals)
                 for e in evals:
                     statuses[e.status.value] += 1
@@ -144,12 +183,14 @@ def main() -> int:
             })
             if archive is not None:
                 archive.commit()  # durable shape by shape: a killed run keeps what it measured
-            print(f"{str(shape):>26} {len(cands):2d} cand  best {best if best else float('nan'):.3f}x"
-                  f"  {best_c.template if best_c else '-':>12}  {dict(statuses)}", flush=True)
+            print(f"{n_done:3d}/{len(shapes)} {str(shape):>26} {len(cands):2d} cand  best {best if best else float('nan'):.3f}x"
+                  f"  {best_c.template if best_c else '-':>12}  {dict(statuses)}  [{time.monotonic() - t0:.0f}s]",
+                  flush=True)
         stats = pool.stats
     if archive is not None:
         archive.close()
     wall = time.monotonic() - t0
+    rows.sort(key=lambda r: (r["flops"], r["M"], r["N"], r["K"]))
     with open(out / "seed_bench.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["M"])
         w.writeheader()
@@ -159,6 +200,39 @@ def main() -> int:
     plot(rows, out / "seed_bench.png")
     print(json.dumps(summary, indent=1))
     return 0
+
+
+def archived(archive: Archive | None, shape: Shape) -> dict[str, list[Any]]:
+    """The archive's evaluations at ``shape`` by candidate id (a resumed seed bench reuses them)."""
+    if archive is None or shape not in set(archive.shapes()):
+        return {}
+    out: dict[str, list[Any]] = defaultdict(list)
+    for e in archive.evaluations(shape):
+        out[e.candidate_id].append(e)
+    return dict(out)
+
+
+def compile_only(shapes: list[Shape], picks: int, arch: str, workers: int) -> int:
+    """Compile every seed of ``shapes`` for ``arch`` (the evaluator's compiler, no GPU); 1 if any fails."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from evaluators import compile_candidate
+
+    templates = load_templates()
+    jobs = [(s, c) for s in shapes for c in seeds_for(s, templates, arch, picks)]
+    t0 = time.monotonic()
+    print(f"compiling {len(jobs)} seed candidates of {len(shapes)} shapes for {arch} on {workers} workers", flush=True)
+    failed = 0
+    with ThreadPoolExecutor(max(1, workers)) as ex:  # each compile runs in its own child process
+        for i, ((shape, cand), res) in enumerate(zip(jobs, ex.map(lambda j: compile_candidate(j[1], arch), jobs)), 1):
+            if not res.ok:
+                failed += 1
+                print(f"  FAILED {shape} {cand.template} {json.dumps(cand.knobs)}: {res.status.value}: "
+                      f"{res.message.splitlines()[0][:200] if res.message else ''}", flush=True)
+            if i % 20 == 0 or i == len(jobs):
+                print(f"  {i}/{len(jobs)} compiled, {failed} failed [{time.monotonic() - t0:.0f}s]", flush=True)
+    print(f"compile-only: {len(jobs) - failed}/{len(jobs)} ok for {arch}", flush=True)
+    return 1 if failed else 0
 
 
 def summarize(rows: list[dict[str, Any]], not_run: list[str], wall: float, busy: float) -> dict[str, Any]:

@@ -165,6 +165,63 @@ def test_summarize_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "# evo vs peers" in capsys.readouterr().out
 
 
+def _with_archived(r: dict, evolved: float, seed: float | None) -> dict:
+    return {**r, "archived_device_speedup": evolved, **({} if seed is None else {"seed_archived_device_speedup": seed})}
+
+
+def test_evolved_vs_seed_per_decade(tmp_path: Path) -> None:
+    """The archived evolved/seed figures: per-shape gains, geomeans per decade, the decade table."""
+    rows = [_with_archived(ROWS[0], 1.2, 1.0), _with_archived(ROWS[1], 0.9, 1.0), _with_archived(ROWS[2], 1.1, 0.55),
+            _with_archived(ROWS[3], 3.0, None), ROWS[4]]  # no seed figure / no evolved kernel: left out
+    st.write_rows(tmp_path / "peers.csv", rows)
+    s = st.summarize(st.read_rows(tmp_path / "peers.csv"))
+    g = s["seed_vs_evolved"]
+    assert g["n"] == 3 and g["improved"] == pytest.approx(2 / 3)
+    assert g["gain_geomean"] == pytest.approx((1.2 * 0.9 * 2.0) ** (1 / 3))
+    assert g["seed_geomean"] == pytest.approx((1.0 * 1.0 * 0.55) ** (1 / 3))
+    assert set(g["per_decade"]) == {"1e5", "1e6", "1e9"} and g["per_decade"]["1e6"]["gain_geomean"] == pytest.approx(0.9)
+    md = st.markdown(s)
+    table = md.split("## Per FLOP decade")[1].split("## device timer")[0]
+    assert "| evolved / seed | improved |" in table
+    assert "| 1e6 | 1 | 0.500x | 0.500x | 0% | 0.500x |" in table  # device vs torch, min, wins, vs best peer
+    assert "| 1.000x | 0.900x | 0.900x | 0% of 1 |" in table
+    assert "| **all** | 3 | " in table and f"| {(1.2 * 0.9 * 2.0) ** (1 / 3):.3f}x | 67% of 3 |" in table
+    assert "seed (archived)" not in st.markdown(st.summarize(ROWS))  # no seed figures: no seed columns
+
+
+def test_summarize_with_a_seed_archive(tmp_path: Path) -> None:
+    build(tmp_path / "seeds")  # best archived: 64x64x64 1.31x (tiny), 128x256x64 1.08x (the flagged one excluded)
+    rows = [_with_archived(row(S_TINY.m, S_TINY.n, S_TINY.k, {"evolved": 5.0, "torch_nn": 10.0, "torch_tn": 10.0}),
+                           1.5, None),
+            _with_archived(row(S_MMA.m, S_MMA.n, S_MMA.k, {"evolved": 5.0, "torch_nn": 10.0, "torch_tn": 10.0}),
+                           1.08, None)]
+    st.write_rows(tmp_path / "peers.csv", rows)
+    assert peers_bench.main(["--summarize", str(tmp_path / "peers.csv"), "--out", str(tmp_path / "o"),
+                             "--seed-archive", str(tmp_path / "seeds")]) == 0
+    data = json.loads((tmp_path / "o" / "summary.json").read_text())
+    g = data["summary"]["seed_vs_evolved"]
+    assert g["n"] == 2 and g["seed_geomean"] == pytest.approx((1.31 * 1.08) ** 0.5, rel=1e-3)
+    assert g["improved"] == pytest.approx(0.5)  # 1.5 > 1.31; 1.08 is not above 1.08
+    assert "seeds: archive" in (tmp_path / "o" / "summary.md").read_text()
+
+
+def test_seed_bench_sample_order_and_list(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device plan's shape list (--list) and the interleaved order that reaches the largest shapes."""
+    import seed_bench
+
+    monkeypatch.setattr(sys, "argv", ["seed_bench.py", "--list", "--n", "100"])
+    assert seed_bench.main() == 0
+    listed = [Shape.parse(x) for x in capsys.readouterr().out.split()]
+    sample = seed_bench.stratified(seed_bench.read_grid(None), 100, 3)
+    assert listed == sample and len(set(listed)) == 100
+    order = seed_bench.interleave(sample)
+    assert sorted(order, key=str) == sorted(sample, key=str)
+    assert order[0] == max(sample, key=lambda s: s.flops)
+    assert len({st.decade(s.flops) for s in order[:8]}) == 8  # one of every decade before any second
+    largest = sorted(sample, key=lambda s: s.flops)[-8:]
+    assert max(order.index(s) for s in largest) < 70  # the 8 largest are not left for the end
+
+
 def _err(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     try:
         code = peers_bench.main(argv)
@@ -182,7 +239,7 @@ def _err(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     ("bad_shape", "--shapes:"), ("missing_archive", "cannot open the archive"), ("not_archive", "cannot open the archive"),
     ("not_library", "not an evo export"), ("missing_csv", "no such file"), ("not_csv", "not a peers CSV"),
     ("out_is_file", "is not a directory"), ("negative", "must be >= 0"), ("bad_anchors", "no eval_results"),
-    ("shapes_file", "not found"), ("bad_grid", "grid file"),
+    ("shapes_file", "not found"), ("bad_grid", "grid file"), ("bad_seed_archive", "--seed-archive"),
 ])
 def test_argument_errors(case: str, expect: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     arch = tmp_path / "arch"
@@ -207,6 +264,7 @@ def test_argument_errors(case: str, expect: str, tmp_path: Path, capsys: pytest.
         "bad_anchors": ["--summarize", str(tmp_path / "peers.csv"), "--cuda-l2", str(tmp_path / "plain"), *out],
         "shapes_file": ["--archive", str(arch), "--shapes-file", str(tmp_path / "none.txt"), *out],
         "bad_grid": ["--archive", str(arch), "--grid-sample", "5", "--grid", str(tmp_path / "none.csv"), *out],
+        "bad_seed_archive": ["--summarize", str(tmp_path / "peers.csv"), "--seed-archive", str(tmp_path / "plain"), *out],
     }[case]
     st.write_rows(tmp_path / "peers.csv", ROWS)
     assert expect in _err(argv, capsys)

@@ -79,12 +79,12 @@ def seed_population(shape: Shape, templates: Sequence[Template], per_template: i
     for t in sorted(templates, key=lambda t: t.name):
         if not t.applicable(shape, arch):
             continue
-        heur = t.heuristic(shape)[:per_template]
+        heur = t.heuristic(shape, arch)[:per_template]
         want = per_template - len(heur)
         samples: list[dict[str, Any]] = []
         if want > 0:
             keys = {knob_key(k) for k in heur}
-            pool = [k for k in t.sample(rng, shape, POOL_FACTOR * want) if knob_key(t.space.complete(k)) not in keys]
+            pool = [k for k in t.sample(rng, shape, POOL_FACTOR * want, arch) if knob_key(t.space.complete(k)) not in keys]
             samples = spread(t.space, pool, want, heur)
         for origin, knob_sets in (("heuristic", heur), ("sample", samples)):
             for knobs in knob_sets:

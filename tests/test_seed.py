@@ -32,13 +32,23 @@ def test_seed_population_order_validity_and_dedup(ours) -> None:
     assert len({c.id for c in cands}) == len(cands)
     for t in ours:
         mine = by_template[t.name]
-        heur = t.heuristic(shape)
+        heur = t.heuristic(shape, "sm_80")
         assert [dict(c.knobs) for c in mine[: len(heur)]] == [dict(sorted(k.items())) for k in heur[:6]]
         assert all(c.meta["seed"] == "heuristic" for c in mine[: min(len(heur), 6)])
         for c in mine:
             assert c.operator == "seed" and c.generic and c.shapes == (shape,)
-            assert t.check(dict(c.knobs), shape) == []
+            assert t.check(dict(c.knobs), shape, "sm_80") == []
     assert by_template["sm80_mma"][0].knobs["SPLIT_K"] > 1  # small M*N, deep K
+
+
+def test_seed_population_obeys_arch_constraints(ours) -> None:
+    """sm80_mma caps shared memory below 90 (ARCH in its constraints): sm_80 seeds must obey it."""
+    sm80 = ours[0]
+    shape = Shape.parse("4096x4096x4096")
+    hopper = seed_population(shape, [sm80], 24, random.Random(3), arch="sm_90a")
+    ampere = seed_population(shape, [sm80], 24, random.Random(3), arch="sm_80")
+    assert any(sm80.check(dict(c.knobs), shape, "sm_80") for c in hopper)  # the cap matters here
+    assert ampere and all(sm80.check(dict(c.knobs), shape, "sm_80") == [] for c in ampere)
 
 
 def test_seed_respects_applicability_and_is_deterministic(ours) -> None:

@@ -222,7 +222,7 @@ class WorkerSupervisor:
         log.write(f"\n=== worker start {time.strftime('%Y-%m-%d %H:%M:%S')} gpu={self.gpu} target={self.target}\n".encode())
         cmd = [sys.executable, "-c", "import sys; from evaluators._worker import main; sys.exit(main())",
                "--fd", str(child_sock.fileno()),
-               "--target", self.target, "--options", repr(self.options)]
+               "--target", self.target, "--options", repr(self.options), "--parent", str(os.getpid())]
         try:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           pass_fds=(child_sock.fileno(),), start_new_session=True,
@@ -364,6 +364,27 @@ def serve(conn: Connection, handler: Any) -> int:
             os._exit(FATAL_EXIT)
 
 
+def _exit_with_parent(parent: int, every_s: float = 0.5) -> None:
+    """Exit when the supervisor is gone (this process was re-parented), even in the middle of a job.
+
+    An idle worker sees EOF on its channel and stops; a busy one (a hung kernel, a long timing
+    pass) would not, and it runs in its own session, so a supervisor killed by SIGKILL (or a Ray
+    actor torn down) would leave it holding the GPU and its memory. A polling thread, not
+    PR_SET_PDEATHSIG: that fires when the spawning *thread* exits, and pool threads may come
+    and go while the supervisor lives. ``os._exit`` works while the main thread is stuck."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            if os.getppid() != parent:
+                print(f"evo worker: supervisor {parent} is gone; exiting", flush=True)
+                os._exit(FATAL_EXIT)
+    if os.getppid() != parent:  # gone before we started
+        os._exit(FATAL_EXIT)
+    threading.Thread(target=watch, name="evo-parent-watch", daemon=True).start()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     import ast
 
@@ -371,7 +392,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--target", default=HARNESS_TARGET)
     parser.add_argument("--options", default="{}")
+    parser.add_argument("--parent", type=int, default=0, help="supervisor pid: exit when it is gone")
     args = parser.parse_args(argv)
+    if args.parent:
+        _exit_with_parent(args.parent)
     conn = Connection(args.fd)
     handler = load_target(args.target)(ast.literal_eval(args.options))
     return serve(conn, handler)

@@ -112,3 +112,46 @@ def test_profile_hook_writes_stats_after_each_job(tmp_path, monkeypatch):
 
     names = {fn for (_, _, fn) in pstats.Stats(str(files[0])).stats}
     assert "handle" in names  # the fake handler's own frame was profiled
+
+
+def test_worker_exits_when_its_supervisor_is_killed(tmp_path):
+    """A supervisor killed by SIGKILL mid-job must not leave its worker (own session, stuck in a
+    hung phase, so it never reads the closed channel) holding the GPU."""
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import sys, time; sys.path[:0] = [{os.path.dirname(here)!r}, {here!r}]\n"
+            "from evaluators._worker import WorkerSupervisor\n"
+            f"sup = WorkerSupervisor(gpu=None, target={FAKE!r}, log_dir={str(tmp_path)!r},\n"
+            "                        deadlines={'correctness': 600.0, 'timing': 600.0})\n"
+            "sup.start(); print(sup.pid, flush=True)\n"
+            "sup.run({'fake': 'hang', 'phase': 'correctness'})\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(parent.stdout.readline())
+        os.kill(worker, 0)  # alive while its supervisor is
+        time.sleep(1.0)
+        os.kill(worker, 0)
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if not _running(worker):
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(worker, signal.SIGKILL)
+            pytest.fail("worker outlived its supervisor by 10 s")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie lasts until whoever adopted it reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False

@@ -37,7 +37,7 @@ from ._correctness import Cascade, CheckFailed, Guarded, Operands, ragged_instan
 from ._loader import get_loader, is_poisoning, nvrtc_cubin
 from ._provenance import sm_clock_mhz, static_provenance
 from ._timers import Arm, device_timer, host_timer, rotation_sets
-from ._tmap import ParamPack, TensorMapError, encode_tensor_map
+from ._tmap import ParamPack, TensorMapError, TmapCache
 from ._vmm import TorchAllocator, make_allocator
 
 __all__ = ["make_handler", "GpuHandler", "DEFAULT_CEILINGS", "physical_floor", "memo_flag", "memo_wanted", "MEMO_RATIO"]
@@ -91,47 +91,63 @@ def thread_count() -> int:
 
 
 class CandidateKernels:
-    """A loaded module and a ``call`` that runs a resolved plan on given buffers."""
+    """A loaded module and a ``call`` that runs a resolved plan on given buffers.
 
-    def __init__(self, loader: Any, cubin: bytes, plan: LaunchPlan) -> None:
+    ``tmaps`` (the worker's :class:`TmapCache`) is shared by every candidate, so the timing
+    rotation's tensor maps are encoded once per worker, not once per candidate."""
+
+    def __init__(self, loader: Any, cubin: bytes, plan: LaunchPlan, tmaps: Optional[TmapCache] = None) -> None:
         self.loader, self.plan = loader, plan
         self.module = loader.load(cubin)
         self.fns: dict[tuple[str, int], Any] = {}
-        self._tmaps: dict[tuple[str, int, Shape], bytes] = {}
+        self.tmaps = tmaps if tmaps is not None else TmapCache()
 
     def bind(self, shape: Shape) -> tuple[Callable[[Mapping[str, int], Optional[torch.Tensor]], None], int, int]:
-        """(call(pointers, workspace_tensor), workspace bytes, launches) for ``shape``; raises PlanError."""
+        """(call(pointers, workspace_tensor), workspace bytes, launches) for ``shape``; raises
+        PlanError, or TensorMapError for a tensor map this shape cannot have.
+
+        Everything that does not depend on the pointers is done here, once: the functions, the
+        bound launchers, one :class:`ParamPack` per launch (rewritten in place by every call: the
+        driver copies the arguments at launch) and the tensor-map tables. A call then costs the
+        raw stream handle, the pointer and tensor-map bytes written into the packs, and the
+        launches."""
         launches, ws = self.plan.resolve(shape)
-        fns = []
+        steps = []
         for ln in launches:
             key = (ln.kernel, ln.smem)
             if key not in self.fns:
                 self.fns[key] = self.loader.function(self.module, ln.kernel, ln.smem)
-            fns.append(self.fns[key])
+            pack = ParamPack(ln.args)
+            tables = tuple((i, self.plan.tensor_maps[name].matrix, self.tmaps.table(self.plan.tensor_maps[name], shape), name)
+                           for i, name in enumerate(pack.tmap_names))
+            steps.append((self.loader.launcher(self.fns[key], ln.grid, ln.block, ln.smem), pack, pack.pointer_names, tables))
         zero = self.plan.zero_workspace and ws > 0
-        specs = self.plan.tensor_maps
-        packs: dict[tuple[int, ...], list[ParamPack]] = {}  # per pointer set: built once (4096 sets at tiny shapes)
+        stream_of = _raw_stream_getter()
 
         def call(ptrs: Mapping[str, int], wtensor: Optional[torch.Tensor]) -> None:
-            stream = torch.cuda.current_stream().cuda_stream
+            stream = stream_of()
             if zero and wtensor is not None:
                 wtensor.zero_()
-            key = (ptrs.get("A", 0), ptrs.get("B", 0), ptrs.get("C", 0), ptrs.get("workspace", 0))
-            got = packs.get(key)
-            if got is None:
-                tmaps = {}
-                for name, spec in specs.items():
-                    tkey = (name, ptrs[spec.matrix], shape)
-                    if tkey not in self._tmaps:
-                        self._tmaps[tkey] = encode_tensor_map(spec, shape, ptrs[spec.matrix])
-                    tmaps[name] = self._tmaps[tkey]
-                got = packs[key] = [ParamPack(ln.args, ptrs, tmaps) for ln in launches]
-            for ln, fn, pack in zip(launches, fns, got):
-                self.loader.launch(fn, ln.grid, ln.block, ln.smem, stream, pack.address)
+            for go, pack, names, tables in steps:
+                pack.set_pointers([ptrs[n] for n in names])
+                for i, matrix, get, name in tables:
+                    pack.set_tmap(i, get(ptrs[matrix]), name)
+                go(stream, pack.address)
         return call, ws, len(launches)
 
     def unload(self) -> None:
         self.loader.unload(self.module)
+
+
+def _raw_stream_getter() -> Callable[[], int]:
+    """The current CUDA stream's raw handle, cheaply: ``torch._C._cuda_getCurrentRawStream``
+    (what torch's own generated launchers use; no Stream object built per call), falling back
+    to ``torch.cuda.current_stream().cuda_stream`` where that private entry point is missing."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+        return lambda: torch.cuda.current_stream().cuda_stream
+    index = torch.cuda.current_device()
+    return lambda: raw(index)
 
 
 class GpuHandler:
@@ -155,7 +171,8 @@ class GpuHandler:
         self.provenance["buffers"] = self.alloc.stats()
         if self.options.get("evo_version"):
             self.provenance["evo"] = self.options["evo_version"]
-        self._probe_kernels = CandidateKernels(self.loader, nvrtc_cubin(NAIVE_GEMM, self.arch), naive_plan())
+        self.tmaps = TmapCache()  # shared by every candidate: the rotation's maps are encoded once
+        self._probe_kernels = CandidateKernels(self.loader, nvrtc_cubin(NAIVE_GEMM, self.arch), naive_plan(), self.tmaps)
         self.ceilings = self._measure_ceilings() if self.options.get("measure_ceilings", True) else {}
         probe = self._probe()  # also the warm-up: module load, launches, graph capture, cuBLAS handles
         if probe["status"] != "ok":
@@ -236,7 +253,7 @@ class GpuHandler:
         t0 = time.perf_counter()
         try:
             plan = LaunchPlan.from_dict(job["plan"])
-            kernels = CandidateKernels(self.loader, job["cubin"], plan)
+            kernels = CandidateKernels(self.loader, job["cubin"], plan, getattr(self, "tmaps", None))
         except Exception as exc:
             return self._failure(exc, "load")
         load_s = time.perf_counter() - t0
@@ -380,9 +397,7 @@ class GpuHandler:
                           guard_bytes=ROTATION_GUARD_BYTES, alloc=self._allocator().bytes)
         w_all = w_guard.data
         w_all.fill_(0 if zero_ws else 0xFF)
-        b_c = b_nk if shape.layout == "TN" else b_kn
-        ptrs = [{"A": a[i].data_ptr(), "B": b_c[i].data_ptr(), "C": cc[i].data_ptr(), "workspace": w_all[i].data_ptr()}
-                for i in range(n_sets)]
+        ptrs = tb.pointers(shape.layout, w_all)
         cc_all.fill_(float("nan"))
         arms = [Arm("candidate", lambda i: call(ptrs[i], w_all[i] if ws else None), n_sets),
                 Arm("torch.matmul NN", lambda i: torch.matmul(a[i], b_kn[i], out=cb[i]), n_sets, cacheable=True),
@@ -494,9 +509,7 @@ class GpuHandler:
             held.append(tb)
             w = torch.empty(tb.n_sets, max(ws, 1) + 255 >> 8 << 8, dtype=torch.uint8, device=self.device)
             w.fill_(0 if zero_ws else 0xFF)
-            b_c = tb.b_nk if shape.layout == "TN" else tb.b_kn
-            ptrs = [{"A": tb.a[i].data_ptr(), "B": b_c[i].data_ptr(), "C": tb.cc[i].data_ptr(),
-                     "workspace": w[i].data_ptr()} for i in range(tb.n_sets)]
+            ptrs = tb.pointers(shape.layout, w)
             arms = [Arm("candidate", lambda i, p=ptrs, w=w: call(p[i], w[i] if ws else None), tb.n_sets),
                     Arm("torch.matmul NN", lambda i, t=tb: torch.matmul(t.a[i], t.b_kn[i], out=t.cb[i]), tb.n_sets),
                     Arm("torch.matmul TN", lambda i, t=tb: torch.matmul(t.a[i], t.b_nk[i].t(), out=t.cb[i]), tb.n_sets)]
@@ -592,6 +605,17 @@ class TimingBuffers:
                                                       self.bkn_all[:, :k * n])]
         self._pristine = [t.clone() for t in self._inputs]
         self._flipped: set[int] = set()
+
+    def pointers(self, layout: str, workspaces: torch.Tensor) -> list[dict[str, int]]:
+        """Every set's A, B (as stored for ``layout``), C and workspace (row ``i`` of
+        ``workspaces``) addresses, from each stack's base and row stride (one ``data_ptr`` per
+        stack instead of four per set: 4096 sets at tiny shapes)."""
+        def rows(t: torch.Tensor) -> list[int]:
+            base, step = t.data_ptr(), t.stride(0) * t.element_size()
+            return [base + step * i for i in range(self.n_sets)]
+        b_all = self.bnk_all if layout == "TN" else self.bkn_all
+        return [{"A": a, "B": b, "C": c, "workspace": w}
+                for a, b, c, w in zip(rows(self.a_all), rows(b_all), rows(self.cc_all), rows(workspaces))]
 
     def flip(self, p: int) -> None:
         """Change the sign of element ``p`` of every set's A (the timers' input perturbation)."""

@@ -10,7 +10,7 @@ the context is now unusable (the worker must then exit, see ``_worker``).
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 __all__ = ["CudaError", "LoaderUnavailable", "Loader", "DriverLoader", "PycudaLoader", "get_loader",
            "POISONING_ERRORS", "nvrtc_cubin"]
@@ -64,6 +64,7 @@ class Loader(Protocol):
     def load(self, cubin: bytes) -> Any: ...
     def function(self, module: Any, name: str, dynamic_smem: int) -> Any: ...
     def launch(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int, stream: int, params: int) -> None: ...
+    def launcher(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int) -> Callable[[int, int], None]: ...
     def unload(self, module: Any) -> None: ...
     def synchronize(self) -> Optional[CudaError]: ...
 
@@ -103,6 +104,25 @@ class DriverLoader:
     def launch(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int, stream: int, params: int) -> None:
         self.check("cuLaunchKernel", self.drv.cuLaunchKernel(fn, *grid, *block, smem, self.drv.CUstream(stream), params, 0))
 
+    def launcher(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int) -> Callable[[int, int], None]:
+        """``go(stream, params)``: :meth:`launch` with the launch geometry bound once, the stream
+        handles converted once per stream, and the error path only on failure (the harness calls
+        it thousands of times per candidate at tiny shapes)."""
+        drv, launch, check = self.drv, self.drv.cuLaunchKernel, self.check
+        gx, gy, gz = (int(v) for v in grid)
+        bx, by, bz = (int(v) for v in block)
+        success = drv.CUresult.CUDA_SUCCESS
+        streams: dict[int, Any] = {}
+
+        def go(stream: int, params: int) -> None:
+            handle = streams.get(stream)
+            if handle is None:
+                handle = streams[stream] = drv.CUstream(stream)
+            result = launch(fn, gx, gy, gz, bx, by, bz, smem, handle, params, 0)
+            if result[0] is not success:  # check() raises on any non-zero code
+                check("cuLaunchKernel", result)
+        return go
+
     def unload(self, module: Any) -> None:
         self.drv.cuModuleUnload(module)
 
@@ -140,6 +160,11 @@ class PycudaLoader:
         # pycuda packs arguments itself; the harness's packed void** array is passed through the
         # driver entry point that pycuda wraps for raw launches.
         raise LoaderUnavailable("raw void** launches are not exposed by pycuda; use the driver backend")
+
+    def launcher(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int) -> Callable[[int, int], None]:
+        def go(stream: int, params: int) -> None:
+            self.launch(fn, grid, block, smem, stream, params)
+        return go
 
     def unload(self, module: Any) -> None:
         pass

@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["Arm", "median_ci", "device_timer", "host_timer", "rotation_sets", "TimerStats"]
+__all__ = ["Arm", "median_ci", "device_timer", "host_timer", "rotation_sets", "TimerStats", "capture"]
 
 
 @dataclass
@@ -96,10 +96,7 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
         else:
             reps = max(arm.n_sets, min(4096, math.ceil(target_replay_s / max(est, 1e-7))))
             reps = -(-reps // arm.n_sets) * arm.n_sets  # whole rotations: every set written
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            for r in range(reps):
-                arm.launch(r % arm.n_sets)
+        g = capture(lambda: [arm.launch(r % arm.n_sets) for r in range(reps)], stream)
         g.replay()  # first replay uploads the graph
         graphs[arm.name] = (g, reps)
         replay_s = max(replay_s, est * reps)
@@ -153,6 +150,24 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
         out[arm.name] = stats
     del graphs
     return out
+
+
+def capture(fn: Callable[[], object], stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of what ``fn`` launches on ``stream``.
+
+    ``torch.cuda.graph`` does the same after a device synchronisation and an ``empty_cache``
+    (host and device) on every entry, which only make room for allocations inside the capture:
+    with one capture per candidate they released the caching allocator's blocks for the next
+    candidate to allocate again. The capture itself is the same (its own private memory pool,
+    ``global`` capture error mode, and an error in ``fn`` or at the end propagates as there)."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        g.capture_begin()
+        try:
+            fn()
+        finally:
+            g.capture_end()
+    return g
 
 
 def host_timer(arms: Sequence[Arm], *, calls: int = 20, qps: float = 0.0, rng: random.Random,

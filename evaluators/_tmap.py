@@ -13,12 +13,13 @@ a 16-byte aligned base and a row pitch that is a multiple of 16 bytes (cols % 8 
 from __future__ import annotations
 
 import ctypes
+import struct
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from populations import Shape, TensorMapSpec
 
-__all__ = ["TensorMapError", "TmapGeometry", "matrix_dims", "tmap_geometry", "encode_tensor_map", "ParamPack"]
+__all__ = ["TensorMapError", "TmapGeometry", "matrix_dims", "tmap_geometry", "encode_tensor_map", "ParamPack", "TmapCache"]
 
 TMAP_BYTES = 128
 TMAP_ALIGN = 64
@@ -93,43 +94,78 @@ class ParamPack:
     ``args`` come from :meth:`LaunchPlan.resolve`: ``"A"``/``"B"``/``"C"``/``"workspace"``,
     ``("tmap", name)`` or an ``int``. ``pointers`` maps the four names to device addresses and
     ``tmaps`` maps names to their 128 encoded bytes.
+
+    All argument bytes live in one ctypes buffer, laid out once per ``args`` (tensor maps first,
+    64-byte aligned, then the 8-byte pointers, then the 32-bit ints); the ``void**`` array points
+    into it and never changes. The driver copies the argument bytes at launch (graph capture
+    included), so the harness keeps one pack per launch and :meth:`fill` rewrites the pointers
+    and tensor maps in place for the next call: no allocation per launch (4096 launches per
+    candidate at tiny shapes).
     """
 
-    def __init__(self, args: Sequence[Any], pointers: Mapping[str, int], tmaps: Mapping[str, bytes]) -> None:
-        self._keep: list[Any] = []
-        self.kinds: list[str] = []
+    def __init__(self, args: Sequence[Any], pointers: Optional[Mapping[str, int]] = None,
+                 tmaps: Optional[Mapping[str, bytes]] = None) -> None:
+        kinds: list[str] = []
+        ints: list[int] = []
+        self.pointer_names: tuple[str, ...] = ()
+        self.tmap_names: tuple[str, ...] = ()
+        names, tnames = [], []
         for arg in args:
             if isinstance(arg, str):
-                value = ctypes.c_uint64(int(pointers[arg]))
-                self.kinds.append("ptr")
-                self._keep.append(value)
-            elif isinstance(arg, tuple) and arg[0] == "tmap":
-                raw = tmaps[arg[1]]
-                if len(raw) != TMAP_BYTES:
-                    raise TensorMapError(f"tensor map {arg[1]!r} has {len(raw)} bytes, not {TMAP_BYTES}")
-                store = ctypes.create_string_buffer(TMAP_BYTES + TMAP_ALIGN)
-                offset = (-ctypes.addressof(store)) % TMAP_ALIGN
-                ctypes.memmove(ctypes.addressof(store) + offset, raw, TMAP_BYTES)
-                self.kinds.append("tmap")
-                self._keep.append((store, offset))
+                kinds.append("ptr")
+                names.append(arg)
+            elif isinstance(arg, tuple) and len(arg) == 2 and arg[0] == "tmap":
+                kinds.append("tmap")
+                tnames.append(arg[1])
             elif isinstance(arg, int) and not isinstance(arg, bool):
                 if not -(2**31) <= arg < 2**31:
                     raise OverflowError(f"argument {arg} does not fit in int32")
-                self.kinds.append("int")
-                self._keep.append(ctypes.c_int32(arg))
+                kinds.append("int")
+                ints.append(arg)
             else:
                 raise TypeError(f"cannot pass kernel argument {arg!r}")
-        self._array = (ctypes.c_void_p * max(1, len(self._keep)))()
-        for i, item in enumerate(self._keep):
-            if isinstance(item, tuple):
-                self._array[i] = ctypes.addressof(item[0]) + item[1]
-            else:
-                self._array[i] = ctypes.addressof(item)
+        self.kinds, self.pointer_names, self.tmap_names = kinds, tuple(names), tuple(tnames)
+        n_t, n_p = len(tnames), len(names)
+        self._ptr_off = n_t * TMAP_BYTES  # offsets from the 64-byte aligned base
+        int_off = self._ptr_off + 8 * n_p
+        size = int_off + 4 * len(ints)
+        self._store = ctypes.create_string_buffer(size + TMAP_ALIGN)
+        self._view = memoryview(self._store).cast("B")  # byte slices of a ctypes array are slow
+        base = ctypes.addressof(self._store)
+        self._base = (-base) % TMAP_ALIGN  # buffer offset of the aligned base
+        self._ptr_fmt = f"<{n_p}Q"
+        struct.pack_into(f"<{len(ints)}i", self._store, self._base + int_off, *ints)
+        slots, counts = [], {"tmap": 0, "ptr": 0, "int": 0}
+        starts = {"tmap": 0, "ptr": self._ptr_off, "int": int_off}
+        width = {"tmap": TMAP_BYTES, "ptr": 8, "int": 4}
+        for kind in kinds:
+            slots.append(base + self._base + starts[kind] + width[kind] * counts[kind])
+            counts[kind] += 1
+        self._array = (ctypes.c_void_p * max(1, len(kinds)))(*slots)
+        self.address = ctypes.addressof(self._array)  #: the ``void**`` to hand to cuLaunchKernel
+        if pointers is not None or tmaps is not None or not (names or tnames):
+            self.fill(pointers or {}, tmaps or {})
 
-    @property
-    def address(self) -> int:
-        """The ``void**`` to hand to cuLaunchKernel."""
-        return ctypes.addressof(self._array)
+    def fill(self, pointers: Mapping[str, int], tmaps: Mapping[str, bytes]) -> None:
+        """Write this launch's pointers and tensor maps (the ints were written once)."""
+        if self.pointer_names:
+            self.set_pointers([pointers[n] for n in self.pointer_names])
+        for i, name in enumerate(self.tmap_names):
+            self.set_tmap(i, tmaps[name], name)
+
+    def set_pointers(self, values: Sequence[int]) -> None:
+        """The pointer arguments' values, in the order of :attr:`pointer_names`."""
+        try:
+            struct.pack_into(self._ptr_fmt, self._view, self._base + self._ptr_off, *values)
+        except struct.error as exc:
+            raise ValueError(f"kernel pointer arguments {list(values)!r}: {exc}") from None
+
+    def set_tmap(self, i: int, raw: bytes, name: str = "") -> None:
+        """The ``i``-th tensor map argument's 128 bytes (in the order of :attr:`tmap_names`)."""
+        if len(raw) != TMAP_BYTES:
+            raise TensorMapError(f"tensor map {name or i!r} has {len(raw)} bytes, not {TMAP_BYTES}")
+        at = self._base + i * TMAP_BYTES
+        self._view[at:at + TMAP_BYTES] = raw
 
     def arg_bytes(self, i: int) -> bytes:
         """The bytes argument ``i`` points at (what the driver will copy)."""
@@ -138,3 +174,43 @@ class ParamPack:
 
     def __len__(self) -> int:
         return len(self.kinds)
+
+
+class TmapCache:
+    """Encoded tensor maps by (geometry, base address), shared by every candidate of a worker.
+
+    An encoding is a pure function of its arguments (dtype fp16, rank 2, the geometry, the
+    address, fixed interleave/promotion/fill), so a cached one is the bytes a fresh
+    ``cuTensorMapEncodeTiled`` would give. The timing rotation's buffers are reused by every
+    candidate of a shape (4096 sets at tiny shapes): each address is encoded once per worker
+    instead of once per candidate. Holds at most ``limit`` maps (then starts over)."""
+
+    def __init__(self, limit: int = 1 << 16, encode: Optional[Callable[[TensorMapSpec, Shape, int], bytes]] = None) -> None:
+        self.limit = limit
+        self.encode = encode
+        self._by_geometry: dict[TmapGeometry, dict[int, bytes]] = {}
+        self._size = 0
+        self.hits = self.misses = 0
+
+    def table(self, spec: TensorMapSpec, shape: Shape) -> Callable[[int], bytes]:
+        """``get(address) -> bytes`` for ``spec`` at ``shape``; raises :class:`TensorMapError` if
+        the geometry is illegal (checked here, once per bind)."""
+        geometry = tmap_geometry(spec, shape)
+        inner = self._by_geometry.setdefault(geometry, {})
+        encode = self.encode or encode_tensor_map
+
+        def get(address: int) -> bytes:
+            raw = inner.get(address)
+            if raw is None:
+                raw = encode(spec, shape, address)  # alignment checked on every miss
+                self.misses += 1
+                if self._size >= self.limit:
+                    for other in self._by_geometry.values():
+                        other.clear()
+                    self._size = 0
+                inner[address] = raw
+                self._size += 1
+            else:
+                self.hits += 1
+            return raw
+        return get

@@ -6,14 +6,21 @@
    drawn with ``Template.sample``; the built-in naive kernels when no template applies) at
    4096x4096x4096 and at 64x128x64, through one ``LocalPool``: candidates per minute, the
    summed compile / correctness / timing seconds, the workers' busy share of the GPU phase
-   (``PoolStats.busy_fraction``) and NVML's GPU utilisation sampled every 50 ms.
+   (``PoolStats.busy_fraction``) and NVML's GPU utilisation sampled every 50 ms, averaged over
+   the evaluation phase (first job sent to the GPU worker .. last result back: the issue's
+   "GPU busy" figure) and over the whole wall time (the compile lead-in included), both kept.
+   The server timer's exponential gaps (the GPU idles there by design) are summed apart.
    Candidates are submitted one by one with the engine's elite threshold (the ``--elites``-th best
    speedup so far x 0.95, once that many are ``ok``), so the memoisation pass runs as in a run;
    per-step seconds (``provenance["phases"]``) are summed, and memo passes run/skipped counted.
 2. Repeatability: one kernel timed in ``--starts`` separate worker starts (a fresh pool each),
    each start timing ``--rotations`` freshly allocated rotations and reporting their median; the
    spread of the per-start medians, (max - min) / median, should stay under 2%, and the spread
-   inside each start says how much of it is where the buffers landed.
+   inside each start says how much of it is where the buffers landed. Beside it: the same
+   starts' cuBLAS medians and speedups and their spreads, the SM clock per start and the clock
+   readings of the settling warm-up (what the GPU's clock state moved for both arms).
+
+``--host-microbench`` (CPU only) times the harness's per-launch Python with CUDA stubbed.
 
 Prints a table last and writes ``eval_bench.json`` under ``--out`` (default: $OUT or .).
 """
@@ -69,11 +76,13 @@ def template_batch(shape: Shape, n: int, arch: int, seed: int) -> list[Candidate
 
 
 class UtilSampler(threading.Thread):
-    """NVML GPU utilisation every 50 ms (percent of time a kernel was running)."""
+    """NVML GPU utilisation every 50 ms (percent of time a kernel was running), each sample kept
+    with its ``time.monotonic()`` (the clock of ``PoolStats``), so a window can be averaged."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.samples: list[int] = []
+        self.samples: list[float] = []
+        self.times: list[float] = []
         self.stop = threading.Event()
         try:
             import pynvml
@@ -87,6 +96,13 @@ class UtilSampler(threading.Thread):
     def run(self) -> None:
         while self.nvml and not self.stop.wait(0.05):
             self.samples.append(statistics.mean(self.nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self.handles))
+            self.times.append(time.monotonic())
+
+    def mean(self, start: float | None = None, end: float | None = None) -> float | None:
+        """Mean utilisation of the samples taken in [start, end] (None: open); None without samples."""
+        xs = [u for t, u in zip(self.times, self.samples)
+              if (start is None or t >= start) and (end is None or t <= end)]
+        return statistics.mean(xs) if xs else None
 
 
 def elite_threshold(speedups: list[float], elites: int, margin: float = 0.95) -> float | None:
@@ -122,6 +138,9 @@ def throughput(pool: LocalPool, cands: list[Candidate], elites: int = 8) -> dict
     evals = [e for f in futures for e in f.result()]
     wall = time.monotonic() - t0
     sampler.stop.set()
+    sampler.join(timeout=1)
+    first, last = pool.stats.first_job, pool.stats.last_job_end
+    span = (last - first) if first is not None and last is not None else None
     ok = [e for e in evals if e.status is Status.OK]
     speedups = sorted(e.speedup for e in ok if e.speedup)
     phases: dict[str, float] = {}
@@ -129,12 +148,21 @@ def throughput(pool: LocalPool, cands: list[Candidate], elites: int = 8) -> dict
         for k, v in (e.provenance.get("phases") or {}).items():
             phases[k] = phases.get(k, 0.0) + float(v)
     memo = Counter(str(e.provenance.get("memo_check") or "none").split(":")[0] for e in evals)
+    gaps = sum(float(e.provenance.get("server_gaps_s") or 0.0) for e in evals)
+    warm = sum(float(e.provenance.get("device_warmup_s") or 0.0) for e in evals)
     return {
         "candidates": len(cands), "wall_s": wall, "per_minute": 60 * len(cands) / wall,
         "statuses": dict(Counter(e.status.value for e in evals)),
         "compile_s": sum(e.compile_s for e in evals), "correctness_s": sum(e.correctness_s for e in evals),
         "timing_s": sum(e.timing_s for e in evals), "busy_fraction": pool.stats.busy_fraction(),
-        "nvml_util_mean": statistics.mean(sampler.samples) if sampler.samples else None,
+        "nvml_util_mean": sampler.mean(),  # the whole wall time, compile lead-in included
+        # the evaluation phase: first job sent to the GPU worker .. last result back (PoolStats)
+        "nvml_util_eval": sampler.mean(first, last) if span else None,
+        "eval_phase_s": span, "lead_in_s": (first - t0) if first is not None else None,
+        "nvml_samples": len(sampler.samples),
+        # idle by design: the server timer's exponential gaps (qps), as a share of the eval phase
+        "server_gaps_s": gaps, "server_gaps_share": (gaps / span) if span else None,
+        "device_warmup_s": warm,
         "best_speedup": speedups[-1] if speedups else None,
         "median_speedup": statistics.median(speedups) if speedups else None,
         "phases_s": {k: round(v, 3) for k, v in sorted(phases.items())}, "memo_pass": dict(memo),
@@ -154,16 +182,85 @@ def repeatability(cand: Candidate, starts: int, workers: int, rotations: int = 1
         t = e.timers["device"]
         runs.append({"median_us": t.median * 1e6, "lo_us": t.lo * 1e6, "hi_us": t.hi * 1e6, "samples": t.samples,
                      "baseline_us": t.baseline_median * 1e6, "speedup": t.speedup,
-                     "sm_clock_mhz": e.provenance.get("sm_clock_mhz"),
+                     "sm_clock_mhz": e.provenance.get("sm_clock_mhz"),  # read after the shape's timing
+                     "settle_clocks_mhz": e.provenance.get("settle_clocks_mhz"),  # while settling, last = first sample
+                     "device_warmup_s": e.provenance.get("device_warmup_s"),
+                     "baseline_rotations_us": [round(r["baseline_median"] * 1e6, 2)
+                                               for r in e.provenance.get("device_rotations") or ()],
                      "rotations_us": [round(r["median"] * 1e6, 2) for r in e.provenance.get("device_rotations") or ()]})
     meds = [r["median_us"] for r in runs]
-    inside = [(max(r["rotations_us"]) - min(r["rotations_us"])) / statistics.median(r["rotations_us"])
-              for r in runs if len(r["rotations_us"]) > 1]
+    inside = [spread(r["rotations_us"]) for r in runs if len(r["rotations_us"]) > 1]
     sps = [r["speedup"] for r in runs]
+    bases = [r["baseline_us"] for r in runs]
     return {"candidate": cand.template or "naive", "knobs": dict(cand.knobs or {}), "shape": str(cand.shapes[0]),
-            "medians_us": meds, "spread": (max(meds) - min(meds)) / statistics.median(meds),
-            "speedup_spread": (max(sps) - min(sps)) / statistics.median(sps), "runs": runs,
+            "medians_us": meds, "spread": spread(meds),  # the issue's target: under 2%
+            # the same starts' cuBLAS medians and the ratio: what the GPU's clock state moved for both
+            "baseline_medians_us": bases, "baseline_spread": spread(bases), "speedup_spread": spread(sps),
+            "sm_clocks_mhz": [r["sm_clock_mhz"] for r in runs], "runs": runs,
             "rotations": rotations, "spread_inside_start_max": max(inside) if inside else None}
+
+
+def spread(xs: list[float]) -> float:
+    """(max - min) / median."""
+    return (max(xs) - min(xs)) / statistics.median(xs)
+
+
+def host_microbench(n_sets: int = 4096, candidates: int = 5) -> dict[str, Any]:
+    """CPU only: the harness's per-launch host cost, with the CUDA calls replaced by stand-ins
+    (the driver launch, the tensor-map encoding and the stream query cost nothing here, so this
+    is the Python around them: what the profile's ``call()`` adds on top of cuLaunchKernel).
+    ``candidates`` candidates of each template bind and call every set of a ``n_sets``
+    rotation once, as the device timer's capture does, sharing one tensor-map cache."""
+    import timeit
+    import types
+
+    import torch
+
+    import evaluators._harness as h
+    import evaluators._tmap as tm
+    from populations import load_templates
+
+    class Driver:  # test double of the driver loader
+        name = "stand-in"
+        load = unload = staticmethod(lambda *a: None)
+        function = staticmethod(lambda module, name, smem: name)
+        launcher = staticmethod(lambda fn, grid, block, smem: (lambda stream, params: None))
+        launch = staticmethod(lambda *a: None)
+
+    encoded = [0]
+
+    def encode(spec: Any, shape: Any, address: int) -> bytes:
+        encoded[0] += 1
+        return bytes(128)
+    tm.encode_tensor_map = encode
+    torch._C._cuda_getCurrentRawStream = lambda index: 0
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.current_stream = lambda *a: types.SimpleNamespace(cuda_stream=0)
+    shape = Shape.parse("64x128x64:TN")
+    ptrs = [{"A": (1 << 44) + i * 16384, "B": (2 << 44) + i * 16384, "C": (3 << 44) + i * 16384,
+             "workspace": (4 << 44) + 256 * i} for i in range(n_sets)]
+    out: dict[str, Any] = {"n_sets": n_sets, "candidates": candidates}
+    cache = tm.TmapCache(encode=encode)
+    tpls = load_templates()
+    for name in ("sm90_wgmma", "sm80_mma"):
+        tpl = tpls[name]
+        plan = tpl.candidate(tpl.heuristic(shape)[0], shape).plan
+        per_call = []
+        for _ in range(candidates):
+            call, _, _ = h.CandidateKernels(Driver(), b"", plan, cache).bind(shape)
+            t0 = time.perf_counter()
+            for p in ptrs:
+                call(p, None)
+            per_call.append(1e6 * (time.perf_counter() - t0) / n_sets)
+        out[name] = {"tensor_maps": len(plan.tensor_maps), "us_per_call": [round(x, 2) for x in per_call],
+                     "encodes": encoded[0]}
+        args = plan.resolve(shape)[0][0].args
+        maps = {a[1]: bytes(128) for a in args if isinstance(a, tuple)}
+        pack = tm.ParamPack(args)
+        reps = 20000
+        out[name]["pack_build_us"] = min(timeit.repeat(lambda: tm.ParamPack(args, ptrs[1], maps), number=reps, repeat=3)) / reps * 1e6
+        out[name]["pack_fill_us"] = min(timeit.repeat(lambda: pack.fill(ptrs[1], maps), number=reps, repeat=3)) / reps * 1e6
+    return out
 
 
 def main() -> int:
@@ -180,7 +277,12 @@ def main() -> int:
     ap.add_argument("--buffers", default=None, choices=["vmm", "torch"],
                     help="worker buffers (default: the worker's, EVO_EVAL_BUFFERS)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--host-microbench", action="store_true",
+                    help="CPU only: the harness's per-launch host cost with CUDA calls stubbed, then exit")
     args = ap.parse_args()
+    if args.host_microbench:
+        print(json.dumps(host_microbench(), indent=1))
+        return 0
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "args": vars(args)}
     wopts = {"buffers": args.buffers} if args.buffers else None
     with LocalPool(compile_workers=args.compile_workers, worker_options=wopts) as pool:
@@ -209,15 +311,48 @@ def main() -> int:
         report["repeatability"] = repeatability(rep_cand, args.starts, args.compile_workers, args.rotations, wopts)
     with open(os.path.join(args.out, "eval_bench.json"), "w") as f:
         json.dump(report, f, indent=1, default=str)
-    print(f"\n{'shape':<24}{'cands':>6}{'per min':>9}{'compile s':>10}{'check s':>9}{'time s':>8}{'busy':>6}{'nvml%':>7}  statuses")
-    for text in args.shapes.split(","):
+    print_report(report, args.shapes.split(","))
+    return 0
+
+
+def print_report(report: dict[str, Any], shapes: list[str]) -> None:
+    """The table: throughput per shape, NVML over the evaluation phase and the whole wall, where
+    the GPU idles by design, and the repeatability starts."""
+    print("\nnvml% eval: NVML utilisation averaged over the evaluation phase (first job sent to the GPU worker"
+          " .. last result back; NVML reports the past ~1/6-1 s, so the first samples lag); nvml% wall: the whole"
+          " wall time, the compile lead-in before the first job included. busy: the worker's share of the phase.")
+    print(f"{'shape':<24}{'cands':>6}{'per min':>9}{'compile s':>10}{'check s':>9}{'time s':>8}{'busy':>6}"
+          f"{'nvml% eval':>11}{'nvml% wall':>11}{'lead-in s':>10}  statuses")
+    for text in shapes:
         r = report[str(Shape.parse(text))]
         print(f"{text:<24}{r['candidates']:>6}{r['per_minute']:>9.1f}{r['compile_s']:>10.1f}{r['correctness_s']:>9.1f}"
-              f"{r['timing_s']:>8.1f}{r['busy_fraction']:>6.2f}{(r['nvml_util_mean'] or 0):>7.0f}  {r['statuses']}")
-        print(f"  phases {r['phases_s']}  memo {r['memo_pass']}")
+              f"{r['timing_s']:>8.1f}{r['busy_fraction']:>6.2f}{_num(r.get('nvml_util_eval')):>11}"
+              f"{_num(r.get('nvml_util_mean')):>11}{_num(r.get('lead_in_s'), '.1f'):>10}  {r['statuses']}")
+        print(f"  phases (s, summed over candidates) {r['phases_s']}  memo {r['memo_pass']}")
+        if r.get("eval_phase_s"):
+            print(f"  idle by design: server timer gaps {r['server_gaps_s']:.2f} s = {100 * r['server_gaps_share']:.1f}% of "
+                  f"the {r['eval_phase_s']:.1f} s evaluation phase (qps gaps between calls); offline timer: one sync per "
+                  f"call ({r['phases_s'].get('offline', 0):.2f} s); device warm-up (busy) {r['device_warmup_s']:.2f} s")
     print("buffers:", json.dumps(report.get("buffers"), default=str))
-    print("repeatability:", json.dumps(report.get("repeatability"), default=str))
-    return 0
+    rep = report.get("repeatability")
+    if rep and "runs" in rep:
+        print(f"repeatability {rep['candidate']} {rep['shape']} {rep['knobs']}, {len(rep['runs'])} worker starts x "
+              f"{rep['rotations']} rotations:")
+        print(f"  {'start':>5}{'device us':>11}{'cuBLAS us':>11}{'speedup':>9}{'SM MHz':>8}{'warm-up s':>10}  settle clocks / rotations")
+        for i, r in enumerate(rep["runs"]):
+            print(f"  {i + 1:>5}{r['median_us']:>11.2f}{r['baseline_us']:>11.2f}{r['speedup']:>9.4f}"
+                  f"{_num(r.get('sm_clock_mhz')):>8}{_num(r.get('device_warmup_s'), '.2f'):>10}  "
+                  f"{r.get('settle_clocks_mhz')} / {r.get('rotations_us')}")
+        print(f"  spread of device medians {100 * rep['spread']:.2f}% (target < 2%: "
+              f"{'met' if rep['spread'] < 0.02 else 'MISSED'}); cuBLAS medians {100 * rep['baseline_spread']:.2f}%; "
+              f"speedup {100 * rep['speedup_spread']:.2f}%; inside one start (rotations) max "
+              f"{_num(100 * rep['spread_inside_start_max'] if rep['spread_inside_start_max'] is not None else None, '.2f')}%")
+    else:
+        print("repeatability:", json.dumps(rep, default=str))
+
+
+def _num(x: Any, fmt: str = ".0f") -> str:
+    return "-" if x is None else format(x, fmt)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ class TimerStats:
     samples: int
     host_median: float = 0.0  # device timer: host-synchronised time per call, for the side-stream flag
     reps: int = 1             # device timer: calls per replay (one sample)
+    warmup_s: float = 0.0     # device timer: untimed replays before the first sample (clock settling included)
+    clocks: tuple = ()        # device timer with a clock: SM MHz read while settling, the last at the first sample
+    idle_s: float = 0.0       # server timer: seconds of the gaps before this arm's calls (the GPU idles by design)
 
 
 def median_ci(xs: Sequence[float], z: float = 1.96) -> TimerStats:
@@ -68,7 +71,8 @@ def rotation_sets(set_bytes: int, l2_bytes: int, *, minimum: int = 2, maximum: i
 def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_per_round: int = 1,
                  target_replay_s: float = 2e-3, budget_s: float = 0.05, warmup_s: float = 0.03, rng: random.Random,
                  graph_cache: Optional[dict] = None, perturb: Optional[Callable[[], None]] = None,
-                 keep: Optional[dict] = None) -> dict[str, TimerStats]:
+                 keep: Optional[dict] = None, settle_s: float = 0.0,
+                 clock: Optional[Callable[[], Optional[int]]] = None) -> dict[str, TimerStats]:
     """CUDA-graph replays of back-to-back calls, interleaved across arms (see module docstring).
 
     After ``warmup_s`` of untimed replays of all arms, each round replays every arm
@@ -82,7 +86,14 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
     inputs it saw before, so memoising outputs by input content buys nothing in this timer.
 
     ``keep`` (a dict) receives ``(graph, calls per replay)`` of every arm, for the caller to
-    replay again (the harness's after-timing recheck and memoisation pass: no second capture)."""
+    replay again (the harness's after-timing recheck and memoisation pass: no second capture).
+
+    ``settle_s`` with a ``clock`` (the SM clock in MHz, e.g. NVML's): after the warm-up, keep
+    replaying until two readings at least :data:`SETTLE_READ_S` apart are within
+    :data:`SETTLE_MHZ` (one clock step) of each other, for at most ``settle_s`` more: a GPU that
+    was idle boosts, then drops under load; samples taken while it drops measure the clock's
+    trajectory, not the kernel. The readings are returned in ``clocks``; the clock itself is
+    never changed."""
     stream = torch.cuda.Stream()
     graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
     replay_s = 0.0
@@ -109,11 +120,17 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
     torch.cuda.synchronize()
     warm_until = time.perf_counter() + warmup_s  # steady clocks before the first sample
     touch = perturb or (lambda: None)
-    while time.perf_counter() < warm_until:
+    warm_t0 = time.perf_counter()
+
+    def replay_all() -> None:
         for arm in arms:
             touch()
             graphs[arm.name][0].replay()
         torch.cuda.synchronize()
+    while time.perf_counter() < warm_until:
+        replay_all()
+    clocks = _settle(replay_all, clock, settle_s) if clock is not None and settle_s > 0 else ()
+    warmed_s = time.perf_counter() - warm_t0
     if rounds is None:
         rounds = max(3, min(40, round(budget_s / max(replay_s, 1e-6) / (replays_per_round + 1))))
     events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {a.name: [] for a in arms}
@@ -147,9 +164,36 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
         stats = median_ci([s.elapsed_time(e) * 1e-3 / reps for s, e in events[arm.name]])
         stats.host_median = median_ci(host[arm.name]).median
         stats.reps = reps
+        stats.warmup_s, stats.clocks = warmed_s, tuple(clocks)
         out[arm.name] = stats
     del graphs
     return out
+
+
+#: Clock settling: readings at least this far apart ...
+SETTLE_READ_S = 0.02
+#: ... within this many MHz of each other (one SM clock step on Hopper) end the settling.
+SETTLE_MHZ = 15
+
+
+def _settle(replay_all: Callable[[], None], clock: Callable[[], Optional[int]], settle_s: float) -> list[int]:
+    """Replay until the SM clock holds still (see :func:`device_timer`); the readings taken."""
+    first = clock()
+    if first is None:
+        return []
+    readings = [first]
+    end = time.perf_counter() + settle_s
+    while time.perf_counter() < end:
+        read_at = time.perf_counter() + SETTLE_READ_S
+        while time.perf_counter() < read_at:
+            replay_all()
+        now = clock()
+        if now is None:
+            break
+        readings.append(now)
+        if abs(now - readings[-2]) <= SETTLE_MHZ:
+            break
+    return readings
 
 
 def capture(fn: Callable[[], object], stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
@@ -176,12 +220,15 @@ def host_timer(arms: Sequence[Arm], *, calls: int = 20, qps: float = 0.0, rng: r
     ``perturb`` runs before each call, outside the timed window (see :func:`device_timer`)."""
     samples: dict[str, list[float]] = {a.name: [] for a in arms}
     pos = {a.name: 0 for a in arms}
+    gaps = {a.name: 0.0 for a in arms}
     for _ in range(calls):
         order = list(arms)
         rng.shuffle(order)
         for arm in order:
             if qps > 0:
+                t_gap = time.perf_counter()
                 _sleep(rng.expovariate(qps))
+                gaps[arm.name] += time.perf_counter() - t_gap
             if perturb is not None:
                 perturb()
             torch.cuda.synchronize()
@@ -190,7 +237,10 @@ def host_timer(arms: Sequence[Arm], *, calls: int = 20, qps: float = 0.0, rng: r
             torch.cuda.synchronize()
             samples[arm.name].append(time.perf_counter() - t0)
             pos[arm.name] += 1
-    return {name: median_ci(xs) for name, xs in samples.items()}
+    out = {name: median_ci(xs) for name, xs in samples.items()}
+    for name, st in out.items():
+        st.idle_s = gaps[name]
+    return out
 
 
 def _estimate(arm: Arm, calls: int = 3) -> float:

@@ -543,3 +543,24 @@ def test_harness_timing_step_flags_a_per_set_memo(monkeypatch):
         c.copy_(memo[key])
     res = _timed(h, handler, shape, per_set_memo)
     assert res["status"] == "flagged" and "outputs after timing" in res["message"]
+
+
+@needs_torch
+def test_clock_settling_runs_only_after_the_worker_was_idle(monkeypatch):
+    h, handler = _cpu_harness(monkeypatch)
+    asked = []
+    timer = h.device_timer
+
+    def recording(arms, **kw):
+        if "clock" in kw:  # the main device timing (the memo pass replays without settling)
+            asked.append((kw["settle_s"], kw["clock"]))
+        return timer(arms, **kw)
+    monkeypatch.setattr(h, "device_timer", recording)
+    monkeypatch.setattr(h, "IDLE_S", 30.0)  # "idle" well beyond what a slow CI machine takes between calls
+    shape = Shape(40, 24, 32, "TN")
+    res = _timed(h, handler, shape, _honest("TN"))  # the worker's first job: settle
+    _timed(h, handler, shape, _honest("TN"))  # right after: the clock is already under load
+    handler._last_busy -= 2 * h.IDLE_S  # as if the worker had waited for work
+    _timed(h, handler, shape, _honest("TN"))
+    assert [s for s, _ in asked] == [h.SETTLE_S, 0.0, h.SETTLE_S] and asked[0][1] is h.sm_clock_mhz
+    assert res["status"] == "ok" and res["notes"]["server_gaps_s"] == 0.0 and "device_warmup_s" in res["notes"]

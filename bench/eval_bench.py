@@ -296,10 +296,9 @@ def main() -> int:
             res = throughput(pool, cands, args.elites)
             report[str(shape)] = res
             print(json.dumps({str(shape): res}, indent=1, default=str), flush=True)
+            _save(report, args.out)  # each shape kept if a later step dies or runs out of time
         report["buffers"] = pool.supervisors[0].info.get("buffers")
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "eval_bench.json"), "w") as f:  # throughput kept if repeatability dies
-        json.dump(report, f, indent=1, default=str)
+    _save(report, args.out)
     if not args.skip_repeatability:
         big = Shape.parse(args.shapes.split(",")[0])
         rep_cand = template_batch(big, 1, arch, seed=1)[0]
@@ -309,8 +308,7 @@ def main() -> int:
             tpl = load_templates()[args.rep_template]
             rep_cand = tpl.candidate(tpl.heuristic(big)[0], big)
         report["repeatability"] = repeatability(rep_cand, args.starts, args.compile_workers, args.rotations, wopts)
-    with open(os.path.join(args.out, "eval_bench.json"), "w") as f:
-        json.dump(report, f, indent=1, default=str)
+    _save(report, args.out)
     print_report(report, args.shapes.split(","))
     return 0
 
@@ -349,6 +347,12 @@ def print_report(report: dict[str, Any], shapes: list[str]) -> None:
               f"{_num(100 * rep['spread_inside_start_max'] if rep['spread_inside_start_max'] is not None else None, '.2f')}%")
     else:
         print("repeatability:", json.dumps(rep, default=str))
+
+
+def _save(report: dict[str, Any], out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "eval_bench.json"), "w") as f:
+        json.dump(report, f, indent=1, default=str)
 
 
 def _num(x: Any, fmt: str = ".0f") -> str:

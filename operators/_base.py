@@ -86,7 +86,8 @@ class OperatorContext:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "history", tuple((c, e) for c, e in self.history))
-        object.__setattr__(self, "templates", MappingProxyType(dict(self.templates)))
+        # bound to the target arch, so every operator's check/sample obeys ARCH constraints
+        object.__setattr__(self, "templates", MappingProxyType({n: t.for_arch(self.arch) for n, t in self.templates.items()}))
 
     @cached_property
     def known_ids(self) -> frozenset[str]:

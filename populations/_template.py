@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
@@ -100,6 +100,13 @@ class Template:
     applies: str = "true"
     path: Optional[Path] = None
     prelude_text: str = ""
+    target_arch: Optional[int] = None  # the arch check/heuristic/sample assume when not given one
+
+    def for_arch(self, arch: Union[int, str, None]) -> "Template":
+        """This template with ``arch`` as the default target of :meth:`check`, :meth:`heuristic`,
+        :meth:`sample` and :meth:`render`, so code that does not pass an arch (operators) still
+        obeys ``ARCH`` constraints."""
+        return replace(self, target_arch=_cc(arch))
 
     # -- applicability ---------------------------------------------------------------------
     def supports_arch(self, arch: Union[int, str]) -> bool:
@@ -131,7 +138,7 @@ class Template:
         Constraints that need the shape (M, N, K, the layout) or the arch (``ARCH``) are checked
         only when that is given.
         """
-        reasons = self.space.check(self.space.complete(knobs), shape, _cc(arch))
+        reasons = self.space.check(self.space.complete(knobs), shape, _cc(arch) if arch is not None else self.target_arch)
         if shape is not None and not reasons:
             if shape.layout not in self.layouts:
                 reasons.append(f"layout {shape.layout} is not one of {list(self.layouts)}")
@@ -180,7 +187,7 @@ class Template:
         """Up to ``n`` distinct valid knob sets drawn at random (fewer when the space is small)."""
         if not isinstance(rng, random.Random):
             rng = random.Random(rng)
-        return self.space.sample(rng, shape, n, arch=_cc(arch))
+        return self.space.sample(rng, shape, n, arch=_cc(arch) if arch is not None else self.target_arch)
 
     # -- rendering -------------------------------------------------------------------------
     def render(self, knobs: Mapping[str, KnobValue], shape: Shape, specialize: bool = False) -> tuple[str, LaunchPlan]:

@@ -438,3 +438,33 @@ def test_crossover_of_two_templates_falls_back_or_fails_with_the_reason(template
         assert "different templates" in p.candidate.meta["fallback"]
     [fail] = KnobCrossover(fallback="fail").propose([weak, strong], SHAPE, random.Random(0), 3, context)
     assert not fail.ok and "different templates" in fail.reason and set(fail.parents) == {weak.id, strong.id}
+
+
+@pytest.mark.parametrize("name", [n for n in available_operators() if not n.startswith("llm")])
+def test_conformance_obeys_the_target_arch(name: str, templates: dict[str, Template]) -> None:
+    """On an sm_80 target, sm80_mma's ARCH constraint (shared memory under the 163 KiB cap) holds
+    for every proposal, though the operators never pass an arch themselves: the context binds it.
+    (The LLM operators check knob edits through the same bound template, see the next test; with
+    the real model a proposal takes minutes on a loaded 2-core CPU.)"""
+    t = templates["sm80_mma"]
+    shape = Shape.parse("4096x4096x4096")
+    big = [k for k in t.sample(random.Random(5), shape, 400, 90) if t.check(k, shape, 80)]
+    assert len(big) >= 4, "need parents that are valid on sm_90 only"
+    cands = [t.candidate(k, shape) for k in big[:6]]
+    hist = [(c, evaluation(c, shape, 1.0 - 0.1 * i)) for i, c in enumerate(cands)]
+    context = OperatorContext(hist, {t.name: t}, arch=80)
+    proposals = run(name, [ParentView(c, e) for c, e in hist][:2], context, shape, seed=11, n=6)
+    made = [p.candidate for p in proposals if p.ok]
+    assert made or all(p.reason for p in proposals)
+    for c in made:
+        assert t.check(c.knobs, shape, 80) == [], (name, c.knobs)
+
+
+def test_context_binds_templates_to_its_arch(templates: dict[str, Template]) -> None:
+    t = templates["sm80_mma"]
+    shape = Shape.parse("4096x4096x4096")
+    knobs = next(k for k in t.sample(random.Random(5), shape, 400, 90) if t.check(k, shape, 80))
+    bound = OperatorContext((), {t.name: t}, arch="sm_80").templates[t.name]
+    assert t.check(knobs, shape) == [] and bound.check(knobs, shape) != []  # the grammar's and parser's call
+    assert all(bound.check(k, shape) == [] for k in bound.sample(random.Random(1), shape, 50))
+    assert OperatorContext((), {t.name: t}, arch=90).templates[t.name].check(knobs, shape) == []

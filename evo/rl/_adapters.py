@@ -82,18 +82,21 @@ def _rows_digest(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def train_adapter(rows: Sequence[Mapping[str, Any]], out: Union[str, os.PathLike], *, policy: Policy,
                   templates: Mapping[str, Template], table: Optional[RewardTable] = None,
-                  evaluate: Optional[Callable[..., Any]] = None, config: GRPOConfig = GRPOConfig(),
+                  evaluate: Optional[Callable[..., Any]] = None, evaluate_many: Optional[Callable[..., Any]] = None,
+                  config: GRPOConfig = GRPOConfig(),
                   version: int = 1, parent_adapter: Optional[str] = None,
                   log: Optional[Callable[[str], None]] = None, deadline: Optional[float] = None,
                   demos: Sequence[Any] = (), demos_top: int = 4) -> dict[str, Any]:
     """Train ``policy`` on ``rows`` with GRPO, save the adapter into ``out`` with its manifest; the
     manifest. ``demos`` (archives) add each group's best ``demos_top`` archived children of its
-    parent to the replayed completions (evo.rl._grpo.add_elite_demos)."""
+    parent to the replayed completions (evo.rl._grpo.add_elite_demos). ``evaluate`` (one
+    candidate) and ``evaluate_many`` (a list, evaluated side by side) measure sampled edits the
+    table has no reward for (the GPU in the loop)."""
     prompts, skipped = prompts_from_rows(rows, templates)
     table = table if table is not None else table_from_rows(rows)
     for archive in demos if demos_top > 0 else ():
         prompts = add_elite_demos(prompts, archive, table, demos_top, config.max_changes)
-    source = RewardSource(table, evaluate)
+    source = RewardSource(table, evaluate, evaluate_many)
     start = time.time()
     history = train(policy, prompts, source, config, log=log, deadline=deadline)
     digest = policy.save(out)

@@ -12,6 +12,10 @@ itself almost never proposes the value: on-policy samples alone would never find
 
 :func:`proposal_share` asks the real :class:`operators.llm.LLMOperator` for ``n`` single
 proposals (each with its own seeded rng) and returns the share that set the knob to the value.
+
+:func:`choose_target` picks the device check's target from measured one-knob edits: the best
+one, only when it is ``margin`` ahead of the runner-up (the first device run's target, SPLIT_K=8,
+was a near-tie with SPLIT_K=4 and 16, so a share of one value undersold the update).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import hashlib
 import itertools
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -26,7 +31,8 @@ from operators import OperatorContext, ParentView
 from operators.llm import LLMOperator
 from populations import Archive, Candidate, Evaluation, Shape, Status, Template, TimerResult
 
-__all__ = ["synthetic_archive", "proposal_share", "parent_of", "edits", "transcript_of", "measured"]
+__all__ = ["synthetic_archive", "proposal_share", "parent_of", "edits", "transcript_of", "measured", "Target",
+           "choose_target", "edit_text"]
 
 
 def transcript_of(messages: Sequence[Mapping[str, str]]) -> str:
@@ -105,13 +111,15 @@ def synthetic_archive(path: Union[str, Path], template: Template, shape: Shape, 
     return Path(path)
 
 
-def proposal_share(template: Template, shape: Shape, knob: str, value: Any, *, n: int = 50, seed: int = 0,
-                   operator: Optional[LLMOperator] = None,
-                   parent_knobs: Optional[Mapping[str, Any]] = None) -> tuple[float, list[Candidate]]:
+def proposal_share(template: Template, shape: Shape, knob: Optional[str], value: Any, *, n: int = 50, seed: int = 0,
+                   operator: Optional[LLMOperator] = None, parent_knobs: Optional[Mapping[str, Any]] = None,
+                   parent_eval: Optional[Evaluation] = None) -> tuple[float, list[Candidate]]:
     """Share of ``n`` single LLM-operator proposals for the parent that set ``knob`` to ``value``
-    (a failed proposal counts as a miss), and the proposed candidates."""
+    (a failed proposal counts as a miss; knob None: 0), and the proposed candidates. The prompt
+    shows ``parent_eval`` (a measured one on the device) or an assigned 1.0x."""
     op = operator or LLMOperator()
     parent, pev = parent_of(template, shape, parent_knobs)
+    pev = parent_eval or pev
     ctx = OperatorContext([(parent, pev)], {template.name: template}, arch=90)
     hits, cands = 0, []
     for i in range(n):
@@ -119,5 +127,48 @@ def proposal_share(template: Template, shape: Shape, knob: str, value: Any, *, n
         cand = props[0].candidate if props else None
         if cand is not None:
             cands.append(cand)
-            hits += (cand.knobs or {}).get(knob) == value
+            hits += knob is not None and (cand.knobs or {}).get(knob) == value
     return hits / n, cands
+
+
+@dataclass(frozen=True)
+class Target:
+    """The knob value a device learning check trains towards: the best measured one-knob edit
+    of a parent at a shape, ``margin`` (log speedup) ahead of the runner-up edit."""
+
+    shape: Shape
+    knob: str
+    value: Any
+    reward: float
+    runner_up: str
+    runner_up_reward: float
+    parent_reward: float
+
+    @property
+    def margin(self) -> float:
+        return self.reward - self.runner_up_reward
+
+
+def edit_text(knobs: Mapping[str, Any], parent: Mapping[str, Any]) -> str:
+    """``K=V,...`` of the knobs that differ from the parent's (sorted)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(knobs.items()) if parent.get(k) != v)
+
+
+def choose_target(shape: Shape, parent: Mapping[str, Any], parent_reward: float,
+                  sweep: Sequence[tuple[Mapping[str, Any], float]], margin: float) -> tuple[Optional[Target], str]:
+    """From measured one-knob edits of ``parent`` (``sweep``: (knob set, reward) pairs) the
+    :class:`Target`, when the best edit beats the parent and every other edit by at least
+    ``margin``; else None. The second value says why, with the numbers (for the log)."""
+    ranked = sorted(((r, edit_text(k, parent), k) for k, r in sweep), key=lambda t: (-t[0], t[1]))
+    if len(ranked) < 2:
+        return None, f"{shape}: fewer than two measured edits"
+    (best, best_edit, knobs), (second, second_edit, _k) = ranked[0], ranked[1]
+    changed = [(k, v) for k, v in knobs.items() if parent.get(k) != v]
+    if len(changed) != 1:
+        raise ValueError(f"the sweep holds {best_edit!r}, not a one-knob edit of the parent")
+    why = (f"{shape}: best {best_edit} {best:+.3f}, runner-up {second_edit} {second:+.3f} "
+           f"(margin {best - second:+.3f}, needed {margin:+.3f}), parent {parent_reward:+.3f}")
+    if best - second < margin or best - parent_reward < margin:
+        return None, why
+    (knob, value), = changed
+    return Target(shape, knob, value, best, second_edit, second, parent_reward), why

@@ -11,6 +11,12 @@ estimate against the reference (the adapter disabled)::
     loss = mean_samples mean_steps [ -min(rho A, clip(rho, 1-eps, 1+eps) A) + beta (exp(q) - q - 1) ],
     rho = exp(logp - logp_old),  q = logp_ref - logp
 
+The KL term is taken over the sampled completions only: k3 is an estimate of KL(policy || ref)
+for completions drawn from the policy. On a replayed (off-policy) completion that the policy has
+moved away from and the reference still likes (the base model's own TM=64 answers), q is large
+and exp(q) explodes: the device run before this change logged a mean "KL" of 1,442 at step 5,
+and its gradient (clipped to the same norm as the advantage term's) pulled the policy back.
+
 Each step's group also holds up to ``replay`` of the archive's own completions for the prompt
 (the dataset rows of its group, re-traced through the same grammar with the current weights):
 on-policy sampling alone never finds a value the base model gives ~0 probability (measured:
@@ -138,11 +144,34 @@ def add_elite_demos(prompts: Sequence[Prompt], archive: Any, table: RewardTable,
 class RewardSource:
     """Completion text -> (reward, source, candidate id): archive, evaluator or penalty."""
 
-    def __init__(self, table: RewardTable, evaluate: Optional[Evaluate] = None) -> None:
+    def __init__(self, table: RewardTable, evaluate: Optional[Evaluate] = None,
+                 evaluate_many: Optional[Callable[[list[Candidate]], Sequence[Sequence[Evaluation]]]] = None) -> None:
         self.table = table
         self.evaluate = evaluate
+        self.evaluate_many = evaluate_many
         self.config: RewardConfig = table.config
         self.sources: Counter = Counter()
+        self._fresh: set[tuple[Shape, str]] = set()
+
+    def prefetch(self, prompt: Prompt, texts: Sequence[str]) -> None:
+        """Evaluate in one call (``evaluate_many``: a pool compiles and times them side by side)
+        the distinct candidates of ``texts`` the table has no reward for; a no-op without it."""
+        if self.evaluate_many is None:
+            return
+        todo: dict[str, Candidate] = {}
+        for text in texts:
+            cand = self.candidate(prompt, text)
+            if cand is not None and self.table.get(prompt.shape, cand.id) is None:
+                todo[cand.id] = cand
+        if not todo:
+            return
+        for cand, evals in zip(todo.values(), self.evaluate_many(list(todo.values()))):
+            here = [e for e in evals if e.shape == prompt.shape]
+            for e in here:
+                self.table.add(e)
+            if reward_of(here, self.config) is None:
+                self.table.set(prompt.shape, cand.id, self.config.unmapped)
+            self._fresh.add((prompt.shape, cand.id))
 
     def candidate(self, prompt: Prompt, text: str) -> Optional[Candidate]:
         parsed = parse_knob_edit(text, prompt.template, prompt.parent_knobs, prompt.shape)
@@ -167,8 +196,10 @@ class RewardSource:
     def _reward(self, prompt: Prompt, cand: Candidate) -> tuple[float, str, Optional[str]]:
         r = self.table.get(prompt.shape, cand.id)
         if r is not None:
-            self.sources["archive"] += 1
-            return r, "archive", cand.id
+            source = "evaluator" if (prompt.shape, cand.id) in self._fresh else "archive"
+            self._fresh.discard((prompt.shape, cand.id))
+            self.sources[source] += 1
+            return r, source, cand.id
         if self.evaluate is not None:
             evals = [e for e in self.evaluate(cand) if e.shape == prompt.shape]
             for e in evals:
@@ -204,13 +235,12 @@ def train(policy: Policy, prompts: Sequence[Prompt], rewards: RewardSource, conf
         prompt = order.pop()
         start = time.perf_counter()
         ids = policy.prompt_ids(prompt.messages)
-        samples, scores = [], []
+        samples = []
         for _ in range(config.group_size):
             grammar = KnobEditGrammar(prompt.template, prompt.parent_knobs, prompt.shape, config.max_changes)
-            s = policy.sample(prompt.messages, grammar, rng, config.temperature)
-            r = rewards(prompt, s.text)[0] if s.finished else rewards.config.unmapped
-            samples.append(s)
-            scores.append(r)
+            samples.append(policy.sample(prompt.messages, grammar, rng, config.temperature))
+        rewards.prefetch(prompt, [s.text for s in samples if s.finished])  # new edits evaluated side by side
+        scores = [rewards(prompt, s.text)[0] if s.finished else rewards.config.unmapped for s in samples]
         replayed = list(prompt.replay)
         rng.shuffle(replayed)
         for text in replayed[:config.replay]:  # the archive's own completions for this group
@@ -227,8 +257,9 @@ def train(policy: Policy, prompts: Sequence[Prompt], rewards: RewardSource, conf
                                   "completions": [s.text for s in samples], "rewards": scores}
         if std > 1e-8:
             adv = [(r - mean) / std for r in scores]
-            ref = ([policy.logprobs(ids, s, reference=True) for s in samples] if config.beta > 0 else
-                   [None] * len(samples))
+            n_sampled = config.group_size  # the KL term only on these (see the module docstring)
+            ref = ([policy.logprobs(ids, s, reference=True) if i < n_sampled else None for i, s in enumerate(samples)]
+                   if config.beta > 0 else [None] * len(samples))
             old: list[Any] = [None] * len(samples)
             losses, kls = [], []
             for it in range(config.inner):
@@ -242,7 +273,7 @@ def train(policy: Policy, prompts: Sequence[Prompt], rewards: RewardSource, conf
                     ratio = torch.exp(lp - old[i])
                     a = adv[i]
                     loss = -torch.min(ratio * a, torch.clamp(ratio, 1 - config.clip, 1 + config.clip) * a)
-                    if ref[i] is not None:
+                    if ref[i] is not None and i < n_sampled:
                         q = ref[i] - lp
                         kl = torch.exp(q) - q - 1
                         loss = loss + config.beta * kl

@@ -10,7 +10,8 @@ next hook call (on the engine's thread again) switches the LLM operators to the 
 and emits an ``rl_update`` event. A round that fails emits ``rl_failed`` with the error and the
 run goes on; rounds with no trainable rows are skipped (``rl_skip``). The policy is created on
 the first round (a copy of the operator's model) and keeps training from round to round; a
-resumed run continues from the newest adapter in the store and switches the operators to it.
+resumed run continues from the newest adapter in the store and switches the operators to it
+when the updater is made, before the run's first proposal.
 """
 from __future__ import annotations
 
@@ -50,9 +51,10 @@ class RLUpdater:
         self._result: Optional[dict[str, Any]] = None
         latest = self.store.latest()
         self.version, self.current = (latest[0], read_manifest(latest[1])["name"]) if latest else (0, None)
-        self._resume = latest is not None
         if not self.model:
             self.log("evo: rl: no LLM operator in this run; --rl-every has nothing to train")
+        elif latest is not None:  # a resumed run: its first proposals already come from the newest adapter
+            self._switch(latest[1], self.current)
 
     def _emit(self, kind: str, **data: Any) -> None:
         if self.events is not None:
@@ -60,9 +62,6 @@ class RLUpdater:
 
     # -- the engine hook (engine thread) -------------------------------------------------------
     def __call__(self, engine: Any) -> None:
-        if self._resume:
-            self._resume = False
-            self._switch(self.store.folder(self.version), self.current)
         if self._thread is not None and not self._thread.is_alive():
             self._thread = None
             self._finish(self._result or {"error": "the training thread ended without a result"})

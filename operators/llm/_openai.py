@@ -13,6 +13,12 @@ Knob edits: where the operator passes a grammar with ``json_schema()``, the requ
 server to decode under that schema (``response_format`` json_schema by default, vLLM's older
 ``guided_json`` where configured). A server that refuses it (HTTP 400) is asked again without,
 once, and then never again in this process: the free answer is parsed and validated instead.
+
+Adapters (RL updates, issue 8): :meth:`OpenAIBackend.load_adapter` asks a vLLM server to load a
+LoRA adapter folder at runtime (``POST {base_url}/load_lora_adapter``; the server must run with
+``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` and see the folder's path), then
+sends the adapter's name as the request's model; the previous adapter is unloaded
+(``/unload_lora_adapter``). Completions record the base model's name and the adapter's.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from pathlib import Path
 from typing import Any, Optional
 
 from ._models import ModelSpec
@@ -57,6 +64,7 @@ class OpenAIBackend:
         self._slots = threading.BoundedSemaphore(spec.concurrency)
         self._lock = threading.Lock()
         self._jitter = random.Random()
+        self.adapter = ""  # the adapter in use (its version name, sent as the model); "" for the base model
 
     def _count(self, **deltas: float) -> None:
         with self._lock:
@@ -71,7 +79,7 @@ class OpenAIBackend:
 
     def _body(self, messages: list[dict[str, str]], temperature: float, max_new_tokens: int, seed: int,
               schema: Optional[dict]) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.spec.model, "messages": messages, "temperature": temperature,
+        body: dict[str, Any] = {"model": self.adapter or self.spec.model, "messages": messages, "temperature": temperature,
                                 "max_tokens": max_new_tokens, "seed": seed, "n": 1, "stream": False}
         if schema is not None and self.structured == "json_schema":
             body["response_format"] = {"type": "json_schema",
@@ -79,6 +87,38 @@ class OpenAIBackend:
         elif schema is not None and self.structured == "guided_json":
             body["guided_json"] = schema
         return body
+
+    # -- adapters (RL updates, issue 8) -----------------------------------------------------
+    def load_adapter(self, folder: Any, name: str) -> None:
+        """Serve the peft LoRA adapter in ``folder`` as ``name`` from the next completion on (a
+        hot reload through the server's runtime LoRA endpoints); ``folder=None`` goes back to the
+        base model. The previous adapter is unloaded after the new one is in. Raises RuntimeError
+        with the server's answer when it refuses (e.g. started without ``--enable-lora``)."""
+        base = self.spec.base_url.rstrip("/")
+        old = self.adapter
+        if folder is not None:
+            if not name:
+                raise ValueError("an adapter needs a name (what requests send as the model)")
+            if name != old:
+                self._admin(base + "/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(folder).resolve())})
+        with self._lock:
+            self.adapter = name if folder is not None else ""
+        if old and old != self.adapter:
+            try:
+                self._admin(base + "/unload_lora_adapter", {"lora_name": old})
+            except RuntimeError:
+                self._count(unload_failed=1)  # the new adapter is in use; a leftover one costs server memory only
+
+    def _admin(self, url: str, body: dict[str, Any]) -> str:
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=self._headers(), method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.spec.timeout_s) as reply:
+                return reply.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as exc:
+            detail = exc.read(2000).decode("utf-8", "replace").strip().replace("\n", " ")[:400]
+            raise RuntimeError(f"{url}: HTTP {exc.code}: {detail}") from None
+        except (OSError, urllib.error.URLError) as exc:
+            raise RuntimeError(f"{url}: {exc}") from None
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         request = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=self._headers(),
@@ -144,10 +184,12 @@ class OpenAIBackend:
             seconds = time.perf_counter() - start
             self._count(ok=1, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, seconds=seconds)
             choice = doc["choices"][0]
+            adapter = body["model"] if body["model"] != self.spec.model else ""
             return Completion(text=choice["message"]["content"], prompt_tokens=prompt_tokens,
                               completion_tokens=completion_tokens, seconds=seconds,
-                              model=str(doc.get("model") or self.name), temperature=temperature,
-                              finished=choice.get("finish_reason") != "length")
+                              model=self.name if adapter else str(doc.get("model") or self.name),
+                              temperature=temperature, finished=choice.get("finish_reason") != "length",
+                              adapter=adapter)
         seconds = time.perf_counter() - start
         self._count(failed=1, seconds=seconds)
         return Completion(text="", prompt_tokens=0, completion_tokens=0, seconds=seconds, model=self.name,

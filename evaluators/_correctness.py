@@ -130,8 +130,7 @@ class Guarded:
         self._at(min(start, max(0, room)) // self.esize)
 
     def guards_intact(self) -> bool:
-        bits = self.full.view(torch.uint8)
-        return bool(torch.equal(bits[:self._lo], self.pattern_lo) and torch.equal(bits[self._hi:], self.pattern_hi))
+        return not bool(self.guards_changed())
 
     def guards_changed(self) -> torch.Tensor:
         """:meth:`guards_intact` negated, as a 0-d bool tensor on the device (no host sync: a

@@ -180,6 +180,7 @@ class GpuHandler:
         if self.options.get("evo_version"):
             self.provenance["evo"] = self.options["evo_version"]
         self.tmaps = TmapCache()  # shared by every candidate: the rotation's maps are encoded once
+        self._last_busy = float("-inf")  # end of the last GPU work: a job after an idle spell settles the clock
         self._probe_kernels = CandidateKernels(self.loader, nvrtc_cubin(NAIVE_GEMM, self.arch), naive_plan(), self.tmaps)
         self.ceilings = self._measure_ceilings() if self.options.get("measure_ceilings", True) else {}
         probe = self._probe()  # also the warm-up: module load, launches, graph capture, cuBLAS handles
@@ -261,7 +262,7 @@ class GpuHandler:
         t0 = time.perf_counter()
         try:
             plan = LaunchPlan.from_dict(job["plan"])
-            kernels = CandidateKernels(self.loader, job["cubin"], plan, getattr(self, "tmaps", None))
+            kernels = CandidateKernels(self.loader, job["cubin"], plan, self.tmaps)
         except Exception as exc:
             return self._failure(exc, "load")
         load_s = time.perf_counter() - t0
@@ -424,7 +425,7 @@ class GpuHandler:
         kept: dict[str, Any] = {}  # the candidate's one-rotation graph, replayed again below
         try:
             if "device" in wanted:
-                idle = time.perf_counter() - getattr(self, "_last_busy", float("-inf")) > IDLE_S
+                idle = time.perf_counter() - self._last_busy > IDLE_S
                 settle = float(job.get("settle_s", SETTLE_S)) if idle else 0.0
                 stats["device"] = device_timer(arms, rng=rng, rounds=job.get("rounds"), graph_cache=tb.graphs,
                                                perturb=perturb, keep=kept, settle_s=settle, clock=sm_clock_mhz)

@@ -467,6 +467,7 @@ def _cpu_harness(monkeypatch):
     handler = object.__new__(h.GpuHandler)
     handler.device, handler.l2, handler.ceilings = torch.device("cpu"), 1 << 15, dict(h.DEFAULT_CEILINGS)
     handler._timing_cache = {}
+    handler._last_busy = float("-inf")  # as __init__ leaves it
     handler._sync = lambda: None
     return h, handler
 

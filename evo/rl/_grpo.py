@@ -166,12 +166,16 @@ class RewardSource:
         if not todo:
             return
         for cand, evals in zip(todo.values(), self.evaluate_many(list(todo.values()))):
-            here = [e for e in evals if e.shape == prompt.shape]
-            for e in here:
-                self.table.add(e)
-            if reward_of(here, self.config) is None:
+            if self._record(prompt, evals) is None:
                 self.table.set(prompt.shape, cand.id, self.config.unmapped)
             self._fresh.add((prompt.shape, cand.id))
+
+    def _record(self, prompt: Prompt, evals: Sequence[Evaluation]) -> Optional[float]:
+        """Add the evaluations at the prompt's shape to the table; their reward (None: none usable)."""
+        here = [e for e in evals if e.shape == prompt.shape]
+        for e in here:
+            self.table.add(e)
+        return reward_of(here, self.config)
 
     def candidate(self, prompt: Prompt, text: str) -> Optional[Candidate]:
         parsed = parse_knob_edit(text, prompt.template, prompt.parent_knobs, prompt.shape)
@@ -201,10 +205,7 @@ class RewardSource:
             self.sources[source] += 1
             return r, source, cand.id
         if self.evaluate is not None:
-            evals = [e for e in self.evaluate(cand) if e.shape == prompt.shape]
-            for e in evals:
-                self.table.add(e)
-            r = reward_of(evals, self.config)
+            r = self._record(prompt, self.evaluate(cand))
             if r is not None:
                 self.sources["evaluator"] += 1
                 return r, "evaluator", cand.id
@@ -273,7 +274,7 @@ def train(policy: Policy, prompts: Sequence[Prompt], rewards: RewardSource, conf
                     ratio = torch.exp(lp - old[i])
                     a = adv[i]
                     loss = -torch.min(ratio * a, torch.clamp(ratio, 1 - config.clip, 1 + config.clip) * a)
-                    if ref[i] is not None and i < n_sampled:
+                    if ref[i] is not None:  # sampled completions only (ref is None for replayed ones)
                         q = ref[i] - lp
                         kl = torch.exp(q) - q - 1
                         loss = loss + config.beta * kl

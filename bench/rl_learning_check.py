@@ -237,8 +237,11 @@ def main(argv: Any = None) -> int:
             d.close()
         switch_adapter({"llm": op}, folder, manifest["name"])
         say(f"operator switched to adapter {manifest['name']}")
-        after, cands = proposal_share(tiny, shape, knob, value, n=args.samples, seed=args.seed + 1, operator=op,
-                                      parent_knobs=parent.knobs, parent_eval=pev)
+        try:
+            after, cands = proposal_share(tiny, shape, knob, value, n=args.samples, seed=args.seed + 1, operator=op,
+                                          parent_knobs=parent.knobs, parent_eval=pev)
+        finally:  # the backend is shared by the process (main() also runs inside tests): base model again
+            switch_adapter({"llm": op}, None, "")
         adapters = {c.adapter for c in cands}
         say(f"AFTER:  {after:.0%} of {args.samples} proposals set {knob}={value} "
             f"(proposed: {Counter(edit_text(c.knobs, parent.knobs) for c in cands).most_common(6)}; "

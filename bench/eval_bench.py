@@ -150,6 +150,8 @@ def throughput(pool: LocalPool, cands: list[Candidate], elites: int = 8) -> dict
     memo = Counter(str(e.provenance.get("memo_check") or "none").split(":")[0] for e in evals)
     gaps = sum(float(e.provenance.get("server_gaps_s") or 0.0) for e in evals)
     warm = sum(float(e.provenance.get("device_warmup_s") or 0.0) for e in evals)
+    capture = sum(float(e.provenance.get("device_capture_s") or 0.0) for e in evals)
+    prewarmed = sum(1 for e in evals if e.provenance.get("device_prewarm_replays"))
     return {
         "candidates": len(cands), "wall_s": wall, "per_minute": 60 * len(cands) / wall,
         "statuses": dict(Counter(e.status.value for e in evals)),
@@ -163,6 +165,8 @@ def throughput(pool: LocalPool, cands: list[Candidate], elites: int = 8) -> dict
         # idle by design: the server timer's exponential gaps (qps), as a share of the eval phase
         "server_gaps_s": gaps, "server_gaps_share": (gaps / span) if span else None,
         "device_warmup_s": warm,
+        # host time capturing the candidates' graphs; with the warm-up queued first (prewarm) the GPU works meanwhile
+        "device_capture_s": capture, "prewarmed_captures": prewarmed,
         "best_speedup": speedups[-1] if speedups else None,
         "median_speedup": statistics.median(speedups) if speedups else None,
         "phases_s": {k: round(v, 3) for k, v in sorted(phases.items())}, "memo_pass": dict(memo),
@@ -171,23 +175,46 @@ def throughput(pool: LocalPool, cands: list[Candidate], elites: int = 8) -> dict
 
 
 def repeatability(cand: Candidate, starts: int, workers: int, rotations: int = 1,
-                  worker_options: dict | None = None) -> dict[str, Any]:
-    runs = []
-    for _ in range(starts):
-        with LocalPool(compile_workers=workers, timers=("device",), job_options={"rotations": rotations},
-                       worker_options=worker_options) as pool:
-            e = pool.evaluate([cand])[0]
-        if e.status is not Status.OK:
-            return {"error": f"{e.status}: {e.message[:200]}"}
-        t = e.timers["device"]
-        runs.append({"median_us": t.median * 1e6, "lo_us": t.lo * 1e6, "hi_us": t.hi * 1e6, "samples": t.samples,
-                     "baseline_us": t.baseline_median * 1e6, "speedup": t.speedup,
-                     "sm_clock_mhz": e.provenance.get("sm_clock_mhz"),  # read after the shape's timing
-                     "settle_clocks_mhz": e.provenance.get("settle_clocks_mhz"),  # while settling, last = first sample
-                     "device_warmup_s": e.provenance.get("device_warmup_s"),
-                     "baseline_rotations_us": [round(r["baseline_median"] * 1e6, 2)
-                                               for r in e.provenance.get("device_rotations") or ()],
-                     "rotations_us": [round(r["median"] * 1e6, 2) for r in e.provenance.get("device_rotations") or ()]})
+                  worker_options: dict | None = None, configs: dict[str, dict] | None = None) -> dict[str, Any]:
+    """``starts`` worker starts per config; with several ``configs`` (name -> job options, e.g.
+    a longer clock soak or more rounds) the starts are interleaved, config after config, so that
+    every config sees the same drift of the GPU's thermal state. One config: its report alone."""
+    configs = configs or {"default": {}}
+    runs: dict[str, list] = {name: [] for name in configs}
+    order = list(configs)
+    for i in range(starts):
+        for name in order[i % len(order):] + order[:i % len(order)]:  # rotate who goes first
+            err = _one_start(cand, workers, {"rotations": rotations, **configs[name]}, worker_options, runs[name])
+            if err:
+                return {"error": f"{name}: {err}"}
+    out = {name: _rep_summary(cand, rs, rotations) for name, rs in runs.items()}
+    if len(out) == 1:
+        return next(iter(out.values()))
+    first = out[order[0]]
+    return {**first, "configs": {name: {"options": configs[name], **rep} for name, rep in out.items()}}
+
+
+def _one_start(cand: Candidate, workers: int, job_options: dict, worker_options: dict | None,
+               runs: list) -> str | None:
+    """One fresh pool (a new worker process) timing ``cand``; appends the run, or returns why not."""
+    with LocalPool(compile_workers=workers, timers=("device",), job_options=job_options,
+                   worker_options=worker_options) as pool:
+        e = pool.evaluate([cand])[0]
+    if e.status is not Status.OK:
+        return f"{e.status}: {e.message[:200]}"
+    t = e.timers["device"]
+    runs.append({"median_us": t.median * 1e6, "lo_us": t.lo * 1e6, "hi_us": t.hi * 1e6, "samples": t.samples,
+                 "baseline_us": t.baseline_median * 1e6, "speedup": t.speedup,
+                 "sm_clock_mhz": e.provenance.get("sm_clock_mhz"),  # read after the shape's timing
+                 "settle_clocks_mhz": e.provenance.get("settle_clocks_mhz"),  # while settling, last = first sample
+                 "device_warmup_s": e.provenance.get("device_warmup_s"),
+                 "baseline_rotations_us": [round(r["baseline_median"] * 1e6, 2)
+                                           for r in e.provenance.get("device_rotations") or ()],
+                 "rotations_us": [round(r["median"] * 1e6, 2) for r in e.provenance.get("device_rotations") or ()]})
+    return None
+
+
+def _rep_summary(cand: Candidate, runs: list, rotations: int) -> dict[str, Any]:
     meds = [r["median_us"] for r in runs]
     inside = [spread(r["rotations_us"]) for r in runs if len(r["rotations_us"]) > 1]
     sps = [r["speedup"] for r in runs]
@@ -272,8 +299,12 @@ def main() -> int:
     ap.add_argument("--rotations", type=int, default=3, help="re-allocated rotations per start (repeatability)")
     ap.add_argument("--elites", type=int, default=8, help="elite-set size for the memo-pass threshold (0: always run it)")
     ap.add_argument("--skip-repeatability", action="store_true")
+    ap.add_argument("--skip-throughput", action="store_true", help="only the repeatability starts (first shape)")
     ap.add_argument("--rep-template", default=None,
                     help="template of the repeatability kernel (its heuristic pick; default: the first applicable)")
+    ap.add_argument("--rep-configs", default=None,
+                    help="JSON {name: job options} timed side by side in the repeatability starts, e.g. "
+                         "'{\"default\": {}, \"soak1\": {\"settle_min_s\": 1.0}}' (default: the defaults only)")
     ap.add_argument("--buffers", default=None, choices=["vmm", "torch"],
                     help="worker buffers (default: the worker's, EVO_EVAL_BUFFERS)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -290,7 +321,7 @@ def main() -> int:
         warm = pool.evaluate([naive_candidate((Shape.parse("64x64x64"),))])[0]
         report["warmup"] = {"status": warm.status.value, "message": warm.message[:200]}
         report["provenance"] = {k: v for k, v in warm.provenance.items() if k != "checks"}
-        for text in args.shapes.split(","):
+        for text in ([] if args.skip_throughput else args.shapes.split(",")):
             shape = Shape.parse(text)
             cands = template_batch(shape, args.n, arch, seed=1)
             res = throughput(pool, cands, args.elites)
@@ -307,9 +338,11 @@ def main() -> int:
 
             tpl = load_templates()[args.rep_template]
             rep_cand = tpl.candidate(tpl.heuristic(big)[0], big)
-        report["repeatability"] = repeatability(rep_cand, args.starts, args.compile_workers, args.rotations, wopts)
+        configs = json.loads(args.rep_configs) if args.rep_configs else None
+        report["repeatability"] = repeatability(rep_cand, args.starts, args.compile_workers, args.rotations, wopts,
+                                                configs)
     _save(report, args.out)
-    print_report(report, args.shapes.split(","))
+    print_report(report, [] if args.skip_throughput else args.shapes.split(","))
     return 0
 
 
@@ -326,13 +359,18 @@ def print_report(report: dict[str, Any], shapes: list[str]) -> None:
         print(f"{text:<24}{r['candidates']:>6}{r['per_minute']:>9.1f}{r['compile_s']:>10.1f}{r['correctness_s']:>9.1f}"
               f"{r['timing_s']:>8.1f}{r['busy_fraction']:>6.2f}{_num(r.get('nvml_util_eval')):>11}"
               f"{_num(r.get('nvml_util_mean')):>11}{_num(r.get('lead_in_s'), '.1f'):>10}  {r['statuses']}")
-        print(f"  phases (s, summed over candidates) {r['phases_s']}  memo {r['memo_pass']}")
+        print(f"  phases (s, summed over candidates) {r['phases_s']}  memo {r['memo_pass']}  capture "
+              f"{r.get('device_capture_s', 0.0):.2f} s ({r.get('prewarmed_captures', 0)} behind a queued warm-up)")
         if r.get("eval_phase_s"):
             print(f"  idle by design: server timer gaps {r['server_gaps_s']:.2f} s = {100 * r['server_gaps_share']:.1f}% of "
                   f"the {r['eval_phase_s']:.1f} s evaluation phase (qps gaps between calls); offline timer: one sync per "
                   f"call ({r['phases_s'].get('offline', 0):.2f} s); device warm-up (busy) {r['device_warmup_s']:.2f} s")
     print("buffers:", json.dumps(report.get("buffers"), default=str))
     rep = report.get("repeatability")
+    for name, one in ((rep or {}).get("configs") or {}).items():
+        print(f"repeatability config {name} {json.dumps(one['options'])}: device medians {one['medians_us']} us, "
+              f"spread {100 * one['spread']:.2f}%; cuBLAS {100 * one['baseline_spread']:.2f}%; "
+              f"speedup {100 * one['speedup_spread']:.2f}%; SM MHz {one['sm_clocks_mhz']}")
     if rep and "runs" in rep:
         print(f"repeatability {rep['candidate']} {rep['shape']} {rep['knobs']}, {len(rep['runs'])} worker starts x "
               f"{rep['rotations']} rotations:")

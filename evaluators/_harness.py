@@ -8,7 +8,9 @@ A job is ``{"cubin", "plan", "shapes", "generic", "timers", "seed", "qps"}`` plu
 ``elite_threshold`` (the memoisation timing pass runs only when the device speedup reaches it:
 below it the candidate cannot become an elite, so a memo would buy it nothing; absent or None:
 always), ``memo_check`` (False: never) and ``rotations`` (time the device timer on that many
-freshly allocated rotations and report the median of their medians, with each one kept). The
+freshly allocated rotations and report the median of their medians, with each one kept);
+``rounds``, ``settle_s``, ``settle_min_s`` and ``prewarm`` tune the device timer (see
+:func:`evaluators._timers.device_timer`). The
 result has ``status``/``message`` for the job and one dict per shape (status, message,
 max_error, flags, timers, correctness_s, timing_s, phases (seconds per step), provenance).
 
@@ -65,6 +67,9 @@ DEFAULT_BUFFERS = os.environ.get("EVO_EVAL_BUFFERS", "vmm")
 #: already settled under load, and the settling would only cost time.
 SETTLE_S = 0.5
 IDLE_S = 1.0
+#: ... and at least this long (job option ``settle_min_s``): an idle H200 holds its boost clock
+#: for a while before the power limit pulls it down under a big GEMM.
+SETTLE_MIN_S = 0.0
 
 
 #: An honest kernel takes the same time whether or not its inputs change between calls (the
@@ -427,11 +432,15 @@ class GpuHandler:
             if "device" in wanted:
                 idle = time.perf_counter() - self._last_busy > IDLE_S
                 settle = float(job.get("settle_s", SETTLE_S)) if idle else 0.0
+                settle_min = float(job.get("settle_min_s", SETTLE_MIN_S)) if idle else 0.0
                 stats["device"] = device_timer(arms, rng=rng, rounds=job.get("rounds"), graph_cache=tb.graphs,
-                                               perturb=perturb, keep=kept, settle_s=settle, clock=sm_clock_mhz)
+                                               perturb=perturb, keep=kept, settle_s=settle, settle_min_s=settle_min,
+                                               clock=sm_clock_mhz, prewarm=bool(job.get("prewarm", True)))
                 self._last_busy = time.perf_counter()
                 dev_st = stats["device"]["candidate"]
                 res.setdefault("notes", {})["device_warmup_s"] = dev_st.warmup_s
+                res["notes"]["device_capture_s"] = dev_st.capture_s
+                res["notes"]["device_prewarm_replays"] = dev_st.prewarm_replays
                 if dev_st.clocks:
                     res["notes"]["settle_clocks_mhz"] = list(dev_st.clocks)
                 clock("device")

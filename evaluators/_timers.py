@@ -45,6 +45,8 @@ class TimerStats:
     warmup_s: float = 0.0     # device timer: untimed replays before the first sample (clock settling included)
     clocks: tuple = ()        # device timer with a clock: SM MHz read while settling, the last at the first sample
     idle_s: float = 0.0       # server timer: seconds of the gaps before this arm's calls (the GPU idles by design)
+    capture_s: float = 0.0    # device timer: host seconds spent capturing the arms' graphs
+    prewarm_replays: int = 0  # device timer: warm-up replays of each cached graph queued before the capture
 
 
 def median_ci(xs: Sequence[float], z: float = 1.96) -> TimerStats:
@@ -71,8 +73,9 @@ def rotation_sets(set_bytes: int, l2_bytes: int, *, minimum: int = 2, maximum: i
 def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_per_round: int = 1,
                  target_replay_s: float = 2e-3, budget_s: float = 0.05, warmup_s: float = 0.03, rng: random.Random,
                  graph_cache: Optional[dict] = None, perturb: Optional[Callable[[], None]] = None,
-                 keep: Optional[dict] = None, settle_s: float = 0.0,
-                 clock: Optional[Callable[[], Optional[int]]] = None) -> dict[str, TimerStats]:
+                 keep: Optional[dict] = None, settle_s: float = 0.0, settle_min_s: float = 0.0,
+                 clock: Optional[Callable[[], Optional[int]]] = None,
+                 prewarm: bool = True) -> dict[str, TimerStats]:
     """CUDA-graph replays of back-to-back calls, interleaved across arms (see module docstring).
 
     After ``warmup_s`` of untimed replays of all arms, each round replays every arm
@@ -93,24 +96,54 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
     :data:`SETTLE_MHZ` (one clock step) of each other, for at most ``settle_s`` more: a GPU that
     was idle boosts, then drops under load; samples taken while it drops measure the clock's
     trajectory, not the kernel. The readings are returned in ``clocks``; the clock itself is
-    never changed."""
+    never changed. ``settle_min_s``: replay for at least this long before the clock may count
+    as settled (an idle GPU first holds its boost clock for a while, then the power limit pulls
+    it down; a reading taken before that is not the clock the samples will see).
+
+    ``prewarm``: when some arms' graphs come from ``graph_cache`` and others must be captured,
+    the warm-up replays of the cached ones are queued first, so the GPU runs them while the host
+    captures (thousands of launches at tiny shapes, GPU-idle time otherwise). The warm-up's
+    length is unchanged: it counts from before the capture, and each new graph is replayed at
+    least once after it (its upload) before the first sample."""
     stream = torch.cuda.Stream()
     graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
-    replay_s = 0.0
+    touch = perturb or (lambda: None)
+    todo = []
     for arm in arms:
         if arm.cacheable and graph_cache is not None and arm.name in graph_cache:
             graphs[arm.name] = graph_cache[arm.name]
-            continue
-        est = _estimate(arm)
-        if perturb is not None:
-            reps = arm.n_sets
         else:
-            reps = max(arm.n_sets, min(4096, math.ceil(target_replay_s / max(est, 1e-7))))
-            reps = -(-reps // arm.n_sets) * arm.n_sets  # whole rotations: every set written
+            todo.append(arm)
+    ests = {arm.name: _estimate(arm) for arm in todo}  # eager calls and a sync: before the warm-up is queued
+    reps_of = {}
+    for arm in todo:
+        if perturb is not None:
+            reps_of[arm.name] = arm.n_sets
+        else:
+            reps = max(arm.n_sets, min(4096, math.ceil(target_replay_s / max(ests[arm.name], 1e-7))))
+            reps_of[arm.name] = -(-reps // arm.n_sets) * arm.n_sets  # whole rotations: every set written
+    warm_t0 = time.perf_counter()  # the warm-up starts here when it is queued before the capture
+    cached = [arm for arm in arms if arm.name in graphs]
+    queued = 0
+    if prewarm and todo and cached:
+        per_call = max(ests.values())  # the cached arms' own time is not known here; the new arm's is
+        per_round = sum(per_call * graphs[arm.name][1] for arm in cached)
+        queued = max(1, min(16, math.ceil(warmup_s / max(per_round, 1e-6))))
+        for _ in range(queued):
+            for arm in cached:
+                touch()
+                graphs[arm.name][0].replay()
+    replay_s = 0.0
+    capture_s = 0.0
+    for arm in todo:
+        reps = reps_of[arm.name]
+        t_cap = time.perf_counter()
         g = capture(lambda: [arm.launch(r % arm.n_sets) for r in range(reps)], stream)
-        g.replay()  # first replay uploads the graph
+        capture_s += time.perf_counter() - t_cap
+        touch()
+        g.replay()  # first replay uploads the graph (after the queued warm-up, in stream order)
         graphs[arm.name] = (g, reps)
-        replay_s = max(replay_s, est * reps)
+        replay_s = max(replay_s, ests[arm.name] * reps)
     for arm in arms:  # cached arms count too, so the rounds fit the budget
         replay_s = max(replay_s, 1e-7 * graphs[arm.name][1])
         if arm.cacheable and graph_cache is not None:
@@ -118,9 +151,9 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
         if keep is not None:
             keep[arm.name] = graphs[arm.name]
     torch.cuda.synchronize()
-    warm_until = time.perf_counter() + warmup_s  # steady clocks before the first sample
-    touch = perturb or (lambda: None)
-    warm_t0 = time.perf_counter()
+    if not queued:  # nothing ran during the capture: the whole warm-up comes after it
+        warm_t0 = time.perf_counter()
+    warm_until = warm_t0 + warmup_s  # steady clocks before the first sample
 
     def replay_all() -> None:
         for arm in arms:
@@ -129,7 +162,8 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
         torch.cuda.synchronize()
     while time.perf_counter() < warm_until:
         replay_all()
-    clocks = _settle(replay_all, clock, settle_s) if clock is not None and settle_s > 0 else ()
+    clocks = (_settle(replay_all, clock, settle_s, settle_min_s)
+              if clock is not None and settle_s > 0 else ())
     warmed_s = time.perf_counter() - warm_t0
     if rounds is None:
         rounds = max(3, min(40, round(budget_s / max(replay_s, 1e-6) / (replays_per_round + 1))))
@@ -165,6 +199,7 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
         stats.host_median = median_ci(host[arm.name]).median
         stats.reps = reps
         stats.warmup_s, stats.clocks = warmed_s, tuple(clocks)
+        stats.capture_s, stats.prewarm_replays = capture_s, queued
         out[arm.name] = stats
     del graphs
     return out
@@ -176,13 +211,16 @@ SETTLE_READ_S = 0.02
 SETTLE_MHZ = 15
 
 
-def _settle(replay_all: Callable[[], None], clock: Callable[[], Optional[int]], settle_s: float) -> list[int]:
-    """Replay until the SM clock holds still (see :func:`device_timer`); the readings taken."""
+def _settle(replay_all: Callable[[], None], clock: Callable[[], Optional[int]], settle_s: float,
+            min_s: float = 0.0) -> list[int]:
+    """Replay for at least ``min_s``, then until the SM clock holds still, for at most ``settle_s``
+    in all (see :func:`device_timer`); the readings taken."""
     first = clock()
     if first is None:
         return []
     readings = [first]
-    end = time.perf_counter() + settle_s
+    start = time.perf_counter()
+    end = start + max(settle_s, min_s)
     while time.perf_counter() < end:
         read_at = time.perf_counter() + SETTLE_READ_S
         while time.perf_counter() < read_at:
@@ -191,7 +229,7 @@ def _settle(replay_all: Callable[[], None], clock: Callable[[], Optional[int]], 
         if now is None:
             break
         readings.append(now)
-        if abs(now - readings[-2]) <= SETTLE_MHZ:
+        if abs(now - readings[-2]) <= SETTLE_MHZ and time.perf_counter() - start >= min_s:
             break
     return readings
 

@@ -25,6 +25,17 @@ def test_settling_stops_once_two_readings_agree_within_one_step():
     assert replays  # the GPU was kept busy between readings
 
 
+def test_settling_soaks_for_its_minimum_before_a_steady_clock_counts():
+    """An idle GPU holds its boost clock at first: two equal readings then say nothing yet."""
+    t0 = time.perf_counter()
+    got = _settle(lambda: time.sleep(0.001), _clock([1980, 1980, 1980, 1980, 1700, 1700]), 0.0, min_s=0.1)
+    took = time.perf_counter() - t0
+    assert took >= 0.1 and len(got) >= 0.1 / SETTLE_READ_S  # kept reading through the steady boost
+    assert got[:2] == [1980, 1980]
+    quick = _settle(lambda: time.sleep(0.001), _clock([1980, 1980]), 1.0)  # no minimum: the first agreement ends it
+    assert quick == [1980, 1980]
+
+
 def test_settling_is_capped_and_skipped_without_a_clock():
     t0 = time.perf_counter()
     swinging = _settle(lambda: time.sleep(0.001), iter(range(10**6, 0, -100)).__next__, 0.1)

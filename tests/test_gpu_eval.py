@@ -389,6 +389,38 @@ def test_broken_kernels_get_their_status_and_the_pool_survives(gpu_pool):
     assert got["ok"].status is Status.OK
 
 
+@needs_torch
+@pytest.mark.gpu
+def test_device_timer_queues_the_cached_arms_warm_up_before_capturing():
+    """With the baseline's graph cached, its warm-up replays are queued before the candidate's
+    capture (the GPU works while the host captures); the candidate's graph still writes every set."""
+    import random
+
+    import torch
+
+    from evaluators._timers import Arm, device_timer
+
+    n_sets, m, n, k = 64, 64, 128, 64
+    a = torch.randn(n_sets, m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(n_sets, k, n, device="cuda", dtype=torch.float16)
+    c_base, c_cand = torch.empty(n_sets, m, n, device="cuda", dtype=torch.float16), torch.empty(n_sets, m, n, device="cuda", dtype=torch.float16)
+    base = Arm("base", lambda i: torch.matmul(a[i], b[i], out=c_base[i]), n_sets, cacheable=True)
+    cache: dict = {}
+    first = device_timer([base], rng=random.Random(1), graph_cache=cache, rounds=3)
+    assert "base" in cache and first["base"].prewarm_replays == 0  # nothing cached yet: nothing queued
+    for _ in range(2):
+        c_cand.fill_(float("nan"))
+        cand = Arm("cand", lambda i: torch.matmul(a[i], b[i], out=c_cand[i]), n_sets)
+        st = device_timer([cand, base], rng=random.Random(2), graph_cache=cache, rounds=3, perturb=lambda: None)
+        torch.cuda.synchronize()
+        assert st["cand"].prewarm_replays >= 1 and st["cand"].capture_s > 0
+        assert st["cand"].median > 0 and st["base"].median > 0 and st["cand"].reps == n_sets
+        assert torch.equal(c_cand, c_base)  # every set written by the captured rotation
+    off = device_timer([Arm("cand", cand.launch, n_sets), base], rng=random.Random(3), graph_cache=cache,
+                       rounds=3, perturb=lambda: None, prewarm=False)
+    assert off["cand"].prewarm_replays == 0
+
+
 # -- CPU: timer statistics, rotation sizing, the physical floor, the CLI's error paths -------------
 @needs_torch
 def test_median_ci_uses_order_statistics():

@@ -4,8 +4,9 @@
 #   bash bench/device_s4.sh probe   GPU tests; 200 candidates at 64x128x64 (NVML, capture behind
 #                                   the queued warm-up); a cProfile of 40 more; repeatability of
 #                                   the sm90 seed at 4096^3 under three settle/rounds configs
-#   bash bench/device_s4.sh final   GPU tests; eval_bench 200 per shape + repeatability with the
-#                                   defaults; the red-team corpus twice with good kernels
+#   bash bench/device_s4.sh final   GPU tests; eval_bench 200 per shape + repeatability, a run's
+#                                   settings and the precise preset side by side; the red-team
+#                                   corpus twice with good kernels
 # Writes under $OUT; nothing to carry.
 set -u
 PART=${1:?probe or final}
@@ -43,7 +44,8 @@ PY
   ;;
 final)
   log "eval_bench 200 per shape + repeatability (defaults)"
-  timeout ${EB_S:-330} python3 bench/eval_bench.py --n 200 --starts 5 --rotations 3 --rep-template sm90_wgmma \
+  timeout ${EB_S:-360} python3 bench/eval_bench.py --n 200 --starts 5 --rotations 3 --rep-template sm90_wgmma \
+    --rep-configs '{"run": {}, "precise": {"budget_s": 0.2, "max_rounds": 400}}' \
     --out "$OUT/eb" > "$OUT/eb.log" 2>&1; echo "eval_bench rc=$?"; tail -n 30 "$OUT/eb.log" | cut -c1-500
   log "red team: the corpus twice, good kernels interleaved (issue 5)"
   left=$(( 575 - ($(date +%s) - T0) ))

@@ -9,7 +9,7 @@ from ._ptxas import parse_ptxas
 from ._static import ScanResult, scan, scan_source
 # GPU side (issue 4): nothing here imports torch or initialises CUDA in the importing process.
 from ._loader import CudaError, LoaderUnavailable, get_loader
-from ._pool import LocalPool, PoolStats, gpu_arch, visible_gpus
+from ._pool import PRECISE_JOB, LocalPool, PoolStats, gpu_arch, visible_gpus
 # Ray backend (issue 10): ray itself is imported only when a RayPool is made.
 from ._ray_pool import RayPool, RayPoolStats, RayUnavailable, connect_ray
 from ._tmap import ParamPack, TensorMapError, tmap_geometry
@@ -22,7 +22,7 @@ __all__ = [
     "parse_ptxas",
     "ScanResult", "scan", "scan_source",
     "CudaError", "LoaderUnavailable", "get_loader",
-    "LocalPool", "PoolStats", "gpu_arch", "visible_gpus",
+    "PRECISE_JOB", "LocalPool", "PoolStats", "gpu_arch", "visible_gpus",
     "RayPool", "RayPoolStats", "RayUnavailable", "connect_ray",
     "ParamPack", "TensorMapError", "tmap_geometry",
     "DEFAULT_DEADLINES", "WorkerSupervisor", "WorkerUnavailable",

@@ -9,8 +9,9 @@ A job is ``{"cubin", "plan", "shapes", "generic", "timers", "seed", "qps"}`` plu
 below it the candidate cannot become an elite, so a memo would buy it nothing; absent or None:
 always), ``memo_check`` (False: never) and ``rotations`` (time the device timer on that many
 freshly allocated rotations and report the median of their medians, with each one kept);
-``rounds``, ``settle_s``, ``settle_min_s`` and ``prewarm`` tune the device timer (see
-:func:`evaluators._timers.device_timer`). The
+``rounds``, ``budget_s``, ``max_rounds``, ``settle_s``, ``settle_min_s`` and ``prewarm`` tune the
+device timer (see :func:`evaluators._timers.device_timer`; ``evaluators.PRECISE_JOB`` is the preset for
+a measurement that must repeat across worker starts). The
 result has ``status``/``message`` for the job and one dict per shape (status, message,
 max_error, flags, timers, correctness_s, timing_s, phases (seconds per step), provenance).
 
@@ -70,6 +71,11 @@ IDLE_S = 1.0
 #: ... and at least this long (job option ``settle_min_s``): an idle H200 holds its boost clock
 #: for a while before the power limit pulls it down under a big GEMM.
 SETTLE_MIN_S = 0.0
+
+
+#: The device timer's replays per arm (seconds, rounds at most) for every candidate in a run:
+#: 80 samples at 4096^3, 6 at tiny shapes, where one replay calls thousands of kernels.
+DEVICE_BUDGET_S, DEVICE_MAX_ROUNDS = 0.05, 40
 
 
 #: An honest kernel takes the same time whether or not its inputs change between calls (the
@@ -433,9 +439,9 @@ class GpuHandler:
                 idle = time.perf_counter() - self._last_busy > IDLE_S
                 settle = float(job.get("settle_s", SETTLE_S)) if idle else 0.0
                 settle_min = float(job.get("settle_min_s", SETTLE_MIN_S)) if idle else 0.0
-                stats["device"] = device_timer(arms, rng=rng, rounds=job.get("rounds"), graph_cache=tb.graphs,
-                                               perturb=perturb, keep=kept, settle_s=settle, settle_min_s=settle_min,
-                                               clock=sm_clock_mhz, prewarm=bool(job.get("prewarm", True)))
+                stats["device"] = device_timer(arms, rng=rng, graph_cache=tb.graphs, perturb=perturb, keep=kept,
+                                               settle_s=settle, settle_min_s=settle_min, clock=sm_clock_mhz,
+                                               prewarm=bool(job.get("prewarm", True)), **_rounds(job))
                 self._last_busy = time.perf_counter()
                 dev_st = stats["device"]["candidate"]
                 res.setdefault("notes", {})["device_warmup_s"] = dev_st.warmup_s
@@ -549,7 +555,7 @@ class GpuHandler:
                 flip["p"] = (flip["p"] + 7919) % (shape.m * shape.k)
                 t.flip(flip["p"])
             try:
-                st = device_timer(arms, rng=rng, rounds=job.get("rounds"), perturb=perturb)
+                st = device_timer(arms, rng=rng, perturb=perturb, **_rounds(job))
             finally:
                 tb.unflip()
             base = min(st["torch.matmul NN"].median, st["torch.matmul TN"].median)
@@ -558,6 +564,13 @@ class GpuHandler:
             first[key] = statistics.median(r[key] for r in runs)
         res["device_rotations"] = runs
         del held
+
+
+def _rounds(job: Mapping[str, Any]) -> dict[str, Any]:
+    """The device timer's sample count from a job: fixed ``rounds``, or a ``budget_s`` of replays
+    per arm within ``max_rounds``."""
+    return {"rounds": job.get("rounds"), "budget_s": float(job.get("budget_s", DEVICE_BUDGET_S)),
+            "max_rounds": int(job.get("max_rounds", DEVICE_MAX_ROUNDS))}
 
 
 def memo_wanted(job: Mapping[str, Any], device: Mapping[str, Any]) -> str:

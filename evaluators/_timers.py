@@ -75,12 +75,12 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
                  graph_cache: Optional[dict] = None, perturb: Optional[Callable[[], None]] = None,
                  keep: Optional[dict] = None, settle_s: float = 0.0, settle_min_s: float = 0.0,
                  clock: Optional[Callable[[], Optional[int]]] = None,
-                 prewarm: bool = True) -> dict[str, TimerStats]:
+                 prewarm: bool = True, max_rounds: int = 40) -> dict[str, TimerStats]:
     """CUDA-graph replays of back-to-back calls, interleaved across arms (see module docstring).
 
     After ``warmup_s`` of untimed replays of all arms, each round replays every arm
     ``replays_per_round`` times plus once host-synchronised; by default the number of rounds
-    spends about ``budget_s`` of replays per arm (3 to 40 rounds). ``graph_cache`` keeps the
+    spends about ``budget_s`` of replays per arm (3 to ``max_rounds`` rounds). ``graph_cache`` keeps the
     graphs of ``cacheable`` arms between calls.
 
     With ``perturb`` (an eager op that changes the inputs, e.g. flips the sign of one element of
@@ -166,7 +166,7 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
               if clock is not None and settle_s > 0 else ())
     warmed_s = time.perf_counter() - warm_t0
     if rounds is None:
-        rounds = max(3, min(40, round(budget_s / max(replay_s, 1e-6) / (replays_per_round + 1))))
+        rounds = max(3, min(max_rounds, round(budget_s / max(replay_s, 1e-6) / (replays_per_round + 1))))
     events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {a.name: [] for a in arms}
     host: dict[str, list[float]] = {a.name: [] for a in arms}
     for _ in range(rounds):

@@ -10,6 +10,10 @@ The comment must be the first thing in the file (after blank lines) and hold one
 the same as ``LaunchPlan.to_dict()``. Prints one line per shape (status, speedup over
 torch.matmul per timer, message), or the Evaluations as JSON with ``--json``. Exit status 0
 when every shape is ``ok``, 1 otherwise, 2 on bad input.
+
+One kernel is timed with ``evaluators.PRECISE_JOB`` (four times a run's device-timer replays,
+over three freshly allocated rotations), so that the figure repeats across invocations;
+``--quick`` times it as ``evo run`` does.
 """
 from __future__ import annotations
 
@@ -40,6 +44,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--generic", action="store_true", help="claim every M,N,K (adds small ragged checks)")
     p.add_argument("--gpus", type=int, default=None, help="how many GPUs (default: all visible)")
     p.add_argument("--timers", default="device,offline,server")
+    p.add_argument("--quick", action="store_true",
+                   help="time as a run does (fewer device-timer replays, one rotation) instead of the precise "
+                        "preset (evaluators.PRECISE_JOB: 4x the replays over 3 fresh rotations, repeatable across starts)")
     p.add_argument("--json", action="store_true", help="print the Evaluations as JSON")
 
 
@@ -77,10 +84,11 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, PlanError, ShapeError, json.JSONDecodeError) as exc:
         print(f"evo eval: {exc}", file=sys.stderr)
         return 2
-    from evaluators import LocalPool, WorkerUnavailable
+    from evaluators import PRECISE_JOB, LocalPool, WorkerUnavailable
 
     try:
-        with LocalPool(gpus=args.gpus, compile_workers=1, timers=tuple(args.timers.split(","))) as pool:
+        with LocalPool(gpus=args.gpus, compile_workers=1, timers=tuple(args.timers.split(",")),
+                       job_options=None if args.quick else PRECISE_JOB) as pool:
             evals = pool.evaluate([cand])
     except WorkerUnavailable as exc:
         print(f"evo eval: {exc}", file=sys.stderr)

@@ -470,6 +470,27 @@ def test_evo_eval_without_a_plan_or_a_gpu_exits_2(tmp_path, capsys, monkeypatch)
     assert "no GPU" in capsys.readouterr().err
 
 
+@needs_torch
+@pytest.mark.gpu
+def test_evo_eval_times_precisely_unless_quick(tmp_path, capsys):
+    """``evo eval`` on the built-in kernel: the precise preset by default (three rotations, more
+    samples), a run's settings with ``--quick``."""
+    import json
+
+    from evo.cli import main
+
+    src = tmp_path / "k.cu"
+    src.write_text("/* evo-plan: " + json.dumps(naive_plan().to_dict()) + " */\n" + naive_candidate((Shape(8, 8, 8),)).source)
+    got = {}
+    for mode, extra in (("precise", []), ("quick", ["--quick"])):
+        capsys.readouterr()
+        assert main(["eval", str(src), "--shape", "256x256x256", "--timers", "device", "--json", *extra]) == 0
+        got[mode] = json.loads(capsys.readouterr().out)[0]
+    assert len(got["precise"]["provenance"]["device_rotations"]) == 3
+    assert "device_rotations" not in got["quick"]["provenance"]
+    assert got["precise"]["timers"]["device"]["samples"] > got["quick"]["timers"]["device"]["samples"]
+
+
 # -- CPU: the harness's timing step with the CUDA timers replaced by test doubles -----------------
 def _cpu_harness(monkeypatch):
     """A GpuHandler without CUDA: CPU tensors, timers that just call every arm (test doubles of the
@@ -504,23 +525,33 @@ def _cpu_harness(monkeypatch):
     return h, handler
 
 
-def _timed(h, handler, shape, kernel):
+def _timed(h, handler, shape, kernel, job=None):
     """Run GpuHandler._time with ``kernel(a, b_stored, c, tensors)`` standing in for the launch."""
     import random
 
     tensors = {}
+    made = []  # every rotation the step allocates: the cached one and a job's fresh ``rotations``
+    init = h.TimingBuffers.__init__
+
+    def recording_init(self, *a, **kw):
+        init(self, *a, **kw)
+        made.append(self)
 
     def call(ptrs, w):
-        if not tensors:  # map the rotation's pointers back to its tensors once
-            tb = next(iter(handler._timing_cache.values()))
-            b = tb.b_nk if shape.layout == "TN" else tb.b_kn
-            for i in range(tb.n_sets):
-                tensors[tb.a[i].data_ptr()] = (tb.a[i], b[i], tb.cc[i])
+        if ptrs["A"] not in tensors:  # map the rotations' pointers back to their tensors
+            for tb in list(handler._timing_cache.values()) + made:
+                b = tb.b_nk if shape.layout == "TN" else tb.b_kn
+                for i in range(tb.n_sets):
+                    tensors[tb.a[i].data_ptr()] = (tb.a[i], b[i], tb.cc[i])
         a, b, c = tensors[ptrs["A"]]
         kernel(a, b, c)
 
     res = {"flags": [], "timers": {}, "status": "ok", "message": ""}
-    handler._time(call, 0, False, shape, {}, random.Random(1), torch.Generator().manual_seed(1), res)
+    h.TimingBuffers.__init__ = recording_init
+    try:
+        handler._time(call, 0, False, shape, dict(job or {}), random.Random(1), torch.Generator().manual_seed(1), res)
+    finally:
+        h.TimingBuffers.__init__ = init
     return res
 
 
@@ -576,6 +607,31 @@ def test_harness_timing_step_flags_a_per_set_memo(monkeypatch):
         c.copy_(memo[key])
     res = _timed(h, handler, shape, per_set_memo)
     assert res["status"] == "flagged" and "outputs after timing" in res["message"]
+
+
+@needs_torch
+def test_precise_preset_gives_the_device_timer_more_replays_over_fresh_rotations(monkeypatch):
+    from evaluators import PRECISE_JOB
+
+    h, handler = _cpu_harness(monkeypatch)
+    asked = []
+    timer = h.device_timer
+
+    def recording(arms, **kw):
+        asked.append({k: kw.get(k) for k in ("budget_s", "max_rounds", "rounds")})
+        return timer(arms, **kw)
+    monkeypatch.setattr(h, "device_timer", recording)
+    shape = Shape(40, 24, 32, "TN")
+    quick = _timed(h, handler, shape, _honest("TN"))
+    assert asked == [{"budget_s": h.DEVICE_BUDGET_S, "max_rounds": h.DEVICE_MAX_ROUNDS, "rounds": None},
+                     {"budget_s": None, "max_rounds": None, "rounds": 5}]  # the main timing, then the memo pass
+    asked.clear()
+    precise = _timed(h, handler, shape, _honest("TN"), job=PRECISE_JOB)
+    main = [a for a in asked if a["rounds"] is None]
+    assert len(main) == PRECISE_JOB["rotations"]  # the cached rotation, then the fresh ones
+    assert all(a == {"budget_s": 0.2, "max_rounds": 400, "rounds": None} for a in main)
+    assert quick["status"] == precise["status"] == "ok" and len(precise["device_rotations"]) == 3
+    assert "device_rotations" not in quick
 
 
 @needs_torch

@@ -9,6 +9,8 @@ A job is ``{"cubin", "plan", "shapes", "generic", "timers", "seed", "qps"}`` plu
 below it the candidate cannot become an elite, so a memo would buy it nothing; absent or None:
 always), ``memo_check`` (False: never) and ``rotations`` (time the device timer on that many
 freshly allocated rotations and report the median of their medians, with each one kept);
+``host_timers`` (``"elites"``, the default: the offline and server timers run only where the
+device speedup reaches ``elite_threshold``; ``"always"``),
 ``rounds``, ``budget_s``, ``max_rounds``, ``settle_s``, ``settle_min_s`` and ``prewarm`` tune the
 device timer (see :func:`evaluators._timers.device_timer`; ``evaluators.PRECISE_JOB`` is the preset for
 a measurement that must repeat across worker starts). The
@@ -450,6 +452,12 @@ class GpuHandler:
                 if dev_st.clocks:
                     res["notes"]["settle_clocks_mhz"] = list(dev_st.clocks)
                 clock("device")
+            if "device" in stats:
+                dev_sp = _speedup(stats["device"])
+                gate = host_timers_wanted(job, dev_sp)
+                res.setdefault("notes", {})["host_timers"] = gate
+                if gate != "run":
+                    wanted = [t for t in wanted if t == "device"]
             if "offline" in wanted:
                 stats["offline"] = host_timer(arms, calls=int(job.get("host_calls", 20)), rng=rng, perturb=perturb)
                 clock("offline")
@@ -581,13 +589,35 @@ def memo_wanted(job: Mapping[str, Any], device: Mapping[str, Any]) -> str:
     elites; the cutoff only rises as the population grows), and below it the pass is skipped."""
     if not job.get("memo_check", True):
         return "off"
-    thr = job.get("elite_threshold")
-    if thr is None:
-        return "run"
     speedup = device["baseline_median"] / device["median"] if device["median"] > 0 else float("inf")
-    if speedup >= float(thr):
+    return _elite_gate(job, speedup)
+
+
+def host_timers_wanted(job: Mapping[str, Any], device_speedup: float) -> str:
+    """Whether the ``offline`` and ``server`` timers run after the device timer: ``"run"``, or why not.
+
+    They are reported, never ranked on (fitness is the device speedup), and they cost a run
+    most where the GPU idles: the server timer's gaps are idle by design and the offline timer
+    waits on the host. A candidate below the job's ``elite_threshold`` is discarded on its device
+    time, so it skips them, as it skips the memo pass; every elite has all three timers. Job
+    option ``host_timers``: ``"elites"`` (the default) or ``"always"``."""
+    if job.get("host_timers", "elites") == "always":
+        return "run"
+    return _elite_gate(job, device_speedup)
+
+
+def _elite_gate(job: Mapping[str, Any], speedup: float) -> str:
+    thr = job.get("elite_threshold")
+    if thr is None or speedup >= float(thr):
         return "run"
     return f"skipped: speedup {speedup:.3f} below the elite threshold {float(thr):.3f}"
+
+
+def _speedup(device_stats: Mapping[str, Any]) -> float:
+    """The device timer's speedup: the faster torch.matmul layout's median over the candidate's."""
+    cand = device_stats["candidate"].median
+    base = min(device_stats["torch.matmul NN"].median, device_stats["torch.matmul TN"].median)
+    return base / cand if cand > 0 else float("inf")
 
 
 class _PhaseClock:

@@ -635,6 +635,22 @@ def test_precise_preset_gives_the_device_timer_more_replays_over_fresh_rotations
 
 
 @needs_torch
+def test_host_timers_run_only_for_candidates_that_can_become_elites(monkeypatch):
+    """The stand-in device timer gives every arm the same median: speedup 1.0."""
+    h, handler = _cpu_harness(monkeypatch)
+    shape = Shape(40, 24, 32, "TN")
+    below = _timed(h, handler, shape, _honest("TN"), job={"elite_threshold": 1.5})
+    assert below["status"] == "ok" and set(below["timers"]) == {"device"}
+    assert below["notes"]["host_timers"].startswith("skipped: speedup 1.000 below the elite threshold 1.500")
+    assert "server_gaps_s" not in below["notes"]
+    for job in ({"elite_threshold": 0.9}, {}, {"elite_threshold": 1.5, "host_timers": "always"}):
+        res = _timed(h, handler, shape, _honest("TN"), job=job)
+        assert set(res["timers"]) == {"device", "offline", "server"} and res["notes"]["host_timers"] == "run", job
+    only = _timed(h, handler, shape, _honest("TN"), job={"elite_threshold": 1.5, "timers": ["offline"]})
+    assert set(only["timers"]) == {"offline"}  # no device timer to gate on: what was asked for runs
+
+
+@needs_torch
 def test_clock_settling_runs_only_after_the_worker_was_idle(monkeypatch):
     h, handler = _cpu_harness(monkeypatch)
     asked = []

@@ -19,7 +19,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from populations import Candidate, Evaluation, Shape, Status, TimerResult
@@ -129,6 +129,11 @@ class LocalPool:
             self._arch_known.set()
         self._threads = [threading.Thread(target=self._gpu_loop, args=(sup,), name=f"evo-gpu{sup.gpu}", daemon=True)
                          for sup in self.supervisors]
+        # results are turned into Evaluations and handed to their futures here, so that a GPU
+        # thread sends its worker the next job at once (the worker idles while the parent reads)
+        self._results: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._finisher = threading.Thread(target=self._finish_loop, name="evo-results", daemon=True)
+        self._finisher.start()
         for t in self._threads:
             t.start()
 
@@ -202,6 +207,8 @@ class LocalPool:
             self._ready.put(None)
         for t in self._threads:
             t.join(timeout=60)
+        self._results.put(None)
+        self._finisher.join(timeout=60)
         for sup in self.supervisors:
             sup.close()
 
@@ -275,12 +282,27 @@ class LocalPool:
                 self.stats.gpu_busy_s[sup.gpu] = self.stats.gpu_busy_s.get(sup.gpu, 0.0) + (t1 - t0)
                 self.stats.last_job_end = t1
                 self.stats.restarts = sum(s.restarts for s in self.supervisors)
+            # the worker as it was when the result came (a restart after this job changes the pid)
+            view = SimpleNamespace(gpu=sup.gpu, pid=sup.pid, info=sup.info)
+            self._results.put((item, result, view))
+
+    def _finish_loop(self) -> None:
+        """Turn worker results into Evaluations and resolve their futures, in arrival order."""
+        while True:
+            got = self._results.get()
+            if got is None:
+                return
+            item, result, view = got
+            cand, comp = item.candidate, item.compiled
             try:
-                evals = self._evaluations(cand, comp, result, sup)
+                evals = self._evaluations(cand, comp, result, view)
             except Exception as exc:
                 evals = [self._record(cand, s, Status.RUNTIME_ERROR, f"evaluator error reading the result: {exc!r}",
                                       compile=comp) for s in cand.shapes]
-            self._finish(item, evals)
+            try:
+                self._finish(item, evals)
+            except Exception:  # a future's callback raising must not stop the others
+                pass
 
     def _lost(self, why: str) -> str:
         """A GPU worker is gone for good; its thread stops taking work while another GPU runs."""
@@ -307,7 +329,9 @@ class LocalPool:
                           compile_s=compile.seconds if compile is not None else 0.0,
                           arch=getattr(compile, "arch", "") or (self._arch or ""), **kw)
 
-    def _evaluations(self, cand: Candidate, comp: Any, result: Mapping[str, Any], sup: WorkerSupervisor) -> list[Evaluation]:
+    def _evaluations(self, cand: Candidate, comp: Any, result: Mapping[str, Any], sup: Any) -> list[Evaluation]:
+        """One Evaluation per claimed shape; ``sup`` is the worker that ran the job (``gpu``,
+        ``pid``, ``info``)."""
         base_prov = dict(sup.info.get("provenance", {}))
         base_prov.update(gpu_index=sup.gpu, worker_pid=sup.pid, seed=result.get("seed"), load_s=result.get("load_s"))
         done = {r["shape"]: r for r in result.get("shapes") or ()}

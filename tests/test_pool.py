@@ -103,3 +103,27 @@ def test_cancel_all_drops_queued_work_and_close_returns_promptly(tmp_path):
         t0 = time.monotonic()
     assert time.monotonic() - t0 < 30  # close() did not evaluate the dropped jobs
     assert first.result(timeout=1)[0].status is Status.TIMEOUT  # the job on the GPU kept its result
+
+
+def test_reading_a_result_does_not_hold_up_the_next_job(tmp_path):
+    """The GPU thread hands the worker its next job while the previous result is still being
+    turned into Evaluations (a slow reader stands in for a loaded parent)."""
+    batch = [cand(), cand(tile=8), cand(tile=32)]
+    with pool(tmp_path) as p:
+        p.evaluate(batch)  # compiles cached: the jobs below are ready at once
+        sup = p.supervisors[0]
+        starts, read = [], []
+        run, evaluations = sup.run, p._evaluations
+
+        def timed_run(job):
+            starts.append(time.monotonic())
+            return run(job)
+
+        def slow_read(*a):
+            time.sleep(1.0)
+            read.append(time.monotonic())
+            return evaluations(*a)
+        sup.run, p._evaluations = timed_run, slow_read
+        evals = p.evaluate(batch)
+    assert [e.status for e in evals] == [Status.OK] * 3 and len(starts) == 3
+    assert starts[1] < read[0] and starts[2] < read[1]  # sent before the previous result was read

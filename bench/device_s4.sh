@@ -4,12 +4,13 @@
 #   bash bench/device_s4.sh probe   GPU tests; 200 candidates at 64x128x64 (NVML, capture behind
 #                                   the queued warm-up); a cProfile of 40 more; repeatability of
 #                                   the sm90 seed at 4096^3 under three settle/rounds configs
+#   bash bench/device_s4.sh tiny    GPU tests; 200 candidates at 64x128x64 as in a run; a cProfile of 60
 #   bash bench/device_s4.sh final   GPU tests; eval_bench 200 per shape + repeatability, a run's
 #                                   settings and the precise preset side by side; the red-team
 #                                   corpus twice with good kernels
 # Writes under $OUT; nothing to carry.
 set -u
-PART=${1:?probe or final}
+PART=${1:?probe, tiny or final}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 T0=$(date +%s)
 log() { echo "=== $(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*"; }
@@ -41,6 +42,21 @@ PY
     --rep-template sm90_wgmma --out "$OUT/eb_rep" \
     --rep-configs '{"default": {}, "soak1": {"settle_min_s": 1.0, "settle_s": 1.5}, "soak1_rounds160": {"settle_min_s": 1.0, "settle_s": 1.5, "rounds": 160}}' \
     > "$OUT/eb_rep.log" 2>&1; echo "rc=$?"; tail -n 14 "$OUT/eb_rep.log" | cut -c1-500
+  ;;
+tiny)
+  log "eval_bench 200 at 64x128x64 (host timers for would-be elites, as in a run)"
+  timeout 150 python3 bench/eval_bench.py --n 200 --shapes 64x128x64:TN --skip-repeatability \
+    --out "$OUT/eb_tiny" > "$OUT/eb_tiny.log" 2>&1; echo "rc=$?"; tail -n 8 "$OUT/eb_tiny.log" | cut -c1-700
+  log "worker profile, 60 at 64x128x64"
+  rm -rf /tmp/prof
+  EVO_WORKER_PROFILE=/tmp/prof timeout 100 python3 bench/eval_bench.py --n 60 --shapes 64x128x64:TN \
+    --skip-repeatability --out "$OUT/eb_prof" > "$OUT/eb_prof.log" 2>&1; echo "rc=$?"
+  tail -n 5 "$OUT/eb_prof.log" | cut -c1-500
+  python3 -c "
+import glob, pstats
+st = pstats.Stats(*sorted(glob.glob('/tmp/prof/*.prof')))
+st.sort_stats('tottime').print_stats(40)
+st.sort_stats('cumulative').print_stats(90)" > "$OUT/profile.txt" 2>&1
   ;;
 final)
   log "eval_bench 200 per shape + repeatability (defaults)"

@@ -10,7 +10,7 @@ import subprocess
 from functools import lru_cache
 from typing import Any, Optional
 
-__all__ = ["code_version", "static_provenance", "sm_clock_mhz"]
+__all__ = ["code_version", "source_digest", "static_provenance", "sm_clock_mhz"]
 
 _NVML: Any = None
 
@@ -42,21 +42,47 @@ def sm_clock_mhz() -> Optional[int]:
 
 @lru_cache(maxsize=1)
 def code_version() -> str:
-    """``git describe`` of the evo checkout, else the package version."""
+    """``git describe`` of the evo checkout (else the package version), then ``src`` and a digest
+    of the measuring code's files (:func:`source_digest`).
+
+    A ``-dirty`` describe says only that something changed, and a copied checkout can carry a
+    stale ``.git`` (the device machine's copy of the working tree did: it described every tree
+    of a session as the session's first commit); the digest tells the code that measured apart."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    described = ""
     try:
         out = subprocess.run(["git", "-C", root, "describe", "--always", "--dirty", "--tags"],
                              capture_output=True, text=True, timeout=5)
         if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
+            described = out.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         pass
-    try:
-        from importlib.metadata import version
+    if not described:
+        try:
+            from importlib.metadata import version
 
-        return f"evo-hgemm {version('evo-hgemm')}"
-    except Exception:
-        return "unknown"
+            described = f"evo-hgemm {version('evo-hgemm')}"
+        except Exception:
+            described = "unknown"
+    return f"{described} src {source_digest()}"
+
+
+def source_digest(packages: tuple[str, ...] = ("evaluators", "populations"), root: Optional[str] = None) -> str:
+    """12 hex digits of sha256 over the ``.py`` files (paths and bytes) of the packages that check
+    and time kernels (under ``root``: by default the checkout this module is in)."""
+    import hashlib
+
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for pkg in packages:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, pkg)):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for name in sorted(f for f in filenames if f.endswith(".py")):
+                path = os.path.join(dirpath, name)
+                h.update(os.path.relpath(path, root).replace(os.sep, "/").encode() + b"\0")
+                with open(path, "rb") as f:
+                    h.update(f.read() + b"\0")
+    return h.hexdigest()[:12]
 
 
 def static_provenance() -> dict[str, Any]:

@@ -5,12 +5,13 @@
 #                                   the queued warm-up); a cProfile of 40 more; repeatability of
 #                                   the sm90 seed at 4096^3 under three settle/rounds configs
 #   bash bench/device_s4.sh tiny    GPU tests; 200 candidates at 64x128x64 as in a run; a cProfile of 60
+#   bash bench/device_s4.sh pycuda  GPU tests; the evaluator through the pycuda loader (carry .carry_pycuda)
 #   bash bench/device_s4.sh final   GPU tests; eval_bench 200 per shape + repeatability, a run's
 #                                   settings and the precise preset side by side; the red-team
 #                                   corpus twice with good kernels
 # Writes under $OUT; nothing to carry.
 set -u
-PART=${1:?probe, tiny or final}
+PART=${1:?probe, tiny, pycuda or final}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 T0=$(date +%s)
 log() { echo "=== $(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*"; }
@@ -57,6 +58,16 @@ import glob, pstats
 st = pstats.Stats(*sorted(glob.glob('/tmp/prof/*.prof')))
 st.sort_stats('tottime').print_stats(40)
 st.sort_stats('cumulative').print_stats(90)" > "$OUT/profile.txt" 2>&1
+  ;;
+pycuda)  # carry .carry_pycuda (the wheel bench/device_pycuda_build.sh built, and its dependencies)
+  mkdir -p /tmp/site
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry_pycuda/*.whl 2>&1 | tail -2
+  export PYTHONPATH="/tmp/site:$PYTHONPATH"
+  log "loader tests on the GPU (pycuda and driver)"
+  timeout 240 python3 -m pytest -m gpu -q tests/test_loader_pycuda.py -p no:cacheprovider -s 2>&1 | grep -v "^$" | tail -n 16 | cut -c1-300
+  log "eval_bench 60 at 64x128x64 (driver loader, after the launcher change)"
+  timeout 90 python3 bench/eval_bench.py --n 60 --shapes 64x128x64:TN --skip-repeatability \
+    --out "$OUT/eb_check" > "$OUT/eb_check.log" 2>&1; echo "rc=$?"; tail -n 6 "$OUT/eb_check.log" | cut -c1-500
   ;;
 final)
   log "eval_bench 200 per shape + repeatability (defaults)"

@@ -153,7 +153,7 @@ class CandidateKernels:
                 pack.set_pointers([ptrs[n] for n in names])
                 for i, matrix, get, name in tables:
                     pack.set_tmap(i, get(ptrs[matrix]), name)
-                go(stream, pack.address)
+                go(stream, pack)
         return call, ws, len(launches)
 
     def unload(self) -> None:
@@ -194,6 +194,8 @@ class GpuHandler:
             self.provenance["evo"] = self.options["evo_version"]
         self.tmaps = TmapCache()  # shared by every candidate: the rotation's maps are encoded once
         self._last_busy = float("-inf")  # end of the last GPU work: a job after an idle spell settles the clock
+        raw = self.loader.capture_stream()  # a stream the loader can launch on, for every graph capture
+        self.capture_stream = torch.cuda.ExternalStream(raw) if raw else torch.cuda.Stream()
         self._probe_kernels = CandidateKernels(self.loader, nvrtc_cubin(NAIVE_GEMM, self.arch), naive_plan(), self.tmaps)
         self.ceilings = self._measure_ceilings() if self.options.get("measure_ceilings", True) else {}
         probe = self._probe()  # also the warm-up: module load, launches, graph capture, cuBLAS handles
@@ -227,10 +229,9 @@ class GpuHandler:
         fn = self.loader.function(self._probe_kernels.module, EMPTY_KERNEL, 0)
         pack = ParamPack((), {}, {})
         g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        with torch.cuda.graph(g, stream=s):
+        with torch.cuda.graph(g, stream=self.capture_stream):
             for _ in range(1000):
-                self.loader.launch(fn, (1, 1, 1), (32, 1, 1), 0, torch.cuda.current_stream().cuda_stream, pack.address)
+                self.loader.launch(fn, (1, 1, 1), (32, 1, 1), 0, torch.cuda.current_stream().cuda_stream, pack)
         g.replay()
         measured["launch_s"] = _event_time(g.replay, 5) / 1000
         torch.cuda.synchronize()
@@ -251,7 +252,7 @@ class GpuHandler:
             cas = Cascade(ops, lambda o: call(o.pointers(), None), self._sync, gen)
             cas.random()
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=torch.cuda.Stream()):
+            with torch.cuda.graph(g, stream=self.capture_stream):
                 call(ops.pointers(), None)
                 torch.matmul(ops.A.data, ops.B.data.t())
             g.replay()
@@ -443,7 +444,8 @@ class GpuHandler:
                 settle_min = float(job.get("settle_min_s", SETTLE_MIN_S)) if idle else 0.0
                 stats["device"] = device_timer(arms, rng=rng, graph_cache=tb.graphs, perturb=perturb, keep=kept,
                                                settle_s=settle, settle_min_s=settle_min, clock=sm_clock_mhz,
-                                               prewarm=bool(job.get("prewarm", True)), **_rounds(job))
+                                               prewarm=bool(job.get("prewarm", True)), stream=self.capture_stream,
+                                               **_rounds(job))
                 self._last_busy = time.perf_counter()
                 dev_st = stats["device"]["candidate"]
                 res.setdefault("notes", {})["device_warmup_s"] = dev_st.warmup_s
@@ -506,7 +508,7 @@ class GpuHandler:
                 cache = {"candidate": kept["candidate"]} if "candidate" in kept else None
                 repeat = Arm("candidate", arms[0].launch, n_sets, cacheable=cache is not None)
                 memo = memo_flag(dev.median, device_timer([repeat], rng=rng, rounds=5, graph_cache=cache,
-                                                          warmup_s=0.002)["candidate"].median)
+                                                          warmup_s=0.002, stream=self.capture_stream)["candidate"].median)
                 if memo:
                     res["flags"].append(memo)
                 clock("memo")
@@ -563,7 +565,7 @@ class GpuHandler:
                 flip["p"] = (flip["p"] + 7919) % (shape.m * shape.k)
                 t.flip(flip["p"])
             try:
-                st = device_timer(arms, rng=rng, perturb=perturb, **_rounds(job))
+                st = device_timer(arms, rng=rng, perturb=perturb, stream=self.capture_stream, **_rounds(job))
             finally:
                 tb.unflip()
             base = min(st["torch.matmul NN"].median, st["torch.matmul TN"].median)

@@ -2,11 +2,17 @@
 
 ``DriverLoader`` uses ``cuda.bindings.driver`` (cuModuleLoadData, cuModuleGetFunction,
 cuFuncSetAttribute for > 48 KiB of dynamic shared memory, cuLaunchKernel on the caller's
-stream with a ``void**`` parameter array built by :mod:`evaluators._tmap`). ``PycudaLoader``
-offers the same interface where ``import pycuda.driver`` works (not on the device image);
+stream with the ``void**`` parameter array of a :class:`evaluators._tmap.ParamPack`).
+``PycudaLoader`` does the same through pycuda where ``import pycuda.driver`` works (the device
+image lacks it; it builds from its sdist there: ``bench/device_pycuda_build.sh``), launching
+with the pack's parameter block (``CU_LAUNCH_PARAM_BUFFER_POINTER``, pycuda's raw launch).
 :func:`get_loader` picks one. Every driver call is checked; a failing one raises
 :class:`CudaError` with the error's name and string, and :attr:`CudaError.poisons` says whether
 the context is now unusable (the worker must then exit, see ``_worker``).
+
+Launches go to a raw stream handle: torch's current stream (0, the legacy stream, in the
+worker) or, for graph capture, the stream :meth:`Loader.capture_stream` gives (None: any stream
+the caller makes will do; pycuda can only launch on streams it created).
 """
 from __future__ import annotations
 
@@ -56,6 +62,14 @@ class Kernel(Protocol):
     name: str
 
 
+class Params(Protocol):
+    """A kernel's arguments (:class:`evaluators._tmap.ParamPack`)."""
+
+    address: int  # the void** array
+
+    def param_buffer(self) -> bytes: ...
+
+
 class Loader(Protocol):
     """What the harness needs from a backend."""
 
@@ -63,8 +77,9 @@ class Loader(Protocol):
 
     def load(self, cubin: bytes) -> Any: ...
     def function(self, module: Any, name: str, dynamic_smem: int) -> Any: ...
-    def launch(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int, stream: int, params: int) -> None: ...
-    def launcher(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int) -> Callable[[int, int], None]: ...
+    def launch(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int, stream: int, params: Params) -> None: ...
+    def launcher(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int) -> Callable[[int, Params], None]: ...
+    def capture_stream(self) -> Optional[int]: ...
     def unload(self, module: Any) -> None: ...
     def synchronize(self) -> Optional[CudaError]: ...
 
@@ -101,10 +116,14 @@ class DriverLoader:
                        self.drv.cuFuncSetAttribute(fn, attr, dynamic_smem))
         return fn
 
-    def launch(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int, stream: int, params: int) -> None:
-        self.check("cuLaunchKernel", self.drv.cuLaunchKernel(fn, *grid, *block, smem, self.drv.CUstream(stream), params, 0))
+    def launch(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int, stream: int, params: Params) -> None:
+        self.check("cuLaunchKernel", self.drv.cuLaunchKernel(fn, *grid, *block, smem, self.drv.CUstream(stream),
+                                                             params.address, 0))
 
-    def launcher(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int) -> Callable[[int, int], None]:
+    def capture_stream(self) -> Optional[int]:
+        return None  # any stream: cuLaunchKernel takes a raw handle
+
+    def launcher(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int) -> Callable[[int, Params], None]:
         """``go(stream, params)``: :meth:`launch` with the launch geometry bound once, the stream
         handles converted once per stream, and the error path only on failure (the harness calls
         it thousands of times per candidate at tiny shapes)."""
@@ -114,11 +133,11 @@ class DriverLoader:
         success = drv.CUresult.CUDA_SUCCESS
         streams: dict[int, Any] = {}
 
-        def go(stream: int, params: int) -> None:
+        def go(stream: int, params: Params) -> None:
             handle = streams.get(stream)
             if handle is None:
                 handle = streams[stream] = drv.CUstream(stream)
-            result = launch(fn, gx, gy, gz, bx, by, bz, smem, handle, params, 0)
+            result = launch(fn, gx, gy, gz, bx, by, bz, smem, handle, params.address, 0)
             if result[0] is not success:  # check() raises on any non-zero code
                 check("cuLaunchKernel", result)
         return go
@@ -136,45 +155,102 @@ class DriverLoader:
 
 
 class PycudaLoader:
-    """pycuda backend with the same interface; only where ``import pycuda.driver`` works."""
+    """pycuda backend with the same interface; only where ``import pycuda.driver`` works.
+
+    It works in the CUDA context torch made current (the device's primary context, retained and
+    pushed, so modules, pointers and streams are shared). pycuda launches a kernel with one
+    parameter block (:meth:`ParamPack.param_buffer`) on a pycuda ``Stream`` or the legacy stream
+    (handle 0, torch's default); for graph capture :meth:`capture_stream` makes a pycuda stream
+    the caller wraps (``torch.cuda.ExternalStream``). pycuda's exceptions become
+    :class:`CudaError` named by the driver's error (looked up from its message)."""
 
     name = "pycuda"
 
-    def __init__(self) -> None:
-        try:
-            import pycuda.driver as cuda  # type: ignore[import-not-found]
-        except Exception as exc:  # ImportError, or a pycuda built without a driver
-            raise LoaderUnavailable(f"pycuda is not usable here: {exc}") from None
+    def __init__(self, device_ordinal: int = 0, cuda: Any = None) -> None:
+        if cuda is None:
+            try:
+                import pycuda.driver as cuda  # type: ignore[import-not-found]
+            except Exception as exc:  # ImportError, or a pycuda built without a driver
+                raise LoaderUnavailable(f"pycuda is not usable here: {exc}") from None
         self.cuda = cuda
+        cuda.init()
+        self.context = cuda.Device(device_ordinal).retain_primary_context()
+        self.context.push()  # torch's primary context: pycuda's own bookkeeping must know it
+        self._streams: dict[int, Any] = {}
+        self._names = _error_names()
+
+    def _error(self, call: str, exc: BaseException) -> CudaError:
+        text = str(exc).split(" failed: ", 1)[-1].strip()
+        return CudaError(call, self._names.get(text, f"PYCUDA_{type(exc).__name__.upper()}"), text)
 
     def load(self, cubin: bytes) -> Any:
-        return self.cuda.module_from_buffer(cubin)
+        try:
+            return self.cuda.module_from_buffer(cubin)
+        except self.cuda.Error as exc:
+            raise self._error("cuModuleLoadData", exc) from None
 
     def function(self, module: Any, name: str, dynamic_smem: int) -> Any:
-        fn = module.get_function(name)
-        if dynamic_smem > 48 * 1024:
-            fn.set_attribute(self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
+        try:
+            fn = module.get_function(name)
+            if dynamic_smem > 48 * 1024:
+                fn.set_attribute(self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
+        except self.cuda.Error as exc:
+            raise self._error(f"cuModuleGetFunction({name})", exc) from None
         return fn
 
-    def launch(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int, stream: int, params: int) -> None:
-        # pycuda packs arguments itself; the harness's packed void** array is passed through the
-        # driver entry point that pycuda wraps for raw launches.
-        raise LoaderUnavailable("raw void** launches are not exposed by pycuda; use the driver backend")
+    def capture_stream(self) -> Optional[int]:
+        """A new non-blocking pycuda stream's raw handle (the loader keeps the stream alive)."""
+        stream = self.cuda.Stream(flags=1)  # CU_STREAM_NON_BLOCKING
+        self._streams[int(stream.handle)] = stream
+        return int(stream.handle)
 
-    def launcher(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int) -> Callable[[int, int], None]:
-        def go(stream: int, params: int) -> None:
-            self.launch(fn, grid, block, smem, stream, params)
+    def _stream(self, handle: int) -> Any:
+        if handle == 0:
+            return None  # pycuda's None is the legacy stream
+        stream = self._streams.get(handle)
+        if stream is None:
+            raise LoaderUnavailable(f"pycuda launches only on the legacy stream or on a stream from "
+                                    f"capture_stream(); got stream {handle:#x}")
+        return stream
+
+    def launch(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int, stream: int, params: Params) -> None:
+        self.launcher(fn, grid, block, smem)(stream, params)
+
+    def launcher(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int) -> Callable[[int, Params], None]:
+        g, b = tuple(int(v) for v in grid), tuple(int(v) for v in block)
+
+        def go(stream: int, params: Params) -> None:
+            try:
+                fn._launch_kernel(g, b, params.param_buffer(), smem, self._stream(stream))
+            except self.cuda.Error as exc:
+                raise self._error("cuLaunchKernel", exc) from None
         return go
 
     def unload(self, module: Any) -> None:
-        pass
+        pass  # pycuda unloads a module when its last reference goes
 
     def synchronize(self) -> Optional[CudaError]:
         try:
             self.cuda.Context.synchronize()
-        except Exception as exc:
-            return CudaError("Context.synchronize", type(exc).__name__, str(exc))
+        except self.cuda.Error as exc:
+            return self._error("cuCtxSynchronize", exc)
         return None
+
+
+def _error_names() -> dict[str, str]:
+    """The driver's error strings to their names (``an illegal memory access was encountered`` ->
+    ``CUDA_ERROR_ILLEGAL_ADDRESS``), from cuda.bindings where it is installed; else empty."""
+    names: dict[str, str] = {}
+    try:
+        from cuda.bindings import driver as drv
+
+        for code in drv.CUresult:
+            err, text = drv.cuGetErrorString(code)
+            if int(err) == 0 and text:
+                names[text.decode() if isinstance(text, bytes) else str(text)] = code.name
+    except Exception:  # no cuda.bindings, or no driver to ask: names from the message only
+        pass
+    return names
 
 
 def get_loader(name: str = "driver") -> Loader:

@@ -75,7 +75,8 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
                  graph_cache: Optional[dict] = None, perturb: Optional[Callable[[], None]] = None,
                  keep: Optional[dict] = None, settle_s: float = 0.0, settle_min_s: float = 0.0,
                  clock: Optional[Callable[[], Optional[int]]] = None,
-                 prewarm: bool = True, max_rounds: int = 40) -> dict[str, TimerStats]:
+                 prewarm: bool = True, max_rounds: int = 40,
+                 stream: Optional[torch.cuda.Stream] = None) -> dict[str, TimerStats]:
     """CUDA-graph replays of back-to-back calls, interleaved across arms (see module docstring).
 
     After ``warmup_s`` of untimed replays of all arms, each round replays every arm
@@ -104,8 +105,11 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
     the warm-up replays of the cached ones are queued first, so the GPU runs them while the host
     captures (thousands of launches at tiny shapes, GPU-idle time otherwise). The warm-up's
     length is unchanged: it counts from before the capture, and each new graph is replayed at
-    least once after it (its upload) before the first sample."""
-    stream = torch.cuda.Stream()
+    least once after it (its upload) before the first sample.
+
+    ``stream``: where graphs are captured (a loader may launch only on streams it made); by
+    default a new one."""
+    stream = stream if stream is not None else torch.cuda.Stream()
     graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
     touch = perturb or (lambda: None)
     todo = []

@@ -142,6 +142,13 @@ class ParamPack:
             slots.append(base + self._base + starts[kind] + width[kind] * counts[kind])
             counts[kind] += 1
         self._array = (ctypes.c_void_p * max(1, len(kinds)))(*slots)
+        self._layout, end = [], 0  # (offset, size) of each argument in the parameter block
+        for kind in kinds:
+            size, align = {"ptr": (8, 8), "int": (4, 4), "tmap": (TMAP_BYTES, TMAP_ALIGN)}[kind]
+            end = -(-end // align) * align
+            self._layout.append((end, size))
+            end += size
+        self._param_size = end
         self.address = ctypes.addressof(self._array)  #: the ``void**`` to hand to cuLaunchKernel
         if pointers is not None or tmaps is not None or not (names or tnames):
             self.fill(pointers or {}, tmaps or {})
@@ -171,6 +178,15 @@ class ParamPack:
         """The bytes argument ``i`` points at (what the driver will copy)."""
         size = {"ptr": 8, "int": 4, "tmap": TMAP_BYTES}[self.kinds[i]]
         return ctypes.string_at(self._array[i], size)
+
+    def param_buffer(self) -> bytes:
+        """The arguments as the kernel's parameter block: in order, each at its natural alignment
+        (pointers 8, ints 4, tensor maps 64), for launchers that take one buffer
+        (``CU_LAUNCH_PARAM_BUFFER_POINTER``, as pycuda's) rather than the ``void**`` array."""
+        out = bytearray(self._param_size)
+        for i, (at, size) in enumerate(self._layout):
+            out[at:at + size] = ctypes.string_at(self._array[i], size)
+        return bytes(out)
 
     def __len__(self) -> int:
         return len(self.kinds)

@@ -97,7 +97,7 @@ class _Loader:
     def launcher(self, fn, grid, block, smem):
         def go(stream, params):
             kinds = self.kinds[fn]
-            self.launched.append((fn, grid, stream, _copied(params, kinds)))
+            self.launched.append((fn, grid, stream, _copied(params.address, kinds)))
         return go
 
     def unload(self, module):
@@ -155,11 +155,11 @@ def test_driver_launcher_binds_the_launch_and_raises_the_drivers_error():
     loader.drv = types.SimpleNamespace(cuLaunchKernel=launch, CUstream=real.CUstream, CUresult=real.CUresult,
                                        cuGetErrorString=lambda err: (real.CUresult.CUDA_SUCCESS, b"invalid argument"))
     go = loader.launcher("fn", (3, 2, 1), (128, 1, 1), 4096)
-    go(0x1234, 0xABC0)
-    go(0x1234, 0xABD0)
+    go(0x1234, types.SimpleNamespace(address=0xABC0))
+    go(0x1234, types.SimpleNamespace(address=0xABD0))
     assert [a[:8] for a in seen] == [("fn", 3, 2, 1, 128, 1, 1, 4096)] * 2
     assert int(seen[0][8]) == 0x1234 and seen[0][8] is seen[1][8]  # the stream handle is built once
     assert [a[9:] for a in seen] == [(0xABC0, 0), (0xABD0, 0)]
     with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE") as err:
-        go(0x1234, 0xABE0)
+        go(0x1234, types.SimpleNamespace(address=0xABE0))
     assert not err.value.poisons

@@ -521,6 +521,7 @@ def _cpu_harness(monkeypatch):
     handler.device, handler.l2, handler.ceilings = torch.device("cpu"), 1 << 15, dict(h.DEFAULT_CEILINGS)
     handler._timing_cache = {}
     handler._last_busy = float("-inf")  # as __init__ leaves it
+    handler.capture_stream = None  # the device timer's stand-in captures nothing
     handler._sync = lambda: None
     return h, handler
 

@@ -142,6 +142,17 @@ class DriverLoader:
                 check("cuLaunchKernel", result)
         return go
 
+    def param_layout(self, module: Any, name: str) -> list[tuple[int, int]]:
+        """Each parameter's (offset, size) in kernel ``name``'s parameter block, as the driver
+        has it (``cuFuncGetParamInfo``, CUDA 12.4+)."""
+        fn = self.check(f"cuModuleGetFunction({name})", self.drv.cuModuleGetFunction(module, name.encode()))
+        out = []
+        while True:
+            res = self.drv.cuFuncGetParamInfo(fn, len(out))
+            if int(res[0]) != 0:  # past the last parameter
+                return out
+            out.append((int(res[1]), int(res[2])))
+
     def unload(self, module: Any) -> None:
         self.drv.cuModuleUnload(module)
 
@@ -159,14 +170,16 @@ class PycudaLoader:
 
     It works in the CUDA context torch made current (the device's primary context, retained and
     pushed, so modules, pointers and streams are shared). pycuda launches a kernel with one
-    parameter block (:meth:`ParamPack.param_buffer`) on a pycuda ``Stream`` or the legacy stream
+    parameter block (:meth:`ParamPack.param_buffer`), laid out at the offsets the driver gives
+    for the kernel (asked through ``layouts``, a :class:`DriverLoader` on the same cubin: pycuda
+    cannot say, and a block laid out by hand was wrong for an sm_90a kernel), on a pycuda ``Stream`` or the legacy stream
     (handle 0, torch's default); for graph capture :meth:`capture_stream` makes a pycuda stream
     the caller wraps (``torch.cuda.ExternalStream``). pycuda's exceptions become
     :class:`CudaError` named by the driver's error (looked up from its message)."""
 
     name = "pycuda"
 
-    def __init__(self, device_ordinal: int = 0, cuda: Any = None) -> None:
+    def __init__(self, device_ordinal: int = 0, cuda: Any = None, layouts: Any = None) -> None:
         if cuda is None:
             try:
                 import pycuda.driver as cuda  # type: ignore[import-not-found]
@@ -178,25 +191,40 @@ class PycudaLoader:
         self.context.push()  # torch's primary context: pycuda's own bookkeeping must know it
         self._streams: dict[int, Any] = {}
         self._names = _error_names()
+        self.layouts = layouts if layouts is not None else DriverLoader()
+        import atexit
+
+        atexit.register(self._pop)  # pycuda aborts the process at exit if a pushed context is left
+
+    def _pop(self) -> None:
+        try:
+            self.context.pop()
+        except Exception:
+            pass
 
     def _error(self, call: str, exc: BaseException) -> CudaError:
         text = str(exc).split(" failed: ", 1)[-1].strip()
         return CudaError(call, self._names.get(text, f"PYCUDA_{type(exc).__name__.upper()}"), text)
 
     def load(self, cubin: bytes) -> Any:
+        """(pycuda's module, the same cubin loaded through ``layouts``: only to ask the driver
+        where each kernel wants its parameters; pycuda cannot say)."""
         try:
-            return self.cuda.module_from_buffer(cubin)
+            module = self.cuda.module_from_buffer(cubin)
         except self.cuda.Error as exc:
             raise self._error("cuModuleLoadData", exc) from None
+        return module, self.layouts.load(cubin)
 
     def function(self, module: Any, name: str, dynamic_smem: int) -> Any:
+        """(pycuda's function, its parameters' (offset, size) as the driver lays them out)."""
+        mod, raw = module
         try:
-            fn = module.get_function(name)
+            fn = mod.get_function(name)
             if dynamic_smem > 48 * 1024:
                 fn.set_attribute(self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
         except self.cuda.Error as exc:
             raise self._error(f"cuModuleGetFunction({name})", exc) from None
-        return fn
+        return fn, self.layouts.param_layout(raw, name)
 
     def capture_stream(self) -> Optional[int]:
         """A new non-blocking pycuda stream's raw handle (the loader keeps the stream alive)."""
@@ -218,16 +246,17 @@ class PycudaLoader:
 
     def launcher(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int) -> Callable[[int, Params], None]:
         g, b = tuple(int(v) for v in grid), tuple(int(v) for v in block)
+        function, layout = fn
 
         def go(stream: int, params: Params) -> None:
             try:
-                fn._launch_kernel(g, b, params.param_buffer(), smem, self._stream(stream))
+                function._launch_kernel(g, b, params.param_buffer(layout), smem, self._stream(stream))
             except self.cuda.Error as exc:
                 raise self._error("cuLaunchKernel", exc) from None
         return go
 
     def unload(self, module: Any) -> None:
-        pass  # pycuda unloads a module when its last reference goes
+        self.layouts.unload(module[1])  # pycuda unloads its own module when its last reference goes
 
     def synchronize(self) -> Optional[CudaError]:
         try:

@@ -142,13 +142,12 @@ class ParamPack:
             slots.append(base + self._base + starts[kind] + width[kind] * counts[kind])
             counts[kind] += 1
         self._array = (ctypes.c_void_p * max(1, len(kinds)))(*slots)
-        self._layout, end = [], 0  # (offset, size) of each argument in the parameter block
+        self._layout, end = [], 0  # (offset, size) of each argument, naturally aligned from 0
         for kind in kinds:
             size, align = {"ptr": (8, 8), "int": (4, 4), "tmap": (TMAP_BYTES, TMAP_ALIGN)}[kind]
             end = -(-end // align) * align
             self._layout.append((end, size))
             end += size
-        self._param_size = end
         self.address = ctypes.addressof(self._array)  #: the ``void**`` to hand to cuLaunchKernel
         if pointers is not None or tmaps is not None or not (names or tnames):
             self.fill(pointers or {}, tmaps or {})
@@ -179,12 +178,25 @@ class ParamPack:
         size = {"ptr": 8, "int": 4, "tmap": TMAP_BYTES}[self.kinds[i]]
         return ctypes.string_at(self._array[i], size)
 
-    def param_buffer(self) -> bytes:
-        """The arguments as the kernel's parameter block: in order, each at its natural alignment
-        (pointers 8, ints 4, tensor maps 64), for launchers that take one buffer
-        (``CU_LAUNCH_PARAM_BUFFER_POINTER``, as pycuda's) rather than the ``void**`` array."""
-        out = bytearray(self._param_size)
-        for i, (at, size) in enumerate(self._layout):
+    def param_buffer(self, layout: Optional[Sequence[tuple[int, int]]] = None) -> bytes:
+        """The arguments as one parameter block, for launchers that take a buffer
+        (``CU_LAUNCH_PARAM_BUFFER_POINTER``, pycuda's only way) rather than the ``void**`` array.
+
+        ``layout``: each argument's (offset, size) as the driver reports them for the kernel
+        (``cuFuncGetParamInfo``). It must be used where known: on the H200 with CUDA 13 an sm_90a
+        kernel with tensor maps by value had its first parameter at offset 48, and a block laid
+        out from 0 left C unwritten at small shapes (``bench/dev_pycuda_launch.py``). Without
+        it: in order, each at its natural alignment (pointers 8, ints 4, tensor maps 64)."""
+        layout = self._layout if layout is None else layout
+        if len(layout) != len(self.kinds):
+            raise ValueError(f"the kernel takes {len(layout)} parameters, the plan passes {len(self.kinds)}")
+        end = max((at + size for at, size in layout), default=0)
+        out = bytearray(end)
+        for i, (at, size) in enumerate(layout):
+            have = {"ptr": 8, "int": 4, "tmap": TMAP_BYTES}[self.kinds[i]]
+            if size != have:
+                raise ValueError(f"kernel parameter {i} has {size} bytes, the plan passes a {self.kinds[i]} "
+                                 f"of {have}")
             out[at:at + size] = ctypes.string_at(self._array[i], size)
         return bytes(out)
 

@@ -17,13 +17,22 @@ from evaluators._tmap import ParamPack
 def test_param_buffer_is_the_kernels_parameter_block():
     raw = bytes(range(128))
     pack = ParamPack(("A", 7, ("tmap", "tmA"), "C", -5), {"A": 0x1000, "C": 0x3000}, {"tmA": raw})
-    buf = pack.param_buffer()
+    buf = pack.param_buffer()  # no layout known: natural alignment from 0
     assert len(buf) == 204  # 8 + 4, padding to 64, 128, 8, 4
     assert struct.unpack_from("<Qi", buf, 0) == (0x1000, 7) and buf[12:64] == bytes(52)
     assert buf[64:192] == raw and struct.unpack_from("<Qi", buf, 192) == (0x3000, -5)
     pack.set_pointers([0x2000, 0x4000])  # the block follows the pack's current values
     assert struct.unpack_from("<Q", pack.param_buffer(), 0)[0] == 0x2000
     assert ParamPack((), {}, {}).param_buffer() == b""
+    # the driver's layout (what cuFuncGetParamInfo gave for the sm90 template on the H200: from 48)
+    driver = [(48, 8), (56, 4), (64, 128), (192, 8), (200, 4)]
+    buf = pack.param_buffer(driver)
+    assert len(buf) == 204 and buf[:48] == bytes(48) and struct.unpack_from("<Qi", buf, 48) == (0x2000, 7)
+    assert buf[64:192] == raw and struct.unpack_from("<Qi", buf, 192) == (0x4000, -5)
+    with pytest.raises(ValueError, match="takes 4 parameters, the plan passes 5"):
+        pack.param_buffer(driver[:4])
+    with pytest.raises(ValueError, match="parameter 1 has 8 bytes, the plan passes a int of 4"):
+        pack.param_buffer([(0, 8), (8, 8), (64, 128), (192, 8), (200, 4)])
 
 
 class _FakeCuda:
@@ -79,9 +88,26 @@ class _FakeCuda:
         return types.SimpleNamespace(get_function=lambda name: Function())
 
 
+class _Layouts:
+    """Test double of the driver loader's parameter-layout query (needs a driver)."""
+
+    def __init__(self):
+        self.loaded, self.unloaded = [], []
+
+    def load(self, cubin):
+        self.loaded.append(cubin)
+        return f"raw:{len(self.loaded)}"
+
+    def param_layout(self, module, name):
+        return [(48, 8), (56, 4)] if name == "k" else [(0, 4)]
+
+    def unload(self, module):
+        self.unloaded.append(module)
+
+
 def _loader(names=None):
     cuda = _FakeCuda()
-    loader = PycudaLoader(0, cuda=cuda)
+    loader = PycudaLoader(0, cuda=cuda, layouts=_Layouts())
     loader._names = names or {"an illegal memory access was encountered": "CUDA_ERROR_ILLEGAL_ADDRESS"}
     return loader, cuda
 
@@ -90,17 +116,21 @@ def test_pycuda_loader_launches_the_parameter_block_on_its_streams():
     loader, cuda = _loader()
     assert cuda.pushed == [0]  # the device's primary context (torch's) made pycuda's current one
     fn = loader.function(loader.load(b"cubin"), "k", 100 * 1024)
-    assert fn.attrs == {"MAX_DYNAMIC_SHARED": 100 * 1024}
+    assert fn[0].attrs == {"MAX_DYNAMIC_SHARED": 100 * 1024} and fn[1] == [(48, 8), (56, 4)]
     pack = ParamPack(("A", 3), {"A": 0x1000}, {})
     go = loader.launcher(fn, (4, 2, 1), (128, 1, 1), 4096)
     go(0, pack)  # torch's default stream: the legacy one, pycuda's None
     handle = loader.capture_stream()
     go(handle, pack)
     (g, b, buf, smem, s0), (_, _, _, _, s1) = cuda.launched
-    assert (g, b, smem, s0) == ((4, 2, 1), (128, 1, 1), 4096, None) and buf == pack.param_buffer()
+    assert (g, b, smem, s0) == ((4, 2, 1), (128, 1, 1), 4096, None)
+    assert buf == pack.param_buffer([(48, 8), (56, 4)]) and buf[48:56] == struct.pack("<Q", 0x1000)
     assert s1.handle == handle and s1.flags == 1  # its own non-blocking stream
     with pytest.raises(LoaderUnavailable, match="capture_stream"):
         go(0xDEAD, pack)  # a stream pycuda did not make: it cannot launch there
+    module = loader.load(b"other")
+    loader.unload(module)
+    assert loader.layouts.loaded == [b"cubin", b"other"] and loader.layouts.unloaded == ["raw:2"]
 
 
 def test_pycuda_errors_carry_the_drivers_name_and_poisoning():
@@ -108,7 +138,7 @@ def test_pycuda_errors_carry_the_drivers_name_and_poisoning():
     fn = loader.function(loader.load(b"cubin"), "k", 0)
     cuda.fail = "an illegal memory access was encountered"
     with pytest.raises(CudaError) as err:
-        loader.launcher(fn, (1, 1, 1), (32, 1, 1), 0)(0, ParamPack((), {}, {}))
+        loader.launcher(fn, (1, 1, 1), (32, 1, 1), 0)(0, ParamPack(("A", 1), {"A": 16}, {}))
     assert err.value.name == "CUDA_ERROR_ILLEGAL_ADDRESS" and err.value.poisons
     got = loader.synchronize()
     assert isinstance(got, CudaError) and got.poisons and "illegal memory access" in str(got)

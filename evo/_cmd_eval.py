@@ -44,6 +44,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--generic", action="store_true", help="claim every M,N,K (adds small ragged checks)")
     p.add_argument("--gpus", type=int, default=None, help="how many GPUs (default: all visible)")
     p.add_argument("--timers", default="device,offline,server")
+    p.add_argument("--loader", choices=["driver", "pycuda"], default="driver",
+                   help="how the worker loads and launches the kernel (pycuda: where it is installed)")
     p.add_argument("--quick", action="store_true",
                    help="time as a run does (fewer device-timer replays, one rotation) instead of the precise "
                         "preset (evaluators.PRECISE_JOB: 4x the replays over 3 fresh rotations, repeatable across starts)")
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         with LocalPool(gpus=args.gpus, compile_workers=1, timers=tuple(args.timers.split(",")),
-                       job_options=None if args.quick else PRECISE_JOB) as pool:
+                       job_options=None if args.quick else PRECISE_JOB, worker_options={"loader": args.loader}) as pool:
             evals = pool.evaluate([cand])
     except WorkerUnavailable as exc:
         print(f"evo eval: {exc}", file=sys.stderr)

@@ -112,6 +112,7 @@ class PoolConfig:
     drain_s: float = 60.0             # first Ctrl-C: how long in-flight work may still finish
     max_consecutive_errors: int = 16  # stop when this many results in a row are runtime errors (0: never)
     ray: str = ""                     # "": the local pool; "auto" or a cluster address: evaluators.RayPool
+    loader: str = "driver"            # how workers load and launch kernels: driver (cuda.bindings) or pycuda
 
     def inflight(self, gpus: int) -> int:
         """The in-flight bound for a pool with ``gpus`` GPUs."""
@@ -196,6 +197,8 @@ class RunConfig:
             raise ConfigError(f"pool.gpus: a list of distinct GPU indices (empty: all visible), got {p.gpus!r}")
         if p.compile_workers < 1 or p.max_inflight < 0 or not p.drain_s >= 0 or p.max_consecutive_errors < 0:
             raise ConfigError("pool: compile_workers >= 1; max_inflight, drain_s and max_consecutive_errors >= 0")
+        if p.loader not in ("driver", "pycuda"):
+            raise ConfigError(f"pool.loader: 'driver' or 'pycuda', got {p.loader!r}")
         if p.ray and p.kind != "local":
             raise ConfigError(f"pool.ray: runs the Ray pool; it cannot be combined with pool.kind {p.kind!r}")
         r = self.rl

@@ -90,3 +90,27 @@ def test_host_microbench_runs_on_cpu_and_shares_the_tensor_maps():
     sm90 = got["sm90_wgmma"]
     assert sm90["tensor_maps"] == 2 and sm90["encodes"] == 2 * got["n_sets"]  # once per set, not per candidate
     assert len(sm90["us_per_call"]) == got["candidates"] and all(x > 0 for x in sm90["us_per_call"])
+
+
+def test_plot_draws_throughput_and_repeatability_configs(tmp_path):
+    import json
+
+    pytest.importorskip("matplotlib")
+    spec = importlib.util.spec_from_file_location("eval_bench_plot", ROOT / "bench" / "eval_bench_plot.py")
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    rep = {"medians_us": [100.0, 101.0, 99.5], "spread": 0.015}
+    report = {"64x128x64:TN:f32": {"per_minute": 160.0, "nvml_util_eval": 81.0},
+              "repeatability": {**rep, "configs": {"run": rep, "precise": {"medians_us": [100.0, 100.2, 99.9],
+                                                                         "spread": 0.003}}}}
+    path = tmp_path / "eb.json"
+    path.write_text(json.dumps(report))
+    runs = [plot.load(f"s4={path}")]
+    assert plot.throughput_rows(runs) == [("64x128x64", "s4", 160.0, 81.0)]
+    assert [s[0] for s in plot.repeat_series(runs)] == ["s4 run", "s4 precise"]
+    out = tmp_path / "eb.png"
+    assert plot.main(["--run", f"s4={path}", "--out", str(out)]) == 0 and out.stat().st_size > 10_000
+    with pytest.raises(SystemExit):
+        plot.main(["--run", str(path), "--out", str(out)])  # no LABEL=
+    (tmp_path / "empty.json").write_text("{}")
+    assert plot.main(["--run", f"x={tmp_path / 'empty.json'}", "--out", str(out)]) == 1

@@ -121,13 +121,16 @@ class CandidateKernels:
         self.loader, self.plan = loader, plan
         self.module = loader.load(cubin)
         self.fns: dict[tuple[str, int], Any] = {}
+        self.layouts: dict[str, Optional[list[tuple[int, int]]]] = {}  # the driver's parameter layout per kernel
         self.tmaps = tmaps if tmaps is not None else TmapCache()
 
     def bind(self, shape: Shape) -> tuple[Callable[[Mapping[str, int], Optional[torch.Tensor]], None], int, int]:
         """(call(pointers, workspace_tensor), workspace bytes, launches) for ``shape``; raises
         PlanError, or TensorMapError for a tensor map this shape cannot have.
 
-        Everything that does not depend on the pointers is done here, once: the functions, the
+        The plan's arguments are checked against each kernel's parameters as the driver lays them
+        out (count and sizes; where the driver can say): a mismatch is a PlanError, not a launch
+        that reads garbage. Everything that does not depend on the pointers is done here, once: the functions, the
         bound launchers, one :class:`ParamPack` per launch (rewritten in place by every call: the
         driver copies the arguments at launch) and the tensor-map tables. A call then costs the
         raw stream handle, the pointer and tensor-map bytes written into the packs, and the
@@ -139,6 +142,13 @@ class CandidateKernels:
             if key not in self.fns:
                 self.fns[key] = self.loader.function(self.module, ln.kernel, ln.smem)
             pack = ParamPack(ln.args)
+            if ln.kernel not in self.layouts:
+                self.layouts[ln.kernel] = self.loader.param_layout(self.module, ln.kernel)
+            if self.layouts[ln.kernel] is not None:
+                try:
+                    pack.check_layout(self.layouts[ln.kernel])
+                except ValueError as exc:
+                    raise PlanError(f"launch of {ln.kernel}: {exc}") from None
             tables = tuple((i, self.plan.tensor_maps[name].matrix, self.tmaps.table(self.plan.tensor_maps[name], shape), name)
                            for i, name in enumerate(pack.tmap_names))
             steps.append((self.loader.launcher(self.fns[key], ln.grid, ln.block, ln.smem), pack, pack.pointer_names, tables))

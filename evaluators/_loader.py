@@ -80,6 +80,7 @@ class Loader(Protocol):
     def launch(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int, stream: int, params: Params) -> None: ...
     def launcher(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int) -> Callable[[int, Params], None]: ...
     def capture_stream(self) -> Optional[int]: ...
+    def param_layout(self, module: Any, name: str) -> Optional[list[tuple[int, int]]]: ...
     def unload(self, module: Any) -> None: ...
     def synchronize(self) -> Optional[CudaError]: ...
 
@@ -142,16 +143,22 @@ class DriverLoader:
                 check("cuLaunchKernel", result)
         return go
 
-    def param_layout(self, module: Any, name: str) -> list[tuple[int, int]]:
+    def param_layout(self, module: Any, name: str) -> Optional[list[tuple[int, int]]]:
         """Each parameter's (offset, size) in kernel ``name``'s parameter block, as the driver
-        has it (``cuFuncGetParamInfo``, CUDA 12.4+)."""
+        has it (``cuFuncGetParamInfo``, CUDA 12.4+); None where the driver cannot say."""
         fn = self.check(f"cuModuleGetFunction({name})", self.drv.cuModuleGetFunction(module, name.encode()))
-        out = []
+        query = getattr(self.drv, "cuFuncGetParamInfo", None)
+        if query is None:  # cuda.bindings older than 12.4
+            return None
+        out: list[tuple[int, int]] = []
         while True:
-            res = self.drv.cuFuncGetParamInfo(fn, len(out))
-            if int(res[0]) != 0:  # past the last parameter
+            res = query(fn, len(out))
+            if int(res[0]) == 0:
+                out.append((int(res[1]), int(res[2])))
+            elif res[0] == self.drv.CUresult.CUDA_ERROR_INVALID_VALUE:  # past the last parameter
                 return out
-            out.append((int(res[1]), int(res[2])))
+            else:  # a driver without the query
+                return None
 
     def unload(self, module: Any) -> None:
         self.drv.cuModuleUnload(module)
@@ -225,6 +232,9 @@ class PycudaLoader:
         except self.cuda.Error as exc:
             raise self._error(f"cuModuleGetFunction({name})", exc) from None
         return fn, self.layouts.param_layout(raw, name)
+
+    def param_layout(self, module: Any, name: str) -> Optional[list[tuple[int, int]]]:
+        return self.layouts.param_layout(module[1], name)
 
     def capture_stream(self) -> Optional[int]:
         """A new non-blocking pycuda stream's raw handle (the loader keeps the stream alive)."""

@@ -188,17 +188,23 @@ class ParamPack:
         out from 0 left C unwritten at small shapes (``bench/dev_pycuda_launch.py``). Without
         it: in order, each at its natural alignment (pointers 8, ints 4, tensor maps 64)."""
         layout = self._layout if layout is None else layout
+        self.check_layout(layout)
+        out = bytearray(max((at + size for at, size in layout), default=0))
+        for i, (at, size) in enumerate(layout):
+            out[at:at + size] = ctypes.string_at(self._array[i], size)
+        return bytes(out)
+
+    def check_layout(self, layout: Sequence[tuple[int, int]]) -> None:
+        """Raise ValueError unless the kernel's parameters (``(offset, size)`` each, as the driver
+        reports them) are as many as the plan's arguments and each has the size of what the plan
+        passes there: a pointer where the kernel takes an int is read as garbage otherwise."""
         if len(layout) != len(self.kinds):
             raise ValueError(f"the kernel takes {len(layout)} parameters, the plan passes {len(self.kinds)}")
-        end = max((at + size for at, size in layout), default=0)
-        out = bytearray(end)
-        for i, (at, size) in enumerate(layout):
+        for i, (_, size) in enumerate(layout):
             have = {"ptr": 8, "int": 4, "tmap": TMAP_BYTES}[self.kinds[i]]
             if size != have:
                 raise ValueError(f"kernel parameter {i} has {size} bytes, the plan passes a {self.kinds[i]} "
                                  f"of {have}")
-            out[at:at + size] = ctypes.string_at(self._array[i], size)
-        return bytes(out)
 
     def __len__(self) -> int:
         return len(self.kinds)

@@ -100,6 +100,15 @@ class _Loader:
             self.launched.append((fn, grid, stream, _copied(params.address, kinds)))
         return go
 
+    def param_layout(self, module, name):
+        sizes = {"tmap": 128, "ptr": 8, "int": 4}
+        out, at = [], 0
+        for kind in self.kinds[name]:
+            at = -(-at // min(sizes[kind], 64)) * min(sizes[kind], 64)
+            out.append((at, sizes[kind]))
+            at += sizes[kind]
+        return out
+
     def unload(self, module):
         pass
 
@@ -163,3 +172,27 @@ def test_driver_launcher_binds_the_launch_and_raises_the_drivers_error():
     with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE") as err:
         go(0x1234, types.SimpleNamespace(address=0xABE0))
     assert not err.value.poisons
+
+
+def test_bind_rejects_a_plan_whose_arguments_do_not_fit_the_kernel(monkeypatch):
+    """The driver's parameter layout (a test double here) against the plan: an int where the
+    kernel takes a pointer, or one argument too many, is a PlanError at bind, not a launch."""
+    import evaluators._harness as h
+    from populations import PlanError
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    shape = Shape.parse("128x64x64:TN")
+
+    def plan(args):
+        return LaunchPlan.from_dict({"launches": [{"kernel": "k", "grid": [1, 1, 1], "block": [32, 1, 1],
+                                                   "smem": 0, "args": args}], "workspace": "0"})
+    loader = _Loader()
+    loader.kinds = {"k": ["ptr", "ptr", "ptr", "int", "int", "int"]}
+    call, _, _ = h.CandidateKernels(loader, b"", plan(["A", "B", "C", "M", "N", "K"])).bind(shape)
+    for args, why in ((["A", "B", "M", "N", "K", "C"], "parameter 2 has 8 bytes, the plan passes a int of 4"),
+                      (["A", "B", "C", "M", "N", "K", "K"], "takes 6 parameters, the plan passes 7")):
+        with pytest.raises(PlanError, match=why):
+            h.CandidateKernels(loader, b"", plan(args)).bind(shape)
+    loader.param_layout = lambda module, name: None  # a driver that cannot say: nothing to check
+    h.CandidateKernels(loader, b"", plan(["A", "B", "M", "N", "K", "C"])).bind(shape)

@@ -130,7 +130,9 @@ class CandidateKernels:
 
         The plan's arguments are checked against each kernel's parameters as the driver lays them
         out (count and sizes; where the driver can say): a mismatch is a PlanError, not a launch
-        that reads garbage. Everything that does not depend on the pointers is done here, once: the functions, the
+        that reads garbage.
+
+        Everything that does not depend on the pointers is done here, once: the functions, the
         bound launchers, one :class:`ParamPack` per launch (rewritten in place by every call: the
         driver copies the arguments at launch) and the tensor-map tables. A call then costs the
         raw stream handle, the pointer and tensor-map bytes written into the packs, and the

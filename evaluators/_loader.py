@@ -179,10 +179,11 @@ class PycudaLoader:
     pushed, so modules, pointers and streams are shared). pycuda launches a kernel with one
     parameter block (:meth:`ParamPack.param_buffer`), laid out at the offsets the driver gives
     for the kernel (asked through ``layouts``, a :class:`DriverLoader` on the same cubin: pycuda
-    cannot say, and a block laid out by hand was wrong for an sm_90a kernel), on a pycuda ``Stream`` or the legacy stream
-    (handle 0, torch's default); for graph capture :meth:`capture_stream` makes a pycuda stream
-    the caller wraps (``torch.cuda.ExternalStream``). pycuda's exceptions become
-    :class:`CudaError` named by the driver's error (looked up from its message)."""
+    cannot say, and a block laid out by hand was wrong for an sm_90a kernel). It launches on a
+    pycuda ``Stream`` or on the legacy stream (handle 0, torch's default); for graph capture
+    :meth:`capture_stream` makes a pycuda stream the caller wraps (``torch.cuda.ExternalStream``).
+    pycuda's exceptions become :class:`CudaError` named by the driver's error (looked up from its
+    message)."""
 
     name = "pycuda"
 

@@ -12,6 +12,7 @@ The parent never initialises CUDA: the GPU count comes from ``nvidia-smi -L``, t
 """
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import subprocess
@@ -27,6 +28,8 @@ from populations import Candidate, Evaluation, Shape, Status, TimerResult
 from ._worker import HARNESS_TARGET, WorkerSupervisor, WorkerUnavailable
 
 __all__ = ["LocalPool", "PoolStats", "visible_gpus", "gpu_arch", "PRECISE_JOB"]
+
+log = logging.getLogger("evo.evaluators.pool")
 
 #: Job options (``LocalPool(job_options=...)``) for a measurement that must repeat across worker
 #: starts, as ``evo eval`` makes by default: four times the device timer's replays of a run, and
@@ -282,7 +285,7 @@ class LocalPool:
                 self.stats.gpu_busy_s[sup.gpu] = self.stats.gpu_busy_s.get(sup.gpu, 0.0) + (t1 - t0)
                 self.stats.last_job_end = t1
                 self.stats.restarts = sum(s.restarts for s in self.supervisors)
-            # the worker as it was when the result came (a restart after this job changes the pid)
+            # read now, before the next job: a later restart must not change what this result names
             view = SimpleNamespace(gpu=sup.gpu, pid=sup.pid, info=sup.info)
             self._results.put((item, result, view))
 
@@ -301,8 +304,8 @@ class LocalPool:
                                       compile=comp) for s in cand.shapes]
             try:
                 self._finish(item, evals)
-            except Exception:  # a future's callback raising must not stop the others
-                pass
+            except Exception:  # this thread resolves every later future too: log, never die
+                log.exception("evaluator: resolving candidate %s failed", cand.id)
 
     def _lost(self, why: str) -> str:
         """A GPU worker is gone for good; its thread stops taking work while another GPU runs."""

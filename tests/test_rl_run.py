@@ -61,7 +61,8 @@ def test_rl_every_trains_v1_in_the_run_and_the_operator_answers_with_it(tmp_path
         assert code == 0, capsys.readouterr().out
         with Archive(archive) as a:
             llm = sorted((c for c in a.candidates(Shape.parse(shape)) if c.model), key=lambda c: c.created)
-        assert llm and llm[-1].adapter == manifest["name"], [(c.id, c.adapter, c.created) for c in llm]
+        assert llm and llm[0].adapter is None, [(c.id, c.adapter, c.created) for c in llm]  # run 2's, before v1
+        assert llm[-1].adapter == manifest["name"], [(c.id, c.adapter, c.created) for c in llm]
         assert "llm" in (llm[-1].operator or "")
     finally:
         backend.load_adapter(None, "")  # the session's shared backend goes back to the base model

@@ -23,6 +23,9 @@ __all__ = ["TensorMapError", "TmapGeometry", "matrix_dims", "tmap_geometry", "en
 
 TMAP_BYTES = 128
 TMAP_ALIGN = 64
+#: Bytes and alignment of each kind of kernel argument (a ``CUtensorMap`` is passed by value).
+ARG_BYTES = {"ptr": 8, "int": 4, "tmap": TMAP_BYTES}
+ARG_ALIGN = {"ptr": 8, "int": 4, "tmap": TMAP_ALIGN}
 
 
 class TensorMapError(ValueError):
@@ -137,17 +140,10 @@ class ParamPack:
         struct.pack_into(f"<{len(ints)}i", self._store, self._base + int_off, *ints)
         slots, counts = [], {"tmap": 0, "ptr": 0, "int": 0}
         starts = {"tmap": 0, "ptr": self._ptr_off, "int": int_off}
-        width = {"tmap": TMAP_BYTES, "ptr": 8, "int": 4}
         for kind in kinds:
-            slots.append(base + self._base + starts[kind] + width[kind] * counts[kind])
+            slots.append(base + self._base + starts[kind] + ARG_BYTES[kind] * counts[kind])
             counts[kind] += 1
         self._array = (ctypes.c_void_p * max(1, len(kinds)))(*slots)
-        self._layout, end = [], 0  # (offset, size) of each argument, naturally aligned from 0
-        for kind in kinds:
-            size, align = {"ptr": (8, 8), "int": (4, 4), "tmap": (TMAP_BYTES, TMAP_ALIGN)}[kind]
-            end = -(-end // align) * align
-            self._layout.append((end, size))
-            end += size
         self.address = ctypes.addressof(self._array)  #: the ``void**`` to hand to cuLaunchKernel
         if pointers is not None or tmaps is not None or not (names or tnames):
             self.fill(pointers or {}, tmaps or {})
@@ -175,8 +171,7 @@ class ParamPack:
 
     def arg_bytes(self, i: int) -> bytes:
         """The bytes argument ``i`` points at (what the driver will copy)."""
-        size = {"ptr": 8, "int": 4, "tmap": TMAP_BYTES}[self.kinds[i]]
-        return ctypes.string_at(self._array[i], size)
+        return ctypes.string_at(self._array[i], ARG_BYTES[self.kinds[i]])
 
     def param_buffer(self, layout: Optional[Sequence[tuple[int, int]]] = None) -> bytes:
         """The arguments as one parameter block, for launchers that take a buffer
@@ -187,12 +182,21 @@ class ParamPack:
         kernel with tensor maps by value had its first parameter at offset 48, and a block laid
         out from 0 left C unwritten at small shapes (``bench/dev_pycuda_launch.py``). Without
         it: in order, each at its natural alignment (pointers 8, ints 4, tensor maps 64)."""
-        layout = self._layout if layout is None else layout
+        layout = self.natural_layout() if layout is None else layout
         self.check_layout(layout)
         out = bytearray(max((at + size for at, size in layout), default=0))
         for i, (at, size) in enumerate(layout):
             out[at:at + size] = ctypes.string_at(self._array[i], size)
         return bytes(out)
+
+    def natural_layout(self) -> list[tuple[int, int]]:
+        """(offset, size) of each argument in order, each at its natural alignment from 0."""
+        out, end = [], 0
+        for kind in self.kinds:
+            end = -(-end // ARG_ALIGN[kind]) * ARG_ALIGN[kind]
+            out.append((end, ARG_BYTES[kind]))
+            end += ARG_BYTES[kind]
+        return out
 
     def check_layout(self, layout: Sequence[tuple[int, int]]) -> None:
         """Raise ValueError unless the kernel's parameters (``(offset, size)`` each, as the driver
@@ -201,7 +205,7 @@ class ParamPack:
         if len(layout) != len(self.kinds):
             raise ValueError(f"the kernel takes {len(layout)} parameters, the plan passes {len(self.kinds)}")
         for i, (_, size) in enumerate(layout):
-            have = {"ptr": 8, "int": 4, "tmap": TMAP_BYTES}[self.kinds[i]]
+            have = ARG_BYTES[self.kinds[i]]
             if size != have:
                 raise ValueError(f"kernel parameter {i} has {size} bytes, the plan passes a {self.kinds[i]} "
                                  f"of {have}")

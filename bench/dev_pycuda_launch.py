@@ -67,21 +67,13 @@ def main() -> int:
 
     fns = {ln.kernel: drvl.function(module, ln.kernel, ln.smem) for ln in launches}
     for ln, pack in packs():
-        fn = fns[ln.kernel]
-        infos = []
-        for i in range(len(pack)):
-            r = drv.cuFuncGetParamInfo(fn, i)
-            infos.append((int(r[1]), int(r[2])) if int(r[0]) == 0 else str(r[0]))
-        print(ln.kernel, "driver param (offset, size):", infos)
-        print(ln.kernel, "param_buffer layout:        ", pack._layout, "size", pack._param_size)
+        print(ln.kernel, "driver param (offset, size):", drvl.param_layout(fns[ln.kernel]))
+        print(ln.kernel, "natural layout:             ", pack.natural_layout())
 
     c.fill_(float("nan"))
     for ln, pack in packs():
         drvl.launcher(fns[ln.kernel], ln.grid, ln.block, ln.smem)(0, pack)
     check("driver, void**")
-
-    def driver_layout(fn, n):
-        return [(int(r[1]), int(r[2])) for r in (drv.cuFuncGetParamInfo(fn, i) for i in range(n))]
 
     for how in ("block", "aligned", "driver offsets", "driver offsets - first"):
         aligned = how == "aligned"
@@ -89,12 +81,9 @@ def main() -> int:
         for ln, pack in packs():
             blob = pack.param_buffer()
             if how.startswith("driver"):
-                lay = driver_layout(fns[ln.kernel], len(pack))
+                lay = drvl.param_layout(fns[ln.kernel])
                 shift = lay[0][0] if how.endswith("first") else 0
-                out = bytearray(lay[-1][0] + lay[-1][1] - shift)
-                for i, (at, size) in enumerate(lay):
-                    out[at - shift:at - shift + size] = pack.arg_bytes(i)
-                blob = bytes(out)
+                blob = pack.param_buffer([(at - shift, size) for at, size in lay])
             if aligned:
                 store = ctypes.create_string_buffer(len(blob) + 64)
                 base = (ctypes.addressof(store) + 63) & ~63

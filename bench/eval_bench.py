@@ -256,7 +256,7 @@ def host_microbench(n_sets: int = 4096, candidates: int = 5) -> dict[str, Any]:
         function = staticmethod(lambda module, name, smem: name)
         launcher = staticmethod(lambda fn, grid, block, smem: (lambda stream, params: None))
         launch = staticmethod(lambda *a: None)
-        param_layout = staticmethod(lambda module, name: None)  # the driver's layout: not known here
+        param_layout = staticmethod(lambda fn: None)  # the driver's layout: not known here
         capture_stream = staticmethod(lambda: None)
 
     encoded = [0]

@@ -121,7 +121,7 @@ class CandidateKernels:
         self.loader, self.plan = loader, plan
         self.module = loader.load(cubin)
         self.fns: dict[tuple[str, int], Any] = {}
-        self.layouts: dict[str, Optional[list[tuple[int, int]]]] = {}  # the driver's parameter layout per kernel
+        self.layouts: dict[tuple[str, int], Optional[list[tuple[int, int]]]] = {}  # the driver's, per function
         self.tmaps = tmaps if tmaps is not None else TmapCache()
 
     def bind(self, shape: Shape) -> tuple[Callable[[Mapping[str, int], Optional[torch.Tensor]], None], int, int]:
@@ -144,11 +144,11 @@ class CandidateKernels:
             if key not in self.fns:
                 self.fns[key] = self.loader.function(self.module, ln.kernel, ln.smem)
             pack = ParamPack(ln.args)
-            if ln.kernel not in self.layouts:
-                self.layouts[ln.kernel] = self.loader.param_layout(self.module, ln.kernel)
-            if self.layouts[ln.kernel] is not None:
+            if key not in self.layouts:
+                self.layouts[key] = self.loader.param_layout(self.fns[key])
+            if self.layouts[key] is not None:
                 try:
-                    pack.check_layout(self.layouts[ln.kernel])
+                    pack.check_layout(self.layouts[key])
                 except ValueError as exc:
                     raise PlanError(f"launch of {ln.kernel}: {exc}") from None
             tables = tuple((i, self.plan.tensor_maps[name].matrix, self.tmaps.table(self.plan.tensor_maps[name], shape), name)
@@ -488,7 +488,7 @@ class GpuHandler:
         clock("intact")
         for name, st in stats.items():
             cand = st["candidate"]
-            base_name = min(("torch.matmul NN", "torch.matmul TN"), key=lambda a_: st[a_].median)
+            base_name = _baseline(st)
             base = st[base_name]
             res["timers"][name] = {"median": cand.median, "lo": cand.lo, "hi": cand.hi, "baseline_median": base.median,
                                    "baseline_lo": base.lo, "baseline_hi": base.hi, "samples": cand.samples,
@@ -627,11 +627,15 @@ def _elite_gate(job: Mapping[str, Any], speedup: float) -> str:
     return f"skipped: speedup {speedup:.3f} below the elite threshold {float(thr):.3f}"
 
 
-def _speedup(device_stats: Mapping[str, Any]) -> float:
-    """The device timer's speedup: the faster torch.matmul layout's median over the candidate's."""
-    cand = device_stats["candidate"].median
-    base = min(device_stats["torch.matmul NN"].median, device_stats["torch.matmul TN"].median)
-    return base / cand if cand > 0 else float("inf")
+def _baseline(timer_stats: Mapping[str, Any]) -> str:
+    """The arm a timer's result is paired with: the faster torch.matmul layout (best of NN/TN)."""
+    return min(("torch.matmul NN", "torch.matmul TN"), key=lambda arm: timer_stats[arm].median)
+
+
+def _speedup(timer_stats: Mapping[str, Any]) -> float:
+    """A timer's speedup: its baseline's median over the candidate's."""
+    cand = timer_stats["candidate"].median
+    return timer_stats[_baseline(timer_stats)].median / cand if cand > 0 else float("inf")
 
 
 class _PhaseClock:

@@ -80,7 +80,7 @@ class Loader(Protocol):
     def launch(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int, stream: int, params: Params) -> None: ...
     def launcher(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int) -> Callable[[int, Params], None]: ...
     def capture_stream(self) -> Optional[int]: ...
-    def param_layout(self, module: Any, name: str) -> Optional[list[tuple[int, int]]]: ...
+    def param_layout(self, fn: Any) -> Optional[list[tuple[int, int]]]: ...
     def unload(self, module: Any) -> None: ...
     def synchronize(self) -> Optional[CudaError]: ...
 
@@ -143,10 +143,9 @@ class DriverLoader:
                 check("cuLaunchKernel", result)
         return go
 
-    def param_layout(self, module: Any, name: str) -> Optional[list[tuple[int, int]]]:
-        """Each parameter's (offset, size) in kernel ``name``'s parameter block, as the driver
-        has it (``cuFuncGetParamInfo``, CUDA 12.4+); None where the driver cannot say."""
-        fn = self.check(f"cuModuleGetFunction({name})", self.drv.cuModuleGetFunction(module, name.encode()))
+    def param_layout(self, fn: Any) -> Optional[list[tuple[int, int]]]:
+        """Each parameter's (offset, size) in the parameter block of ``fn`` (from :meth:`function`),
+        as the driver has it (``cuFuncGetParamInfo``, CUDA 12.4+); None where the driver cannot say."""
         query = getattr(self.drv, "cuFuncGetParamInfo", None)
         if query is None:  # cuda.bindings older than 12.4
             return None
@@ -232,10 +231,10 @@ class PycudaLoader:
                 fn.set_attribute(self.cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
         except self.cuda.Error as exc:
             raise self._error(f"cuModuleGetFunction({name})", exc) from None
-        return fn, self.layouts.param_layout(raw, name)
+        return fn, self.layouts.param_layout(self.layouts.function(raw, name, 0))
 
-    def param_layout(self, module: Any, name: str) -> Optional[list[tuple[int, int]]]:
-        return self.layouts.param_layout(module[1], name)
+    def param_layout(self, fn: Any) -> Optional[list[tuple[int, int]]]:
+        return fn[1]  # asked once, in function()
 
     def capture_stream(self) -> Optional[int]:
         """A new non-blocking pycuda stream's raw handle (the loader keeps the stream alive)."""

@@ -100,7 +100,7 @@ class _Loader:
             self.launched.append((fn, grid, stream, _copied(params.address, kinds)))
         return go
 
-    def param_layout(self, module, name):
+    def param_layout(self, name):  # this double's functions are their names
         sizes = {"tmap": 128, "ptr": 8, "int": 4}
         out, at = [], 0
         for kind in self.kinds[name]:
@@ -194,5 +194,5 @@ def test_bind_rejects_a_plan_whose_arguments_do_not_fit_the_kernel(monkeypatch):
                       (["A", "B", "C", "M", "N", "K", "K"], "takes 6 parameters, the plan passes 7")):
         with pytest.raises(PlanError, match=why):
             h.CandidateKernels(loader, b"", plan(args)).bind(shape)
-    loader.param_layout = lambda module, name: None  # a driver that cannot say: nothing to check
+    loader.param_layout = lambda fn: None  # a driver that cannot say: nothing to check
     h.CandidateKernels(loader, b"", plan(["A", "B", "M", "N", "K", "C"])).bind(shape)

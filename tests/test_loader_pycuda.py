@@ -98,8 +98,11 @@ class _Layouts:
         self.loaded.append(cubin)
         return f"raw:{len(self.loaded)}"
 
-    def param_layout(self, module, name):
-        return [(48, 8), (56, 4)] if name == "k" else [(0, 4)]
+    def function(self, module, name, smem):
+        return name
+
+    def param_layout(self, fn):
+        return [(48, 8), (56, 4)] if fn == "k" else [(0, 4)]
 
     def unload(self, module):
         self.unloaded.append(module)
@@ -117,6 +120,7 @@ def test_pycuda_loader_launches_the_parameter_block_on_its_streams():
     assert cuda.pushed == [0]  # the device's primary context (torch's) made pycuda's current one
     fn = loader.function(loader.load(b"cubin"), "k", 100 * 1024)
     assert fn[0].attrs == {"MAX_DYNAMIC_SHARED": 100 * 1024} and fn[1] == [(48, 8), (56, 4)]
+    assert loader.param_layout(fn) == fn[1]  # asked once, in function(): bind reuses it
     pack = ParamPack(("A", 3), {"A": 0x1000}, {})
     go = loader.launcher(fn, (4, 2, 1), (128, 1, 1), 4096)
     go(0, pack)  # torch's default stream: the legacy one, pycuda's None

@@ -15,6 +15,21 @@ PART=${1:?probe, tiny, pycuda or final}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 T0=$(date +%s)
 log() { echo "=== $(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*"; }
+tiny_throughput() {  # 200 template candidates at 64x128x64 (throughput, NVML, phases)
+  timeout 150 python3 bench/eval_bench.py --n 200 --shapes 64x128x64:TN --skip-repeatability \
+    --out "$OUT/eb_tiny" > "$OUT/eb_tiny.log" 2>&1; echo "rc=$?"; tail -n 8 "$OUT/eb_tiny.log" | cut -c1-700
+}
+worker_profile() {  # N more at 64x128x64 under cProfile (EVO_WORKER_PROFILE), top functions to $OUT/profile.txt
+  rm -rf /tmp/prof
+  EVO_WORKER_PROFILE=/tmp/prof timeout "$2" python3 bench/eval_bench.py --n "$1" --shapes 64x128x64:TN \
+    --skip-repeatability --out "$OUT/eb_prof" > "$OUT/eb_prof.log" 2>&1; echo "rc=$?"
+  tail -n 5 "$OUT/eb_prof.log" | cut -c1-500
+  python3 -c "
+import glob, pstats
+st = pstats.Stats(*sorted(glob.glob('/tmp/prof/*.prof')))
+st.sort_stats('tottime').print_stats(40)
+st.sort_stats('cumulative').print_stats(90)" > "$OUT/profile.txt" 2>&1
+}
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw,power.limit,driver_version --format=csv
 git log --oneline -1 2>/dev/null
 log "evaluator GPU tests"
@@ -22,20 +37,9 @@ timeout 150 python3 -m pytest -m gpu -q tests/test_gpu_eval.py -p no:cacheprovid
 case "$PART" in
 probe)
   log "eval_bench 200 at 64x128x64"
-  timeout 150 python3 bench/eval_bench.py --n 200 --shapes 64x128x64:TN --skip-repeatability \
-    --out "$OUT/eb_tiny" > "$OUT/eb_tiny.log" 2>&1; echo "rc=$?"; tail -n 8 "$OUT/eb_tiny.log" | cut -c1-600
+  tiny_throughput
   log "worker profile, 40 at 64x128x64"
-  rm -rf /tmp/prof
-  EVO_WORKER_PROFILE=/tmp/prof timeout 90 python3 bench/eval_bench.py --n 40 --shapes 64x128x64:TN \
-    --skip-repeatability --out "$OUT/eb_prof" > "$OUT/eb_prof.log" 2>&1; echo "rc=$?"
-  tail -n 5 "$OUT/eb_prof.log" | cut -c1-400
-  python3 - <<'PY' > "$OUT/profile.txt" 2>&1
-import glob, pstats
-files = sorted(glob.glob("/tmp/prof/*.prof"))
-st = pstats.Stats(*files)
-st.sort_stats("tottime").print_stats(30)
-st.sort_stats("cumulative").print_stats(60)
-PY
+  worker_profile 40 90
   head -n 60 "$OUT/profile.txt" | cut -c1-200
   log "repeatability configs at 4096^3"
   left=$(( 590 - ($(date +%s) - T0) ))
@@ -46,18 +50,9 @@ PY
   ;;
 tiny)
   log "eval_bench 200 at 64x128x64 (host timers for would-be elites, as in a run)"
-  timeout 150 python3 bench/eval_bench.py --n 200 --shapes 64x128x64:TN --skip-repeatability \
-    --out "$OUT/eb_tiny" > "$OUT/eb_tiny.log" 2>&1; echo "rc=$?"; tail -n 8 "$OUT/eb_tiny.log" | cut -c1-700
+  tiny_throughput
   log "worker profile, 60 at 64x128x64"
-  rm -rf /tmp/prof
-  EVO_WORKER_PROFILE=/tmp/prof timeout 100 python3 bench/eval_bench.py --n 60 --shapes 64x128x64:TN \
-    --skip-repeatability --out "$OUT/eb_prof" > "$OUT/eb_prof.log" 2>&1; echo "rc=$?"
-  tail -n 5 "$OUT/eb_prof.log" | cut -c1-500
-  python3 -c "
-import glob, pstats
-st = pstats.Stats(*sorted(glob.glob('/tmp/prof/*.prof')))
-st.sort_stats('tottime').print_stats(40)
-st.sort_stats('cumulative').print_stats(90)" > "$OUT/profile.txt" 2>&1
+  worker_profile 60 100
   ;;
 pycuda)  # carry .carry_pycuda (the wheel bench/device_pycuda_build.sh built, and its dependencies)
   mkdir -p /tmp/site

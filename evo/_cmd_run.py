@@ -89,21 +89,20 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 def make_pool(pool: PoolConfig) -> Any:
     """The evaluator pool: ``local`` is evaluators.LocalPool (evaluators.RayPool when ``pool.ray``
     names a cluster); ``module:factory`` is a test double."""
+    common = {"gpus": pool.gpus or None, "compile_workers": pool.compile_workers,
+              "max_in_flight": pool.max_inflight or None, "arch": None if pool.arch == "auto" else pool.arch,
+              "worker_options": {"loader": pool.loader}}
     if pool.ray and pool.kind == "local":
         from evaluators import RayPool, RayUnavailable
 
         try:
-            return RayPool(gpus=pool.gpus or None, compile_workers=pool.compile_workers, address=pool.ray,
-                           max_in_flight=pool.max_inflight or None, arch=None if pool.arch == "auto" else pool.arch,
-                           worker_options={"loader": pool.loader})
+            return RayPool(address=pool.ray, **common)
         except RayUnavailable as exc:
             raise ConfigError(f"--ray {pool.ray}: {exc}") from None
     if pool.kind == "local":
         from evaluators import LocalPool  # imported here, not at start-up: it may pull in CUDA bindings
 
-        return LocalPool(gpus=pool.gpus or None, compile_workers=pool.compile_workers,
-                         max_in_flight=pool.max_inflight or None, arch=None if pool.arch == "auto" else pool.arch,
-                         worker_options={"loader": pool.loader})
+        return LocalPool(**common)
     module, _, attr = pool.kind.partition(":")
     if not module or not attr:
         raise ConfigError(f"pool.kind: 'local' (or a test-only module:factory), got {pool.kind!r}")

@@ -610,18 +610,27 @@ def test_harness_timing_step_flags_a_per_set_memo(monkeypatch):
     assert res["status"] == "flagged" and "outputs after timing" in res["message"]
 
 
+def _asked_device_timer(monkeypatch, h, pick):
+    """Wrap the harness's device timer: ``pick(kwargs)`` of every call (None: not kept) goes
+    into the list returned."""
+    asked = []
+    timer = h.device_timer
+
+    def recording(arms, **kw):
+        got = pick(kw)
+        if got is not None:
+            asked.append(got)
+        return timer(arms, **kw)
+    monkeypatch.setattr(h, "device_timer", recording)
+    return asked
+
+
 @needs_torch
 def test_precise_preset_gives_the_device_timer_more_replays_over_fresh_rotations(monkeypatch):
     from evaluators import PRECISE_JOB
 
     h, handler = _cpu_harness(monkeypatch)
-    asked = []
-    timer = h.device_timer
-
-    def recording(arms, **kw):
-        asked.append({k: kw.get(k) for k in ("budget_s", "max_rounds", "rounds")})
-        return timer(arms, **kw)
-    monkeypatch.setattr(h, "device_timer", recording)
+    asked = _asked_device_timer(monkeypatch, h, lambda kw: {k: kw.get(k) for k in ("budget_s", "max_rounds", "rounds")})
     shape = Shape(40, 24, 32, "TN")
     quick = _timed(h, handler, shape, _honest("TN"))
     assert asked == [{"budget_s": h.DEVICE_BUDGET_S, "max_rounds": h.DEVICE_MAX_ROUNDS, "rounds": None},
@@ -654,14 +663,8 @@ def test_host_timers_run_only_for_candidates_that_can_become_elites(monkeypatch)
 @needs_torch
 def test_clock_settling_runs_only_after_the_worker_was_idle(monkeypatch):
     h, handler = _cpu_harness(monkeypatch)
-    asked = []
-    timer = h.device_timer
-
-    def recording(arms, **kw):
-        if "clock" in kw:  # the main device timing (the memo pass replays without settling)
-            asked.append((kw["settle_s"], kw["clock"]))
-        return timer(arms, **kw)
-    monkeypatch.setattr(h, "device_timer", recording)
+    # the main device timing only (the memo pass replays without settling)
+    asked = _asked_device_timer(monkeypatch, h, lambda kw: (kw["settle_s"], kw["clock"]) if "clock" in kw else None)
     monkeypatch.setattr(h, "IDLE_S", 30.0)  # "idle" well beyond what a slow CI machine takes between calls
     shape = Shape(40, 24, 32, "TN")
     res = _timed(h, handler, shape, _honest("TN"))  # the worker's first job: settle

@@ -18,6 +18,7 @@ COMMANDS = {
     "eval": "evo._cmd_eval",
     "inspect": "evo._cmd_inspect",
     "export": "evo._cmd_export",
+    "shapes": "evo._cmd_shapes",
     "report": "evo._cmd_report",
     "propose": "evo._cmd_propose",
     "rl": "evo._cmd_rl",

@@ -14,6 +14,12 @@ Export (:func:`export`) takes per shape the best non-flagged ``ok`` candidate
   ``evo_hgemm`` (TN) and ``evo_hgemm_nn`` (NN), which return -1 for a shape not exported;
 - ``libevo_hgemm.so`` (nvcc ``-shared``) and ``manifest.json``.
 
+Never slower than cuBLAS: a shape whose best kernel did not beat cuBLAS in GPU time (median
+device-timer speedup <= 1.0), or that has no exportable kernel, is not given a launcher; the
+dispatchers return -1 for it and every caller (the loader, the torch ops) runs cuBLAS there. The
+manifest's ``paths`` says which path each shape of the archive takes and why
+(:func:`choose_path`).
+
 Everything is built in a temporary directory beside ``--out`` and renamed into place at the end:
 a failure leaves nothing half-written. A kernel unit nvcc refuses is left out of the library
 (listed under ``skipped`` with nvcc's error, the dispatchers do not know its shape); the export
@@ -56,7 +62,7 @@ from typing import Any, Iterator, Optional, Union
 
 from populations import Archive, Candidate, Elite, PlanError, Shape
 
-__all__ = ["ExportError", "export", "load_library", "evo_hgemm", "EvoLibrary", "staged_dir", "MANIFEST_FORMAT", "LIBRARY"]
+__all__ = ["ExportError", "export", "choose_path", "load_library", "evo_hgemm", "EvoLibrary", "staged_dir", "MANIFEST_FORMAT", "LIBRARY"]
 
 MANIFEST_FORMAT = "evo-export/1"
 LIBRARY = "libevo_hgemm.so"
@@ -102,6 +108,27 @@ def _pick(archive: Archive, shape: Shape, arch: str) -> tuple[Optional[Elite], s
         else:
             return e, ""
     return None, "; ".join(reasons[:3])
+
+
+def choose_path(elite: Optional[Elite], why: str = "", *, keep_slower: bool = False) -> tuple[str, str]:
+    """Which path a shape takes in the export, ``("evolved" | "cublas", why)``.
+
+    The library must never be slower than cuBLAS: a shape goes to its evolved kernel only when
+    that kernel beat cuBLAS in GPU time, i.e. its fitness (the median device-timer speedup over
+    cuBLAS of its ok, unflagged measurements) is above 1.0. Otherwise, or with no exportable
+    kernel (``why`` says why not), the shape is left to cuBLAS: the dispatchers do not know it
+    and the loader's op sends it to torch.matmul. ``keep_slower`` exports the best kernel whatever
+    its speed (for benchmarking kernels, not for users)."""
+    if elite is None:
+        return "cublas", f"no exportable kernel ({why})" if why else "no exportable kernel"
+    speed = elite.fitness
+    n = len(elite.evaluations)
+    measured = f"{speed:.3f}x of cuBLAS in GPU time (median device speedup of {n} measurement{'s' * (n != 1)})"
+    if keep_slower:
+        return "evolved", f"{elite.candidate_id}: {measured}; kept by keep_slower"
+    if speed is None or not speed > 1.0:
+        return "cublas", f"best kernel {elite.candidate_id} is not faster than cuBLAS: {measured}"
+    return "evolved", f"{elite.candidate_id}: {measured}"
 
 
 def _tmap_geometry(spec: Any, shape: Shape) -> tuple[tuple[int, int], int, tuple[int, int]]:
@@ -347,28 +374,33 @@ def _link(tmp: Path, units: list[str], gencode: str) -> None:
 
 
 def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], arch: str = "sm_90a",
-           *, jobs: Optional[int] = None) -> dict[str, Any]:
+           *, jobs: Optional[int] = None, keep_slower: bool = False) -> dict[str, Any]:
     """Build the library at ``out`` (which must not exist, or be an earlier export); returns the manifest.
 
-    A kernel nvcc refuses is left out (``skipped`` in the manifest, with nvcc's error) and the
-    others are exported; when every kernel fails, or the launchers do not build, nothing is."""
+    A shape whose best kernel is not faster than cuBLAS in GPU time is left to cuBLAS
+    (:func:`choose_path`; ``keep_slower`` exports it anyway). A kernel nvcc refuses is left out
+    too, with nvcc's error, and the others are exported; when every kernel fails, or the
+    launchers do not build, nothing is. The manifest's ``paths`` says, for every shape of the
+    archive, which path it takes (``evolved`` or ``cublas``) and why; ``skipped`` lists the
+    shapes without an exported kernel, with the reason."""
     gencode = _gencode(arch)
     out = Path(out).resolve()
     if out.exists() and not (out / "manifest.json").is_file():
         raise ExportError(f"{out} exists and is not an evo export; refusing to overwrite it")
     archive = Archive(archive_path, "r")  # ArchiveError propagates: the caller reports it
-    exported: list[tuple[Shape, Elite, list[str]]] = []
+    exported: list[tuple[Shape, Elite, list[str], str]] = []
     skipped: list[dict[str, str]] = []
     for shape in archive.shapes():
         elite, why = _pick(archive, shape, arch)
-        if elite is None:
+        path, why = choose_path(elite, why, keep_slower=keep_slower)
+        if path == "cublas" or elite is None:
             skipped.append({"shape": str(shape), "reason": why})
             continue
-        exported.append((shape, elite, list(elite.candidate.plan.kernel_names)))  # type: ignore[union-attr]
+        exported.append((shape, elite, list(elite.candidate.plan.kernel_names), why))  # type: ignore[union-attr]
     with staged_dir(out) as tmp:
         (tmp / "src").mkdir()
         built: list[tuple[Shape, str, str, dict[str, Any]]] = []  # (shape, unit file, launcher code, entry)
-        for shape, elite, kernels in exported:
+        for shape, elite, kernels, why in exported:
             cand = elite.candidate
             assert cand is not None
             try:
@@ -378,20 +410,23 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
                 continue
             unit = _kernel_unit(shape, cand, kernels)
             (tmp / "src" / f"k_{shape.key}.cu").write_text(unit)
-            built.append((shape, f"k_{shape.key}.cu", code, _entry(shape, elite, unit, workspace, arch)))
+            built.append((shape, f"k_{shape.key}.cu", code, {**_entry(shape, elite, unit, workspace, arch), "why": why}))
         failed = _compile_units(tmp, [b[1] for b in built], gencode, jobs)
         if failed and len(failed) == len(built):
             raise ExportError(next(iter(failed.values())))
         skipped += [{"shape": str(b[0]), "reason": f"{b[3]['candidate']}: {failed[b[1]]}"} for b in built if b[1] in failed]
         built = [b for b in built if b[1] not in failed]
         entries = [b[3] for b in built]
+        paths = {s["shape"]: {"path": "cublas", "why": s["reason"]} for s in skipped}
+        paths.update({e["shape"]: {"path": "evolved", "why": e["why"]} for e in entries})
         tn = [b[0] for b in built if b[0].layout == "TN"]
         nn = [b[0] for b in built if b[0].layout == "NN"]
         launchers = [_PRELUDE, *[b[2] for b in built], _dispatcher("evo_hgemm", tn), _dispatcher("evo_hgemm_nn", nn)]
         (tmp / "src" / "launchers.cu").write_text("\n".join(launchers))
         _link(tmp, [b[1] for b in built], gencode)
         manifest = {"format": MANIFEST_FORMAT, "arch": arch, "library": LIBRARY, "evo": _evo_version(),
-                    "archive": archive.path, "kernels": entries, "skipped": skipped,
+                    "archive": archive.path, "kernels": entries, "skipped": skipped, "paths": paths,
+                    "fallback": "every shape not in kernels is cuBLAS's (torch.matmul): the dispatchers return -1",
                     "abi": "int evo_hgemm(const void* A, const void* B, void* C, int M, int N, int K, "
                            "void* workspace, cudaStream_t stream); evo_hgemm_nn for NN; 0 = ok, -1 = unknown shape"}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))

@@ -1,0 +1,128 @@
+"""``evo.torch.patch(model, library)``: a model's ``nn.Linear`` layers through evo's kernels.
+
+A module is patched when it is a plain ``nn.Linear`` (its class's forward is
+``nn.Linear.forward`` and nothing, e.g. an accelerate hook, has replaced its forward), its
+weight is fp16, and the library has an exported kernel for its (out_features, in_features) at
+some token count M (the TN layout: ``x @ W^T``). Its forward becomes
+``torch.ops.evo_native.linear(x, weight, bias)``: per call, the exported kernel where
+(M = x.numel() / in_features, N, K) is exactly an exported shape and the inputs qualify (CUDA,
+fp16, contiguous, 16-byte aligned, no gradients needed), the bias added after; cuBLAS
+(``F.linear``) for every other call. Patching is an instance attribute, so :func:`unpatch`
+(or leaving :func:`patched`) restores the class's forward exactly.
+
+The operator's table is process-wide: patching with a library registers that library's kernels
+(:func:`evo.torch.register`), replacing another library's.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import types
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Union
+
+__all__ = ["PatchReport", "coverage", "patch", "unpatch", "patched"]
+
+_MARK = "_evo_patched"
+
+
+@dataclass
+class PatchReport:
+    """What :func:`patch` did: ``patched`` (module name, N, K, the token counts M the library
+    has for it), ``skipped`` (module name, why) for every other ``nn.Linear``, and ``note``
+    (why calls will all fall back, when the library is not usable here)."""
+
+    patched: list[tuple[str, int, int, tuple[int, ...]]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    note: str = ""
+
+    def __str__(self) -> str:
+        lines = [f"evo.torch.patch: {len(self.patched)} nn.Linear patched, {len(self.skipped)} left to cuBLAS"]
+        if self.note:
+            lines.append(f"  note: {self.note}")
+        lines += [f"  patched {name}: N={n} K={k} for M in {list(ms)}" for name, n, k, ms in self.patched]
+        lines += [f"  skipped {name}: {why}" for name, why in self.skipped]
+        return "\n".join(lines)
+
+
+def coverage(library: Any) -> dict[tuple[int, int], tuple[int, ...]]:
+    """(N, K) -> the token counts M with an exported TN kernel, from ``library.kernels``."""
+    out: dict[tuple[int, int], list[int]] = {}
+    for m, n, k, layout in library.kernels:
+        if layout == "TN":
+            out.setdefault((n, k), []).append(m)
+    return {nk: tuple(sorted(ms)) for nk, ms in out.items()}
+
+
+def _forward(self: Any, x: Any) -> Any:
+    import torch
+
+    return torch.ops.evo_native.linear.default(x, self.weight, self.bias)
+
+
+def _why_not(mod: Any, cover: dict[tuple[int, int], tuple[int, ...]]) -> str:
+    import torch
+
+    if getattr(mod, _MARK, False):
+        return "already patched"
+    if type(mod).forward is not torch.nn.Linear.forward:
+        return f"{type(mod).__name__} has its own forward"
+    if "forward" in vars(mod):
+        return "its forward was already replaced (a hook?)"
+    if mod.weight.dtype != torch.float16:
+        return f"weight is {str(mod.weight.dtype).removeprefix('torch.')}, not float16"
+    if (mod.out_features, mod.in_features) not in cover:
+        return f"no exported kernel for N={mod.out_features} K={mod.in_features}"
+    return ""
+
+
+def patch(model: Any, library: Union[Any, str, os.PathLike]) -> PatchReport:
+    """Patch ``model``'s covered ``nn.Linear`` modules (see the module doc); returns the report.
+
+    ``library`` is an :class:`evo._export.EvoLibrary` or the path of an export."""
+    import torch
+
+    from ._ops import load_ops, register
+
+    if isinstance(library, (str, os.PathLike)):
+        from .._export import load_library
+
+        library = load_library(library)
+    load_ops()
+    register(library)
+    cover = coverage(library)
+    report = PatchReport()
+    if not getattr(library, "active", False):
+        report.note = f"library not usable here ({getattr(library, 'reason', '')}): every call runs cuBLAS"
+    for name, mod in model.named_modules():
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        why = _why_not(mod, cover)
+        if why:
+            report.skipped.append((name, why))
+            continue
+        mod.forward = types.MethodType(_forward, mod)
+        setattr(mod, _MARK, True)
+        report.patched.append((name, mod.out_features, mod.in_features, cover[mod.out_features, mod.in_features]))
+    return report
+
+
+def unpatch(model: Any) -> int:
+    """Restore every module :func:`patch` patched in ``model``; returns how many."""
+    count = 0
+    for mod in model.modules():
+        if getattr(mod, _MARK, False):
+            del mod.forward
+            delattr(mod, _MARK)
+            count += 1
+    return count
+
+
+@contextlib.contextmanager
+def patched(model: Any, library: Union[Any, str, os.PathLike]) -> Iterator[PatchReport]:
+    """``with patched(model, lib) as report:`` the model runs patched inside, unpatched after."""
+    report = patch(model, library)
+    try:
+        yield report
+    finally:
+        unpatch(model)

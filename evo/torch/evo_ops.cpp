@@ -1,0 +1,208 @@
+// evo's native torch operators (built by evo.torch.build_ops with the user's C++ compiler).
+//
+//   torch.ops.evo_native.mm(a, b)              a @ b
+//   torch.ops.evo_native.linear(x, w, bias)    F.linear(x, w, bias)
+//
+// Exact-shape dispatch: a CUDA call whose (M, N, K, layout) is in the table that
+// evo.torch.register fills from an exported library (the C launchers of `evo export`, by
+// address) runs that launcher on torch's current stream; every other call (another shape,
+// dtype, layout, device, a view that is not 16-byte aligned, a call that needs gradients) is
+// at::matmul / at::linear, i.e. cuBLAS on the GPU. The Meta kernel (torch.compile's fake
+// tensors, shape inference) is the same fallback, so the traced result is exactly what
+// at::matmul / at::linear would give. C is allocated by torch's caching allocator, as is the
+// workspace, so the op is safe inside CUDA graphs.
+//
+// Built without EVO_WITH_CUDA (a CPU-only torch), the CUDA kernel is absent and every call
+// is the fallback; evo_native::has_cuda() says which build this is.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <unordered_map>
+
+#ifdef EVO_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace {
+
+// int evo_hgemm_<key>(A, B, C, M, N, K, workspace, stream), as evo export writes it.
+using Launcher = int (*)(const void*, const void*, void*, int, int, int, void*, void*);
+
+struct Kernel {
+  Launcher fn;
+  int64_t workspace;
+};
+
+inline uint64_t key_of(int64_t m, int64_t n, int64_t k, bool tn) {
+  // M, N, K below 2^21 each (checked at registration): one 64-bit key.
+  return (uint64_t(m) << 43) | (uint64_t(n) << 22) | (uint64_t(k) << 1) | uint64_t(tn);
+}
+
+std::mutex table_mutex;
+std::unordered_map<uint64_t, Kernel> table;
+
+void register_kernel(int64_t m, int64_t n, int64_t k, const std::string& layout, int64_t address,
+                     int64_t workspace) {
+  TORCH_CHECK(layout == "TN" || layout == "NN", "evo_native: layout must be TN or NN, got ", layout);
+  TORCH_CHECK(m > 0 && n > 0 && k > 0 && m < (1 << 21) && n < (1 << 21) && k < (1 << 21),
+              "evo_native: shape out of range");
+  TORCH_CHECK(address != 0 && workspace >= 0, "evo_native: bad launcher");
+  std::lock_guard<std::mutex> g(table_mutex);
+  table[key_of(m, n, k, layout == "TN")] = Kernel{reinterpret_cast<Launcher>(address), workspace};
+}
+
+void clear_kernels() {
+  std::lock_guard<std::mutex> g(table_mutex);
+  table.clear();
+}
+
+int64_t kernel_count() {
+  std::lock_guard<std::mutex> g(table_mutex);
+  return int64_t(table.size());
+}
+
+bool has_cuda() {
+#ifdef EVO_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Row-major contiguity of a (rows x cols) matrix, ignoring the strides of size-1 dimensions.
+inline bool row_major(int64_t rows, int64_t cols, int64_t s_row, int64_t s_col) {
+  return (cols == 1 || s_col == 1) && (rows == 1 || s_row == cols);
+}
+
+at::Tensor mm_fallback(const at::Tensor& a, const at::Tensor& b) { return at::matmul(a, b); }
+
+at::Tensor linear_fallback(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  return at::linear(x, w, bias);
+}
+
+#ifdef EVO_WITH_CUDA
+// The launcher for C (m x n) = A (m x k) . B where B is w^T (TN) or a (k x n) matrix (NN), or
+// nothing when the table has no kernel for it
+// (a copy: the table may be refilled by another thread while the kernel runs).
+std::optional<Kernel> find(int64_t m, int64_t n, int64_t k, bool tn) {
+  std::lock_guard<std::mutex> g(table_mutex);
+  auto it = table.find(key_of(m, n, k, tn));
+  if (it == table.end()) return std::nullopt;
+  return it->second;
+}
+
+inline bool half_cuda(const at::Tensor& t, const at::Device& dev) {
+  return t.scalar_type() == at::kHalf && t.device() == dev &&
+         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+void launch(const Kernel& kn, const at::Tensor& a, const at::Tensor& b, at::Tensor& c, int64_t m, int64_t n,
+            int64_t k) {
+  c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor ws;
+  if (kn.workspace) ws = at::empty({kn.workspace}, a.options().dtype(at::kByte));
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
+  int rc = kn.fn(a.data_ptr(), b.data_ptr(), c.data_ptr(), int(m), int(n), int(k),
+                  kn.workspace ? ws.data_ptr() : nullptr, reinterpret_cast<void*>(stream));
+  TORCH_CHECK(rc == 0, "evo_native: the exported kernel for ", m, "x", n, "x", k, " failed with code ", rc);
+}
+
+at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
+  if (a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && half_cuda(a, a.device()) &&
+      half_cuda(b, a.device()) && row_major(a.size(0), a.size(1), a.stride(0), a.stride(1))) {
+    const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+    std::optional<Kernel> kn;
+    if (row_major(n, k, b.stride(1), b.stride(0))) kn = find(m, n, k, true);  // b = w^T, w (n x k) row-major
+    if (!kn && row_major(k, n, b.stride(0), b.stride(1))) kn = find(m, n, k, false);
+    if (kn) {
+      at::Tensor c = at::empty({m, n}, a.options());
+      launch(*kn, a, b, c, m, n, k);
+      return c;
+    }
+  }
+  return mm_fallback(a, b);
+}
+
+at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  if (x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1) && x.numel() > 0 && x.is_contiguous() &&
+      half_cuda(x, x.device()) && half_cuda(w, x.device()) && row_major(w.size(0), w.size(1), w.stride(0), w.stride(1))) {
+    const int64_t k = w.size(1), n = w.size(0), m = x.numel() / k;
+    if (std::optional<Kernel> kn = find(m, n, k, true)) {
+      std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+      out_shape.back() = n;
+      at::Tensor c = at::empty(out_shape, x.options());
+      launch(*kn, x, w, c, m, n, k);
+      if (bias.has_value() && bias->defined()) c.add_(*bias);  // bias after the GEMM, as nn.Linear adds it
+      return c;
+    }
+  }
+  return linear_fallback(x, w, bias);
+}
+#endif
+
+// Autograd: a call that needs gradients is at::matmul / at::linear (differentiable, cuBLAS);
+// otherwise the call goes below autograd to the CPU / CUDA / Meta kernel.
+bool wants_grad(std::initializer_list<const at::Tensor*> ts) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : ts)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+at::Tensor mm_autograd(const at::Tensor& a, const at::Tensor& b) {
+  if (wants_grad({&a, &b})) return at::matmul(a, b);
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("evo_native::mm", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(a, b);
+}
+
+at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  at::Tensor none;
+  if (wants_grad({&x, &w, bias.has_value() ? &*bias : &none})) return at::linear(x, w, bias);
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("evo_native::linear", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&)>();
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(x, w, bias);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(evo_native, m) {
+  m.def("mm(Tensor a, Tensor b) -> Tensor");
+  m.def("linear(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
+  m.def("register_kernel(int m, int n, int k, str layout, int address, int workspace) -> ()", &register_kernel);
+  m.def("clear_kernels() -> ()", &clear_kernels);
+  m.def("kernel_count() -> int", &kernel_count);
+  m.def("has_cuda() -> bool", &has_cuda);
+}
+
+TORCH_LIBRARY_IMPL(evo_native, CPU, m) {
+  m.impl("mm", &mm_fallback);
+  m.impl("linear", &linear_fallback);
+}
+
+TORCH_LIBRARY_IMPL(evo_native, Meta, m) {
+  m.impl("mm", &mm_fallback);
+  m.impl("linear", &linear_fallback);
+}
+
+#ifdef EVO_WITH_CUDA
+TORCH_LIBRARY_IMPL(evo_native, CUDA, m) {
+  m.impl("mm", &mm_cuda);
+  m.impl("linear", &linear_cuda);
+}
+#endif
+
+TORCH_LIBRARY_IMPL(evo_native, Autograd, m) {
+  m.impl("mm", &mm_autograd);
+  m.impl("linear", &linear_autograd);
+}

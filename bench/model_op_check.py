@@ -1,0 +1,188 @@
+"""Device check of the native torch operators (evo.torch) over a small exported library.
+
+    python bench/model_op_check.py --archive DIR --out OUT [--reps 300]
+
+Steps, in one process: build and load ``torch.ops.evo_native`` (cached C++ build with the
+compiler here), export the archive twice over one library (``keep_slower``: every shape's best
+kernel, for timing the evolved path; the decision ``evo export`` would take by default,
+:func:`evo._export.choose_path`, is printed beside it), then per shape
+
+- correctness of ``evo_native.mm`` and ``evo_native.linear`` (with bias) against an fp32
+  reference, eager, replayed from a CUDA graph, and compiled (``torch.compile``, inductor,
+  fullgraph);
+- host-inclusive time per call (``offline``: synchronize, one call, synchronize; the median over
+  ``--reps`` calls, operands rotated over sets larger than 2x L2) and back-to-back time per call
+  (``pipelined``: 50 calls queued, then one synchronize; what eager decode pays per GEMM),
+  arms interleaved in random order: ``torch.matmul(a, w.t())``, ``F.linear``, the native op on
+  the evolved path (``op_mm``, ``op_linear``), the native op falling back to cuBLAS
+  (``op_fallback``: the shape not in its table) and the older ctypes custom op
+  ``torch.ops.evo.hgemm`` (``ctypes_op``).
+
+Writes ``op_check.json`` and prints a table. Exit 1 when a correctness check fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+L2_BYTES = 60 * 2**20
+
+
+def _sets(nbytes: int) -> int:
+    return max(2, min(64, -(-2 * L2_BYTES // max(nbytes, 1)) + 1))
+
+
+def _offline(fn: Callable[[int], Any], n_sets: int, reps: int) -> float:
+    import torch
+
+    times = []
+    for i in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(i % n_sets)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _pipelined(fn: Callable[[int], Any], n_sets: int, reps: int) -> float:
+    import torch
+
+    out = []
+    for r in range(max(3, reps // 50)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(50):
+            fn(i % n_sets)
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) / 50)
+    return statistics.median(out)
+
+
+def check_shape(key: tuple[int, int, int, str], lib: Any, reps: int, compile_check: bool) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    from evo.torch._ops import register
+
+    m, n, k, layout = key
+    ops = torch.ops.evo_native
+    res: dict[str, Any] = {"shape": f"{m}x{n}x{k}:{layout}"}
+    n_sets = _sets(2 * (m * k + n * k + m * n))
+    A = [torch.randn(m, k, device="cuda", dtype=torch.half) for _ in range(n_sets)]
+    W = [torch.randn(n, k, device="cuda", dtype=torch.half) for _ in range(n_sets)]
+    bias = torch.randn(n, device="cuda", dtype=torch.half)
+    res["sets"] = n_sets
+    ref = torch.matmul(A[0].float(), W[0].t().float())
+    tol = 1e-2 * ref.abs().max().item() + 1e-2
+    err = lambda got: (got.float() - ref).abs().max().item()  # noqa: E731
+    checks = {"mm": err(ops.mm(A[0], W[0].t())), "linear_bias": err(ops.linear(A[0], W[0], bias) - bias)}
+    static = torch.empty(m, n, device="cuda", dtype=torch.half)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static.copy_(ops.linear(A[0], W[0], None))
+    static.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    checks["cuda_graph"] = err(static)
+    if compile_check:
+        f = torch.compile(lambda x, w: ops.linear(x, w, None) * 1.0, fullgraph=True)
+        checks["compiled"] = err(f(A[0], W[0]))
+    res["max_error"] = checks
+    res["tolerance"] = tol
+    res["correct"] = all(v <= tol for v in checks.values())
+    arms: dict[str, Callable[[int], Any]] = {
+        "torch_matmul": lambda i: torch.matmul(A[i], W[i].t()),
+        "F_linear": lambda i: F.linear(A[i], W[i]),
+        "op_mm": lambda i: ops.mm(A[i], W[i].t()),
+        "op_linear": lambda i: ops.linear(A[i], W[i], None),
+        "ctypes_op": lambda i: torch.ops.evo.hgemm(A[i], W[i].t()),
+    }
+    offline: dict[str, list[float]] = {a: [] for a in [*arms, "op_fallback"]}
+    piped: dict[str, list[float]] = {a: [] for a in offline}
+    for fn in arms.values():  # warm-up (first launches set smem attributes, load modules)
+        fn(0)
+    rounds = 5
+    for _ in range(rounds):
+        names = list(offline)
+        random.shuffle(names)
+        for name in names:
+            if name == "op_fallback":
+                ops.clear_kernels()
+                fn = arms["op_linear"]
+            else:
+                fn = arms[name]
+            offline[name].append(_offline(fn, n_sets, reps // rounds))
+            piped[name].append(_pipelined(fn, n_sets, reps // rounds))
+            if name == "op_fallback":
+                register(lib)
+    res["offline_us"] = {a: statistics.median(v) * 1e6 for a, v in offline.items()}
+    res["pipelined_us"] = {a: statistics.median(v) * 1e6 for a, v in piped.items()}
+    base = res["offline_us"]["torch_matmul"]
+    res["offline_vs_matmul"] = {a: base / v for a, v in res["offline_us"].items()}
+    base = res["pipelined_us"]["torch_matmul"]
+    res["pipelined_vs_matmul"] = {a: base / v for a, v in res["pipelined_us"].items()}
+    return res
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--archive", type=Path, required=True)
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    p.add_argument("--work", type=Path, default=Path("/tmp/evo_op_check"))
+    p.add_argument("--reps", type=int, default=300)
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile check")
+    args = p.parse_args()
+    import torch
+
+    from evo._export import _pick, choose_path, export, load_library
+    from evo.torch._ops import load_ops, register
+    from populations import Archive
+
+    t0 = time.monotonic()
+    so = load_ops()
+    print(f"native ops: {so} (has_cuda={torch.ops.evo_native.has_cuda()}) in {time.monotonic() - t0:.1f} s", flush=True)
+    t0 = time.monotonic()
+    manifest = export(args.archive, args.work / "lib", keep_slower=True)
+    print(f"exported {len(manifest['kernels'])} kernels (keep_slower) in {time.monotonic() - t0:.1f} s", flush=True)
+    archive = Archive(args.archive, "r")
+    decisions = {}
+    for shape in archive.shapes():
+        decisions[str(shape)] = choose_path(*_pick(archive, shape, manifest["arch"]))
+        print(f"  default export: {shape}: {decisions[str(shape)][0]} ({decisions[str(shape)][1]})", flush=True)
+    lib = load_library(args.work / "lib")
+    if not lib.active:
+        print(f"library not usable here: {lib.reason}")
+        return 1
+    print(f"registered {register(lib)} kernels", flush=True)
+    results = []
+    tn = [k for k in lib.kernels if k[3] == "TN"]  # nn.Linear's layout: what the op and the patcher serve
+    for i, key in enumerate(sorted(tn, key=lambda k: (k[0] * k[1] * k[2], k))):
+        t0 = time.monotonic()
+        r = check_shape(key, lib, args.reps, compile_check=not args.no_compile and i < 2)
+        r["default_path"] = decisions.get(f"{key[0]}x{key[1]}x{key[2]}:{key[3]}:f32", ("?", ""))
+        r["kernel_device_speedup"] = lib.kernels[key]["fitness"]
+        results.append(r)
+        o, q = r["offline_us"], r["pipelined_us"]
+        print(f"{r['shape']:>20} ok={r['correct']} dev={r['kernel_device_speedup']:.3f}x  offline us: "
+              + " ".join(f"{a}={v:.1f}" for a, v in o.items()) + "  | pipelined us: "
+              + " ".join(f"{a}={v:.1f}" for a, v in q.items()) + f"  ({time.monotonic() - t0:.0f} s)", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    doc = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(),
+           "reps": args.reps, "shapes": results}
+    (args.out / "op_check.json").write_text(json.dumps(doc, indent=1))
+    return 0 if all(r["correct"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

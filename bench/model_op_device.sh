@@ -22,12 +22,12 @@ python3 -c 'import time; t=time.time(); from evo.torch._ops import load_ops; pri
 BUILD=$!
 printf 'M,N,K\n1,4096,4096\n8,4096,4096\n1,14336,4096\n1,576,576\n64,1536,576\n512,4096,4096\n' > "$W/shapes.csv"
 step "seeds: seed_bench over 6 LLM-layer shapes"
-timeout 120 python3 bench/seed_bench.py --grid "$W/shapes.csv" --n 6 --picks 1 --budget-s 45 \
+timeout 90 python3 bench/seed_bench.py --grid "$W/shapes.csv" --n 6 --picks 1 --budget-s 40 \
   --archive "$W/seeds" --out "$W/seed" 2>&1 | tee -a "$LOG" | tail -12
 step "wait for the build"
 wait "$BUILD"; cat "$W/build.log" | tail -5 | tee -a "$LOG"
 step "op check"
-timeout 240 python3 bench/model_op_check.py --archive "$W/seeds" --out "$OUT" --work "$W/work" 2>&1 | tee -a "$LOG"
+timeout 130 python3 bench/model_op_check.py --archive "$W/seeds" --out "$OUT" --work "$W/work" 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 step "op check exit $rc"
 tar -czf "$OUT/seeds.tgz" -C "$W" seeds seed 2>/dev/null

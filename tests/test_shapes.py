@@ -157,6 +157,10 @@ def test_cli_csv_toml_and_failures(tmp_path: Path, capsys: pytest.CaptureFixture
     shapes = [Shape.parse(s) for s in data["shapes"]]
     assert data["archive"] == "runs/llama" and len(shapes) == len(set(shapes)) == 5  # q and o share 1x4096x4096, k and v, gate and up too
     assert Shape(1, 1024, 4096) in shapes and Shape(1, 128256, 4096) in shapes
+    from evo._config import load_config as load_run_config, merge
+
+    run_cfg = merge(load_run_config(toml_path), {})  # what evo run --config makes of it
+    assert list(run_cfg.shapes) == shapes and Path(run_cfg.archive) == tmp_path / "runs" / "llama"
     assert main(["shapes", str(CONFIGS / "gpt2"), "--json", "--tokens", "1"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc[0]["shape"] == "1x2304x768:NN:f32" and doc[-1]["layer"] == "lm_head"

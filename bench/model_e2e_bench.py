@@ -118,6 +118,7 @@ class Runner:
         self.ids = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
         self.logits: Any = None
+        self.graph_error = ""
 
     def _forward(self, ids: Any, pos: Any, keep: int = 0) -> Any:
         return self.model(input_ids=ids, cache_position=pos, use_cache=True, logits_to_keep=keep,
@@ -143,9 +144,16 @@ class Runner:
                 for _ in range(2):
                     self._forward(self.ids, self.pos)
             torch.cuda.current_stream().wait_stream(s)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph), torch.no_grad():
-                self.logits = self._forward(self.ids, self.pos)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph), torch.no_grad():
+                    self.logits = self._forward(self.ids, self.pos)
+            except RuntimeError as exc:  # something in the step cannot be captured: decode eagerly, say so
+                self.graphs, self.graph_error = False, str(exc).splitlines()[0][:200]
+                torch.cuda.synchronize()
+                with torch.no_grad():
+                    return self._forward(self.ids, self.pos)
+            self.graph = graph
         self.graph.replay()
         return self.logits
 
@@ -202,7 +210,8 @@ def measure(model: Any, tok: Any, args: argparse.Namespace, device: str) -> dict
         prompt = ids.repeat(b, 1).to(device)
         r.generate(prompt, min(4, args.decode))  # warm-up (and graph capture)
         toks, secs = r.generate(prompt, args.decode)
-        out["decode"][b] = {"tokens_per_s": b * (args.decode - 1) / secs, "seconds": secs, "graphs": r.graphs}
+        out["decode"][b] = {"tokens_per_s": b * (args.decode - 1) / secs, "seconds": secs, "graphs": r.graphs,
+                            "graph_error": r.graph_error}
         out["tokens"][b] = toks.tolist()
         eager = Runner(model, b, args.prompt + 8, False)
         eager.prefill(prompt)

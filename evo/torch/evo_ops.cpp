@@ -135,12 +135,18 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& w, const c10::opti
   if (x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1) && x.numel() > 0 && x.is_contiguous() &&
       half_cuda(x, x.device()) && half_cuda(w, x.device()) && row_major(w.size(0), w.size(1), w.stride(0), w.stride(1))) {
     const int64_t k = w.size(1), n = w.size(0), m = x.numel() / k;
-    if (std::optional<Kernel> kn = find(m, n, k, true)) {
+    const bool has_bias = bias.has_value() && bias->defined();
+    // a bias of another dtype, device or shape: at::linear's own rules (promotion, broadcast, errors)
+    const bool plain_bias = !has_bias || (bias->scalar_type() == at::kHalf && bias->device() == x.device() &&
+                                          bias->dim() == 1 && bias->size(0) == n);
+    std::optional<Kernel> kn;
+    if (plain_bias) kn = find(m, n, k, true);
+    if (kn) {
       std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
       out_shape.back() = n;
       at::Tensor c = at::empty(out_shape, x.options());
       launch(*kn, x, w, c, m, n, k);
-      if (bias.has_value() && bias->defined()) c.add_(*bias);  // bias after the GEMM, as nn.Linear adds it
+      if (has_bias) c.add_(*bias);  // bias after the GEMM, as nn.Linear adds it
       return c;
     }
   }

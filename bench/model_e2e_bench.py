@@ -51,7 +51,7 @@ def is_gemm(name: str) -> bool:
     return bool(GEMM_KERNEL.search(name)) and not ATTENTION_KERNEL.search(name)
 
 
-class TinyLibrary:
+class TinyLibraryDouble:
     """Test double of an exported library for ``--tiny`` on the CPU: it lists the tiny model's
     decode shapes as exported but loads nothing, so the patch happens and every patched call
     takes the native operator's cuBLAS-equivalent fallback (at::linear)."""
@@ -237,7 +237,7 @@ def run_model(name: str, lib: Any, args: argparse.Namespace, device: str) -> dic
     t0 = time.monotonic()
     model, tok = build_model(name, device, args.tiny)
     if args.tiny:
-        lib = TinyLibrary(model, sorted({*args.batches, args.prompt, args.prefill, 1}))
+        lib = TinyLibraryDouble(model, sorted({*args.batches, args.prompt, args.prefill, 1}))
     before = measure(model, tok, args, device)
     report = patch(model, lib)
     print(report if args.verbose else str(report).splitlines()[0], flush=True)

@@ -28,7 +28,10 @@ fails only when no kernel builds or the launchers do not. Launchers return 0, or
 
 The loader (:func:`load_library`) reads the manifest and returns an :class:`EvoLibrary` whose
 ``evo_hgemm(a, b)`` (also the torch custom op ``evo::hgemm``) runs the exported kernel for
-known shapes on a GPU of the library's architecture and ``torch.matmul`` otherwise.
+known shapes on a GPU of the library's architecture and ``torch.matmul`` otherwise. That op is
+Python over ctypes and costs more host time than torch.matmul; inside models use
+:mod:`evo.torch` (a compiled ``TORCH_LIBRARY`` operator over the same launchers, and
+``evo.torch.patch`` for ``nn.Linear``).
 
 Sharing torch's GPU state: the library links CUDA's runtime statically (nvcc's default), so it
 carries its own runtime instance. That instance uses whatever driver context is current on the

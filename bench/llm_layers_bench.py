@@ -60,8 +60,10 @@ import _llm_sample as smp  # noqa: E402
 from _llm_report import clean, derive, write_report  # noqa: E402
 
 STAGES = ("evolve", "export", "time")
-#: ../shared beside a checkout, the carried copy beside a device carry folder, a worktree's workplace
-_SHARED = ("../shared", str(ROOT.parent / "shared"), str(ROOT.parent / ".carry_shared"), str(ROOT.parent.parent / "shared"))
+#: ../shared beside a checkout, the checkout's own shared/, the carried copy (inside the device's
+#: checkout or beside a carry folder there), a worktree's workplace
+_SHARED = ("../shared", str(ROOT.parent / "shared"), str(ROOT / "shared"), str(ROOT / ".carry_shared"),
+           str(ROOT.parent / ".carry_shared"), str(ROOT.parent.parent / "shared"))
 CSV_DEFAULTS = tuple(f"{d}/shapes/llm_layers.csv" for d in _SHARED)
 PEER_DEFAULTS = tuple(f"{d}/peers/plain_gemv.py" for d in _SHARED)
 
@@ -104,6 +106,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--restore", type=Path, help="before the stages, unpack such a tar.gz into an empty work folder")
     p.add_argument("--list", action="store_true", help="print the sample, its classes and waves; no GPU")
     p.add_argument("--summarize", type=Path, metavar="JSON", help="only rebuild summary.md/json and the plot")
+    # Test-only: evo run's own test-only --pool (module:factory), e.g. fake_pool:FakeEvaluatorPool.
+    p.add_argument("--evo-pool", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     if not stages or set(stages) - set(STAGES):
@@ -171,9 +175,7 @@ class Run:
         stored = self.state.get("sample")
         if stored and [r["shape"] for r in stored] != [r.shape for r in sample]:
             self.log("note: the work folder holds another sample; keeping its shapes (new work folder to change them)")
-            by = {r.shape: r for r in smp.candidate_pool(sample)}
-            sample = [by.get(r["shape"]) or smp.Row(r["M"], r["N"], r["K"], r["model"], r["layer"], r["origin"])
-                      for r in stored]
+            sample = [smp.Row(r["M"], r["N"], r["K"], r["model"], r["layer"], r["origin"]) for r in stored]
         self.sample = sample
         self.state["sample"] = [r.to_dict() for r in sample]
         self.save()
@@ -218,6 +220,8 @@ def stage_evolve(run: Run) -> bool:
                "--operators", args.operators, "--progress", "plain", "--seed", str(args.seed)]
         if seeds is not None:
             cmd += ["--seeds-per-template", str(seeds)]
+        if args.evo_pool:
+            cmd += ["--pool", args.evo_pool]
         for r in rows:
             cmd += ["--shape", r.shape]
         run.log(f"evolve {name}: {len(rows)} shapes, {budget:.0f} s of evolution")
@@ -233,23 +237,20 @@ def stage_evolve(run: Run) -> bool:
 
 
 def _print_archive(run: Run) -> None:
-    try:
-        from populations import Archive, ArchiveError, Shape
-
-        ar = Archive(run.archive, "r")
-    except (ImportError, OSError, ValueError) as exc:
-        run.log(f"no archive to show: {exc}")
-        return
-    except ArchiveError as exc:
-        run.log(f"no archive to show: {exc}")
-        return
     from evo._calibration import evaluation_roofline, load_calibration
+    from populations import Archive, ArchiveError, Shape
 
+    try:
+        ar = Archive(run.archive, "r")
+    except (ArchiveError, OSError) as exc:
+        run.log(f"no archive to show: {exc}")
+        return
     cal = load_calibration(run.archive)
+    present = set(ar.shapes())
     for r in run.sample:
         s = Shape.parse(r.shape)
-        el = ar.elites(s, top=1) if s in ar.shapes() else []
-        n = sum(ar.status_counts(s).values()) if el or s in ar.shapes() else 0
+        el = ar.elites(s, top=1) if s in present else []
+        n = sum(ar.status_counts(s).values()) if s in present else 0
         fit = f"{el[0].fitness:.3f}x" if el and el[0].fitness else "-"
         roof = evaluation_roofline(el[0].latest, cal) if el else None
         print(f"  {r.shape:>24}  {n:4d} evals  best {fit:>7}  roofline {roof if roof is None else round(roof, 2)}",

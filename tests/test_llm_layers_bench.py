@@ -132,6 +132,30 @@ def test_evolve_runs_two_waves_and_resumes(csv_path: Path, tmp_path: Path, monke
     assert len(calls) == 3 and len(shapes(calls[2][0])) == 48
 
 
+def test_evolve_stage_through_evo_run_transfers_to_the_second_wave(csv_path: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real ``evo run`` children (with the test-only stand-in pool, no GPU): wave 2's new
+    shapes are seeded from wave 1's elites, and every timed evaluation records its roofline."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests"))
+    monkeypatch.setenv("EVO_FAKE_DELAY_S", "0.005")
+    work = tmp_path / "w"
+    assert bench.main(["--csv", str(csv_path), "--work", str(work), "--out", str(tmp_path / "o"), "--stages", "evolve",
+                       "--budget", "8s", "--total", "10", "--per-class", "1", "--anchors", "3",
+                       "--evo-pool", "fake_pool:FakeEvaluatorPool"]) == 0
+    from evo._progress import read_events
+    from populations import Archive
+
+    events = read_events(work / "archive" / "events.jsonl")
+    starts = [e for e in events if e["event"] == "start"]
+    assert [len(e["shapes"]) for e in starts] == [3, 10]
+    later = [e for e in events[events.index(starts[1]):] if e["event"] == "seed"]
+    assert len(later) == 7 and all(e["transferred"] > 0 for e in later)
+    with Archive(work / "archive", "r") as ar:
+        assert len(ar.shapes()) == 10
+        evs = [e for s in ar.shapes() for e in ar.evaluations(s) if "device" in e.timers]
+        assert evs and all(e.roofline_frac is not None and e.roofline_frac > 0 for e in evs)
+
+
 def test_pack_and_restore(tmp_path: Path) -> None:
     work = tmp_path / "w"
     (work / "archive").mkdir(parents=True)

@@ -141,6 +141,16 @@ def _met(t: dict[str, Any]) -> str:
     return f"**missed** by {t['missed_by']:.3f}"
 
 
+def _path(r: dict[str, Any]) -> str:
+    """The library's path, with its reason when it is cuBLAS (cut to fit a table cell)."""
+    path = r.get("evo_path") or "-"
+    why = str(r.get("evo_why") or "").replace("|", "/")
+    if path != "evolved" and why:
+        path += f" ({why[:60]}{'...' if len(why) > 60 else ''})"
+    notes = str(r.get("notes") or "").replace("|", "/")
+    return path + (f"; {notes[:80]}" if notes else "")
+
+
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """The report: per-shape table, per-class summary, targets, and how it was made."""
     lines = [f"# LLM layers benchmark (issue 26): {len(rows)} shapes", ""]
@@ -159,7 +169,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"| {_f(cu and cu * 1e6)} | {r.get('cublas_layout') or '-'} | {_f(r.get('cublas_roof'))} "
             f"| {_f(r.get('peer_s') and r['peer_s'] * 1e6)} | {_f(r.get('peer_x'), '.2f', 'x')} | {_f(r.get('peer_roof'))} "
             f"| {_f(r.get('evo_s') and r['evo_s'] * 1e6)} | {_f(r.get('evo_x'), '.2f', 'x')} | {_f(r.get('evo_roof'))} "
-            f"| {r.get('evo_path') or '-'} |")
+            f"| {_path(r)} |")
     lines += ["", "## Per class (a shape counts in every class it is in)", "",
               "| class | shapes | timed | evo x (geomean) | worst | cuBLAS roof | evo roof | peer x | target | |",
               "|---|---:|---:|---:|---|---:|---:|---:|---:|---|"]

@@ -181,10 +181,12 @@ def class_counts(rows: Iterable[Row]) -> dict[str, int]:
 
 
 def waves(rows: Sequence[Row], anchors: int, seed: int = 26) -> tuple[list[Row], list[Row]]:
-    """(first wave, the rest): ``anchors`` shapes spread over (M class, aligned or not, weights
-    under/over 8 MB) evolve first, so the rest start from their elites (transfer)."""
+    """(first wave, the rest): ``anchors`` shapes spread over (aligned or not, weights under/over
+    8 MB, M class) evolve first, so the rest start from their elites (transfer). The first
+    round of the spread takes one shape of every M class (aligned, small weights), the next
+    one per M class with large weights, then the misaligned ones."""
     rng = random.Random(seed + 1)
-    spread = _stratified(rows, rng, lambda r: (r.mclass, "misaligned" in r.classes, r.weight_bytes >= BIG_WEIGHTS))
+    spread = _stratified(rows, rng, lambda r: ("misaligned" in r.classes, r.weight_bytes >= BIG_WEIGHTS, r.mclass))
     first = {r.key for r in spread[:anchors]}
     return [r for r in rows if r.key in first], [r for r in rows if r.key not in first]
 

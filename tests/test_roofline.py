@@ -199,3 +199,14 @@ def test_inspect_and_report_show_the_roofline_fraction(tmp_path: Path) -> None:
         doc, _ = build_report(ar, None, 10)
         assert doc["shapes"][0]["elites"][1]["roofline_frac"] == pytest.approx(roofline_time(shape) / 2 / 12e-6)
         assert collect(ar)[0]["roofline_frac"] == 0.123
+
+
+@pytest.mark.gpu
+def test_calibration_measures_plausible_ceilings() -> None:
+    """On a GPU: the four figures are of the right order (H200: ~790 TFLOP/s, ~4.5 / 4.3 TB/s, ~1-2 us)."""
+    from evaluators._calibrate import measure
+
+    cal = measure(reps=3)
+    assert cal.source == "measured" and cal.device
+    assert 1e13 < cal.peak_flops < 3e15 and 1e11 < cal.read_bw < 2e13 and 1e11 < cal.copy_bw < 2e13
+    assert 1e-8 < cal.launch_floor_s < 2e-5

@@ -26,8 +26,10 @@ Stages (each can be run alone; state in ``WORK/state.json``, so a cut call resum
   > 2x L2, medians, all contenders interleaved in one process): cuBLAS in both layouts
   (``a @ w.t()`` and ``a @ wt``, the better taken), the exported library's ``evo_hgemm`` (and which
   path it took), and on decode rows the plain peer imported from ``--peer`` at run time. Shapes
-  already in ``WORK/results.json`` are not timed again (``--retime`` does); ``--time-max-seconds``
-  stops starting new shapes.
+  timed already in ``WORK/results.json`` are not timed again (``--retime`` does); one that failed
+  is tried again; one that lost the CUDA context ends the stage and is skipped the next time (so
+  the call after it goes on with the rest). ``--time-max-seconds`` (from the start of this
+  invocation) stops starting new shapes.
 
 Writes under ``--out`` (default $OUT, else WORK/out): ``results.json``, ``summary.md`` (per shape:
 GPU time, speedup and roofline fraction of cuBLAS, peer and evo, the library's path; per class;
@@ -363,33 +365,51 @@ def stage_time(run: Run) -> bool:
                        "timer": f"bench/_llm_timer.py, {args.reps} rounds, rotation > 2x L2 ({l2 >> 20} MB)",
                        **({"peer": peer_note} if peer_note else {})}
     rng = random.Random(args.seed)
+
+    def save() -> None:
+        results["rows"] = [have[r.shape] for r in run.sample if r.shape in have]
+        _write_json(results_path, results)
+
+    def one(row: smp.Row) -> dict[str, Any]:
+        return _time_one(row, lib, peer, l2, args.reps, rng, Sets, rel_error, time_arms, REL_TOL)
+
+    cap = run.t0 + args.time_max_seconds if args.time_max_seconds else None
+    ok = time_shapes(smp.interleave(run.sample, args.seed), have, one, save, run.log, cap=cap, retime=args.retime)
+    save()
+    return ok
+
+
+def time_shapes(order: list[smp.Row], have: dict[str, dict[str, Any]], one: Callable[[smp.Row], dict[str, Any]],
+                save: Callable[[], None], log: Callable[[str], None], *, cap: Optional[float] = None,
+                retime: bool = False, clock: Callable[[], float] = time.monotonic) -> bool:
+    """Time ``order`` into ``have`` (shape -> row), saving after each: rows timed already are
+    skipped (unless ``retime``), failed ones are tried again, a lost CUDA context ends the loop
+    and marks its shape ``fatal`` (skipped next time); no new shape starts after ``cap``.
+    False when a shape failed."""
     ok = True
-    order = smp.interleave(run.sample, args.seed)
     for i, row in enumerate(order):
-        if row.shape in have and not args.retime:
+        done = have.get(row.shape, {})
+        if not retime and (done.get("cublas_tn_s") or done.get("fatal")):
             continue
-        if args.time_max_seconds and time.monotonic() - run.t0 > args.time_max_seconds:
-            run.log(f"time: cap reached; {len(order) - i} shape(s) not timed")
+        if cap is not None and clock() > cap:
+            log(f"time: cap reached; {len(order) - i} shape(s) not timed")
             break
         try:
-            rec = _time_one(row, lib, peer, l2, args.reps, rng, Sets, rel_error, time_arms, REL_TOL)
+            rec = one(row)
         except Exception as exc:  # one shape's failure is recorded; a dead context ends the stage
             rec = {**row.to_dict(), "notes": f"{type(exc).__name__}: {str(exc)[:200]}"}
             ok = False
             if "illegal" in str(exc).lower() or "context" in str(exc).lower():
-                have[row.shape] = rec
-                run.log(f"time: CUDA context lost at {row.shape}: {exc}")
+                have[row.shape] = {**rec, "fatal": True}
+                save()
+                log(f"time: CUDA context lost at {row.shape}: {exc}")
                 break
         have[row.shape] = rec
-        results["rows"] = [have[r.shape] for r in run.sample if r.shape in have]
-        _write_json(results_path, results)
+        save()
         d = derive(rec) if rec.get("cublas_tn_s") else rec
-        print(f"{i + 1:>3}/{len(order)} {row.shape:>24} cuBLAS {_us(d.get('cublas_s'))} ({d.get('cublas_layout')}, "
-              f"roof {_r(d.get('cublas_roof'))})  evo {_us(d.get('evo_s'))} {_r(d.get('evo_x'))}x {rec.get('evo_path')}"
-              f"  peer {_us(d.get('peer_s'))} {_r(d.get('peer_x'))}x  [{time.monotonic() - run.t0:.0f}s]"
-              + (f"  {rec['notes']}" if rec.get("notes") else ""), flush=True)
-    results["rows"] = [have[r.shape] for r in run.sample if r.shape in have]
-    _write_json(results_path, results)
+        log(f"{i + 1:>3}/{len(order)} {row.shape:>24} cuBLAS {_us(d.get('cublas_s'))} ({d.get('cublas_layout')}, "
+            f"roof {_r(d.get('cublas_roof'))})  evo {_us(d.get('evo_s'))} {_r(d.get('evo_x'))}x {rec.get('evo_path')}"
+            f"  peer {_us(d.get('peer_s'))} {_r(d.get('peer_x'))}x" + (f"  {rec['notes']}" if rec.get("notes") else ""))
     return ok
 
 

@@ -34,8 +34,8 @@ Stages (each can be run alone; state in ``WORK/state.json``, so a cut call resum
 Writes under ``--out`` (default $OUT, else WORK/out): ``results.json``, ``summary.md`` (per shape:
 GPU time, speedup and roofline fraction of cuBLAS, peer and evo, the library's path; per class;
 the issue's targets met or missed by how much), ``summary.json``, ``speedup_vs_roofline.png``,
-and with ``--pack FILE`` a tarball of the work folder's archive and state (``--restore FILE`` puts
-it back before the stages run, for a second device call). Exit 0; 1 when a stage failed; 2 for
+and with ``--pack FILE`` a tarball of the work folder's archive, library and state (``--restore FILE``
+puts it back before the stages run, for a second device call). Exit 0; 1 when a stage failed; 2 for
 bad arguments.
 """
 from __future__ import annotations
@@ -104,7 +104,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=7, help="timed rounds per shape")
     p.add_argument("--time-max-seconds", type=float, default=0.0, help="time stage: stop starting shapes after this (0: no cap)")
     p.add_argument("--retime", action="store_true", help="time shapes again that results.json already has")
-    p.add_argument("--pack", type=Path, help="after the stages, write a tar.gz of the work folder's archive and state")
+    p.add_argument("--pack", type=Path, help="after the stages, write a tar.gz of the work folder's archive, library and state")
     p.add_argument("--restore", type=Path, help="before the stages, unpack such a tar.gz into an empty work folder")
     p.add_argument("--list", action="store_true", help="print the sample, its classes and waves; no GPU")
     p.add_argument("--summarize", type=Path, metavar="JSON", help="only rebuild summary.md/json and the plot")
@@ -463,7 +463,7 @@ def _time_one(row: smp.Row, lib: Any, peer: Any, l2: int, reps: int, rng: random
 def pack(work: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(dest, "w:gz") as tar:
-        for name in ("archive", "state.json", "results.json"):
+        for name in ("archive", "lib", "state.json", "results.json"):
             if (work / name).exists():
                 tar.add(work / name, arcname=name, filter=lambda ti: None if ti.name.endswith(".lock") else ti)
 
@@ -504,7 +504,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(files["md"].read_text(), flush=True)
         if args.pack is not None:
             pack(run.work, args.pack)
-            run.log(f"packed the work folder into {args.pack}")
+            run.log(f"packed the work folder into {args.pack} ({args.pack.stat().st_size / 1e6:.1f} MB)")
         run.log("done" if ok else "done, with a failed stage (see above)")
         return 0 if ok else 1
     except UsageError as exc:

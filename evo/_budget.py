@@ -123,7 +123,8 @@ class AllocationConfig:
 
     enabled: bool = True              # false: every active shape gets the same share (the old rule)
     saturated: float = 0.9            # attainable fraction from which a shape yields its slots
-    stall_window: int = 64            # evaluations of a shape without improvement before it yields (0: never)
+    stall_window: int = 64            # evaluations of a shape without improvement before it yields (0: never;
+                                      # a shape with no ok result yet: a quarter of it, at least 8)
     stall_threshold: float = 0.005    # relative improvement of the best fitness that counts
 
 

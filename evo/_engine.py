@@ -371,11 +371,21 @@ class Engine:
         """The shape's best device time as a fraction of its floor-aware attainable time."""
         return attainable_frac(shape, self.best_time.get(shape), self.calibration)
 
+    def stalled(self, shape: Shape) -> bool:
+        """No improvement over the stall window, or (a shape whose every result failed so far)
+        a quarter of it (at least 8) evaluations without one ok result."""
+        window = self.config.allocation.stall_window
+        if not window:
+            return False
+        if self.best_time[shape] is None:
+            return self.pops[shape].evaluated >= max(8, window // 4)
+        return self.stall[shape].converged
+
     def weights(self, shapes: list[Shape]) -> dict[Shape, float]:
         """Allocation weights of ``shapes`` (see evo/_budget.py)."""
         if not self.config.allocation.enabled:
             return {s: 1.0 for s in shapes}
-        return shape_weights({s: self.attainable(s) for s in shapes}, {s: self.stall[s].converged for s in shapes},
+        return shape_weights({s: self.attainable(s) for s in shapes}, {s: self.stalled(s) for s in shapes},
                              self.config.allocation.saturated)
 
     def _pick(self, shapes: list[Shape]) -> Shape:
@@ -389,7 +399,7 @@ class Engine:
             if weights[s] == 0 and s not in self.yielded:
                 self.yielded.add(s)
                 frac = self.attainable(s)
-                why = "stalled" if self.stall[s].converged else "saturated"
+                why = "stalled" if self.stalled(s) else "saturated"
                 self.events.emit("yield", s, why=why, attainable_frac=frac, evaluations=self.pops[s].evaluated)
                 self.progress.message(f"evo: {s} yields its slots ({why}; "
                                       f"{'-' if frac is None else f'{frac:.2f}'} of its attainable time)")

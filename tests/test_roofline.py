@@ -210,3 +210,28 @@ def test_calibration_measures_plausible_ceilings() -> None:
     assert cal.source == "measured" and cal.device
     assert 1e13 < cal.peak_flops < 3e15 and 1e11 < cal.read_bw < 2e13 and 1e11 < cal.copy_bw < 2e13
     assert 1e-8 < cal.launch_floor_s < 2e-5
+
+
+def test_a_shape_whose_every_result_fails_stops_counting_as_all_headroom(tmp_path: Path) -> None:
+    """Unmeasured means headroom 1, but not for ever: after max(8, stall_window / 4) evaluations
+    without an ok one the shape yields, while a measured shape keeps its headroom share."""
+    from populations import Evaluation, Status
+
+    archive_dir = tmp_path / "a"
+    cfg = merge({"allocation": {"stall_window": 40}},
+                {"shapes": [str(BIG), str(SMALL)], "archive": str(archive_dir), "progress": "none"})
+    cands = [TEMPLATES["sm80_mma"].candidate(k, SMALL)
+             for k in TEMPLATES["sm80_mma"].sample(__import__("random").Random(1), SMALL, 12)]
+    with Archive(archive_dir, "w") as archive:
+        engine = Engine(cfg, archive, FakeEvaluatorPool(delay_s=0.0), {}, TEMPLATES,
+                        events=EventLog(archive_dir / EVENTS_FILE), calibration=_toy_calibration())
+        assert engine.weights([BIG, SMALL]) == {BIG: 1.0, SMALL: 1.0}
+        for i, c in enumerate(cands[:10]):
+            engine._observe(SMALL, c, Evaluation(c.id, SMALL, Status.COMPILE_ERROR))
+            assert engine.stalled(SMALL) is (i + 1 >= 10)
+        assert engine.weights([BIG, SMALL]) == {BIG: 1.0, SMALL: 0.0}
+        engine.best_time[BIG] = 1.0  # BIG measured, far from its limit: it keeps its headroom share
+        w = engine.weights([BIG, SMALL])
+        assert w[SMALL] == 0.0 and w[BIG] == pytest.approx(0.99)
+        engine.best_time[BIG] = 1e-2  # BIG at its limit too: nobody has headroom, the shares are even again
+        assert engine.weights([BIG, SMALL]) == {BIG: 1.0, SMALL: 1.0}

@@ -218,8 +218,10 @@ def stage_evolve(run: Run) -> bool:
     for name, rows, budget, seeds in plan:
         if not rows or budget <= 0 or done.get(name, {}).get("done"):
             continue
+        config = run.work / "run.toml"  # plain progress every 30 s: 48 shapes a line each every 5 s is a flood
+        config.write_text('progress_interval = "30s"\n')
         cmd = [sys.executable, "-m", "evo", "run", "--archive", str(run.archive), "--budget", f"{budget:.0f}s",
-               "--operators", args.operators, "--progress", "plain", "--seed", str(args.seed)]
+               "--operators", args.operators, "--progress", "plain", "--seed", str(args.seed), "--config", str(config)]
         if seeds is not None:
             cmd += ["--seeds-per-template", str(seeds)]
         if args.evo_pool:
@@ -255,7 +257,7 @@ def _print_archive(run: Run) -> None:
         n = sum(ar.status_counts(s).values()) if s in present else 0
         fit = f"{el[0].fitness:.3f}x" if el and el[0].fitness else "-"
         roof = evaluation_roofline(el[0].latest, cal) if el else None
-        print(f"  {r.shape:>24}  {n:4d} evals  best {fit:>7}  roofline {roof if roof is None else round(roof, 2)}",
+        print(f"  {r.shape:>24}  {n:4d} evals  best {fit:>7}  roofline {'-' if roof is None else f'{roof:.2f}'}",
               flush=True)
 
 

@@ -17,7 +17,8 @@ file of 100,000 records without decoding a single one (records are decoded lazil
 
 Durability: :meth:`RecordLog.append` buffers; :meth:`RecordLog.commit` writes the buffered frames
 with one ``write`` and ``fsync``s. A crash can leave an incomplete or damaged last frame (a torn
-tail): opening a writable log truncates it with a warning. A damaged frame followed by good ones
+tail): opening a writable log copies those bytes to a side file ``<log>.<offset>.torn`` and then
+truncates them, with a warning naming the file, offset and bytes lost. A damaged frame followed by good ones
 (the disk, not a crash, did that) is reported and skipped; everything after it stays readable.
 A read-only log never truncates: it reads up to the last complete frame, which is what a reader
 of a file that a writer is still growing must do, and :meth:`RecordLog.refresh` picks up more.
@@ -267,6 +268,8 @@ class RecordLog:
             raise LogError(f"{self.path}: log format v{version} is newer than this evo (v{FILE_VERSION})")
         self._ino = os.fstat(self._fd).st_ino
         self.entries, self.damaged, self._end = [], [], HEADER_SIZE
+        #: what opening repaired, one sentence each (a torn tail cut by a writer)
+        self.recovered: list[str] = []
         self._scan_more()
 
     def _scan_more(self) -> None:
@@ -283,12 +286,23 @@ class RecordLog:
         #: reader, possibly a frame still being written
         self.tail = size - scan.end
         if scan.end < size and self.writable:
-            msg = f"{self.path}: truncated a torn tail of {size - scan.end} bytes at offset {scan.end}"
+            side = self._keep_tail(scan.end, size)
+            msg = (f"{self.path}: torn tail: {size - scan.end} bytes lost at offset {scan.end} "
+                   f"(kept in {os.path.basename(side)}); truncated")
             warnings.warn(msg, RuntimeWarning, stacklevel=4)
             log.warning(msg)
+            self.recovered.append(msg)
             os.ftruncate(self._fd, scan.end)
             os.fsync(self._fd)
             self.tail = 0
+
+    def _keep_tail(self, start: int, stop: int) -> str:
+        """Copy the bytes a writer is about to cut (``[start, stop)``) to a side file, durably,
+        so a torn tail that was really a damaged record can still be looked at or salvaged."""
+        side = f"{self.path}.{start}.torn"
+        data = os.pread(self._fd, stop - start, start)
+        atomic_write(side, (data,))
+        return side
 
     def refresh(self) -> None:
         """Index frames added since the last look (a reader of a growing file). A log replaced
@@ -303,6 +317,17 @@ class RecordLog:
             self.generation += 1
         else:
             self._scan_more()
+
+    def problems(self) -> list[str]:
+        """The damage seen in this log, one sentence each: skipped damaged regions, a torn
+        tail a writer cut (and where its bytes were kept), or, for a reader, bytes past the
+        last intact frame (a torn tail, or a frame a live writer is still writing)."""
+        out = [f"{self.path}: {hi - lo} damaged bytes skipped at offset {lo}" for lo, hi in self.damaged]
+        out += self.recovered
+        if self.tail:
+            out.append(f"{self.path}: torn tail: {self.tail} bytes at offset {self._end} are not a whole record "
+                       "(a killed writer, or one still writing); the next writer keeps them in a .torn file")
+        return out
 
     # -- reading --------------------------------------------------------------------------
     def read(self, entry: Entry) -> bytes:

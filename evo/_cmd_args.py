@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_BAD_INPUT", "EXIT_DAMAGED", "EXIT_INTERRUPTED", "SHAPE_METAVAR",
            "UsageError", "add_archive", "archive_of", "add_shapes", "add_arch", "resolve_arch", "add_gpus",
-           "parse_gpus", "add_json", "fail", "warn"]
+           "parse_gpus", "add_json", "fail", "warn", "open_writer"]
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DAMAGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 SHAPE_METAVAR = "MxNxK[:TN|NN][:f32|f16]"
@@ -111,6 +111,21 @@ def parse_gpus(text: Optional[str]) -> Union[None, int, list[int]]:
     if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
         raise UsageError(f"--gpus {text!r}: indices must be distinct and >= 0")
     return gpus
+
+
+def open_writer(command: str, path: Any) -> Any:
+    """``Archive(path, "w")`` with the damage its opening found (torn tails cut and kept in side
+    files, unreadable shape logs) printed as one warning line each instead of Python warnings."""
+    import warnings
+
+    from populations import Archive
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        archive = Archive(path, mode="w")
+    for problem in archive.problems(all_shapes=False):
+        warn(command, problem)
+    return archive
 
 
 def add_json(p: argparse.ArgumentParser, what: str = "the result") -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ._cmd_args import (EXIT_INTERRUPTED, SHAPE_HELP, SHAPE_METAVAR, UsageError, add_archive,
-                        add_gpus, archive_of, fail, parse_gpus, resolve_arch)
+                        add_gpus, archive_of, fail, open_writer, parse_gpus, resolve_arch)
 from ._config import ConfigError, PoolConfig, RunConfig, load_config, merge
 
 __all__ = ["add_parser", "run", "config_from_args", "make_pool", "make_operators", "expand_operators", "ALIASES"]
@@ -264,7 +264,7 @@ def _rl_updater(cfg: RunConfig, operators: dict[str, Any], templates: Any, event
 
 def run(args: argparse.Namespace) -> int:
     from populations import load_templates
-    from populations import Archive, ArchiveError
+    from populations import ArchiveError
 
     from ._engine import Engine, pool_gpus
     from ._progress import EVENTS_FILE, EventLog, Progress
@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
         templates = load_templates(errors="warn")
         _need_gpus(cfg.pool)  # before the archive: a run that cannot start creates nothing
         fresh = not Path(cfg.archive).exists()  # type: ignore[arg-type]
-        archive = Archive(cfg.archive, mode="w")  # type: ignore[arg-type]
+        archive = open_writer("run", cfg.archive)
     except (ConfigError, ArchiveError) as exc:
         return fail("run", exc)
     assert cfg.archive is not None

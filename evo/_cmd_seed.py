@@ -17,11 +17,11 @@ import random
 import sys
 from typing import Any, Mapping, Sequence
 
-from populations import Archive, ArchiveError, Candidate, Shape, ShapeError, Template, TemplateError, load_templates
+from populations import ArchiveError, Candidate, Shape, ShapeError, Template, TemplateError, load_templates
 from populations._knobs import KnobSpace, knob_key
 
 from ._cmd_args import (UsageError, add_archive, add_arch, add_json, add_shapes, archive_of, fail,
-                        resolve_arch)
+                        open_writer, resolve_arch)
 
 __all__ = ["add_parser", "run", "seed_population", "knob_distance", "spread"]
 
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         return fail("seed", exc)
     if not args.dry_run:
         try:
-            with Archive(path, mode="w") as archive:
+            with open_writer("seed", path) as archive:
                 for cands in per_shape.values():
                     for c in cands:
                         archive.add(c)

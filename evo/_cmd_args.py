@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Any, Optional, Union
+from typing import Any, NoReturn, Optional, Union
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_BAD_INPUT", "EXIT_DAMAGED", "EXIT_INTERRUPTED", "SHAPE_METAVAR",
            "UsageError", "add_archive", "archive_of", "add_shapes", "add_arch", "resolve_arch", "add_gpus",
@@ -54,6 +54,8 @@ def archive_of(args: argparse.Namespace, required: bool = True) -> Optional[str]
     path = pos if pos is not None else opt
     if path is not None and not path.strip():
         raise UsageError("the archive path is empty; name a directory, e.g. runs/a")
+    if path is not None and "\0" in path:
+        raise UsageError(f"the archive path {path!r} contains a NUL byte")
     if path is None and required:
         raise UsageError("name the archive: evo COMMAND ARCHIVE ... (or --archive ARCHIVE)")
     return path
@@ -130,6 +132,17 @@ def open_writer(command: str, path: Any) -> Any:
 
 def add_json(p: argparse.ArgumentParser, what: str = "the result") -> None:
     p.add_argument("--json", action="store_true", help=f"print {what} as one JSON document instead of the table")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with usage errors on one line (``evo CMD: error: ...``, then where to look) instead
+    of the usage block: the same form as every other error, easy to read in a log."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        hint = ""
+        if "expected one argument" in message:
+            hint = " (a value that starts with '-' is written --flag=VALUE)"
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}{hint}; see {self.prog} --help\n")
 
 
 def plain_help(parser: argparse.ArgumentParser) -> None:

@@ -74,9 +74,9 @@ def load_plan(source: str, plan_path: str | None) -> LaunchPlan:
 
 
 def build_candidate(args: argparse.Namespace) -> Candidate:
+    shapes = tuple(Shape.parse(s) for s in args.shape)  # first: a bad shape is named whatever the file holds
     source = Path(args.file).read_text()
     plan = load_plan(source, args.plan)
-    shapes = tuple(Shape.parse(s) for s in args.shape)
     return Candidate(source=source, plan=plan, shapes=shapes, generic=args.generic, operator="evo eval",
                      meta={"file": str(args.file)})
 

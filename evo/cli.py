@@ -46,12 +46,12 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ._cmd_args import plain_help
+    from ._cmd_args import OneLineParser, plain_help
 
-    parser = argparse.ArgumentParser(prog="evo", description="Evolve HGEMM CUDA kernels per matrix shape. "
+    parser = OneLineParser(prog="evo", description="Evolve HGEMM CUDA kernels per matrix shape. "
                                      "Conventions (archive, shapes, --arch, --gpus, --json, exit codes): docs/cli.md.")
     parser.add_argument("--version", action="version", version=f"evo {version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
     for name, mod in _available().items():
         mod.add_parser(sub)  # type: ignore[attr-defined]

@@ -360,6 +360,8 @@ class Archive:
         self._lock_fd = -1
         if not os.fspath(path):
             raise ArchiveError("the archive path is empty; name a directory, e.g. runs/a")
+        if "\0" in str(os.fspath(path)):
+            raise ArchiveError(f"the archive path {os.fspath(path)!r} contains a NUL byte")
         if mode == "w":
             self._open_writer()
         else:

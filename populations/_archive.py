@@ -37,6 +37,7 @@ import time
 from typing import Callable, Iterable, Iterator, NamedTuple, Optional, Union
 
 from ._codec import CodecError, decode, encode
+from ._index import INDEX_SUFFIX
 from ._log import KIND_CANDIDATE, KIND_EVALUATION, Entry, LogError, RecordLog, atomic_write, rewrite
 from ._records import Candidate, Evaluation, Status
 from ._shape import Shape, ShapeError
@@ -305,6 +306,11 @@ class _Population:
                 self.problems.append(str(exc))
             return None
 
+    def candidate_key(self, cand: Candidate) -> str:
+        """The frame key of a candidate appended to this log: with its info in a v2 log, the id
+        alone in a v1 log (an older evo reading that file must still find the id)."""
+        return CandidateInfo.of(cand).key() if self.log.version >= 2 else cand.id
+
     def model_info(self, cid: str) -> Optional[CandidateInfo]:
         """The info of a candidate made by a model (an LLM), from its key or decoded; None for
         a candidate without a model (known from its key without decoding) or one that does not decode."""
@@ -494,7 +500,7 @@ class Archive:
                 assert pop is not None
                 if record.id not in pop.cands:
                     payload = payload or encode(record)
-                    pop.index(pop.log.append(KIND_CANDIDATE, CandidateInfo.of(record).key(), payload), record)
+                    pop.index(pop.log.append(KIND_CANDIDATE, pop.candidate_key(record), payload), record)
         elif isinstance(record, Evaluation):
             pop = self._pop(record.shape, create=True)
             assert pop is not None
@@ -503,7 +509,7 @@ class Archive:
                 if owner is None:
                     raise ArchiveError(f"evaluation of unknown candidate {record.candidate_id}: add the candidate first")
                 cand = owner.get(owner.cands[record.candidate_id])
-                pop.index(pop.log.append(KIND_CANDIDATE, CandidateInfo.of(cand).key(), encode(cand)), cand)  # type: ignore[arg-type]
+                pop.index(pop.log.append(KIND_CANDIDATE, pop.candidate_key(cand), encode(cand)), cand)  # type: ignore[arg-type]
             pop.index(pop.log.append(KIND_EVALUATION, _Summary.of(record).key(), encode(record)), record)
         else:
             raise TypeError(f"an archive stores Candidate and Evaluation records, not {type(record).__name__}")
@@ -545,6 +551,8 @@ class Archive:
         for pop in pops:
             before = os.path.getsize(pop.log.path)
             rewrite(pop.log.path, self._kept_frames(pop, keep))
+            if os.path.exists(pop.log.path + INDEX_SUFFIX):
+                os.unlink(pop.log.path + INDEX_SUFFIX)  # it describes the old file
             pop.log.close()
             pop.log = RecordLog(pop.log.path, writable=True)
             pop.rebuild()
@@ -579,6 +587,11 @@ class Archive:
         try:
             if self.mode == "w" and self._lock_fd >= 0:
                 self.commit()
+                for pop in self._pops.values():
+                    try:
+                        pop.log.save_index()
+                    except OSError:  # the index is a cache: without it the next open scans
+                        pass
         finally:
             for pop in self._pops.values():
                 pop.log.close()
@@ -658,18 +671,7 @@ class Archive:
         pop = self._pop(_as_shape(shape))
         if pop is None:
             return []
-        good: dict[str, list[int]] = {}
-        banned: set[str] = set()
-        for i in range(len(pop.evals)):  # rank on the summaries; decode only the rows returned
-            sm = pop.summary(i)
-            if sm.status in DISQUALIFYING or sm.flagged:
-                banned.add(sm.candidate_id)
-            elif sm.fitness is not None:
-                good.setdefault(sm.candidate_id, []).append(i)
-        ranked = sorted(
-            ((statistics.median(pop.summary(i).fitness for i in idx), cid, idx)  # type: ignore[type-var]
-             for cid, idx in good.items() if cid not in banned),
-            key=lambda row: (-row[0], -len(row[2]), row[1]))
+        ranked = self._ranked(pop)
         if top is not None:
             ranked = ranked[:max(top, 0)]
         out = []
@@ -679,6 +681,29 @@ class Archive:
                 out.append(Elite(cid, fit, evals,  # type: ignore[arg-type]
                                  pop.find(pop.cands[cid]) if cid in pop.cands else None))  # type: ignore[arg-type]
         return out
+
+    def fitness(self, shape: ShapeLike) -> dict[str, float]:
+        """{candidate id: its elite fitness} for every candidate ranked at the shape (the
+        fitness of :meth:`elites`, best first), from the summaries: nothing is decoded."""
+        pop = self._pop(_as_shape(shape))
+        return {cid: fit for fit, cid, _idx in self._ranked(pop)} if pop else {}
+
+    @staticmethod
+    def _ranked(pop: _Population) -> list[tuple[float, str, list[int]]]:
+        """(median fitness, id, evaluation indexes) of every elite, best first, ranked on the
+        summaries (see :meth:`elites` for the rules)."""
+        good: dict[str, list[int]] = {}
+        banned: set[str] = set()
+        for i in range(len(pop.evals)):
+            sm = pop.summary(i)
+            if sm.status in DISQUALIFYING or sm.flagged:
+                banned.add(sm.candidate_id)
+            elif sm.fitness is not None:
+                good.setdefault(sm.candidate_id, []).append(i)
+        return sorted(
+            ((statistics.median(pop.summary(i).fitness for i in idx), cid, idx)  # type: ignore[type-var]
+             for cid, idx in good.items() if cid not in banned),
+            key=lambda row: (-row[0], -len(row[2]), row[1]))
 
     def _find(self, candidate_id: str) -> Optional[_Population]:
         for pop in self._all_pops():

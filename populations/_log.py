@@ -24,6 +24,12 @@ A read-only log never truncates: it reads up to the last complete frame, which i
 of a file that a writer is still growing must do, and :meth:`RecordLog.refresh` picks up more.
 A new log is created complete (header written to a temporary file, fsynced, renamed, directory
 fsynced); :func:`rewrite` replaces a log the same way (compaction).
+
+Opening scans every frame, except where a side index (populations/_index.py, ``<log>.idx``,
+written by the writer when it closes) describes the log exactly as it is: then the entries come
+from the index and only frames after it are scanned; :meth:`RecordLog.read` checksums each
+record it reads either way. Format v2 (this one) differs from v1 only in what archives put in
+candidate keys; v1 logs are read and appended to as v1.
 """
 from __future__ import annotations
 
@@ -36,12 +42,16 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple, Optional
 
+from ._index import load_index, save_index
+
 __all__ = ["LogError", "Entry", "RecordLog", "rewrite", "atomic_write", "KIND_OTHER", "KIND_CANDIDATE", "KIND_EVALUATION"]
 
 log = logging.getLogger(__name__)
 
 FILE_MAGIC = b"EVOLOG"
-FILE_VERSION = 1
+#: v2: candidate keys may carry a summary after the id (populations._archive.CandidateInfo), which
+#: an evo that reads v1 would take for part of the id, so it must refuse the file instead.
+FILE_VERSION = 2
 _FILE_HEADER = struct.Struct("<6sH")
 FRAME_MAGIC = b"\xe5voR"
 _FRAME = struct.Struct("<4sIIBBH")
@@ -262,7 +272,7 @@ class RecordLog:
         if len(header) < HEADER_SIZE or header[:6] != FILE_MAGIC:
             self.close()
             raise LogError(f"{self.path}: not an evo record log")
-        version = _FILE_HEADER.unpack(header)[1]
+        version = self.version = _FILE_HEADER.unpack(header)[1]
         if version > FILE_VERSION:
             self.close()
             raise LogError(f"{self.path}: log format v{version} is newer than this evo (v{FILE_VERSION})")
@@ -270,6 +280,10 @@ class RecordLog:
         self.entries, self.damaged, self._end = [], [], HEADER_SIZE
         #: what opening repaired, one sentence each (a torn tail cut by a writer)
         self.recovered: list[str] = []
+        loaded = load_index(self.path, self._fd, HEADER_SIZE)  # a log unchanged since its index: no scan
+        if loaded is not None:
+            self.entries, self._end = loaded
+        self._indexed = self._end if loaded is not None else -1  # what the index on disk covers
         self._scan_more()
 
     def _scan_more(self) -> None:
@@ -295,6 +309,7 @@ class RecordLog:
             os.ftruncate(self._fd, scan.end)
             os.fsync(self._fd)
             self.tail = 0
+            self._indexed = -1  # the cut changed the file: index it again
 
     def _keep_tail(self, start: int, stop: int) -> str:
         """Copy the bytes a writer is about to cut (``[start, stop)``) to a side file, durably,
@@ -331,11 +346,22 @@ class RecordLog:
 
     # -- reading --------------------------------------------------------------------------
     def read(self, entry: Entry) -> bytes:
-        """The payload of an entry written to disk (pending entries have no bytes yet)."""
-        data = os.pread(self._fd, entry.size, entry.data_offset)
-        if len(data) != entry.size:
+        """The payload of an entry written to disk (pending entries have no bytes yet), its frame
+        checksummed again (a log opened through its index was not scanned)."""
+        raw = os.pread(self._fd, entry.end - entry.offset, entry.offset)
+        if len(raw) != entry.end - entry.offset:
             raise LogError(f"{self.path}: record at offset {entry.offset} is gone (file replaced?)")
-        return data
+        if raw[:4] != FRAME_MAGIC or zlib.crc32(memoryview(raw)[8:]) != struct.unpack_from("<I", raw, 4)[0]:
+            raise LogError(f"{self.path}: record at offset {entry.offset} is damaged (checksum mismatch)")
+        return raw[entry.data_offset - entry.offset:]
+
+    def save_index(self) -> None:
+        """Writer: record the entries in the side index (populations._index) so the next open
+        needs no scan; not for a log with damage (its next open scans and reports it again)."""
+        if not self.writable or self.damaged or self._pending or self._indexed == self._end:
+            return
+        save_index(self.path, self._fd, self.entries, self._end, HEADER_SIZE)
+        self._indexed = self._end
 
     def raw(self, entry: Entry) -> bytes:
         """The whole frame of an on-disk entry, for copying it verbatim during compaction."""

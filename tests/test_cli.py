@@ -293,3 +293,22 @@ def test_inspect_uses_the_terminal_width(monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.setenv("COLUMNS", "173")
     assert table_width(Tty()) == 173 and table_width(io.StringIO()) == 200 and table_width(Tty(), 90) == 90
+
+
+def test_v1_logs_keep_plain_candidate_keys(tmp_path: Path) -> None:
+    """An older evo reads v1 logs, whose candidate keys are the id alone: appending to a v1 log keeps
+    it that way; new logs are v2 (keys with a summary), which that older evo refuses as newer."""
+    from populations._log import RecordLog
+
+    root = small(tmp_path / "a", 1)
+    data = bytearray(log_of(root).read_bytes())
+    assert data[6:8] == b"\x02\x00"
+    data[6] = 1
+    log_of(root).write_bytes(bytes(data))
+    with Archive(root, "w") as a:
+        c = cand(7)
+        a.record(c, [ok(c, 3.0)])
+    keys = [e.key for e in RecordLog(str(log_of(root))).entries if e.kind == 1]
+    assert keys[-1] == c.id
+    with Archive(root) as a:
+        assert a.elites(S1, top=1)[0].candidate_id == c.id and c.id in a.candidate_ids(S1)

@@ -11,11 +11,12 @@ import argparse
 import importlib
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ._cmd_args import (EXIT_INTERRUPTED, SHAPE_HELP, SHAPE_METAVAR, UsageError, add_archive,
-                        add_gpus, archive_of, fail, open_writer, parse_gpus, resolve_arch)
+                        add_gpus, add_json, archive_of, fail, open_writer, parse_gpus, resolve_arch)
 from ._config import ConfigError, PoolConfig, RunConfig, load_config, merge
 
 __all__ = ["add_parser", "run", "config_from_args", "make_pool", "make_operators", "expand_operators", "ALIASES"]
@@ -48,6 +49,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--arch", metavar="SM", help="target architecture: sm_80, sm_86, sm_89, sm_90a or auto "
                                                 "(default: the pool's GPU)")
     p.add_argument("--progress", choices=("auto", "rich", "plain", "none"), help="live progress display")
+    add_json(p, "the run's result (stop reason, evaluations, best per shape)")
     p.add_argument("--no-transfer", action="store_true", default=None,
                    help="do not seed new shapes from the elites of nearby archived shapes")
     add_llm_flags(p)
@@ -293,7 +295,8 @@ def run(args: argparse.Namespace) -> int:
                 _remove_fresh(Path(cfg.archive))
             what = exc if isinstance(exc, ConfigError) else f"cannot start the evaluator pool: {type(exc).__name__}: {exc}"
             return fail("run", what)
-        progress = Progress(cfg.shapes, pool_gpus(pool, cfg), cfg.progress, cfg.progress_interval_s)
+        progress = Progress(cfg.shapes, pool_gpus(pool, cfg), cfg.progress, cfg.progress_interval_s,
+                            stream=sys.stderr if getattr(args, "json", False) else None)  # stdout: the JSON alone
         engine = Engine(cfg, archive, pool, operators, templates, events=events, progress=progress)
         if cfg.rl.every:
             updater = _rl_updater(cfg, operators, templates, events, progress)
@@ -314,6 +317,14 @@ def run(args: argparse.Namespace) -> int:
         events.close()
         if pool is not None:
             _close_pool(pool, abandon=engine is None or engine.lost > 0)
+    if getattr(args, "json", False):
+        import json
+
+        json.dump({"format": "evo-run/1", "archive": str(cfg.archive), "reason": result.reason,
+                   "evaluations": result.evaluations, "abandoned": result.lost,
+                   "best": {str(s): b for s, b in result.best.items()}}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return EXIT_INTERRUPTED if result.reason in ("interrupted", "abandoned") else 0
     best = ", ".join(f"{s} {b:.3f}x" if b is not None else f"{s} -" for s, b in result.best.items())
     print(f"evo run: stopped ({result.reason}) after {result.evaluations} evaluation(s), "
           f"{result.lost} abandoned; best: {best}", flush=True)

@@ -224,7 +224,7 @@ def test_flags_are_spelled_one_way() -> None:
     arch = {(a.default, a.metavar) for s in subs.values() for a in s._actions  # type: ignore[attr-defined]
             if "--arch" in a.option_strings}
     assert arch <= {("auto", "SM"), (None, "SM")}  # run: None = the file's value, else auto
-    for name in ("seed", "inspect", "export", "eval", "propose"):  # every command that prints a table
+    for name in ("seed", "run", "inspect", "export", "eval", "propose"):  # every command that prints a table or result
         assert any("--json" in a.option_strings for a in subs[name]._actions), name  # type: ignore[attr-defined]
 
 
@@ -312,3 +312,11 @@ def test_v1_logs_keep_plain_candidate_keys(tmp_path: Path) -> None:
     assert keys[-1] == c.id
     with Archive(root) as a:
         assert a.elites(S1, top=1)[0].candidate_id == c.id and c.id in a.candidate_ids(S1)
+
+
+def test_run_json_is_the_only_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = evo(capsys, "run", tmp_path / "a", "--shape", "64x64x64", "--pool", POOL, "--max-evals", "3",
+                         "--progress", "plain", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["format"] == "evo-run/1" and doc["evaluations"] == 3 and doc["reason"] == "evals"
+    assert "64x64x64:TN:f32" in doc["best"]

@@ -5,7 +5,12 @@ behind its knob ``#define``s) and a two-launch split-K plan; evaluations carry d
 timers, two kernels' ptxas stats and a provenance map. Every figure is wall time on this machine
 with a warm page cache (we do not drop caches on a shared machine), best of ``--repeat`` runs.
 
-    python bench/archive_bench.py [--records 100000] [--appends 4096] [--repeat 3] [--dir DIR]
+    python bench/archive_bench.py [--records 100000] [--appends 4096] [--repeat 3] [--dir DIR] [--commands]
+
+``--commands`` also times the user's commands on the big archive, as subprocesses (interpreter
+start included): ``evo inspect DIR --json`` and ``evo report DIR --out OUT``. ``EVO_ROOT=CHECKOUT``
+runs everything (the archive writing too) with another checkout's code, e.g. the one before a
+change: ``EVO_ROOT=/work/main python bench/archive_bench.py --commands``.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(os.environ.get("EVO_ROOT") or Path(__file__).resolve().parents[1]).resolve()
 sys.path.insert(0, str(ROOT))
 
 from populations import (Archive, Candidate, Evaluation, KernelStats, Launch, LaunchPlan, Shape,  # noqa: E402
@@ -97,12 +102,30 @@ def timed(fn, repeat: int) -> tuple[float, float]:
     return wall, cpu
 
 
+def _evo(argv: list[str]) -> float:
+    """Run ``python -m evo ARGV`` with ROOT's code, output discarded; raise if it fails. Returns
+    the child's CPU seconds (user + system), which a loaded machine's wall time hides."""
+    import resource
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = subprocess.run([sys.executable, "-m", "evo", *argv], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if res.returncode not in (0, 3):
+        raise RuntimeError(f"evo {' '.join(argv)} exited {res.returncode}: {res.stderr.strip()[-300:]}")
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--appends", type=int, default=4096)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temporary one, removed after)")
+    ap.add_argument("--commands", action="store_true", help="also time evo inspect and evo report on the big archive")
+    ap.add_argument("--skip-appends", action="store_true", help="skip the append-rate figures")
+    ap.add_argument("--skip-decode", action="store_true", help="skip decoding every record (minutes at 1M records)")
     args = ap.parse_args()
     scratch = Path(args.dir or tempfile.mkdtemp(prefix="archive_bench_"))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -113,7 +136,7 @@ def main() -> int:
         print(f"record sizes: candidate {len(encode(sample[0]))} B (source {len(sample[0].source)} B), "
               f"evaluation {len(encode(sample[1]))} B")
         recs = records(args.appends, seed=1, first=10**7)
-        for batch in (64, 1):
+        for batch in (() if args.skip_appends else (64, 1)):
             n = len(recs) if batch > 1 else min(len(recs), 1000)
             rate = max(bench_appends(scratch / f"append{batch}", recs[:n], batch) for _ in range(args.repeat))
             print(f"durable appends, commit every {batch:>2}: {rate:9.0f} records/s ({n} records)")
@@ -150,9 +173,15 @@ def main() -> int:
 
         for label, fn in [("open+scan (checksum + index)", open_scan), ("writer open (lock + scan + recover)", writer_open),
                           ("open+scan+status counts+top-10 elites", open_scan_elites),
-                          ("open+decode everything", open_decode_all)]:
+                          *([] if args.skip_decode else [("open+decode everything", open_decode_all)])]:
             wall, cpu = timed(fn, args.repeat)
             print(f"{label:40s}: {wall:6.2f} s wall, {cpu:6.2f} s CPU for {args.records} records")
+        if args.commands:
+            for label, argv in (("evo inspect DIR --json", ["inspect", str(big), "--json"]),
+                                ("evo report DIR --out OUT", ["report", str(big), "--out", str(scratch / "report")])):
+                cpus: list[float] = []
+                wall, _ = timed(lambda: cpus.append(_evo(argv)), args.repeat)
+                print(f"{label:40s}: {wall:6.2f} s wall, {min(cpus):6.2f} s CPU (a subprocess: interpreter start included)")
         print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     finally:
         if args.dir is None:

@@ -20,11 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 from populations import Candidate, LaunchPlan, PlanError, Shape, ShapeError, to_plain
+
+from ._cmd_args import UsageError, add_gpus, add_json, add_shapes, fail, parse_gpus
 
 EPILOG = """plan in the source (when --plan is not given): the file starts with one comment
   /* evo-plan: {"launches": [{"kernel": "k", "grid": ["cdiv(N, 16)", "cdiv(M, 16)", 1],
@@ -39,17 +40,17 @@ def add_parser(subparsers: Any) -> None:
                               description=__doc__.split("\n\n")[0], epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="CUDA source: extern \"C\" __global__ kernels, no host code")
-    p.add_argument("--shape", action="append", required=True, help="MxNxK[:TN|NN][:f32], repeatable")
+    add_shapes(p)
     p.add_argument("--plan", help="launch plan (.json or .toml); default: the /* evo-plan: {...} */ comment")
     p.add_argument("--generic", action="store_true", help="claim every M,N,K (adds small ragged checks)")
-    p.add_argument("--gpus", type=int, default=None, help="how many GPUs (default: all visible)")
+    add_gpus(p)
     p.add_argument("--timers", default="device,offline,server")
     p.add_argument("--loader", choices=["driver", "pycuda"], default="driver",
                    help="how the worker loads and launches the kernel (pycuda: where it is installed)")
     p.add_argument("--quick", action="store_true",
                    help="time as a run does (fewer device-timer replays, one rotation) instead of the precise "
                         "preset (evaluators.PRECISE_JOB: 4x the replays over 3 fresh rotations, repeatable across starts)")
-    p.add_argument("--json", action="store_true", help="print the Evaluations as JSON")
+    add_json(p, "the Evaluations")
 
 
 def load_plan(source: str, plan_path: str | None) -> LaunchPlan:
@@ -73,28 +74,29 @@ def load_plan(source: str, plan_path: str | None) -> LaunchPlan:
 
 
 def build_candidate(args: argparse.Namespace) -> Candidate:
+    shapes = tuple(Shape.parse(s) for s in args.shape)  # first: a bad shape is named whatever the file holds
     source = Path(args.file).read_text()
     plan = load_plan(source, args.plan)
-    shapes = tuple(Shape.parse(s) for s in args.shape)
     return Candidate(source=source, plan=plan, shapes=shapes, generic=args.generic, operator="evo eval",
                      meta={"file": str(args.file)})
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        gpus = parse_gpus(args.gpus)
         cand = build_candidate(args)
-    except (OSError, ValueError, PlanError, ShapeError, json.JSONDecodeError) as exc:
-        print(f"evo eval: {exc}", file=sys.stderr)
-        return 2
+    except OSError as exc:
+        return fail("eval", f"{exc.filename or args.file}: {exc.strerror or exc}")
+    except (ValueError, PlanError, ShapeError, json.JSONDecodeError, UsageError) as exc:  # UnicodeDecodeError too
+        return fail("eval", f"{args.file}: {exc}" if isinstance(exc, UnicodeDecodeError) else exc)
     from evaluators import PRECISE_JOB, LocalPool, WorkerUnavailable
 
     try:
-        with LocalPool(gpus=args.gpus, compile_workers=1, timers=tuple(args.timers.split(",")),
+        with LocalPool(gpus=gpus, compile_workers=1, timers=tuple(args.timers.split(",")),
                        job_options=None if args.quick else PRECISE_JOB, worker_options={"loader": args.loader}) as pool:
             evals = pool.evaluate([cand])
     except WorkerUnavailable as exc:
-        print(f"evo eval: {exc}", file=sys.stderr)
-        return 2
+        return fail("eval", exc)
     if args.json:
         print(json.dumps([to_plain(e) for e in evals], indent=1, default=str))
     else:

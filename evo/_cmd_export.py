@@ -1,4 +1,4 @@
-"""``evo export ARCHIVE --out LIB [--arch sm_90a]``
+"""``evo export ARCHIVE --out LIB [--arch auto|sm_90a|...] [--json]``
 
 Builds a deployable library from an archive: per shape the best non-flagged ``ok`` kernel,
 compiled with nvcc into LIB/libevo_hgemm.so with a C ABI launcher per shape
@@ -6,25 +6,58 @@ compiled with nvcc into LIB/libevo_hgemm.so with a C ABI launcher per shape
 ``evo_hgemm_nn`` (NN), the generated sources under LIB/src, and LIB/manifest.json (shapes,
 sources' sha256, measured speedups per timer, workspace bytes, GPU and provenance, and the shapes
 skipped with the reason). A shape whose best kernel is not faster than cuBLAS in GPU time is
-left to cuBLAS (the manifest's paths say which path each shape takes and why). Load it in Python with ``evo.load_library(LIB)``.
-Exit status 0, or 2 with one line on stderr and nothing written for bad input or a failed build.
+left to cuBLAS (the manifest's paths say which path each shape takes and why; --keep-slower
+exports it anyway). Load it in Python with ``evo.load_library(LIB)``. ``--arch auto`` (the
+default) is the architecture the archive's best kernels were measured on.
+Exit status 0, or 2 with one line on stderr and nothing written for bad input, an unwritable
+LIB, an archive with nothing to export, or a failed build.
 """
 from __future__ import annotations
 
+import json
+import shutil
 import sys
-from typing import Any
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional
 
-__all__ = ["add_parser", "run"]
+from ._cmd_args import EXIT_BAD_INPUT, add_archive, add_arch, add_json, archive_of, fail, resolve_arch
+
+__all__ = ["add_parser", "run", "measured_arch"]
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("export", help="build a shared library of the best kernel per shape",
                               description=__doc__.split("\n\n")[1])
-    p.add_argument("archive", metavar="ARCHIVE", help="archive directory")
+    add_archive(p)
     p.add_argument("--out", required=True, metavar="LIB", help="output directory (new, or an earlier export to replace)")
-    p.add_argument("--arch", default="sm_90a", help="target architecture, as the evaluations were measured (default sm_90a)")
+    add_arch(p)
     p.add_argument("--keep-slower", action="store_true",
                    help="also export kernels not faster than cuBLAS (by default those shapes are left to cuBLAS)")
+    add_json(p, "the library's manifest")
+
+
+def measured_arch(archive: Any) -> Optional[str]:
+    """The architecture most of the shapes' best kernels were measured on (None: no elite anywhere)."""
+    archs = Counter(e[0].latest.arch for e in (archive.elites(s, top=1) for s in archive.shapes()) if e)
+    return archs.most_common(1)[0][0] if archs else None
+
+
+def _exportable(path: str, arch: str) -> str:
+    """The concrete arch to build for; ExportError-worthy problems raise ValueError with what would work."""
+    from populations import Archive
+
+    archive = Archive(path, "r")
+    try:
+        measured = measured_arch(archive)
+        if measured is None:
+            shapes = archive.shapes()
+            what = f"{len(shapes)} shape(s) but no ok, unflagged evaluation" if shapes else "no shapes"
+            raise ValueError(f"{path}: nothing to export: the archive has {what}; evaluate kernels first "
+                             f"(evo run {path} --shape ...)")
+    finally:
+        archive.close()
+    return measured if arch == "auto" else resolve_arch(arch)  # type: ignore[return-value]
 
 
 def run(args: Any) -> int:
@@ -32,11 +65,27 @@ def run(args: Any) -> int:
 
     from ._export import ExportError, export
 
+    out = Path(args.out)
+    existed = out.exists()
     try:
-        manifest = export(args.archive, args.out, args.arch, keep_slower=args.keep_slower)
-    except (ExportError, ArchiveError) as exc:
-        print(f"evo export: {exc}", file=sys.stderr)
-        return 2
+        path = archive_of(args)
+        arch = _exportable(path, args.arch.strip().lower())  # type: ignore[arg-type]
+        manifest = export(path, args.out, arch, keep_slower=args.keep_slower)
+    except (ExportError, ArchiveError, ValueError) as exc:
+        return fail("export", exc)
+    except OSError as exc:
+        return fail("export", f"--out {args.out}: cannot write the library there: {exc.strerror or exc}")
+    if not manifest["kernels"]:
+        if not existed:
+            shutil.rmtree(out, ignore_errors=True)  # a library of 0 kernels is no success: leave nothing
+        reasons = "; ".join(f"{s['shape']}: {s['reason']}" for s in manifest["skipped"][:3])
+        return fail("export", f"no kernel could be exported for {arch} ({reasons}); try --arch auto "
+                              "(the architecture the kernels were measured on), or --keep-slower where every kernel "
+                              "lost to cuBLAS", EXIT_BAD_INPUT)
+    if args.json:
+        json.dump(manifest, sys.stdout, indent=1, sort_keys=True, default=str)
+        sys.stdout.write("\n")
+        return 0
     for e in manifest["kernels"]:
         speed = " ".join(f"{k} {v:.3f}x" for k, v in e["speedups"].items())
         print(f"{e['shape']:>26}  {e['template'] or 'free-form':>12}  {e['candidate']}  {speed}")

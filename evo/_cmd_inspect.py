@@ -1,4 +1,4 @@
-"""``evo inspect DIR [--shape S] [--top N] [--lineage ID] [--json | --csv]``
+"""``evo inspect ARCHIVE [--shape S] [--top N] [--lineage ID] [--json | --csv] [--width N] [--allow-damaged]``
 
 Reads an archive (without locking it or writing anything) and shows, per shape, the best
 speedup over cuBLAS, how many evaluations ended in each status, and the elite table: one row
@@ -6,8 +6,12 @@ per candidate ranked by its median device-timer speedup over its ok, unflagged m
 with the timings of its latest such measurement. ``--lineage ID`` (a unique id prefix will do)
 shows a candidate's ancestry across shapes instead. ``--json`` prints the stable document of
 docs/inspect-json.md (``"format": "evo-inspect/1"``); ``--csv`` prints the table rows.
-Exit status 0, or 2 with a one-line message on stderr (and nothing on stdout) for bad input:
-a missing directory, a directory that is not an archive, a bad shape, an unknown id.
+Tables fit the terminal's width (``--width N`` sets it; 200 columns when not a terminal).
+Exit status 0; 2 with a one-line message on stderr (and nothing on stdout) for bad input:
+a missing directory, a directory that is not an archive, a bad shape, an unknown id; 3 when
+the archive is damaged (a torn tail, damaged or undecodable records, an unreadable shape log):
+what could be read is printed, each problem is a warning on stderr, and ``--allow-damaged``
+makes that exit 0.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from typing import Any, Optional
 from populations import Archive, ArchiveError, Elite, LineageNode, Shape, ShapeError, Status
 
 from ._calibration import evaluation_roofline, load_calibration
+from ._cmd_args import EXIT_BAD_INPUT, EXIT_DAMAGED, SHAPE_METAVAR, UsageError, add_archive, archive_of, fail, warn
 
 __all__ = ["add_parser", "run", "build_report", "FORMAT"]
 
@@ -32,13 +37,16 @@ TIMER_ORDER = ("device", "offline")  # shown first, in this order; any others fo
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("inspect", help="show an archive's elites, statuses and lineage",
                               description=__doc__.split("\n\n")[1])
-    p.add_argument("archive", metavar="DIR", help="archive directory")
-    p.add_argument("--shape", action="append", help="only this shape, MxNxK[:TN|NN][:f32|f16] (repeatable)")
+    add_archive(p)
+    p.add_argument("--shape", action="append", metavar=SHAPE_METAVAR, help="only this shape (repeatable)")
     p.add_argument("--top", default="10", help="elite rows per shape (default 10)")
     p.add_argument("--lineage", metavar="ID", help="show the ancestry of one candidate (id or unique prefix)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print the evo-inspect/1 JSON document")
     fmt.add_argument("--csv", action="store_true", help="print the rows as CSV")
+    p.add_argument("--width", type=int, metavar="N", help="table width in columns (default: the terminal's; 200 when piped)")
+    p.add_argument("--allow-damaged", action="store_true",
+                   help="exit 0 even when the archive is damaged (the damage is still reported on stderr)")
 
 
 class InputError(Exception):
@@ -195,14 +203,26 @@ def render_lineage_text(tree: LineageNode) -> str:
     return "\n".join("  " * depth + ("<- " if depth else "") + _node_label(node) for depth, node in tree.walk()) + "\n"
 
 
-def render_rich(report: dict[str, Any], tree: Optional[LineageNode], out: Any) -> None:
+def table_width(out: Any, width: Optional[int] = None) -> int:
+    """Columns for the tables: ``width`` if given, else the terminal's (COLUMNS, then the tty's
+    size), else 200 (piped output is read in editors and logs, not cut to 80)."""
+    if width:
+        return width
+    if out.isatty():
+        import shutil
+
+        return shutil.get_terminal_size((200, 24)).columns
+    return 200
+
+
+def render_rich(report: dict[str, Any], tree: Optional[LineageNode], out: Any, width: Optional[int] = None) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
     from rich.tree import Tree
 
     terminal = out.isatty()
-    console = Console(file=out, width=None if terminal else 200, no_color=not terminal, highlight=False)
+    console = Console(file=out, width=table_width(out, width), no_color=not terminal, highlight=False)
     for s in report["shapes"]:
         best = "no elite yet" if s["best_speedup"] is None else f"best {s['best_speedup']:.3f}x vs cuBLAS"
         console.print(f"[bold]{escape(s['shape'])}[/bold]  {best}  "
@@ -259,29 +279,36 @@ def _parse(args: argparse.Namespace) -> tuple[Optional[list[Shape]], int]:
         raise InputError(f"--top must be a whole number, got {args.top!r}") from None
     if top < 1:
         raise InputError(f"--top must be at least 1, got {top}")
+    if args.width is not None and args.width < 40:
+        raise InputError(f"--width must be at least 40 columns, got {args.width}")
     return shapes, top
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         shapes, top = _parse(args)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            archive = Archive(args.archive, mode="r")
+        path = archive_of(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the damage is reported below, from Archive.problems()
+            archive = Archive(path, mode="r")  # type: ignore[arg-type]
             try:
                 report, tree = build_report(archive, shapes, top, args.lineage)
+                problems = archive.problems(all_shapes=shapes is None and args.lineage is None)
             finally:
                 archive.close()
-    except (InputError, ArchiveError) as exc:
-        print(f"evo inspect: {exc}", file=sys.stderr)
-        return 2
-    for w in caught:  # damage the reader skipped: say so, one line each
-        print(f"evo inspect: warning: {w.message}", file=sys.stderr)
+    except (InputError, ArchiveError, UsageError) as exc:
+        return fail("inspect", exc, EXIT_BAD_INPUT)
+    for problem in problems:  # damage the reader skipped: say so, one line each
+        warn("inspect", problem)
     if args.json:
         json.dump(report, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     elif args.csv:
         render_csv(report, tree, sys.stdout)
     else:
-        render_rich(report, tree, sys.stdout)
+        render_rich(report, tree, sys.stdout, args.width)
+    if problems and not args.allow_damaged:
+        warn("inspect", f"the archive is damaged ({len(problems)} problem(s) above); exit status {EXIT_DAMAGED} "
+                        "(--allow-damaged: 0)")
+        return EXIT_DAMAGED
     return 0

@@ -15,6 +15,7 @@ from typing import Any
 
 from operators import OperatorContext, ParentView, get_operator
 
+from ._cmd_args import SHAPE_METAVAR, add_archive, add_arch, add_json, archive_of, fail, resolve_arch
 from ._cmd_run import add_llm_flags, llm_options
 from ._config import ConfigError
 from populations import Archive, ArchiveError, Shape, ShapeError, load_templates
@@ -25,15 +26,15 @@ FORMAT = "evo-propose/1"
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("propose", help="show an operator's proposals for a shape's elites (no evaluation)",
                               description=__doc__.split("\n\n")[1])
-    p.add_argument("--archive", metavar="DIR", required=True, help="archive directory (read only)")
-    p.add_argument("--shape", required=True, help="the shape, MxNxK[:TN|NN][:f32|f16]")
+    add_archive(p, "archive directory (read only)")
+    p.add_argument("--shape", required=True, metavar=SHAPE_METAVAR, help="the shape")
     p.add_argument("--operator", default="llm", help="operator name (default llm; see operators/settings.toml)")
     p.add_argument("--mode", choices=("knobs", "edits", "source"), help="answer format for LLM operators")
     p.add_argument("-n", type=int, default=2, help="proposals per elite (default 2)")
     p.add_argument("--top", type=int, default=3, help="how many elites to use as parents (default 3)")
-    p.add_argument("--arch", default="90", help="target architecture for the prompt and templates (default 90)")
+    add_arch(p)
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--json", action="store_true", help="print the evo-propose/1 JSON document")
+    add_json(p, "the evo-propose/1 document")
     add_llm_flags(p)
 
 
@@ -53,10 +54,11 @@ def _row(parent: ParentView, p: Any) -> dict[str, Any]:
 def propose(archive: Archive, shape: Shape, args: argparse.Namespace) -> list[dict[str, Any]]:
     """The rows of the report: one per proposal (or failure), parents the top elites in rank order."""
     options = {**llm_options(args), **({"mode": args.mode} if args.mode else {})}
+    arch = resolve_arch(args.arch)
     op = get_operator(args.operator, **options) if args.operator.startswith("llm") else get_operator(args.operator)
     cands = {c.id: c for c in archive.candidates(shape)}
     history = [(cands[e.candidate_id], e) for e in archive.evaluations(shape) if e.candidate_id in cands]
-    context = OperatorContext(history, load_templates(errors="warn"), arch=args.arch)
+    context = OperatorContext(history, load_templates(errors="warn"), arch=arch)  # type: ignore[arg-type]
     elites = [e for e in archive.elites(shape, top=args.top) if e.candidate is not None]
     views = [ParentView(e.candidate, e.latest) for e in elites]
     rng = random.Random(args.seed)
@@ -70,19 +72,18 @@ def propose(archive: Archive, shape: Shape, args: argparse.Namespace) -> list[di
 
 def run(args: argparse.Namespace) -> int:
     if args.n < 1 or args.top < 1:
-        print("evo propose: -n and --top must be >= 1", file=sys.stderr)
-        return 2
+        return fail("propose", "-n and --top must be >= 1")
     try:
+        llm_options(args)  # an unknown model fails here, at once and offline
+        resolve_arch(args.arch)
         shape = Shape.parse(args.shape)
-        archive = Archive(args.archive, mode="r")
-    except (ShapeError, ArchiveError, ValueError) as exc:
-        print(f"evo propose: {exc}", file=sys.stderr)
-        return 2
+        archive = Archive(archive_of(args), mode="r")  # type: ignore[arg-type]
+    except (ShapeError, ArchiveError, ValueError, ConfigError) as exc:
+        return fail("propose", exc)
     try:
         rows = propose(archive, shape, args)
     except (KeyError, ImportError, ValueError, TypeError, ConfigError) as exc:  # unknown operator, missing extra, bad option
-        print(f"evo propose: {exc}", file=sys.stderr)
-        return 2
+        return fail("propose", exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
     finally:
         archive.close()
     if args.json:

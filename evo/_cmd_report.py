@@ -4,12 +4,14 @@ Writes a static HTML report of an archive to DIR/index.html: the summary per tim
 median, min, wins, per FLOP decade), plots as PNG files beside it (speedup vs FLOPs, per-decade
 box plots; needs matplotlib), the per-shape table (best speedup per timer, template, knobs,
 status counts) and the lineage of each shape's best kernel. No network resources: open it
-anywhere. Exit status 0, or 2 with one line on stderr and nothing written for bad input.
+anywhere. Exit status 0, or 2 with one line on stderr and nothing written for bad input, an
+unwritable DIR or an archive without a single evaluation.
 """
 from __future__ import annotations
 
-import sys
 from typing import Any
+
+from ._cmd_args import add_archive, archive_of, fail
 
 __all__ = ["add_parser", "run"]
 
@@ -17,8 +19,21 @@ __all__ = ["add_parser", "run"]
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("report", help="write a static HTML report of an archive",
                               description=__doc__.split("\n\n")[1])
-    p.add_argument("archive", metavar="ARCHIVE", help="archive directory")
+    add_archive(p)
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (new, or an earlier report to replace)")
+
+
+def _has_evaluations(path: str) -> None:
+    """ValueError saying what would work when the archive has nothing to report."""
+    from populations import Archive
+
+    archive = Archive(path, "r")
+    try:
+        if not any(sum(archive.status_counts(s).values()) for s in archive.shapes()):
+            raise ValueError(f"{path}: nothing to report: the archive has no evaluations "
+                             f"({len(archive.shapes())} shape(s)); evaluate kernels first (evo run {path} --shape ...)")
+    finally:
+        archive.close()
 
 
 def run(args: Any) -> int:
@@ -27,9 +42,12 @@ def run(args: Any) -> int:
     from ._report import ReportError, build_report
 
     try:
-        index = build_report(args.archive, args.out)
-    except (ReportError, ArchiveError) as exc:
-        print(f"evo report: {exc}", file=sys.stderr)
-        return 2
+        path = archive_of(args)
+        _has_evaluations(path)  # type: ignore[arg-type]
+        index = build_report(path, args.out)  # type: ignore[arg-type]
+    except (ReportError, ArchiveError, ValueError) as exc:
+        return fail("report", exc)
+    except OSError as exc:
+        return fail("report", f"--out {args.out}: cannot write the report there: {exc.strerror or exc}")
     print(index)
     return 0

@@ -1,4 +1,4 @@
-"""``evo rl``: RL updates of the LLM operator's model from archives (issue 8).
+"""``evo rl``: RL updates of the LLM operator's model from archives.
 
 ``evo rl export ARCHIVE... --out DATASET.jsonl [--since T] [--last N]`` writes every evaluated
 LLM-made candidate as a (prompt, completion, reward) row in JSON lines (trl's conversational
@@ -14,9 +14,10 @@ replayed beside the samples, and writes a peft adapter with its evo-adapter.json
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
+
+from ._cmd_args import fail
 
 __all__ = ["add_parser", "run"]
 
@@ -57,12 +58,14 @@ def _export(args: argparse.Namespace) -> int:
             archives.append(Archive(path, mode="r"))
         rows = export_rows(archives, since=args.since, last=args.last)
     except ArchiveError as exc:
-        print(f"evo rl export: {exc}", file=sys.stderr)
-        return 2
+        return fail("rl export", exc)
     finally:
         for a in archives:
             a.close()
-    n = write_jsonl(rows, args.out)
+    try:
+        n = write_jsonl(rows, args.out)
+    except OSError as exc:
+        return fail("rl export", f"--out {args.out}: cannot write the dataset there: {exc.strerror or exc}")
     groups = len({r["group"] for r in rows})
     print(f"evo rl export: {n} rows in {groups} groups -> {args.out}")
     return 0
@@ -90,8 +93,9 @@ def _train(args: argparse.Namespace) -> int:
         if Path(args.out).exists() and any(Path(args.out).iterdir()):
             raise ValueError(f"--out {args.out} exists and is not empty")
     except (DatasetError, ArchiveError, ValueError) as exc:
-        print(f"evo rl train: {exc}", file=sys.stderr)
-        return 2
+        return fail("rl train", exc)
+    except OSError as exc:
+        return fail("rl train", f"{exc.filename or args.out}: {exc.strerror or exc}")
     from operators.llm import DEFAULT_MODEL, load_backend
 
     from .rl._grpo import prompts_from_rows
@@ -99,9 +103,7 @@ def _train(args: argparse.Namespace) -> int:
 
     templates = load_templates(errors="warn")
     if not prompts_from_rows(rows, templates)[0]:
-        print("evo rl train: no trainable rows (knob edits of a loaded template's parent) in the dataset",
-              file=sys.stderr)
-        return 2
+        return fail("rl train", "no trainable rows (knob edits of a loaded template's parent) in the dataset")
     backend = load_backend(args.model or DEFAULT_MODEL, args.device)
     policy = Policy(backend, seed=args.seed, init_adapter=args.init_adapter)
     try:

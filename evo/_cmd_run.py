@@ -9,25 +9,25 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ._cmd_args import (EXIT_INTERRUPTED, SHAPE_HELP, SHAPE_METAVAR, UsageError, add_archive,
+                        add_gpus, add_json, archive_of, fail, open_writer, parse_gpus, resolve_arch)
 from ._config import ConfigError, PoolConfig, RunConfig, load_config, merge
 
 __all__ = ["add_parser", "run", "config_from_args", "make_pool", "make_operators", "expand_operators", "ALIASES"]
 
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("run", help="evolve kernels for shapes into an archive",
                               description="Evolve HGEMM kernels per shape; resumes when the archive exists.")
-    p.add_argument("--shape", action="append", dest="shapes", metavar="MxNxK[:TN|NN][:f32|f16]",
-                   help="a shape to optimise (repeat for several)")
-    p.add_argument("--archive", metavar="DIR", help="archive directory (created, or resumed when it exists)")
+    add_archive(p, "archive directory (created, or resumed when it exists; or archive in the config file)")
+    p.add_argument("--shape", action="append", dest="shapes", metavar=SHAPE_METAVAR, help=SHAPE_HELP + " (repeatable)")
     p.add_argument("--config", metavar="TOML", help="run configuration file; flags override it")
     p.add_argument("--budget", metavar="DURATION", help="wall-time budget, e.g. 20m, 1h30m, 90s")
     p.add_argument("--gpu-seconds", metavar="DURATION", help="GPU-time budget (correctness + timing), e.g. 600 or 10m")
@@ -40,14 +40,16 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--converge-window", type=int, metavar="N",
                    help="stop a shape after N evaluations without improving its best by more than the threshold")
     p.add_argument("--converge-threshold", type=float, metavar="FRACTION", help="relative improvement that counts (default 0.005)")
-    p.add_argument("--gpus", metavar="LIST", help="GPU indices for the pool, e.g. 0 or 0,1 (default: all visible)")
+    add_gpus(p)
     p.add_argument("--compile-workers", type=int, metavar="N", help="CPU compile processes (default 4)")
     p.add_argument("--max-inflight", type=int, metavar="N", help="candidates in flight (default 2 x GPUs + compile workers)")
     p.add_argument("--ray", metavar="auto|ADDRESS",
                    help="evaluate on a Ray cluster: auto (the cluster on this machine, else a new local one) "
                         "or HEAD:6379 of a running cluster (default: the local pool)")
-    p.add_argument("--arch", metavar="SM", help="target architecture, e.g. sm_90a (default: the pool's GPU)")
+    p.add_argument("--arch", metavar="SM", help="target architecture: sm_80, sm_86, sm_89, sm_90a or auto "
+                                                "(default: the pool's GPU)")
     p.add_argument("--progress", choices=("auto", "rich", "plain", "none"), help="live progress display")
+    add_json(p, "the run's result (stop reason, evaluations, best per shape)")
     p.add_argument("--no-transfer", action="store_true", default=None,
                    help="do not seed new shapes from the elites of nearby archived shapes")
     add_llm_flags(p)
@@ -59,23 +61,36 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _gpus(text: Optional[str]) -> Optional[list[int]]:
-    if text is None:
-        return None
+    """--gpus as the pool's index list (count:N is the first N; None: the file's or every visible GPU)."""
     try:
-        return [int(g) for g in text.split(",") if g.strip()]
-    except ValueError:
-        raise ConfigError(f"--gpus: a comma-separated list of GPU indices, got {text!r}") from None
+        gpus = parse_gpus(text)
+    except UsageError as exc:
+        raise ConfigError(str(exc)) from None
+    return list(range(gpus)) if isinstance(gpus, int) else gpus
+
+
+def _arch(text: Optional[str]) -> Optional[str]:
+    if text is None or text.strip().lower() == "auto":
+        return None if text is None else "auto"
+    try:
+        return resolve_arch(text)
+    except UsageError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The run configuration: the file (if any) with the flags laid over it."""
     file_values = load_config(args.config) if args.config else {}
+    try:
+        archive = archive_of(args, required=False)
+    except UsageError as exc:
+        raise ConfigError(str(exc)) from None
     pool = {k: v for k, v in {"gpus": _gpus(args.gpus), "compile_workers": args.compile_workers,
-                                "max_inflight": args.max_inflight, "arch": args.arch, "kind": args.pool,
+                                "max_inflight": args.max_inflight, "arch": _arch(args.arch), "kind": args.pool,
                                 "ray": args.ray}.items()
             if v is not None}
     flags: dict[str, Any] = {
-        "shapes": args.shapes, "archive": args.archive, "budget": args.budget, "gpu_seconds": args.gpu_seconds,
+        "shapes": args.shapes, "archive": archive, "budget": args.budget, "gpu_seconds": args.gpu_seconds,
         "max_evals": args.max_evals, "max_tokens": args.max_tokens, "operators": args.operators,
         "seed": args.seed, "seeds_per_template": args.seeds_per_template,
         "converge_window": args.converge_window, "converge_threshold": args.converge_threshold,
@@ -160,10 +175,25 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         from operators.llm import resolve_model
         try:
             for m in out.get("models", ()):
+                known_model(m, out.get("model_config", ()))
                 resolve_model(m, out.get("model_config", ()))
-        except ValueError as exc:
+        except (ValueError, OSError) as exc:
             raise ConfigError(f"--model: {exc}") from None
     return out
+
+
+def known_model(name: str, files: Any = ()) -> None:
+    """ValueError, at once and offline, for a model name that is neither a table name, a spec
+    string (``openai:``, ``transformers:``, ``vllm:``) nor a local model folder: a bare unknown
+    name would otherwise be tried as a hub id over the network."""
+    from operators.llm import BACKENDS, load_models
+
+    tables = load_models(*files)
+    kind, sep, rest = name.strip().partition(":")
+    if name.strip() in tables or (sep and kind in BACKENDS and rest) or Path(name).is_dir():
+        return
+    raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(tables))}; or a spec: openai:MODEL@URL, "
+                     "transformers:PATH_OR_HUB_ID[@DEVICE], vllm:PATH (more tables: --llm-config FILE)")
 
 
 def make_operators(weights: dict[str, float], llm: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -182,6 +212,34 @@ def make_operators(weights: dict[str, float], llm: Optional[dict[str, Any]] = No
         except ImportError as exc:
             raise ConfigError(f"operators: {exc}") from None
     return out
+
+
+def _need_gpus(pool: PoolConfig) -> None:
+    """ConfigError, before anything is created, when the local pool would have no GPU to use."""
+    if pool.kind != "local" or pool.ray:
+        return  # a test double, or a Ray cluster whose GPUs may be on other nodes
+    from evaluators import visible_gpus
+
+    visible = visible_gpus()
+    if not visible:
+        raise ConfigError("no NVIDIA GPU is visible here (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES is empty); "
+                          "evo run evaluates on a GPU: run it on a GPU machine, or with --ray ADDRESS on a cluster "
+                          "with GPUs (evo seed and evo inspect work without one)")
+    missing = [g for g in pool.gpus if g not in visible]
+    if missing:
+        raise ConfigError(f"--gpus: GPU(s) {missing} are not visible (visible: {visible})")
+
+
+def _remove_fresh(path: Path) -> None:
+    """Remove an archive this run created and could not use (only evo's own files in it)."""
+    import shutil
+
+    from populations._archive import LOCK, MANIFEST
+
+    from ._progress import EVENTS_FILE
+
+    if path.is_dir() and set(os.listdir(path)) <= {LOCK, MANIFEST, EVENTS_FILE}:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _close_pool(pool: Any, abandon: bool) -> None:
@@ -208,7 +266,7 @@ def _rl_updater(cfg: RunConfig, operators: dict[str, Any], templates: Any, event
 
 def run(args: argparse.Namespace) -> int:
     from populations import load_templates
-    from populations import Archive, ArchiveError
+    from populations import ArchiveError
 
     from ._calibration import ensure_calibration
     from ._engine import Engine, pool_gpus
@@ -219,10 +277,11 @@ def run(args: argparse.Namespace) -> int:
         cfg.operators = expand_operators(cfg.operators)
         operators = make_operators(cfg.operators, llm_options(args))
         templates = load_templates(errors="warn")
-        archive = Archive(cfg.archive, mode="w")
+        _need_gpus(cfg.pool)  # before the archive: a run that cannot start creates nothing
+        fresh = not Path(cfg.archive).exists()  # type: ignore[arg-type]
+        archive = open_writer("run", cfg.archive)
     except (ConfigError, ArchiveError) as exc:
-        print(f"evo run: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return fail("run", exc)
     assert cfg.archive is not None
     pool = engine = updater = None
     events = EventLog(Path(cfg.archive) / EVENTS_FILE)
@@ -233,13 +292,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             pool = make_pool(cfg.pool)
-        except ConfigError as exc:
-            print(f"evo run: error: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        except Exception as exc:  # no GPU, a worker that cannot start: say so, no traceback
-            print(f"evo run: error: cannot start the evaluator pool: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 1
-        progress = Progress(cfg.shapes, pool_gpus(pool, cfg), cfg.progress, cfg.progress_interval_s)
+        except Exception as exc:  # a bad pool setting, a worker that cannot start: say so, no traceback
+            archive.close()
+            events.close()
+            if fresh:
+                _remove_fresh(Path(cfg.archive))
+            what = exc if isinstance(exc, ConfigError) else f"cannot start the evaluator pool: {type(exc).__name__}: {exc}"
+            return fail("run", what)
+        progress = Progress(cfg.shapes, pool_gpus(pool, cfg), cfg.progress, cfg.progress_interval_s,
+                            stream=sys.stderr if getattr(args, "json", False) else None)  # stdout: the JSON alone
         engine = Engine(cfg, archive, pool, operators, templates, events=events, progress=progress,
                         calibration=calibration)
         if cfg.rl.every:
@@ -261,6 +322,14 @@ def run(args: argparse.Namespace) -> int:
         events.close()
         if pool is not None:
             _close_pool(pool, abandon=engine is None or engine.lost > 0)
+    if getattr(args, "json", False):
+        import json
+
+        json.dump({"format": "evo-run/1", "archive": str(cfg.archive), "reason": result.reason,
+                   "evaluations": result.evaluations, "abandoned": result.lost,
+                   "best": {str(s): b for s, b in result.best.items()}}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return EXIT_INTERRUPTED if result.reason in ("interrupted", "abandoned") else 0
     best = ", ".join(f"{s} {b:.3f}x" if b is not None else f"{s} -" for s, b in result.best.items())
     print(f"evo run: stopped ({result.reason}) after {result.evaluations} evaluation(s), "
           f"{result.lost} abandoned; best: {best}", flush=True)

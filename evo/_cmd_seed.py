@@ -1,21 +1,27 @@
-"""``evo seed --shape S [--shape ...] --archive DIR [--per-template N] [--seed INT] [--specialize]``
+"""``evo seed ARCHIVE --shape S [--shape ...] [--per-template N] [--seed INT] [--specialize] [--arch SM] [--json]``
 
 Fills an archive with a first population per shape, from every seed template that applies to the
 shape on the target architecture: the template's cuBLAS-like heuristic picks first (tile by
 shape, split-K for small M·N with large K), then valid random samples chosen to be far apart in
 the knob space (greedy farthest-point over per-axis distances), de-duplicated, each a
 Candidate with operator "seed". Exit status 0 on success, 2 on bad
-input (an unparsable shape, an unknown template, a non-positive count).
+input (an unparsable shape, an unknown template, a non-positive count, a shape no template
+covers on the target architecture: then nothing is written and the message says which
+templates cover which layouts, contracts and architectures).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 from typing import Any, Mapping, Sequence
 
-from populations import Archive, ArchiveError, Candidate, Shape, ShapeError, Template, TemplateError, load_templates
+from populations import ArchiveError, Candidate, Shape, ShapeError, Template, TemplateError, load_templates
 from populations._knobs import KnobSpace, knob_key
+
+from ._cmd_args import (UsageError, add_archive, add_arch, add_json, add_shapes, archive_of, fail,
+                        open_writer, resolve_arch)
 
 __all__ = ["add_parser", "run", "seed_population", "knob_distance", "spread"]
 
@@ -26,14 +32,15 @@ POOL_FACTOR = 12
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("seed", help="seed an archive with template candidates for some shapes",
                               description=__doc__.split("\n\n")[1])
-    p.add_argument("--shape", action="append", required=True, help="MxNxK[:TN|NN][:f32], repeatable")
-    p.add_argument("--archive", required=True, help="archive directory (created if absent)")
+    add_archive(p, "archive directory (created if absent)")
+    add_shapes(p)
     p.add_argument("--per-template", type=int, default=8, help="candidates per template and shape (default 8)")
     p.add_argument("--seed", type=int, default=0, help="random seed for the samples (default 0)")
     p.add_argument("--specialize", action="store_true", help="fold M, N, K into the source and plan")
     p.add_argument("--templates", default=None, help="comma-separated template names (default: all that apply)")
-    p.add_argument("--arch", default="sm_90a", help="target architecture, e.g. sm_80 or sm_90a (default sm_90a)")
+    add_arch(p)
     p.add_argument("--dry-run", action="store_true", help="print the candidates' knobs, write nothing")
+    add_json(p, "the candidates per shape")
 
 
 def knob_distance(space: KnobSpace, a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
@@ -95,52 +102,73 @@ def seed_population(shape: Shape, templates: Sequence[Template], per_template: i
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+def coverage(templates: Sequence[Template]) -> str:
+    """What the templates cover, for the message of a shape none applies to."""
+    return "; ".join(f"{t.name}: {'/'.join(t.layouts)}, {'/'.join(t.contracts)}"
+                     + (f", needs {'/'.join(t.arch_features)}" if t.arch_features else "")
+                     for t in sorted(templates, key=lambda t: t.name))
+
+
+def _seed(args: argparse.Namespace) -> tuple[str, dict[Shape, list[Candidate]]]:
+    """The archive path and the candidates per shape; UsageError for anything that cannot be seeded."""
+    path = archive_of(args, required=not args.dry_run)
     try:
         shapes = [Shape.parse(s) for s in args.shape]
     except ShapeError as exc:
-        print(f"evo seed: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
     if args.per_template < 1:
-        print(f"evo seed: --per-template must be >= 1, got {args.per_template}", file=sys.stderr)
-        return 2
-    try:
-        templates = load_templates(errors="warn")
-    except TemplateError as exc:  # pragma: no cover - errors="warn" skips broken folders
-        print(f"evo seed: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--per-template must be >= 1, got {args.per_template}")
+    arch = resolve_arch(args.arch)
+    templates = load_templates(errors="warn")
     if args.templates:
         names = [n.strip() for n in args.templates.split(",") if n.strip()]
         unknown = [n for n in names if n not in templates]
         if unknown:
-            print(f"evo seed: unknown template(s) {unknown}; known: {sorted(templates)}", file=sys.stderr)
-            return 2
+            raise UsageError(f"unknown template(s) {unknown}; known: {sorted(templates)}")
         templates = {n: templates[n] for n in names}
     rng = random.Random(args.seed)
     try:
         per_shape = {s: seed_population(s, list(templates.values()), args.per_template, rng,
-                                        arch=args.arch, specialize=args.specialize) for s in shapes}
+                                        arch=arch, specialize=args.specialize) for s in shapes}
     except TemplateError as exc:
-        print(f"evo seed: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
+    empty = [str(s) for s, cands in per_shape.items() if not cands]
+    if empty:
+        raise UsageError(f"no template covers {', '.join(empty)} on {arch}, so nothing was written; "
+                         f"templates cover {coverage(list(templates.values()))}")
+    return path or "", per_shape
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        path, per_shape = _seed(args)
+    except UsageError as exc:
+        return fail("seed", exc)
+    if not args.dry_run:
+        try:
+            with open_writer("seed", path) as archive:
+                for cands in per_shape.values():
+                    for c in cands:
+                        archive.add(c)
+                archive.commit()
+        except ArchiveError as exc:
+            return fail("seed", exc)
+    if args.json:
+        doc = {"format": "evo-seed/1", "archive": None if args.dry_run else path, "dry_run": bool(args.dry_run),
+               "shapes": [{"shape": str(s), "candidates": [{"id": c.id, "template": c.template, "origin": c.meta.get("seed"),
+                                                            "knobs": dict(c.knobs or {})} for c in cands]}
+                          for s, cands in per_shape.items()]}
+        json.dump(doc, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+        return 0
     for s, cands in per_shape.items():
         counts: dict[str, int] = {}
         for c in cands:
             counts[c.template or "?"] = counts.get(c.template or "?", 0) + 1
-        print(f"{s}: {len(cands)} candidates ({', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'no template applies'})")
+        print(f"{s}: {len(cands)} candidates ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})")
         if args.dry_run:
             for c in cands:
                 print(f"  {c.id} {c.template} {c.meta.get('seed')} {dict(c.knobs or {})}")
-    if args.dry_run:
-        return 0
-    try:
-        with Archive(args.archive, mode="w") as archive:
-            for cands in per_shape.values():
-                for c in cands:
-                    archive.add(c)
-            archive.commit()
-    except ArchiveError as exc:
-        print(f"evo seed: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {sum(len(c) for c in per_shape.values())} candidates to {args.archive}")
+    if not args.dry_run:
+        print(f"wrote {sum(len(c) for c in per_shape.values())} candidates to {path}")
     return 0

@@ -231,8 +231,11 @@ def load_config(path: Union[str, Path]) -> dict[str, Any]:
             data = tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"config: {path} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config: {path} is not UTF-8 text (byte {exc.start}), so not TOML") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"config: {path} is not readable TOML: {exc}") from None
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(f"config: {path} is not readable TOML: {why}") from None
     extra = set(data) - _TOP
     if extra:
         raise ConfigError(f"config {path}: unknown key(s) {sorted(extra)}; known: {sorted(_TOP)}")
@@ -244,7 +247,7 @@ def load_config(path: Union[str, Path]) -> dict[str, Any]:
             bad = set(data[name]) - known
             if bad:
                 raise ConfigError(f"config {path}: unknown key(s) {sorted(bad)} in [{name}]; known: {sorted(known)}")
-    if "archive" in data and not Path(str(data["archive"])).is_absolute():
+    if isinstance(data.get("archive"), str) and data["archive"].strip() and not Path(data["archive"]).is_absolute():
         data["archive"] = str(path.parent / str(data["archive"]))  # relative to the file, not the cwd
     return data
 
@@ -267,6 +270,9 @@ def merge(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> RunConfig
                 raise ConfigError(f"shapes: a list of strings like '4096x4096x4096', got {raw!r}")
             cfg.shapes = [s if isinstance(s, Shape) else Shape.parse(s) for s in raw]
         if "archive" in values:
+            if not isinstance(values["archive"], (str, Path)) or not str(values["archive"]).strip():
+                raise ConfigError(f"archive: name a directory, e.g. runs/a (got {values['archive']!r}; "
+                                  "an empty path is not the current directory)")
             cfg.archive = Path(str(values["archive"]))
         if "budget" in values:
             cfg.budget_s = parse_duration(values["budget"], "budget")

@@ -146,7 +146,7 @@ def _lineage(archive: Archive, rows: list[dict[str, Any]]) -> str:
         if r["best"] is None:
             continue
         shape: Shape = r["shape"]
-        fitness = {e.candidate_id: e.fitness for e in archive.elites(shape, top=None)}
+        fitness = archive.fitness(shape)  # from the ranking summaries: no record decoded
         root: LineageNode = archive.lineage(r["best"].candidate_id)
         out.append(f"<h3>{_e(shape)} &middot; best {_speed(r['fitness'])}</h3>")
         out.append('<ul class="lineage">')

@@ -36,16 +36,33 @@ def _available() -> dict[str, object]:
     return mods
 
 
+def version() -> str:
+    """The installed distribution's version (the checkout's pyproject.toml when not installed)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version as dist_version
+
+        return dist_version("evo-hgemm")
+    except (ImportError, PackageNotFoundError):  # pragma: no cover - a bare checkout
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="evo", description="Evolve HGEMM CUDA kernels per matrix shape.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    from ._cmd_args import OneLineParser, plain_help
+
+    parser = OneLineParser(prog="evo", description="Evolve HGEMM CUDA kernels per matrix shape. "
+                                     "Conventions (archive, shapes, --arch, --gpus, --json, exit codes): docs/cli.md.")
+    parser.add_argument("--version", action="version", version=f"evo {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
     for name, mod in _available().items():
         mod.add_parser(sub)  # type: ignore[attr-defined]
+    plain_help(parser)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from ._cmd_args import EXIT_BAD_INPUT, EXIT_INTERRUPTED, UsageError, fail
+
     parser = build_parser()
     args = parser.parse_args(argv)
     mod = importlib.import_module(COMMANDS[args.command])
@@ -53,7 +70,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return int(mod.run(args) or 0)  # type: ignore[attr-defined]
     except KeyboardInterrupt:
         print("evo: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except UsageError as exc:
+        return fail(args.command, exc)
+    except OSError as exc:  # a path the OS refused (permissions, a file where a directory must be, /proc):
+        # the input's fault, not a bug, so one line naming the path and the problem, never a traceback
+        where = exc.filename if exc.filename is not None else ""
+        return fail(args.command, f"{where}: {exc.strerror or exc}" if where else (exc.strerror or str(exc)),
+                    EXIT_BAD_INPUT)
 
 
 if __name__ == "__main__":  # pragma: no cover

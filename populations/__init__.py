@@ -9,7 +9,7 @@ from ._records import Candidate, Evaluation, KernelStats, Status, TimerResult, c
 from ._shape import Shape, ShapeError
 from ._knobs import Constraint, Knob, KnobSpace, TemplateError
 from ._template import Template, load_template, load_templates
-from ._archive import Archive, ArchiveError, ArchiveLockedError, Elite, LineageNode
+from ._archive import Archive, ArchiveError, ArchiveLockedError, CandidateInfo, Elite, LineageNode
 from ._roofline import (CALIBRATION_FILE, H200_DEFAULTS, Calibration, attainable_frac, attainable_time,
                         read_calibration, roofline_frac, roofline_time, write_calibration)
 
@@ -20,7 +20,7 @@ __all__ = [
     "Candidate", "Evaluation", "KernelStats", "Status", "TimerResult", "candidate_id",
     "Shape", "ShapeError",
     "Constraint", "Knob", "KnobSpace", "TemplateError", "Template", "load_template", "load_templates",
-    "Archive", "ArchiveError", "ArchiveLockedError", "Elite", "LineageNode",
+    "Archive", "ArchiveError", "ArchiveLockedError", "CandidateInfo", "Elite", "LineageNode",
     "CALIBRATION_FILE", "H200_DEFAULTS", "Calibration", "attainable_frac", "attainable_time",
     "read_calibration", "roofline_frac", "roofline_time", "write_calibration",
 ]

@@ -13,7 +13,10 @@ evaluation at a shape its candidate does not claim copies the candidate there fi
 Exactly one writer (``mode="w"``) holds an exclusive ``flock``; a second gets
 :class:`ArchiveLockedError`. Readers (``mode="r"``) take no lock, never modify a file, read up to
 the last complete record and see more after :meth:`Archive.refresh`. Resuming = reopening with
-``mode="w"``: torn tails left by a crash are truncated (with a warning) on open.
+``mode="w"``: torn tails left by a crash are truncated on open, their bytes first kept in a side
+file ``<log>.<offset>.torn`` (with a warning). Damage stays where it is: a shape log that cannot
+be opened, or a record that does not decode, is reported by :meth:`Archive.problems` and skipped,
+and every other shape and record reads as before.
 
 Records are frozen :class:`Candidate` / :class:`Evaluation` values in and out; they are decoded
 lazily (an index of ids and kinds is built from frame headers) and cached once decoded.
@@ -29,14 +32,17 @@ import statistics
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
+import socket
+import time
 from typing import Callable, Iterable, Iterator, NamedTuple, Optional, Union
 
 from ._codec import CodecError, decode, encode
+from ._index import INDEX_SUFFIX
 from ._log import KIND_CANDIDATE, KIND_EVALUATION, Entry, LogError, RecordLog, atomic_write, rewrite
 from ._records import Candidate, Evaluation, Status
 from ._shape import Shape, ShapeError
 
-__all__ = ["Archive", "ArchiveError", "ArchiveLockedError", "Elite", "LineageNode"]
+__all__ = ["Archive", "ArchiveError", "ArchiveLockedError", "CandidateInfo", "Elite", "LineageNode"]
 
 FORMAT = "evo-archive"
 VERSION = 1
@@ -50,6 +56,23 @@ ShapeLike = Union[Shape, str]
 DISQUALIFYING = frozenset({Status.INCORRECT, Status.FLAGGED})
 #: Decoded candidates kept per shape; more are re-read from disk when asked for.
 CANDIDATE_CACHE = 4096
+#: Bytes of the lock file's holder record (JSON: pid, host, since), written in place.
+LOCK_WIDTH = 160
+
+
+def _why(exc: BaseException) -> str:
+    """An OS error as a short sentence (``Permission denied``), else the exception's text."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def _holder(raw: bytes) -> str:
+    """Who holds the lock, from the lock file's record (older evo wrote the pid alone)."""
+    text = raw.decode(errors="replace").strip()
+    try:
+        info = json.loads(text)
+        return f"pid {info['pid']} on {info['host']} since {info['since']}"
+    except (ValueError, TypeError, KeyError):
+        return f"pid {text or '?'}"
 
 
 #: Writers open in this process. A child forked while one is open must not keep its lock (the
@@ -151,18 +174,63 @@ class _Summary(NamedTuple):
 _STATUSES = {s.value: s for s in Status}
 
 
+class CandidateInfo(NamedTuple):
+    """What listing a population needs of a candidate without decoding it (the LLM-adapter
+    statistics of ``evo inspect`` above all): it rides in the candidate frame's key, after the id.
+    Keys written before this existed hold the id alone; their info is decoded when asked for."""
+
+    id: str
+    model: Optional[str]
+    adapter: Optional[str]
+    parent: Optional[str]          # the first parent
+    created: float
+
+    @classmethod
+    def of(cls, c: Candidate) -> "CandidateInfo":
+        return cls(c.id, c.model, c.adapter, c.parents[0] if c.parents else None, c.created)
+
+    def key(self) -> str:
+        """``id<TAB>`` for a candidate without a model (the common case), else every field;
+        the id alone when that would not fit a key (255 bytes)."""
+        if not self.model:
+            return f"{self.id}\t"
+        key = "\t".join((self.id, self.model, self.adapter or "", self.parent or "", repr(self.created)))
+        return key if len(key.encode()) <= 255 else self.id
+
+    @staticmethod
+    def parse(key: str) -> tuple[str, Optional["CandidateInfo"]]:
+        """(candidate id, its info or None when the key does not carry it)."""
+        cid, tab, rest = key.partition("\t")
+        if not tab:
+            return cid, None
+        if not rest:
+            return cid, _NO_MODEL
+        parts = rest.split("\t")
+        try:
+            return cid, CandidateInfo(cid, parts[0], parts[1] or None, parts[2] or None, float(parts[3]))
+        except (IndexError, ValueError):
+            return cid, None
+
+
+#: The info of a candidate without a model: nothing else about it is needed without decoding.
+_NO_MODEL = CandidateInfo("", None, None, None, 0.0)
+
+
 class _Population:
     """The index of one shape's log (candidate id -> entry, evaluation entries and their ranking
     summaries) and the decoded records: evaluations once decoded (small), committed
     candidates in a bounded LRU (their sources are KBs each; a long run must not hoard them),
     and whatever the writer appended but has not committed yet (not on disk to re-read)."""
 
-    def __init__(self, shape: Shape, log: RecordLog) -> None:
+    def __init__(self, shape: Shape, log: RecordLog, problems: Optional[list[str]] = None) -> None:
         self.shape, self.log = shape, log
+        #: where records that cannot be decoded are reported (shared with the archive)
+        self.problems = problems if problems is not None else []
         self.rebuild()
 
     def rebuild(self) -> None:
         self.cands: dict[str, Entry] = {}
+        self.infos: dict[str, Optional[CandidateInfo]] = {}
         self.evals: list[Entry] = []
         self.sums: list[Optional[_Summary]] = []  # parallel to evals
         self.objects: dict[int, Record] = {}
@@ -182,7 +250,10 @@ class _Population:
 
     def index(self, entry: Entry, record: Optional[Record] = None) -> None:
         if entry.kind == KIND_CANDIDATE:
-            self.cands.setdefault(entry.key, entry)
+            cid, info = CandidateInfo.parse(entry.key)
+            if cid not in self.cands:
+                self.cands[cid] = entry
+                self.infos[cid] = info
         elif entry.kind == KIND_EVALUATION:
             self.evals.append(entry)
             self.sums.append(_Summary.parse(entry.key))
@@ -214,7 +285,7 @@ class _Population:
             return record
         try:
             record = decode(self.log.read(entry))
-        except CodecError as exc:
+        except (CodecError, ValueError, TypeError, KeyError) as exc:
             raise ArchiveError(f"{self.log.path}: record at offset {entry.offset}: {exc}") from None
         want = Candidate if entry.kind == KIND_CANDIDATE else Evaluation
         if not isinstance(record, want):
@@ -224,6 +295,32 @@ class _Population:
         else:
             self.objects[entry.offset] = record
         return record
+
+    def find(self, entry: Entry) -> Optional[Record]:
+        """:meth:`get`, except that a record which does not decode is reported (once) in
+        :attr:`problems` and None returned: one bad record must not hide the rest."""
+        try:
+            return self.get(entry)
+        except (ArchiveError, LogError) as exc:
+            if str(exc) not in self.problems:
+                self.problems.append(str(exc))
+            return None
+
+    def candidate_key(self, cand: Candidate) -> str:
+        """The frame key of a candidate appended to this log: with its info in a v2 log, the id
+        alone in a v1 log (an older evo reading that file must still find the id)."""
+        return CandidateInfo.of(cand).key() if self.log.version >= 2 else cand.id
+
+    def model_info(self, cid: str) -> Optional[CandidateInfo]:
+        """The info of a candidate made by a model (an LLM), from its key or decoded; None for
+        a candidate without a model (known from its key without decoding) or one that does not decode."""
+        info = self.infos.get(cid)
+        if info is None:
+            cand = self.find(self.cands[cid])
+            if cand is None:
+                return None
+            info = self.infos[cid] = CandidateInfo.of(cand) if cand.model else _NO_MODEL  # type: ignore[union-attr]
+        return None if info is _NO_MODEL else info
 
     def summary(self, i: int) -> _Summary:
         """Evaluation ``i``'s summary, from its key, or decoded if the key is not one."""
@@ -264,7 +361,13 @@ class Archive:
             raise ValueError(f"mode must be 'r' or 'w', got {mode!r}")
         self.path, self.mode = os.path.abspath(os.fspath(path)), mode
         self._pops: dict[Shape, _Population] = {}
+        self._bad: dict[Shape, str] = {}      # shape logs that cannot be opened, and why
+        self._problems: list[str] = []        # records that do not decode
         self._lock_fd = -1
+        if not os.fspath(path):
+            raise ArchiveError("the archive path is empty; name a directory, e.g. runs/a")
+        if "\0" in str(os.fspath(path)):
+            raise ArchiveError(f"the archive path {os.fspath(path)!r} contains a NUL byte")
         if mode == "w":
             self._open_writer()
         else:
@@ -279,8 +382,8 @@ class Archive:
                 manifest = json.load(f)
         except FileNotFoundError:
             raise ArchiveError(f"{self.path}: not an evo archive (no {MANIFEST})") from None
-        except (OSError, ValueError) as exc:
-            raise ArchiveError(f"{self.path}: unreadable {MANIFEST}: {exc}") from None
+        except (OSError, ValueError) as exc:  # ValueError: bad JSON or not UTF-8
+            raise ArchiveError(f"{self.path}: unreadable {MANIFEST}: {_why(exc)}") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise ArchiveError(f"{self.path}: {MANIFEST} does not describe an evo archive")
         version = manifest.get("version")
@@ -288,6 +391,12 @@ class Archive:
             raise ArchiveError(f"{self.path}: archive version {version!r} is newer than this evo (v{VERSION})")
 
     def _open_writer(self) -> None:
+        try:
+            self._create_dir()
+        except OSError as exc:  # under a regular file, under /proc, read-only, no space: say which
+            raise ArchiveError(f"{self.path}: cannot create or write the archive here: {_why(exc)}") from None
+
+    def _create_dir(self) -> None:
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise ArchiveError(f"{self.path}: not a directory")
         os.makedirs(self.path, exist_ok=True)
@@ -314,29 +423,53 @@ class Archive:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            holder = _holder(os.pread(fd, LOCK_WIDTH, 0))
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise ArchiveLockedError(
-                    f"{self.path} is open for writing by another process (pid {holder}); "
-                    "one writer at a time, open it with mode='r' to read") from None
+                    f"{self.path} is being written by {holder}; one writer at a time: wait for it to "
+                    "finish or stop it (Ctrl-C lets it commit), or read the archive meanwhile "
+                    "(evo inspect needs no lock)") from None
             raise
-        os.pwrite(fd, f"{os.getpid():<20}\n".encode(), 0)  # fixed width: no truncate needed
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        text = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since})
+        os.pwrite(fd, f"{text[:LOCK_WIDTH - 1]:<{LOCK_WIDTH - 1}}\n".encode(), 0)  # fixed width: no truncate
         self._lock_fd = fd
         _WRITERS.add(self)
 
     def _pop(self, shape: Shape, create: bool = False) -> Optional[_Population]:
+        """A shape's population, opened on first use. A log that cannot be opened (empty, stray,
+        not a log, unreadable) is damage to that shape alone: it is remembered in
+        :meth:`problems` and the shape reads as empty; only writing to it is refused."""
         pop = self._pops.get(shape)
         if pop is None:
+            if shape in self._bad:
+                if create:
+                    raise ArchiveError(f"{self._bad[shape]}; cannot add to shape {shape}: move that file away "
+                                       "to start the shape afresh")
+                return None
             path = os.path.join(self.path, shape.key + SUFFIX)
             if not os.path.exists(path) and not (create and self.mode == "w"):
                 return None
             try:
                 log = RecordLog(path, writable=self.mode == "w")
-            except LogError as exc:
-                raise ArchiveError(str(exc)) from None
-            pop = self._pops[shape] = _Population(shape, log)
+            except OSError as exc:  # LogError, or the OS refusing to open or read it
+                self._bad[shape] = str(exc) if isinstance(exc, LogError) else f"{path}: {_why(exc)}"
+                return self._pop(shape, create)
+            pop = self._pops[shape] = _Population(shape, log, self._problems)
         return pop
+
+    def problems(self, *, all_shapes: bool = True) -> list[str]:
+        """Every piece of damage seen, one sentence each naming the file: shape logs that could
+        not be opened, damaged regions skipped, torn tails (cut by a writer, kept in a side
+        file, or pending for a reader), records that did not decode. With ``all_shapes`` every
+        shape's log is opened first, so the list is complete."""
+        if all_shapes:
+            self._all_pops()
+        out = list(self._bad.values())
+        for pop in self._pops.values():
+            out += pop.log.problems()
+        return out + self._problems
 
     def _all_pops(self) -> list[_Population]:
         return [p for p in (self._pop(s) for s in self.shapes()) if p is not None]
@@ -367,7 +500,7 @@ class Archive:
                 assert pop is not None
                 if record.id not in pop.cands:
                     payload = payload or encode(record)
-                    pop.index(pop.log.append(KIND_CANDIDATE, record.id, payload), record)
+                    pop.index(pop.log.append(KIND_CANDIDATE, pop.candidate_key(record), payload), record)
         elif isinstance(record, Evaluation):
             pop = self._pop(record.shape, create=True)
             assert pop is not None
@@ -376,7 +509,7 @@ class Archive:
                 if owner is None:
                     raise ArchiveError(f"evaluation of unknown candidate {record.candidate_id}: add the candidate first")
                 cand = owner.get(owner.cands[record.candidate_id])
-                pop.index(pop.log.append(KIND_CANDIDATE, cand.id, encode(cand)), cand)  # type: ignore[union-attr]
+                pop.index(pop.log.append(KIND_CANDIDATE, pop.candidate_key(cand), encode(cand)), cand)  # type: ignore[arg-type]
             pop.index(pop.log.append(KIND_EVALUATION, _Summary.of(record).key(), encode(record)), record)
         else:
             raise TypeError(f"an archive stores Candidate and Evaluation records, not {type(record).__name__}")
@@ -418,6 +551,8 @@ class Archive:
         for pop in pops:
             before = os.path.getsize(pop.log.path)
             rewrite(pop.log.path, self._kept_frames(pop, keep))
+            if os.path.exists(pop.log.path + INDEX_SUFFIX):
+                os.unlink(pop.log.path + INDEX_SUFFIX)  # it describes the old file
             pop.log.close()
             pop.log = RecordLog(pop.log.path, writable=True)
             pop.rebuild()
@@ -431,15 +566,20 @@ class Archive:
         for entry in pop.log.entries:
             raw = pop.log.raw(entry)
             if entry.kind == KIND_CANDIDATE:
-                if entry.key in seen_ids:
+                cid = CandidateInfo.parse(entry.key)[0]
+                if cid in seen_ids:
                     continue
-                seen_ids.add(entry.key)
+                seen_ids.add(cid)
             else:
                 digest = hashlib.blake2b(raw, digest_size=16).digest()
                 if digest in seen_evals:
                     continue
                 seen_evals.add(digest)
-            if keep is None or keep(pop.get(entry)):
+            if keep is None:
+                yield raw
+                continue
+            record = pop.find(entry)
+            if record is None or keep(record):  # an undecodable record is kept for a closer look
                 yield raw
 
     def close(self) -> None:
@@ -447,6 +587,11 @@ class Archive:
         try:
             if self.mode == "w" and self._lock_fd >= 0:
                 self.commit()
+                for pop in self._pops.values():
+                    try:
+                        pop.log.save_index()
+                    except OSError:  # the index is a cache: without it the next open scans
+                        pass
         finally:
             for pop in self._pops.values():
                 pop.log.close()
@@ -473,18 +618,40 @@ class Archive:
         return list(pop.cands) if pop else []
 
     def candidates(self, shape: ShapeLike) -> list[Candidate]:
+        """Every candidate of a shape's population (decoded; one that does not decode is
+        skipped and reported in :meth:`problems`)."""
         pop = self._pop(_as_shape(shape))
-        return [pop.get(e) for e in pop.cands.values()] if pop else []  # type: ignore[misc]
+        return [c for c in map(pop.find, pop.cands.values()) if c is not None] if pop else []  # type: ignore[misc]
+
+    def model_candidates(self, shape: ShapeLike) -> list[CandidateInfo]:
+        """The candidates of a shape made by a model (an LLM), as :class:`CandidateInfo`, in
+        archive order. Read from the frame keys: no candidate is decoded (except those of
+        archives written before the keys carried it)."""
+        pop = self._pop(_as_shape(shape))
+        return [i for i in map(pop.model_info, pop.cands) if i is not None] if pop else []
+
+    def evaluations_of(self, shape: ShapeLike, candidate_ids: Iterable[str]) -> dict[str, list[Evaluation]]:
+        """{candidate id: its evaluations at the shape, in archive order} for the given ids,
+        chosen on the ranking summaries: only those evaluations are decoded."""
+        pop = self._pop(_as_shape(shape))
+        wanted = set(candidate_ids)
+        out: dict[str, list[Evaluation]] = {}
+        for i in range(len(pop.evals) if pop else 0):
+            cid = pop.summary(i).candidate_id  # type: ignore[union-attr]
+            if cid in wanted:
+                ev = pop.find(pop.evals[i])  # type: ignore[union-attr]
+                if ev is not None:
+                    out.setdefault(cid, []).append(ev)  # type: ignore[arg-type]
+        return out
 
     def evaluations(self, shape: ShapeLike, candidate_id: Optional[str] = None) -> list[Evaluation]:
         """Evaluations at a shape in archive order, optionally of one candidate only."""
         pop = self._pop(_as_shape(shape))
         if pop is None:
             return []
-        if candidate_id is None:
-            return [pop.get(e) for e in pop.evals]  # type: ignore[misc]
-        return [pop.get(pop.evals[i]) for i in range(len(pop.evals))  # type: ignore[misc]
-                if pop.summary(i).candidate_id == candidate_id]
+        found = map(pop.find, pop.evals if candidate_id is None else
+                    [pop.evals[i] for i in range(len(pop.evals)) if pop.summary(i).candidate_id == candidate_id])
+        return [e for e in found if e is not None]  # type: ignore[misc]
 
     def status_counts(self, shape: ShapeLike) -> dict[Status, int]:
         """How many evaluations at a shape ended in each status (every status listed)."""
@@ -504,23 +671,39 @@ class Archive:
         pop = self._pop(_as_shape(shape))
         if pop is None:
             return []
+        ranked = self._ranked(pop)
+        if top is not None:
+            ranked = ranked[:max(top, 0)]
+        out = []
+        for fit, cid, idx in ranked:  # a record that does not decode drops out of its row, not the table
+            evals = tuple(e for e in (pop.find(pop.evals[i]) for i in idx) if e is not None)
+            if evals:
+                out.append(Elite(cid, fit, evals,  # type: ignore[arg-type]
+                                 pop.find(pop.cands[cid]) if cid in pop.cands else None))  # type: ignore[arg-type]
+        return out
+
+    def fitness(self, shape: ShapeLike) -> dict[str, float]:
+        """{candidate id: its elite fitness} for every candidate ranked at the shape (the
+        fitness of :meth:`elites`, best first), from the summaries: nothing is decoded."""
+        pop = self._pop(_as_shape(shape))
+        return {cid: fit for fit, cid, _idx in self._ranked(pop)} if pop else {}
+
+    @staticmethod
+    def _ranked(pop: _Population) -> list[tuple[float, str, list[int]]]:
+        """(median fitness, id, evaluation indexes) of every elite, best first, ranked on the
+        summaries (see :meth:`elites` for the rules)."""
         good: dict[str, list[int]] = {}
         banned: set[str] = set()
-        for i in range(len(pop.evals)):  # rank on the summaries; decode only the rows returned
+        for i in range(len(pop.evals)):
             sm = pop.summary(i)
             if sm.status in DISQUALIFYING or sm.flagged:
                 banned.add(sm.candidate_id)
             elif sm.fitness is not None:
                 good.setdefault(sm.candidate_id, []).append(i)
-        ranked = sorted(
+        return sorted(
             ((statistics.median(pop.summary(i).fitness for i in idx), cid, idx)  # type: ignore[type-var]
              for cid, idx in good.items() if cid not in banned),
             key=lambda row: (-row[0], -len(row[2]), row[1]))
-        if top is not None:
-            ranked = ranked[:max(top, 0)]
-        return [Elite(cid, fit, tuple(pop.get(pop.evals[i]) for i in idx),  # type: ignore[misc]
-                      pop.get(pop.cands[cid]) if cid in pop.cands else None)  # type: ignore[arg-type]
-                for fit, cid, idx in ranked]
 
     def _find(self, candidate_id: str) -> Optional[_Population]:
         for pop in self._all_pops():
@@ -533,7 +716,10 @@ class Archive:
         pop = self._find(candidate_id)
         if pop is None:
             raise KeyError(candidate_id)
-        return pop.get(pop.cands[candidate_id])  # type: ignore[return-value]
+        cand = pop.find(pop.cands[candidate_id])
+        if cand is None:
+            raise KeyError(f"candidate {candidate_id} does not decode (see the archive's problems)")
+        return cand  # type: ignore[return-value]
 
     def resolve(self, prefix: str) -> str:
         """The full id of the one candidate whose id starts with ``prefix`` (like git)."""
@@ -563,7 +749,7 @@ class Archive:
             if not repeated:
                 expanded.add(cid)
                 holder = next((p for p in pops if cid in p.cands), None)
-                cand = cands[cid] = holder.get(holder.cands[cid]) if holder else None  # type: ignore[assignment]
+                cand = cands[cid] = holder.find(holder.cands[cid]) if holder else None  # type: ignore[assignment]
                 for parent in reversed(cand.parents if cand else ()):
                     stack.append((parent, len(occurrences) - 1))
         nodes: list[Optional[LineageNode]] = [None] * len(occurrences)

@@ -17,12 +17,19 @@ file of 100,000 records without decoding a single one (records are decoded lazil
 
 Durability: :meth:`RecordLog.append` buffers; :meth:`RecordLog.commit` writes the buffered frames
 with one ``write`` and ``fsync``s. A crash can leave an incomplete or damaged last frame (a torn
-tail): opening a writable log truncates it with a warning. A damaged frame followed by good ones
+tail): opening a writable log copies those bytes to a side file ``<log>.<offset>.torn`` and then
+truncates them, with a warning naming the file, offset and bytes lost. A damaged frame followed by good ones
 (the disk, not a crash, did that) is reported and skipped; everything after it stays readable.
 A read-only log never truncates: it reads up to the last complete frame, which is what a reader
 of a file that a writer is still growing must do, and :meth:`RecordLog.refresh` picks up more.
 A new log is created complete (header written to a temporary file, fsynced, renamed, directory
 fsynced); :func:`rewrite` replaces a log the same way (compaction).
+
+Opening scans every frame, except where a side index (populations/_index.py, ``<log>.idx``,
+written by the writer when it closes) describes the log exactly as it is: then the entries come
+from the index and only frames after it are scanned; :meth:`RecordLog.read` checksums each
+record it reads either way. Format v2 (this one) differs from v1 only in what archives put in
+candidate keys; v1 logs are read and appended to as v1.
 """
 from __future__ import annotations
 
@@ -35,12 +42,16 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple, Optional
 
+from ._index import load_index, save_index
+
 __all__ = ["LogError", "Entry", "RecordLog", "rewrite", "atomic_write", "KIND_OTHER", "KIND_CANDIDATE", "KIND_EVALUATION"]
 
 log = logging.getLogger(__name__)
 
 FILE_MAGIC = b"EVOLOG"
-FILE_VERSION = 1
+#: v2: candidate keys may carry a summary after the id (populations._archive.CandidateInfo), which
+#: an evo that reads v1 would take for part of the id, so it must refuse the file instead.
+FILE_VERSION = 2
 _FILE_HEADER = struct.Struct("<6sH")
 FRAME_MAGIC = b"\xe5voR"
 _FRAME = struct.Struct("<4sIIBBH")
@@ -261,12 +272,18 @@ class RecordLog:
         if len(header) < HEADER_SIZE or header[:6] != FILE_MAGIC:
             self.close()
             raise LogError(f"{self.path}: not an evo record log")
-        version = _FILE_HEADER.unpack(header)[1]
+        version = self.version = _FILE_HEADER.unpack(header)[1]
         if version > FILE_VERSION:
             self.close()
             raise LogError(f"{self.path}: log format v{version} is newer than this evo (v{FILE_VERSION})")
         self._ino = os.fstat(self._fd).st_ino
         self.entries, self.damaged, self._end = [], [], HEADER_SIZE
+        #: what opening repaired, one sentence each (a torn tail cut by a writer)
+        self.recovered: list[str] = []
+        loaded = load_index(self.path, self._fd, HEADER_SIZE)  # a log unchanged since its index: no scan
+        if loaded is not None:
+            self.entries, self._end = loaded
+        self._indexed = self._end if loaded is not None else -1  # what the index on disk covers
         self._scan_more()
 
     def _scan_more(self) -> None:
@@ -283,12 +300,24 @@ class RecordLog:
         #: reader, possibly a frame still being written
         self.tail = size - scan.end
         if scan.end < size and self.writable:
-            msg = f"{self.path}: truncated a torn tail of {size - scan.end} bytes at offset {scan.end}"
+            side = self._keep_tail(scan.end, size)
+            msg = (f"{self.path}: torn tail: {size - scan.end} bytes lost at offset {scan.end} "
+                   f"(kept in {os.path.basename(side)}); truncated")
             warnings.warn(msg, RuntimeWarning, stacklevel=4)
             log.warning(msg)
+            self.recovered.append(msg)
             os.ftruncate(self._fd, scan.end)
             os.fsync(self._fd)
             self.tail = 0
+            self._indexed = -1  # the cut changed the file: index it again
+
+    def _keep_tail(self, start: int, stop: int) -> str:
+        """Copy the bytes a writer is about to cut (``[start, stop)``) to a side file, durably,
+        so a torn tail that was really a damaged record can still be looked at or salvaged."""
+        side = f"{self.path}.{start}.torn"
+        data = os.pread(self._fd, stop - start, start)
+        atomic_write(side, (data,))
+        return side
 
     def refresh(self) -> None:
         """Index frames added since the last look (a reader of a growing file). A log replaced
@@ -304,13 +333,35 @@ class RecordLog:
         else:
             self._scan_more()
 
+    def problems(self) -> list[str]:
+        """The damage seen in this log, one sentence each: skipped damaged regions, a torn
+        tail a writer cut (and where its bytes were kept), or, for a reader, bytes past the
+        last intact frame (a torn tail, or a frame a live writer is still writing)."""
+        out = [f"{self.path}: {hi - lo} damaged bytes skipped at offset {lo}" for lo, hi in self.damaged]
+        out += self.recovered
+        if self.tail:
+            out.append(f"{self.path}: torn tail: {self.tail} bytes at offset {self._end} are not a whole record "
+                       "(a killed writer, or one still writing); the next writer keeps them in a .torn file")
+        return out
+
     # -- reading --------------------------------------------------------------------------
     def read(self, entry: Entry) -> bytes:
-        """The payload of an entry written to disk (pending entries have no bytes yet)."""
-        data = os.pread(self._fd, entry.size, entry.data_offset)
-        if len(data) != entry.size:
+        """The payload of an entry written to disk (pending entries have no bytes yet), its frame
+        checksummed again (a log opened through its index was not scanned)."""
+        raw = os.pread(self._fd, entry.end - entry.offset, entry.offset)
+        if len(raw) != entry.end - entry.offset:
             raise LogError(f"{self.path}: record at offset {entry.offset} is gone (file replaced?)")
-        return data
+        if raw[:4] != FRAME_MAGIC or zlib.crc32(memoryview(raw)[8:]) != struct.unpack_from("<I", raw, 4)[0]:
+            raise LogError(f"{self.path}: record at offset {entry.offset} is damaged (checksum mismatch)")
+        return raw[entry.data_offset - entry.offset:]
+
+    def save_index(self) -> None:
+        """Writer: record the entries in the side index (populations._index) so the next open
+        needs no scan; not for a log with damage (its next open scans and reports it again)."""
+        if not self.writable or self.damaged or self._pending or self._indexed == self._end:
+            return
+        save_index(self.path, self._fd, self.entries, self._end, HEADER_SIZE)
+        self._indexed = self._end
 
     def raw(self, entry: Entry) -> bytes:
         """The whole frame of an on-disk entry, for copying it verbatim during compaction."""

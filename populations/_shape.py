@@ -79,7 +79,10 @@ class Shape:
                 contract = part.lower()
             else:
                 raise ShapeError(f"unknown suffix {part!r} in {text!r}: use one of {LAYOUTS + CONTRACTS}")
-        return cls(dims[0], dims[1], dims[2], layout or "TN", contract or "f32")
+        try:
+            return cls(dims[0], dims[1], dims[2], layout or "TN", contract or "f32")
+        except ShapeError as exc:  # name the input: "shape '0x1x1': M must be >= 1, got 0"
+            raise ShapeError(f"shape {text!r}: {exc}") from None
 
     def __str__(self) -> str:
         return f"{self.m}x{self.n}x{self.k}:{self.layout}:{self.contract}"

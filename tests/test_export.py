@@ -134,7 +134,7 @@ def test_bad_input(case: str, exported: tuple[Path, Path, dict, dict[Shape, Cand
         out.mkdir()
         (out / "precious.txt").write_text("keep me")
     else:
-        argv += ["--arch", "sm90"]
+        argv += ["--arch", "hopper"]  # sm90, 90 and 9.0 are spellings of sm_90a (docs/cli.md)
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and captured.err.startswith("evo export: ")

@@ -184,8 +184,8 @@ def test_ambiguous_prefix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert code == 2 and out == "" and "ambiguous" in err
 
 
-def test_damage_is_a_warning_not_a_failure(archive: tuple[Path, list[Candidate]], tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_damage_is_reported_and_exits_3_unless_allowed(archive: tuple[Path, list[Candidate]], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
     root, _ = archive
     copy = tmp_path / "copy"
     copy.mkdir()
@@ -196,8 +196,10 @@ def test_damage_is_a_warning_not_a_failure(archive: tuple[Path, list[Candidate]]
     data[len(data) // 3] ^= 0xFF
     log.write_bytes(bytes(data))
     code, out, err = inspect(capsys, copy, "--json")
-    assert code == 0 and json.loads(out)["format"] == "evo-inspect/1"
-    assert err.startswith("evo inspect: warning: ") and "damaged bytes" in err
+    assert code == 3 and json.loads(out)["format"] == "evo-inspect/1"  # what could be read is still shown
+    assert err.startswith("evo inspect: warning: ") and "damaged bytes" in err and str(log) in err
+    code, out, err = inspect(capsys, copy, "--json", "--allow-damaged")
+    assert code == 0 and json.loads(out)["format"] == "evo-inspect/1" and "damaged bytes" in err
 
 
 def test_command_line_entry_point(archive: tuple[Path, list[Candidate]]) -> None:

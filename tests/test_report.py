@@ -101,12 +101,18 @@ def test_renders_in_headless_chromium(report: tuple[Path, Page, dict[Shape, Cand
     assert shot.stat().st_size > 50_000  # a blank page is a few KB; ours has tables and two plots
 
 
-def test_empty_archive(tmp_path: Path) -> None:
-    """An archive with no shapes yet still gives a page (no rows, empty plots), not a crash."""
+def test_empty_archive(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`evo report` of an archive without evaluations is an error saying what would work (nothing
+    written); the library function still renders such an archive as a page, not a crash."""
+    from evo._report import build_report
     from populations import Archive
 
     Archive(tmp_path / "arch", "w").close()
-    assert main(["report", str(tmp_path / "arch"), "--out", str(tmp_path / "rep")]) == 0
+    assert main(["report", str(tmp_path / "arch"), "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to report" in err and "evo run" in err and err.count("\n") == 1
+    assert not (tmp_path / "rep").exists()
+    build_report(tmp_path / "arch", tmp_path / "rep")
     page = Page()
     page.feed((tmp_path / "rep" / "index.html").read_text(encoding="utf-8"))
     assert "No shape has an ok kernel yet." in " ".join(page.text)

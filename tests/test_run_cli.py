@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import signal
 import subprocess
 import sys
@@ -195,7 +196,7 @@ BAD = [
     (["--config", "{d}/bad.toml"], "unknown key(s) ['budgett']"),
     (["--config", "{d}/badsel.toml"], "selection.method"),
     (["--config", "{d}/broken.toml"], "not readable TOML"),
-    (["--shape", "64x64x64", "--archive", "{d}/notarchive"], "not an evo archive"),
+    (["--shape", "64x64x64", "--archive", "{d}/notarchive", "--pool", POOL], "not an evo archive"),
 ]
 
 
@@ -220,7 +221,10 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path: Path, capsys: pytest.C
 def test_a_second_writer_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with Archive(tmp_path / "a", "w"):
         rc = main(["run", "--shape", "64x64x64", "--archive", str(tmp_path / "a"), "--pool", POOL])
-    assert rc == 2 and "open for writing by another process" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    # the holder (pid, host, since when) and what to do
+    assert f"pid {os.getpid()} on {socket.gethostname()} since 20" in err and "wait for it" in err
 
 
 def test_budget_strings() -> None:

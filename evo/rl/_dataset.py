@@ -114,14 +114,20 @@ def group_advantages(rows: Sequence[dict[str, Any]]) -> None:
 def write_jsonl(rows: Iterable[dict[str, Any]], path: Union[str, os.PathLike]) -> int:
     """Write rows as JSON lines (through a temporary file renamed into place); returns the count."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(21, "is a directory; --out names the dataset file, e.g. runs/rl.jsonl", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     n = 0
-    with open(tmp, "w") as fh:
-        for r in rows:
-            fh.write(json.dumps(r, sort_keys=True, allow_nan=False) + "\n")
-            n += 1
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            for r in rows:
+                fh.write(json.dumps(r, sort_keys=True, allow_nan=False) + "\n")
+                n += 1
+        os.replace(tmp, path)
+    except BaseException:  # nothing half-written is left behind, at the path or beside it
+        tmp.unlink(missing_ok=True)
+        raise
     return n
 
 

@@ -19,12 +19,11 @@ def adapter_stats(archive: Archive, shape: Shape) -> list[dict[str, Any]]:
     """Per adapter (``base`` for none), over the LLM-made candidates (those with a model) at
     ``shape``: proposals, evaluated, ok, improved (an ok fitness above its first parent's
     median fitness here), best fitness and mean reward; ordered by first appearance."""
-    cands = [c for c in archive.candidates(shape) if c.model]
+    cands = archive.model_candidates(shape)  # from the frame keys: no candidate decoded
     if not cands:
         return []
-    evals: dict[str, list[Evaluation]] = defaultdict(list)
-    for ev in archive.evaluations(shape):
-        evals[ev.candidate_id].append(ev)
+    wanted = {c.id for c in cands} | {c.parent for c in cands if c.parent}
+    evals: dict[str, list[Evaluation]] = defaultdict(list, archive.evaluations_of(shape, wanted))
 
     def fitness(cid: str) -> Optional[float]:
         fits = [e.fitness for e in evals.get(cid, ()) if e.fitness is not None]
@@ -43,7 +42,7 @@ def adapter_stats(archive: Archive, shape: Shape) -> list[dict[str, Any]]:
         if fit is None:
             continue
         row["ok"] += 1
-        parent = fitness(c.parents[0]) if c.parents else None
+        parent = fitness(c.parent) if c.parent else None
         row["improved"] += parent is None or fit > parent
         row["best"] = fit if row["best"] is None else max(row["best"], fit)
     out = []

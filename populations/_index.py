@@ -1,0 +1,83 @@
+"""A side index of a record log: its entries (offset, kind, key, size) up to a length, so that
+opening a log of 100,000 records reads a few MB of index instead of checksumming 400 MB of frames.
+
+File ``<log>.idx``::
+
+    b"EVOIDX" u16 version | u64 covered length L | u64 the log's mtime (ns) | u32 crc32 of the
+    log's last bytes before L | u32 entry count | u32 key bytes | count x (u64 offset, u32 payload size, u8 kind, u8 key length)
+    | the keys, concatenated | u32 crc32 of everything before it
+
+Why it can be trusted: the writer writes it (atomically, when it closes the archive) only for a
+log without damage, from frames it checksummed; a reader uses it only while the log is exactly
+as the index saw it: L bytes long, the same modification time, the same checksum of its last
+bytes (a log appended to, rewritten, cut, copied or touched since is scanned in full, as
+before). Anything else (no index, a stale or damaged one) means a full scan, never an error: the
+index is a cache. Records read through it are still checksummed when read.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from typing import Optional
+
+__all__ = ["INDEX_SUFFIX", "load_index", "save_index"]
+
+INDEX_SUFFIX = ".idx"
+_MAGIC = b"EVOIDX"
+_VERSION = 1
+_HEAD = struct.Struct("<6sHQQIII")
+_ROW = struct.Struct("<QIBB")
+_TAIL = 4096  # bytes of the log before L whose checksum ties the index to this log
+
+
+def _tail_crc(fd: int, covered: int, header: int) -> int:
+    start = max(header, covered - _TAIL)
+    return zlib.crc32(os.pread(fd, covered - start, start))
+
+
+def save_index(path: str, fd: int, entries: list, covered: int, header: int) -> None:
+    """Write ``path``'s index for ``entries`` (populations._log.Entry, all before ``covered``)."""
+    from ._log import FRAME_SIZE, atomic_write
+
+    keys = [e.key.encode() for e in entries]
+    rows = b"".join(_ROW.pack(e.offset, e.size, e.kind, len(k)) for e, k in zip(entries, keys))
+    blob = b"".join(keys)
+    mtime = os.fstat(fd).st_mtime_ns
+    body = (_HEAD.pack(_MAGIC, _VERSION, covered, mtime, _tail_crc(fd, covered, header), len(entries), len(blob))
+            + rows + blob)
+    assert all(e.data_offset == e.offset + FRAME_SIZE + len(k) for e, k in zip(entries, keys))
+    atomic_write(path + INDEX_SUFFIX, (body, struct.pack("<I", zlib.crc32(body))))
+
+
+def load_index(path: str, fd: int, header: int) -> Optional[tuple[list, int]]:
+    """(entries, covered length) from ``path``'s index when it is whole and describes this log
+    as it is now; None otherwise (the caller scans)."""
+    from ._log import FRAME_SIZE, Entry
+
+    try:
+        with open(path + INDEX_SUFFIX, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    if len(data) < _HEAD.size + 4 or zlib.crc32(memoryview(data)[:-4]) != struct.unpack_from("<I", data, len(data) - 4)[0]:
+        return None
+    magic, version, covered, mtime, tail_crc, count, key_bytes = _HEAD.unpack_from(data)
+    rows_end = _HEAD.size + count * _ROW.size
+    if magic != _MAGIC or version != _VERSION or rows_end + key_bytes + 4 != len(data):
+        return None
+    st = os.fstat(fd)
+    if covered < header or (st.st_size, st.st_mtime_ns) != (covered, mtime) or _tail_crc(fd, covered, header) != tail_crc:
+        return None
+    keys = data[rows_end:rows_end + key_bytes]
+    entries, pos = [], 0
+    try:
+        for offset, payload, kind, klen in _ROW.iter_unpack(memoryview(data)[_HEAD.size:rows_end]):
+            start = offset + FRAME_SIZE + klen
+            entries.append(Entry(offset, kind, keys[pos:pos + klen].decode(), start, payload))
+            pos += klen
+    except UnicodeDecodeError:
+        return None
+    if entries and entries[-1].end != covered:
+        return None
+    return entries, covered

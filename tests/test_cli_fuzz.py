@@ -1,0 +1,192 @@
+"""Malformed input to every subcommand: bad TOML (also not UTF-8), bad shapes, bad paths and
+damaged archives. Each case must end in a non-zero exit with the documented code, no traceback,
+an ``evo CMD: error: ...`` (or, for damage, ``warning``) line naming the input, and nothing left
+behind (no new files, no ``*.tmp``)."""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import struct
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from evo.cli import main
+from populations import Archive, Candidate, Evaluation, Launch, LaunchPlan, Shape, Status, TimerResult
+
+POOL = "fake_pool:FakeEvaluatorPool"
+S = Shape(128, 256, 64)
+PLAN = LaunchPlan(launches=(Launch("k", ("cdiv(N, 128)", "cdiv(M, 128)", 1), (256, 1, 1), ("A", "B", "C", "M", "N", "K")),))
+
+TOML = {
+    "not_utf8": b'shapes = ["64x64x64"]\narchive = "\xff\xfe\xfd"\n',
+    "latin1_comment": b'# caf\xe9\nshapes = ["64x64x64"]\n',
+    "binary": bytes(range(256)),
+    "syntax": b'shapes = [\n',
+    "unknown_key": b'shapes = ["64x64x64"]\nbudgett = "1m"\n',
+    "shapes_string": b'shapes = "64x64x64"\n',
+    "bad_shape": b'shapes = ["64x64"]\n',
+    "budget_bool": b'shapes = ["64x64x64"]\nbudget = true\n',
+    "budget_text": b'shapes = ["64x64x64"]\nbudget = "soon"\n',
+    "archive_number": b'shapes = ["64x64x64"]\narchive = 5\n',
+    "archive_empty": b'shapes = ["64x64x64"]\narchive = ""\n',
+    "pool_not_table": b'shapes = ["64x64x64"]\npool = 3\n',
+    "gpus_text": b'shapes = ["64x64x64"]\n[pool]\ngpus = ["a"]\n',
+    "operators_bad": b'shapes = ["64x64x64"]\noperators = { knob = -1 }\n',
+    "selection_bad": b'shapes = ["64x64x64"]\n[selection]\nmethod = "roulette"\n',
+}
+SHAPES = ["", "x", "1x2", "0x1x1", "-1x2x3", "1.5x2x3", "1x1x1:XX", "1x1x1:TN:NN", "1x1x1:f16:f32",
+          "99999999x1x1", "４x4x4", "1x1x1:", "1e3x1x1", "0x0x0", "big"]
+
+
+def _archive(root: Path) -> Path:
+    with Archive(root, "w") as a:
+        for i in range(3):
+            c = Candidate(source=f"extern \"C\" __global__ void k() {{ /* {i} */ }}", plan=PLAN, shapes=(S,))
+            t = 1e-3 / (1 + i / 10)
+            a.record(c, [Evaluation(c.id, S, Status.OK, timers={"device": TimerResult(t, t, t, 1e-3, 1e-3, 1e-3, 9)})],
+                     durable=True)
+    return root
+
+
+def _log(root: Path) -> Path:
+    return root / f"{S.key}.evolog"
+
+
+def _truncate(root: Path) -> None:
+    data = _log(root).read_bytes()
+    _log(root).write_bytes(data[: len(data) - 37])
+
+
+def _torn(root: Path) -> None:
+    data = _log(root).read_bytes()
+    _log(root).write_bytes(data + data[-500:-60])
+
+
+def _flip(root: Path) -> None:
+    data = bytearray(_log(root).read_bytes())
+    data[len(data) // 2] ^= 0x55
+    _log(root).write_bytes(bytes(data))
+
+
+DAMAGE: dict[str, Callable[[Path], None]] = {
+    "truncated": _truncate,
+    "torn_tail": _torn,
+    "flipped_byte": _flip,
+    "empty_log": lambda r: _log(r).write_bytes(b""),
+    "stray_log": lambda r: _log(r).write_bytes(b"not a log"),
+    "undecodable_log": lambda r: _log(r).write_bytes(b"EVOLOG" + struct.pack("<H", 7) + os.urandom(64)),
+    "random_garbage": lambda r: _log(r).write_bytes(random.Random(1).randbytes(4096)),
+}
+
+
+def _snapshot(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse usage errors: exit 2 and a usage line, also no traceback
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _check(code: int, err: str, want: int, command: str, needle: str) -> None:
+    assert "Traceback" not in err
+    assert code == want, err
+    lines = err.strip().splitlines()
+    assert lines and needle in err, err
+    if want == 2:
+        assert lines[-1].startswith(f"evo {command}: error: ") or lines[-1].startswith("evo: error"), err
+
+
+@pytest.mark.parametrize("case", sorted(TOML))
+def test_bad_toml(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "run.toml"
+    cfg.write_bytes(TOML[case])
+    before = _snapshot(tmp_path)
+    code, out, err = _run(capsys, ["run", "--config", str(cfg), "--pool", POOL, "--max-evals", "1"])
+    want_needle = "run.toml" if case in ("not_utf8", "latin1_comment", "binary", "syntax", "unknown_key",
+                                         "pool_not_table") else ""
+    _check(code, err, 2, "run", want_needle)
+    assert err.count("\n") == 1 and _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("command", ["seed", "run", "inspect", "eval", "propose"])
+def test_bad_shape(command: str, shape: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _archive(tmp_path / "a")
+    (tmp_path / "k.cu").write_text('/* evo-plan: {"launches": [{"kernel": "k", "grid": [1, 1, 1], "block": [32, 1, 1], '
+                                   '"args": ["A", "B", "C", "M", "N", "K"]}]} */\nextern "C" __global__ void k() {}\n')
+    argv = {"seed": ["seed", str(root)], "run": ["run", str(root), "--pool", POOL, "--max-evals", "1"],
+            "inspect": ["inspect", str(root)], "eval": ["eval", str(tmp_path / "k.cu")],
+            "propose": ["propose", str(root), "--operator", "knob_mutation"]}[command] + [f"--shape={shape}"]  # the = form: "-1x2x3" is a value, not an option
+    before = _snapshot(tmp_path)
+    code, out, err = _run(capsys, argv)
+    _check(code, err, 2, command, shape)
+    assert err.count("\n") == 1 and _snapshot(tmp_path) == before
+
+
+BAD_PATHS = {
+    "under_file": lambda t: str(t / "file" / "a"),
+    "under_proc": lambda t: "/proc/evo-fuzz/a",
+    "is_file": lambda t: str(t / "file"),
+    "not_archive": lambda t: str(t / "plain"),
+    "empty": lambda t: "",
+    "nul_byte": lambda t: str(t / "a\x00b"),
+}
+
+
+@pytest.mark.parametrize("path", sorted(BAD_PATHS))
+@pytest.mark.parametrize("command", ["seed", "run", "inspect", "export", "report", "propose", "rl export"])
+def test_bad_archive_path(command: str, path: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "mine.txt").write_text("keep")
+    p = BAD_PATHS[path](tmp_path)
+    rest = {"seed": ["--shape", "64x64x64", "--arch", "sm_80"], "run": ["--shape", "64x64x64", "--pool", POOL],
+            "export": ["--out", str(tmp_path / "out")], "report": ["--out", str(tmp_path / "out")],
+            "propose": ["--shape", "64x64x64"], "rl export": ["--out", str(tmp_path / "out.jsonl")]}.get(command, [])
+    before = _snapshot(tmp_path)
+    code, out, err = _run(capsys, [*command.split(), p, *rest])
+    _check(code, err, 2, command, "empty" if path == "empty" else ("" if path == "nul_byte" else p))
+    assert err.count("\n") == 1 and _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("out", ["under_file", "under_proc", "existing_dir"])
+@pytest.mark.parametrize("command", ["export", "report", "rl export"])
+def test_unwritable_out(command: str, out: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import archive_fixture
+
+    root = tmp_path / "arch"
+    archive_fixture.build(root)
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "precious").write_text("keep")
+    target = {"under_file": str(tmp_path / "file" / "o"), "under_proc": "/proc/evo-fuzz-out",
+              "existing_dir": str(tmp_path / "dir")}[out]
+    before = _snapshot(tmp_path)
+    code, _, err = _run(capsys, [*command.split(), str(root), "--out", target])
+    _check(code, err, 2, command, target)
+    assert err.count("\n") == 1 and _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_archive(damage: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _archive(tmp_path / "a")
+    DAMAGE[damage](root)
+    code, out, err = _run(capsys, ["inspect", str(root)])
+    _check(code, err, 3, "inspect", str(_log(root)))
+    assert all(line.startswith("evo inspect: warning: ") for line in err.strip().splitlines())
+    code, out, err = _run(capsys, ["inspect", str(root), "--allow-damaged", "--json"])
+    assert code == 0 and "Traceback" not in err
+    for command in (["export", str(root), "--out", str(tmp_path / "lib")], ["report", str(root), "--out", str(tmp_path / "r")]):
+        code, out, err = _run(capsys, command)  # damage is no traceback here either
+        assert "Traceback" not in err and code in (0, 2), err
+    shutil.rmtree(tmp_path / "lib", ignore_errors=True)
+    shutil.rmtree(tmp_path / "r", ignore_errors=True)
+    assert not list(tmp_path.rglob("*.tmp"))

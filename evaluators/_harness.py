@@ -38,7 +38,8 @@ import torch
 from populations import LaunchPlan, PlanError, Shape
 
 from ._builtin_kernels import EMPTY_KERNEL, NAIVE_GEMM, naive_plan
-from ._correctness import Cascade, CheckFailed, Guarded, Operands, ragged_instances, recheck_sets
+from ._correctness import (Cascade, CheckFailed, Guarded, Operands, large_ragged, ragged_instances, recheck_sets,
+                           verify_sets, workspace_fill)
 from ._loader import get_loader, is_poisoning, nvrtc_cubin
 from ._provenance import sm_clock_mhz, static_provenance
 from ._timers import Arm, device_timer, host_timer, rotation_sets
@@ -333,11 +334,15 @@ class GpuHandler:
         t0 = time.perf_counter()
         gen = torch.Generator(device=self.device).manual_seed(rng.getrandbits(62))
         try:
-            instances = []
+            instances: list[Shape] = []
+            large: Optional[Shape] = None
             if job.get("generic"):
                 pitch = {("K" if spec.matrix in ("A",) or (spec.matrix == "B" and shape.layout == "TN") else "N")
                          for spec in kernels.plan.tensor_maps.values()}
                 instances = ragged_instances(shape, pitch, rng)
+                large = large_ragged(shape, pitch, rng)
+                if large != shape:
+                    instances.append(large)  # as large a grid as the claim, every tail partial (smoke checks)
             for inst in instances + [shape]:
                 try:
                     call, ws, _ = kernels.bind(inst)
@@ -353,7 +358,7 @@ class GpuHandler:
                         cas.full(bool(job.get("generic")))
                     else:
                         cas.smoke()
-                        if inst.k >= 4096:
+                        if inst.k >= 4096 and inst is not large:
                             cas.all_ones()
                             cas.cancellation()
                 except CheckFailed as exc:
@@ -434,19 +439,15 @@ class GpuHandler:
         w_guard = Guarded(n_sets, max(ws, 1) + 255 >> 8 << 8, self.device, gen, torch.uint8,
                           guard_bytes=ROTATION_GUARD_BYTES, alloc=self._allocator().bytes)
         w_all = w_guard.data
-        w_all.fill_(0 if zero_ws else 0xFF)
+        w_all.fill_(0 if zero_ws else workspace_fill(rng))
         ptrs = tb.pointers(shape.layout, w_all)
         cc_all.fill_(float("nan"))
         arms = [Arm("candidate", lambda i: call(ptrs[i], w_all[i] if ws else None), n_sets),
                 Arm("torch.matmul NN", lambda i: torch.matmul(a[i], b_kn[i], out=cb[i]), n_sets, cacheable=True),
                 Arm("torch.matmul TN", lambda i: torch.matmul(a[i], b_nk[i].t(), out=cb[i]), n_sets, cacheable=True)]
         wanted = [t for t in (job.get("timers") or TIMERS) if t in TIMERS]
-        flip = {"p": rng.randrange(shape.m * shape.k)}
         clock("setup")
-
-        def perturb() -> None:  # a different element of every set's A changes sign before each call
-            flip["p"] = (flip["p"] + 7919) % (shape.m * shape.k)
-            tb.flip(flip["p"])
+        perturb = _perturber(tb, shape, w_all if ws and not zero_ws else None, rng)
         stats: dict[str, dict[str, Any]] = {}
         kept: dict[str, Any] = {}  # the candidate's one-rotation graph, replayed again below
         try:
@@ -459,6 +460,8 @@ class GpuHandler:
                                                prewarm=bool(job.get("prewarm", True)), stream=self.capture_stream,
                                                **_rounds(job))
                 self._last_busy = time.perf_counter()
+                _check_timed(kept["candidate"][0], perturb, tb, shape, "timed replays", self._sync)
+                clock("timed_check")
                 dev_st = stats["device"]["candidate"]
                 res.setdefault("notes", {})["device_warmup_s"] = dev_st.warmup_s
                 res["notes"]["device_capture_s"] = dev_st.capture_s
@@ -566,26 +569,61 @@ class GpuHandler:
             tb = TimingBuffers(shape, ws, self.l2, self.device, self._allocator().bytes)
             held.append(tb)
             w = torch.empty(tb.n_sets, max(ws, 1) + 255 >> 8 << 8, dtype=torch.uint8, device=self.device)
-            w.fill_(0 if zero_ws else 0xFF)
+            w.fill_(0 if zero_ws else workspace_fill(rng))
             ptrs = tb.pointers(shape.layout, w)
+            tb.cc_all.fill_(float("nan"))
             arms = [Arm("candidate", lambda i, p=ptrs, w=w: call(p[i], w[i] if ws else None), tb.n_sets),
                     Arm("torch.matmul NN", lambda i, t=tb: torch.matmul(t.a[i], t.b_kn[i], out=t.cb[i]), tb.n_sets),
                     Arm("torch.matmul TN", lambda i, t=tb: torch.matmul(t.a[i], t.b_nk[i].t(), out=t.cb[i]), tb.n_sets)]
-            flip = {"p": rng.randrange(shape.m * shape.k)}
-
-            def perturb(t: TimingBuffers = tb) -> None:
-                flip["p"] = (flip["p"] + 7919) % (shape.m * shape.k)
-                t.flip(flip["p"])
+            perturb = _perturber(tb, shape, w if ws and not zero_ws else None, rng)
+            kept: dict[str, Any] = {}
             try:
-                st = device_timer(arms, rng=rng, perturb=perturb, stream=self.capture_stream, **_rounds(job))
+                st = device_timer(arms, rng=rng, perturb=perturb, keep=kept, stream=self.capture_stream, **_rounds(job))
+                _check_timed(kept["candidate"][0], perturb, tb, shape, f"timed replays on rotation {len(runs) + 1}",
+                             self._sync)
             finally:
                 tb.unflip()
+            left = int(torch.isnan(tb.cc_all[:, :shape.m * shape.n]).sum())
+            if left:
+                raise CheckFailed("outputs after timing", f"rotation {len(runs) + 1}: {left} elements of the "
+                                  "rotated C sets still hold the NaN poison")
             base = min(st["torch.matmul NN"].median, st["torch.matmul TN"].median)
             runs.append({"median": st["candidate"].median, "baseline_median": base})
         for key in ("median", "baseline_median"):
             first[key] = statistics.median(r[key] for r in runs)
         res["device_rotations"] = runs
         del held
+
+
+def _perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Tensor],
+               rng: random.Random) -> Callable[[], None]:
+    """What runs before every timed replay (outside the timed events): the sign of one element of
+    every set's A flips, at a position drawn at random each time (a fixed stride is a pattern a
+    kernel can recognise from its inputs), and a non-zeroed workspace is refilled with a byte
+    drawn as for the checked calls (:func:`evaluators._correctness.workspace_fill`), so that
+    nothing a kernel leaves there survives to the next call or tells timing from checking."""
+    size = shape.m * shape.k
+
+    def perturb() -> None:
+        tb.flip(rng.randrange(size))
+        if workspaces is not None:
+            workspaces.fill_(workspace_fill(rng))
+    return perturb
+
+
+def _check_timed(graph: Any, perturb: Callable[[], None], tb: "TimingBuffers", shape: Shape, where: str,
+                 sync: Callable[[], None]) -> None:
+    """Verify the outputs of the timed calls: one more replay of the timed graph (every set into
+    its own C, after the same random perturbation as every timed replay, with C holding the last
+    replay's outputs as it does between timed replays: nothing tells it from the others), then
+    every set checked against its current inputs. Raises :class:`CheckFailed` naming the set."""
+    perturb()
+    graph.replay()
+    sync()
+    m, n, k, sets = shape.m, shape.n, shape.k, tb.n_sets
+    b = tb.bnk_all[:, :n * k].view(sets, n, k) if shape.layout == "TN" else tb.bkn_all[:, :k * n].view(sets, k, n)
+    verify_sets(tb.a_all[:, :m * k].view(sets, m, k), b, tb.cc_all[:, :m * n].view(sets, m, n), shape.layout,
+                "timed calls verified", where, "is wrong on a replay of the timed graph (checked calls were right)")
 
 
 def _rounds(job: Mapping[str, Any]) -> dict[str, Any]:

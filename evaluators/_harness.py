@@ -460,7 +460,10 @@ class GpuHandler:
                                                prewarm=bool(job.get("prewarm", True)), stream=self.capture_stream,
                                                **_rounds(job))
                 self._last_busy = time.perf_counter()
-                _check_timed(kept["candidate"][0], perturb, tb, shape, "timed replays", self._sync)
+                try:
+                    _check_timed(kept["candidate"][0], perturb, tb, shape, "timed replays", self._sync)
+                except CheckFailed as exc:
+                    res["flags"].append(str(exc))
                 clock("timed_check")
                 dev_st = stats["device"]["candidate"]
                 res.setdefault("notes", {})["device_warmup_s"] = dev_st.warmup_s
@@ -498,7 +501,10 @@ class GpuHandler:
                                    "baseline_name": base_name}
         rotations = int(job.get("rotations") or 1)
         if "device" in stats and rotations > 1:
-            self._more_rotations(call, ws, zero_ws, shape, job, rng, gen, rotations, res)
+            try:
+                self._more_rotations(call, ws, zero_ws, shape, job, rng, gen, rotations, res)
+            except CheckFailed as exc:  # a fresh rotation's outputs wrong after (or during) timing
+                res["flags"].append(str(exc))
             clock("rotations")
         # -- hack flags ------------------------------------------------------------------
         replay = None

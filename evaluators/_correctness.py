@@ -519,9 +519,12 @@ def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: s
 
 
 def verify_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: str, check: str, where: str,
-                what: str = "is wrong after calls that followed the timed ones") -> None:
+                what: str = "is wrong after calls that followed the timed ones", set_ids: Optional[list[int]] = None,
+                row_ids: Optional[list[int]] = None) -> None:
     """Every set of a rotation: ``C[i] == A[i]·B[i]`` within the random-input tolerance, else
-    :class:`CheckFailed` naming the set and ``where`` (``b3`` as stored for ``layout``)."""
+    :class:`CheckFailed` naming the set and ``where`` (``b3`` as stored for ``layout``).
+    ``set_ids``/``row_ids``: the sets' and rows' numbers in the rotation when ``a3``/``c3`` hold
+    only some of them (for the message)."""
     n_sets, m, k = a3.shape
     n = c3.shape[2]
     dt = torch.float64 if m * n * k <= FP64_LIMIT or a3.device.type == "cpu" else torch.float32
@@ -538,8 +541,10 @@ def verify_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: st
             idx = bad.flatten().nonzero()[0].item()
             s, rem = divmod(idx, m * n)
             i, j = divmod(rem, n)
-            raise CheckFailed(check, f"{where}: rotation set {lo + s} {what} "
-                                     f"({int(bad.sum())} bad elements; C[{i},{j}] = {float(c[s, i, j])!r} vs "
+            set_no = set_ids[lo + s] if set_ids else lo + s
+            row_no = row_ids[i] if row_ids else i
+            raise CheckFailed(check, f"{where}: rotation set {set_no} {what} "
+                                     f"({int(bad.sum())} bad elements; C[{row_no},{j}] = {float(c[s, i, j])!r} vs "
                                      f"{float(ref[s, i, j]):.6g}): state kept across calls, or stale/trusted outputs")
 
 

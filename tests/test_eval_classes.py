@@ -194,10 +194,12 @@ class _Rotation:
         self.bkn_all = self.bnk_all
         self.cc_all = torch.full((sets, m * n), float("nan"), dtype=torch.float16)
         self.flips: list[int] = []
+        self._flipped: set[int] = set()  # as TimingBuffers keeps it: positions flipped an odd number of times
 
     def flip(self, p: int) -> None:
         self.a_all[:, p].neg_()
         self.flips.append(p)
+        self._flipped ^= {p}
 
 
 class _GraphDouble:
@@ -227,7 +229,7 @@ def _timed(stale_after: int | None, replays: int = 5) -> None:
     for _ in range(replays):
         perturb()
         graph.replay()
-    _harness._check_timed(graph, perturb, rot, shape, "timed replays", lambda: None)
+    _harness._check_timed(graph, perturb, rot, shape, "timed replays", lambda: None, random.Random(2))
 
 
 def test_an_honest_timed_replay_passes() -> None:
@@ -239,6 +241,31 @@ def test_a_kernel_idle_when_timed_is_caught_naming_the_call() -> None:
 
     with pytest.raises(CheckFailed, match="timed calls verified: timed replays: rotation set 0 is wrong on a replay"):
         _timed(stale_after=1)
+
+
+def test_a_kernel_stale_in_one_row_is_caught_at_a_large_shape() -> None:
+    """The sampled timed check still verifies every row a perturbation changed: a kernel that
+    recomputes all but the rows whose inputs changed since its last call is caught."""
+    from evaluators import _harness
+    from evaluators._correctness import CheckFailed
+
+    shape = Shape(1024, 32, 48, "TN")  # M above 4 x TIMED_CHECK_ROWS: rows are sampled
+    rot = _Rotation(2, shape)
+    graph = _GraphDouble(rot, shape)
+    graph.replay()
+    before = rot.cc_all.clone()
+    perturb = _harness._perturber(rot, shape, None, random.Random(4))
+
+    class StaleRows(_GraphDouble):
+        def replay(self) -> None:
+            super().replay()
+            rows = {p // shape.k for p in rot._flipped}
+            c = rot.cc_all.view(2, shape.m, shape.n)
+            for r in rows:
+                c[:, r] = before.view(2, shape.m, shape.n)[:, r]
+    with pytest.raises(CheckFailed, match="timed calls verified"):
+        _harness._check_timed(StaleRows(rot, shape), perturb, rot, shape, "timed replays", lambda: None,
+                              random.Random(5))
 
 
 def test_perturbation_positions_and_workspace_fills_are_random() -> None:

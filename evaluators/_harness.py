@@ -605,25 +605,27 @@ class GpuHandler:
 
 def _perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Tensor],
                rng: random.Random) -> Callable[[], None]:
-    """What runs before every timed replay (outside the timed events): the sign of one element of
-    every set's A flips, at a position drawn at random each time (a fixed stride is a pattern a
-    kernel can recognise from its inputs), and a non-zeroed workspace is refilled with a byte
-    drawn as for the checked calls (:func:`evaluators._correctness.workspace_fill`), so that
-    nothing a kernel leaves there survives to the next call or tells timing from checking."""
-    size = shape.m * shape.k
+    """What runs before every timed replay (outside the timed events): one element of every row
+    of every set's A changes sign, at columns drawn at random each time
+    (:meth:`TimingBuffers.flip_rows`; a fixed stride is a pattern a kernel can recognise from its
+    inputs, and a single changed element left most of C reusable), and a non-zeroed workspace is
+    refilled with a byte drawn as for the checked calls
+    (:func:`evaluators._correctness.workspace_fill`), so that nothing a kernel leaves there
+    survives to the next call or tells timing from checking."""
+    gen = torch.Generator(device=tb.a_all.device).manual_seed(rng.getrandbits(62))
 
     def perturb() -> None:
-        tb.flip(rng.randrange(size))
+        tb.flip_rows(gen)
         if workspaces is not None:
             workspaces.fill_(workspace_fill(rng))
     return perturb
 
 
-#: The timed-output check verifies every row of A that a perturbation changed (where an output kept
-#: from an earlier call is stale) plus this many rows drawn at random, and at most
-#: ``TIMED_CHECK_SETS`` rotation sets drawn at random: which ones is unknown to the kernel, and the
-#: reference costs a few percent of a full one at 4096^3 (the recheck after timing, which follows,
-#: still verifies every element of every set).
+#: The timed-output check verifies this many rows drawn at random (every row changed since the
+#: last call: an output kept from it is stale in all of them) on at most ``TIMED_CHECK_SETS``
+#: rotation sets drawn at random: which ones is unknown to the kernel, and the reference costs a
+#: few percent of a full one at 4096^3 (the recheck after timing, which follows, still verifies
+#: every element of every set).
 TIMED_CHECK_ROWS, TIMED_CHECK_SETS = 64, 256
 
 
@@ -632,15 +634,13 @@ def _check_timed(graph: Any, perturb: Callable[[], None], tb: "TimingBuffers", s
     """Verify the outputs of the timed calls: one more replay of the timed graph (every set into
     its own C, after the same random perturbation as every timed replay, with C holding the last
     replay's outputs as it does between timed replays: nothing tells it from the others), then
-    the rows that any perturbation changed and random others, on random sets, checked against
-    the current inputs. Raises :class:`CheckFailed` naming the set."""
+    random rows of random sets checked against the current inputs. Raises :class:`CheckFailed`
+    naming the set."""
     perturb()
     graph.replay()
     sync()
     m, n, k, sets = shape.m, shape.n, shape.k, tb.n_sets
-    flipped = {p // k for p in tb._flipped}  # positions flipped an odd number of times: A differs there
-    rows = sorted(flipped | set(rng.sample(range(m), min(m, TIMED_CHECK_ROWS)))) if m > 4 * TIMED_CHECK_ROWS \
-        else list(range(m))
+    rows = sorted(rng.sample(range(m), TIMED_CHECK_ROWS)) if m > 4 * TIMED_CHECK_ROWS else list(range(m))
     picked = sorted(rng.sample(range(sets), min(sets, TIMED_CHECK_SETS)))
     dev = tb.a_all.device
     r_idx, s_idx = torch.tensor(rows, device=dev), torch.tensor(picked, device=dev)
@@ -759,6 +759,8 @@ class TimingBuffers:
                                                       self.bkn_all[:, :k * n])]
         self._pristine = [t.clone() for t in self._inputs]
         self._flipped: set[int] = set()
+        self._row_flips: list[torch.Tensor] = []
+        self._mk = (m, k)
 
     def pointers(self, layout: str, workspaces: torch.Tensor) -> list[dict[str, int]]:
         """Every set's A, B (as stored for ``layout``), C and workspace (row ``i`` of
@@ -772,22 +774,38 @@ class TimingBuffers:
                 for a, b, c, w in zip(rows(self.a_all), rows(b_all), rows(self.cc_all), rows(workspaces))]
 
     def flip(self, p: int) -> None:
-        """Change the sign of element ``p`` of every set's A (the timers' input perturbation)."""
+        """Change the sign of element ``p`` of every set's A."""
         self.a_all[:, p].neg_()
         self._flipped ^= {p}
 
+    def flip_rows(self, gen: torch.Generator) -> None:
+        """The timers' input perturbation: change the sign of one element in every row of every
+        set's A, at a column drawn at random per row and call. Every output element changes, so
+        an output kept from an earlier call (C as memory) is stale everywhere, and which element
+        of a row changed cannot be found without redoing the row's work."""
+        m, k = self._mk
+        if getattr(self, "_row_base", None) is None:
+            self._row_base = torch.arange(m, device=self.a_all.device) * k
+        pos = self._row_base + torch.randint(0, k, (m,), device=self.a_all.device, generator=gen)
+        self.a_all[:, pos] = self.a_all[:, pos].neg()
+        self._row_flips.append(pos)
+
     def unflip(self) -> None:
-        """Undo every pending :meth:`flip`: the inputs are bit-identical to the pristine copy again."""
+        """Undo every pending :meth:`flip` and :meth:`flip_rows`: the inputs are bit-identical to
+        the pristine copy again (sign changes commute and undo themselves)."""
         for p in self._flipped:
             self.a_all[:, p].neg_()
         self._flipped.clear()
+        for pos in self._row_flips:
+            self.a_all[:, pos] = self.a_all[:, pos].neg()
+        self._row_flips.clear()
 
     def intact(self) -> bool:
         """Bit-exact comparison of the inputs with their pristine copy (after :meth:`unflip`), and
         every stack's canaries: False when a candidate wrote into them, in place (its own A or B)
         or by a far store (the other cached rotations are the harness's other large live
         buffers, so they double as canaries)."""
-        return (not self._flipped and all(torch.equal(t, q) for t, q in zip(self._inputs, self._pristine))
+        return (not self._flipped and not self._row_flips and all(torch.equal(t, q) for t, q in zip(self._inputs, self._pristine))
                 and all(g.guards_intact() for g in self._guards))
 
 

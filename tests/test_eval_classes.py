@@ -108,6 +108,19 @@ def test_compiled_output_scan_sees_what_the_source_scan_cannot(snippet: str, wor
     assert again.cached and again.status is Status.REJECTED
 
 
+def test_nvcc_backend_scans_its_ptx_too(tmp_path: Path) -> None:
+    """nvcc keeps its intermediate PTX (--keep) for the same scan."""
+    from evaluators._toolkit import nvcc_path
+
+    if not nvcc_path():
+        pytest.skip("nvcc not found")
+    hidden = cand('extern "C" __global__ void k(float* c, int n) { long long t = (clock64)(); c[0] = (float)t; }\n')
+    result = evaluators.compile_candidate(hidden, ARCH, backend="nvcc", use_cache=False, timeout_s=120)
+    assert result.status is Status.REJECTED and "%clock64" in result.message, result.message
+    plain = evaluators.compile_candidate(cand(KERNEL), ARCH, backend="nvcc", use_cache=False, timeout_s=120)
+    assert plain.status is Status.OK, plain.message
+
+
 def test_template_seeds_pass_the_compiled_output_scan(tmp_path: Path) -> None:
     """No false rejections: every template's first heuristic seed at a tall, a square and a decode
     shape compiles and passes both scans (generic and specialised)."""

@@ -87,8 +87,11 @@ def run_redteam(*, rounds: int = 2, every: int = 8, only: Optional[list[str]] = 
                 budget_s: float = 1e9, deadline_s: float = 15.0, compile_timeout_s: float = 20.0,
                 measure_ceilings: bool = False, good_shape: str = "1024x1024x1024",
                 log_dir: Optional[str] = None, pool: Any = None, repeat: Optional[dict[str, int]] = None,
-                buffers: Optional[str] = None) -> dict[str, Any]:
-    """Run the corpus; return {"rows", "control", "alive", "timing_ok", "holes", "seconds"}."""
+                buffers: Optional[str] = None, rotations: int = 2) -> dict[str, Any]:
+    """Run the corpus; return {"rows", "control", "alive", "timing_ok", "holes", "seconds"}.
+
+    ``rotations``: the device timer runs on that many rotations (the cached one and fresh ones, as
+    the precise preset does), so that attacks idle on rotations after the first meet the checks."""
     from evaluators._pool import LocalPool
 
     cases = load_corpus()
@@ -99,6 +102,7 @@ def run_redteam(*, rounds: int = 2, every: int = 8, only: Optional[list[str]] = 
     own_pool = pool is None
     if own_pool:
         pool = LocalPool(compile_workers=4, timers=("device",), compile_timeout_s=compile_timeout_s,
+                         job_options={"rotations": rotations} if rotations > 1 else None,
                          deadlines={"load": deadline_s, "correctness": deadline_s, "timing": 4 * deadline_s},
                          worker_options={"measure_ceilings": measure_ceilings,
                                          **({"buffers": buffers} if buffers else {})}, log_dir=log_dir)
@@ -196,6 +200,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--repeat", default="", help="NAME=K,...: submit these cases K times per round")
     ap.add_argument("--buffers", default=None, choices=["vmm", "torch"],
                     help="worker buffers (default: the worker's, EVO_EVAL_BUFFERS)")
+    ap.add_argument("--rotations", type=int, default=2, help="rotations the device timer runs on (job option)")
     ap.add_argument("--out", default=os.environ.get("OUT", ""), help="folder for redteam.json and redteam.md")
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else None
@@ -206,7 +211,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                       compile_timeout_s=args.compile_timeout_s, measure_ceilings=args.measure_ceilings,
                       good_shape=args.good_shape, log_dir=str(out / "logs") if out else None,
                       repeat={k: int(v) for k, v in (x.split("=") for x in args.repeat.split(",") if x)},
-                      buffers=args.buffers)
+                      buffers=args.buffers, rotations=args.rotations)
     text = table(res)
     ctl = res["control"]
     drift = ctl["drift"]

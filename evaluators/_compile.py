@@ -3,7 +3,9 @@
 The second step of the evaluation cascade (DESIGN.md). Everything here runs on CPUs and
 never touches a GPU. Statuses (``populations.Status``):
 
-- ``REJECTED``: the static scan refused the source or plan, or the candidate needs sm_90a
+- ``REJECTED``: the static scan refused the source or plan, the compiled-output scan
+  (:mod:`evaluators._ptxscan`, in the compile child) refused the PTX the compiler produced
+  (time sources, writable module state, calls out of the module), or the candidate needs sm_90a
   (tensor maps, or ``meta["arch_features"]`` naming ``sm_90a``) and the target is ``sm_80``.
 - ``COMPILE_ERROR``: the compiler said no (the log is the message), the compile ran past its
   deadline ("timeout after Xs") or its memory cap ("out of memory ..."), or the cubin breaks
@@ -35,6 +37,7 @@ from ._cache import CacheEntry, CubinCache, cache_key
 from ._backends import flags_for
 from ._isolate import DEFAULT_MEM_MB, run_compile_isolated
 from ._ptxas import parse_ptxas, resource_problems
+from ._ptxscan import PTX_SCAN_VERSION, REJECT_MARK
 from ._static import ScanResult, scan, smoke_shapes
 from ._toolkit import BACKENDS, nvcc_path, nvrtc_available, nvrtc_library, toolkit_version
 
@@ -123,7 +126,7 @@ def compile_candidate(candidate: Candidate, arch: str, *, timeout_s: float = 60,
 
     flags = flags_for(backend, arch, tuple(extra_flags))
     cache = CubinCache(cache_dir) if use_cache else None
-    key = cache_key(candidate.source, flags, arch, backend, toolkit_version(backend))
+    key = cache_key(candidate.source, flags + (PTX_SCAN_VERSION,), arch, backend, toolkit_version(backend))
     entry = cache.get(key) if cache is not None else None
     cached = entry is not None
     if entry is None:
@@ -137,6 +140,9 @@ def compile_candidate(candidate: Candidate, arch: str, *, timeout_s: float = 60,
         if cache is not None:
             cache.put(key, entry)
     telemetry["compile_s"] = entry.seconds
+    if not entry.ok and entry.log.startswith(REJECT_MARK):  # the compiled-output scan (cached like a verdict)
+        return result(Status.REJECTED, "compiled-output scan: " + entry.log[len(REJECT_MARK):], cached=cached,
+                      telemetry=telemetry)
     if not entry.ok:
         msg = entry.log
         uses = telemetry.get("scan", {}).get("sm90_features")

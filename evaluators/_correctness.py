@@ -34,7 +34,8 @@ import torch
 from populations import Shape
 
 __all__ = ["EPS16", "EPS32", "ulp16", "tolerance_random", "tolerance_exact", "Guarded", "Operands",
-           "CheckFailed", "Cascade", "ragged_instances", "reference", "recheck_sets"]
+           "CheckFailed", "Cascade", "ragged_instances", "large_ragged", "reference", "recheck_sets", "verify_sets",
+           "WORKSPACE_FILLS", "workspace_fill"]
 
 EPS16 = 2.0 ** -10
 EPS32 = 2.0 ** -23
@@ -59,6 +60,19 @@ def tolerance_random(ref: torch.Tensor, rss: torch.Tensor) -> torch.Tensor:
 def tolerance_exact(ref: torch.Tensor, sabs: torch.Tensor, k: int) -> torch.Tensor:
     """``ulp16(R) + 8 * sqrt(K) * eps32 * S`` (see the module docstring)."""
     return ulp16(ref) + C_EXACT * math.sqrt(k) * EPS32 * sabs.float()
+
+
+#: Bytes a non-zeroed workspace is filled with before a checked call and before every timed
+#: replay, drawn at random each time: every one reads as NaN in fp16 and as NaN or a huge value
+#: (|x| > 1e37) in fp32, so a kernel that reads a workspace before writing it fails; and since
+#: checked and timed calls draw from the same set, the workspace's contents cannot tell them
+#: apart, nor carry anything from one timed call to the next.
+WORKSPACE_FILLS = (0xFF, 0xFE, 0xFD, 0x7F)
+
+
+def workspace_fill(rng: Optional[random.Random]) -> int:
+    """One of :data:`WORKSPACE_FILLS` (0xFF without an ``rng``)."""
+    return WORKSPACE_FILLS[rng.randrange(len(WORKSPACE_FILLS))] if rng is not None else 0xFF
 
 
 class CheckFailed(Exception):
@@ -188,6 +202,17 @@ class Operands:
         return {"A": self.A.ptr, "B": self.B.ptr, "C": self.C.ptr, "workspace": self.W.ptr}
 
 
+def _rss_fp16(a: torch.Tensor, b_kn: torch.Tensor) -> torch.Tensor:
+    """``T = sqrt(sum_k a^2 b^2)`` (batched or not) from fp16 squares on tensor cores, as float32.
+
+    Only a tolerance's scale (its 0.1% rounding is immaterial, a square that underflows only
+    tightens it), and at the big shapes where the references run in float32 this product was
+    half their cost: the after-timing checks verify every rotation set."""
+    a2, b2 = a.half().square(), b_kn.half().square()
+    out = torch.bmm(a2, b2) if a2.dim() == 3 else a2 @ b2
+    return out.float().sqrt()
+
+
 def reference(a: torch.Tensor, b_kn: torch.Tensor, *, exact_terms: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(R, scale): R = a @ b in fp64/fp32; scale = T (rss of products) or S (sum of |products|)."""
     m, k = a.shape
@@ -195,7 +220,12 @@ def reference(a: torch.Tensor, b_kn: torch.Tensor, *, exact_terms: bool) -> tupl
     dt = torch.float64 if m * n * k <= FP64_LIMIT or a.device.type == "cpu" else torch.float32
     a2, b2 = a.to(dt), b_kn.to(dt)
     ref = a2 @ b2
-    scale = (a2.abs() @ b2.abs()) if exact_terms else (a2 * a2 @ (b2 * b2)).sqrt()
+    if exact_terms:
+        scale = a2.abs() @ b2.abs()
+    elif dt is torch.float32 and a.is_cuda:  # a tolerance scale, not a value: fp16 tensor cores suffice
+        scale = _rss_fp16(a, b_kn)
+    else:
+        scale = (a2 * a2 @ (b2 * b2)).sqrt()
     return ref, scale
 
 
@@ -223,8 +253,8 @@ class Cascade:
         ops = self.ops
         saved_a, saved_b = ops.A.data.view(torch.int16).clone(), ops.B.data.view(torch.int16).clone()
         ops.C.data.fill_(float("nan"))
-        if ops.workspace_bytes:
-            ops.W.data.fill_(0 if ops.zero_workspace else 0xFF)  # 0xFFFF.. is NaN in fp16 and fp32
+        if ops.workspace_bytes:  # NaN (or huge) in fp16 and fp32, the byte drawn as for timed calls
+            ops.W.data.fill_(0 if ops.zero_workspace else workspace_fill(self.placements))
         self.call(ops)  # stream-ordered after the fills
         self.sync()
         guarded = (("A", ops.A), ("B", ops.B), ("C", ops.C), ("the workspace", ops.W))
@@ -404,6 +434,18 @@ def ragged_instances(shape: Shape, tma_pitch: set[str], rng: Optional[random.Ran
     return out + [fix(65, 72, 4104)]
 
 
+def large_ragged(shape: Shape, tma_pitch: set[str], rng: random.Random) -> Shape:
+    """The claimed shape with ragged M, N and K tails: each dimension above 1 cut by 1..63 (at
+    random), so the grid is as large as the claimed one (a kernel cannot tell a check by its
+    size) and every edge tile and the K tail are partial. TMA pitch dimensions stay multiples of 8."""
+    def cut(d: int, pitch: bool) -> int:
+        if d <= 1:
+            return d
+        out = d - max(1, min(d - 1, rng.randint(1, 63)))
+        return max(8, out // 8 * 8) if pitch and d > 8 else out
+    return shape.with_dims(cut(shape.m, False), cut(shape.n, "N" in tma_pitch), cut(shape.k, "K" in tma_pitch))
+
+
 def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: str, call: Callable[[int], None],
                  sync: Callable[[], None], gen: torch.Generator, passes: int = 3,
                  call_all: Optional[Callable[[], None]] = None) -> None:
@@ -470,13 +512,19 @@ def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: s
                 call(n_sets - 1)
             sync()
             unchanged(expect, p)
-            _verify_sets(a3, b3, c3, layout, check, f"pass {p + 1} ({mode} changed in place)")
+            verify_sets(a3, b3, c3, layout, check, f"pass {p + 1} ({mode} changed in place)")
     finally:
         for t3, index, old in reversed(saved):
             t3[index] = old
 
 
-def _verify_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: str, check: str, where: str) -> None:
+def verify_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: str, check: str, where: str,
+                what: str = "is wrong after calls that followed the timed ones", set_ids: Optional[list[int]] = None,
+                row_ids: Optional[list[int]] = None) -> None:
+    """Every set of a rotation: ``C[i] == A[i]·B[i]`` within the random-input tolerance, else
+    :class:`CheckFailed` naming the set and ``where`` (``b3`` as stored for ``layout``).
+    ``set_ids``/``row_ids``: the sets' and rows' numbers in the rotation when ``a3``/``c3`` hold
+    only some of them (for the message)."""
     n_sets, m, k = a3.shape
     n = c3.shape[2]
     dt = torch.float64 if m * n * k <= FP64_LIMIT or a3.device.type == "cpu" else torch.float32
@@ -486,15 +534,17 @@ def _verify_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: s
         b = b3[lo:lo + chunk].to(dt)
         b = b.transpose(1, 2) if layout == "TN" else b
         ref = torch.bmm(a, b)
-        rss = torch.bmm(a * a, b * b).sqrt()
+        rss = _rss_fp16(a3[lo:lo + chunk], b) if dt is torch.float32 and a3.is_cuda else torch.bmm(a * a, b * b).sqrt()
         c = c3[lo:lo + chunk]
         bad = ~((c.to(dt) - ref).abs() <= tolerance_random(ref, rss))
         if bool(bad.any()):
             idx = bad.flatten().nonzero()[0].item()
             s, rem = divmod(idx, m * n)
             i, j = divmod(rem, n)
-            raise CheckFailed(check, f"{where}: rotation set {lo + s} is wrong after calls that followed the timed ones "
-                                     f"({int(bad.sum())} bad elements; C[{i},{j}] = {float(c[s, i, j])!r} vs "
+            set_no = set_ids[lo + s] if set_ids else lo + s
+            row_no = row_ids[i] if row_ids else i
+            raise CheckFailed(check, f"{where}: rotation set {set_no} {what} "
+                                     f"({int(bad.sum())} bad elements; C[{row_no},{j}] = {float(c[s, i, j])!r} vs "
                                      f"{float(ref[s, i, j]):.6g}): state kept across calls, or stale/trusted outputs")
 
 

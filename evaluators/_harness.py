@@ -38,7 +38,8 @@ import torch
 from populations import LaunchPlan, PlanError, Shape
 
 from ._builtin_kernels import EMPTY_KERNEL, NAIVE_GEMM, naive_plan
-from ._correctness import Cascade, CheckFailed, Guarded, Operands, ragged_instances, recheck_sets
+from ._correctness import (Cascade, CheckFailed, Guarded, Operands, large_ragged, ragged_instances, recheck_sets,
+                           verify_sets, workspace_fill)
 from ._loader import get_loader, is_poisoning, nvrtc_cubin
 from ._provenance import sm_clock_mhz, static_provenance
 from ._timers import Arm, device_timer, host_timer, rotation_sets
@@ -333,11 +334,15 @@ class GpuHandler:
         t0 = time.perf_counter()
         gen = torch.Generator(device=self.device).manual_seed(rng.getrandbits(62))
         try:
-            instances = []
+            instances: list[Shape] = []
+            large: Optional[Shape] = None
             if job.get("generic"):
                 pitch = {("K" if spec.matrix in ("A",) or (spec.matrix == "B" and shape.layout == "TN") else "N")
                          for spec in kernels.plan.tensor_maps.values()}
                 instances = ragged_instances(shape, pitch, rng)
+                large = large_ragged(shape, pitch, rng)
+                if large != shape:
+                    instances.append(large)  # as large a grid as the claim, every tail partial
             for inst in instances + [shape]:
                 try:
                     call, ws, _ = kernels.bind(inst)
@@ -351,6 +356,8 @@ class GpuHandler:
                 try:
                     if inst is shape:
                         cas.full(bool(job.get("generic")))
+                    elif inst is large:  # full-size: one random-input check (every element compared) suffices
+                        cas.random()
                     else:
                         cas.smoke()
                         if inst.k >= 4096:
@@ -434,19 +441,15 @@ class GpuHandler:
         w_guard = Guarded(n_sets, max(ws, 1) + 255 >> 8 << 8, self.device, gen, torch.uint8,
                           guard_bytes=ROTATION_GUARD_BYTES, alloc=self._allocator().bytes)
         w_all = w_guard.data
-        w_all.fill_(0 if zero_ws else 0xFF)
+        w_all.fill_(0 if zero_ws else workspace_fill(rng))
         ptrs = tb.pointers(shape.layout, w_all)
         cc_all.fill_(float("nan"))
         arms = [Arm("candidate", lambda i: call(ptrs[i], w_all[i] if ws else None), n_sets),
                 Arm("torch.matmul NN", lambda i: torch.matmul(a[i], b_kn[i], out=cb[i]), n_sets, cacheable=True),
                 Arm("torch.matmul TN", lambda i: torch.matmul(a[i], b_nk[i].t(), out=cb[i]), n_sets, cacheable=True)]
         wanted = [t for t in (job.get("timers") or TIMERS) if t in TIMERS]
-        flip = {"p": rng.randrange(shape.m * shape.k)}
         clock("setup")
-
-        def perturb() -> None:  # a different element of every set's A changes sign before each call
-            flip["p"] = (flip["p"] + 7919) % (shape.m * shape.k)
-            tb.flip(flip["p"])
+        perturb = _perturber(tb, shape, w_all if ws and not zero_ws else None, rng)
         stats: dict[str, dict[str, Any]] = {}
         kept: dict[str, Any] = {}  # the candidate's one-rotation graph, replayed again below
         try:
@@ -459,13 +462,18 @@ class GpuHandler:
                                                prewarm=bool(job.get("prewarm", True)), stream=self.capture_stream,
                                                **_rounds(job))
                 self._last_busy = time.perf_counter()
+                clock("device")
+                try:
+                    _check_timed(kept["candidate"][0], perturb, tb, shape, "timed replays", self._sync, rng)
+                except CheckFailed as exc:
+                    res["flags"].append(str(exc))
+                clock("timed_check")
                 dev_st = stats["device"]["candidate"]
                 res.setdefault("notes", {})["device_warmup_s"] = dev_st.warmup_s
                 res["notes"]["device_capture_s"] = dev_st.capture_s
                 res["notes"]["device_prewarm_replays"] = dev_st.prewarm_replays
                 if dev_st.clocks:
                     res["notes"]["settle_clocks_mhz"] = list(dev_st.clocks)
-                clock("device")
             if "device" in stats:
                 dev_sp = _speedup(stats["device"])
                 gate = host_timers_wanted(job, dev_sp)
@@ -495,7 +503,10 @@ class GpuHandler:
                                    "baseline_name": base_name}
         rotations = int(job.get("rotations") or 1)
         if "device" in stats and rotations > 1:
-            self._more_rotations(call, ws, zero_ws, shape, job, rng, gen, rotations, res)
+            try:
+                self._more_rotations(call, ws, zero_ws, shape, job, rng, gen, rotations, res)
+            except CheckFailed as exc:  # a fresh rotation's outputs wrong after (or during) timing
+                res["flags"].append(str(exc))
             clock("rotations")
         # -- hack flags ------------------------------------------------------------------
         replay = None
@@ -566,26 +577,78 @@ class GpuHandler:
             tb = TimingBuffers(shape, ws, self.l2, self.device, self._allocator().bytes)
             held.append(tb)
             w = torch.empty(tb.n_sets, max(ws, 1) + 255 >> 8 << 8, dtype=torch.uint8, device=self.device)
-            w.fill_(0 if zero_ws else 0xFF)
+            w.fill_(0 if zero_ws else workspace_fill(rng))
             ptrs = tb.pointers(shape.layout, w)
+            tb.cc_all.fill_(float("nan"))
             arms = [Arm("candidate", lambda i, p=ptrs, w=w: call(p[i], w[i] if ws else None), tb.n_sets),
                     Arm("torch.matmul NN", lambda i, t=tb: torch.matmul(t.a[i], t.b_kn[i], out=t.cb[i]), tb.n_sets),
                     Arm("torch.matmul TN", lambda i, t=tb: torch.matmul(t.a[i], t.b_nk[i].t(), out=t.cb[i]), tb.n_sets)]
-            flip = {"p": rng.randrange(shape.m * shape.k)}
-
-            def perturb(t: TimingBuffers = tb) -> None:
-                flip["p"] = (flip["p"] + 7919) % (shape.m * shape.k)
-                t.flip(flip["p"])
+            perturb = _perturber(tb, shape, w if ws and not zero_ws else None, rng)
+            kept: dict[str, Any] = {}
             try:
-                st = device_timer(arms, rng=rng, perturb=perturb, stream=self.capture_stream, **_rounds(job))
+                st = device_timer(arms, rng=rng, perturb=perturb, keep=kept, stream=self.capture_stream, **_rounds(job))
+                _check_timed(kept["candidate"][0], perturb, tb, shape, f"timed replays on rotation {len(runs) + 1}",
+                             self._sync, rng)
             finally:
                 tb.unflip()
+            left = int(torch.isnan(tb.cc_all[:, :shape.m * shape.n]).sum())
+            if left:
+                raise CheckFailed("outputs after timing", f"rotation {len(runs) + 1}: {left} elements of the "
+                                  "rotated C sets still hold the NaN poison")
             base = min(st["torch.matmul NN"].median, st["torch.matmul TN"].median)
             runs.append({"median": st["candidate"].median, "baseline_median": base})
         for key in ("median", "baseline_median"):
             first[key] = statistics.median(r[key] for r in runs)
         res["device_rotations"] = runs
         del held
+
+
+def _perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Tensor],
+               rng: random.Random) -> Callable[[], None]:
+    """What runs before every timed replay (outside the timed events): one element of every row
+    of every set's A changes sign, at columns drawn at random each time
+    (:meth:`TimingBuffers.flip_rows`; a fixed stride is a pattern a kernel can recognise from its
+    inputs, and a single changed element left most of C reusable), and a non-zeroed workspace is
+    refilled with a byte drawn as for the checked calls
+    (:func:`evaluators._correctness.workspace_fill`), so that nothing a kernel leaves there
+    survives to the next call or tells timing from checking."""
+    gen = torch.Generator(device=tb.a_all.device).manual_seed(rng.getrandbits(62))
+
+    def perturb() -> None:
+        tb.flip_rows(gen)
+        if workspaces is not None:
+            workspaces.fill_(workspace_fill(rng))
+    return perturb
+
+
+#: The timed-output check verifies this many rows drawn at random (every row changed since the
+#: last call: an output kept from it is stale in all of them) on at most ``TIMED_CHECK_SETS``
+#: rotation sets drawn at random: which ones is unknown to the kernel, and the reference costs a
+#: few percent of a full one at 4096^3 (the recheck after timing, which follows, still verifies
+#: every element of every set).
+TIMED_CHECK_ROWS, TIMED_CHECK_SETS = 64, 256
+
+
+def _check_timed(graph: Any, perturb: Callable[[], None], tb: "TimingBuffers", shape: Shape, where: str,
+                 sync: Callable[[], None], rng: random.Random) -> None:
+    """Verify the outputs of the timed calls: one more replay of the timed graph (every set into
+    its own C, after the same random perturbation as every timed replay, with C holding the last
+    replay's outputs as it does between timed replays: nothing tells it from the others), then
+    random rows of random sets checked against the current inputs. Raises :class:`CheckFailed`
+    naming the set."""
+    perturb()
+    graph.replay()
+    sync()
+    m, n, k, sets = shape.m, shape.n, shape.k, tb.n_sets
+    rows = sorted(rng.sample(range(m), TIMED_CHECK_ROWS)) if m > 4 * TIMED_CHECK_ROWS else list(range(m))
+    picked = sorted(rng.sample(range(sets), min(sets, TIMED_CHECK_SETS)))
+    dev = tb.a_all.device
+    r_idx, s_idx = torch.tensor(rows, device=dev), torch.tensor(picked, device=dev)
+    a3 = tb.a_all[:, :m * k].view(sets, m, k).index_select(0, s_idx).index_select(1, r_idx)
+    b = tb.bnk_all[:, :n * k].view(sets, n, k) if shape.layout == "TN" else tb.bkn_all[:, :k * n].view(sets, k, n)
+    c3 = tb.cc_all[:, :m * n].view(sets, m, n).index_select(0, s_idx).index_select(1, r_idx)
+    verify_sets(a3, b.index_select(0, s_idx), c3, shape.layout, "timed calls verified", where,
+                "is wrong on a replay of the timed graph (checked calls were right)", set_ids=picked, row_ids=rows)
 
 
 def _rounds(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -696,6 +759,8 @@ class TimingBuffers:
                                                       self.bkn_all[:, :k * n])]
         self._pristine = [t.clone() for t in self._inputs]
         self._flipped: set[int] = set()
+        self._row_flips: list[torch.Tensor] = []
+        self._mk = (m, k)
 
     def pointers(self, layout: str, workspaces: torch.Tensor) -> list[dict[str, int]]:
         """Every set's A, B (as stored for ``layout``), C and workspace (row ``i`` of
@@ -709,22 +774,38 @@ class TimingBuffers:
                 for a, b, c, w in zip(rows(self.a_all), rows(b_all), rows(self.cc_all), rows(workspaces))]
 
     def flip(self, p: int) -> None:
-        """Change the sign of element ``p`` of every set's A (the timers' input perturbation)."""
+        """Change the sign of element ``p`` of every set's A."""
         self.a_all[:, p].neg_()
         self._flipped ^= {p}
 
+    def flip_rows(self, gen: torch.Generator) -> None:
+        """The timers' input perturbation: change the sign of one element in every row of every
+        set's A, at a column drawn at random per row and call. Every output element changes, so
+        an output kept from an earlier call (C as memory) is stale everywhere, and which element
+        of a row changed cannot be found without redoing the row's work."""
+        m, k = self._mk
+        if getattr(self, "_row_base", None) is None:
+            self._row_base = torch.arange(m, device=self.a_all.device) * k
+        pos = self._row_base + torch.randint(0, k, (m,), device=self.a_all.device, generator=gen)
+        self.a_all[:, pos] = self.a_all[:, pos].neg()
+        self._row_flips.append(pos)
+
     def unflip(self) -> None:
-        """Undo every pending :meth:`flip`: the inputs are bit-identical to the pristine copy again."""
+        """Undo every pending :meth:`flip` and :meth:`flip_rows`: the inputs are bit-identical to
+        the pristine copy again (sign changes commute and undo themselves)."""
         for p in self._flipped:
             self.a_all[:, p].neg_()
         self._flipped.clear()
+        for pos in self._row_flips:
+            self.a_all[:, pos] = self.a_all[:, pos].neg()
+        self._row_flips.clear()
 
     def intact(self) -> bool:
         """Bit-exact comparison of the inputs with their pristine copy (after :meth:`unflip`), and
         every stack's canaries: False when a candidate wrote into them, in place (its own A or B)
         or by a far store (the other cached rotations are the harness's other large live
         buffers, so they double as canaries)."""
-        return (not self._flipped and all(torch.equal(t, q) for t, q in zip(self._inputs, self._pristine))
+        return (not self._flipped and not self._row_flips and all(torch.equal(t, q) for t, q in zip(self._inputs, self._pristine))
                 and all(g.guards_intact() for g in self._guards))
 
 

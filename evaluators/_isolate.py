@@ -25,6 +25,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+try:
+    from ._ptxscan import REJECT_MARK, scan_ptx
+except ImportError:  # loaded as a top-level module (the compile child, the fork server)
+    from _ptxscan import REJECT_MARK, scan_ptx  # type: ignore[no-redef]
+
 __all__ = ["ChildOutcome", "run_compile_isolated", "DEFAULT_MEM_MB"]
 
 #: Address-space cap per compile. NVRTC needs ~0.4 GiB of virtual memory for a small kernel;
@@ -136,7 +141,7 @@ def _load_nvrtc(library: str):  # -> ctypes.CDLL, kept per process (a warm zygot
     return _LIBS[library]
 
 
-def _nvrtc_compile(source: str, flags: list[str], library: str | None) -> tuple[bool, bytes, str]:
+def _nvrtc_compile(source: str, flags: list[str], library: str | None) -> tuple[bool, bytes, str, str]:
     """NVRTC through ``ctypes`` on the same ``libnvrtc`` that ``cuda.bindings`` loads.
 
     Why not ``cuda.bindings.nvrtc`` here: importing it costs ~0.1 s per child, half the cost
@@ -158,6 +163,8 @@ def _nvrtc_compile(source: str, flags: list[str], library: str | None) -> tuple[
         getattr(lib, name).argtypes = [c_p, ctypes.c_char_p]
     lib.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(c_p)]
     lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+    lib.nvrtcGetPTXSize.argtypes = [c_p, size_p]
+    lib.nvrtcGetPTX.argtypes = [c_p, ctypes.c_char_p]
 
     def check(code: int, what: str) -> None:
         if code != 0:
@@ -175,16 +182,19 @@ def _nvrtc_compile(source: str, flags: list[str], library: str | None) -> tuple[
         check(lib.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
         log = buf.value.decode(errors="replace").strip()
         if res != 0:
-            return False, b"", f"{log}\n{lib.nvrtcGetErrorString(res).decode()}".strip()
+            return False, b"", f"{log}\n{lib.nvrtcGetErrorString(res).decode()}".strip(), ""
         check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")
         cubin = ctypes.create_string_buffer(size.value)
         check(lib.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-        return True, cubin.raw, log
+        check(lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "nvrtcGetPTXSize")
+        ptx = ctypes.create_string_buffer(size.value + 1)
+        check(lib.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+        return True, cubin.raw, log, ptx.value.decode(errors="replace")
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-def _nvrtc_compile_bindings(source: str, flags: list[str]) -> tuple[bool, bytes, str]:
+def _nvrtc_compile_bindings(source: str, flags: list[str]) -> tuple[bool, bytes, str, str]:
     from cuda.bindings import nvrtc
 
     def check(result: tuple, what: str) -> tuple:
@@ -201,31 +211,40 @@ def _nvrtc_compile_bindings(source: str, flags: list[str]) -> tuple[bool, bytes,
         check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
         log = buf.rstrip(b"\0 ").decode(errors="replace").strip()
         if res != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            return False, b"", f"{log}\n{getattr(res, 'name', res)}".strip()
+            return False, b"", f"{log}\n{getattr(res, 'name', res)}".strip(), ""
         _, size = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         cubin = b" " * size
         check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-        return True, bytes(cubin), log
+        _, size = check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+        ptx = b" " * size
+        check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+        return True, bytes(cubin), log, ptx.rstrip(b"\0").decode(errors="replace")
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def _nvcc_compile(source: str, flags: list[str], nvcc: str | None) -> tuple[bool, bytes, str]:
+def _nvcc_compile(source: str, flags: list[str], nvcc: str | None) -> tuple[bool, bytes, str, str]:
+    """nvcc to a cubin, keeping its intermediate files so that the PTX it assembled can be scanned."""
     if not nvcc:
-        return False, b"", "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
+        return False, b"", "nvcc not found (set CUDA_HOME or put nvcc on PATH)", ""
     with tempfile.TemporaryDirectory(prefix="evo-nvcc-") as tmp:
         src, out = Path(tmp) / "candidate.cu", Path(tmp) / "candidate.cubin"
+        keep = Path(tmp) / "keep"
+        keep.mkdir()
         src.write_text(source)
-        proc = subprocess.run([nvcc, "-cubin", *flags, "-o", str(out), str(src)], cwd=tmp,
-                              capture_output=True, text=True)
+        proc = subprocess.run([nvcc, "-cubin", *flags, "--keep", "--keep-dir", str(keep), "-o", str(out), str(src)],
+                              cwd=tmp, capture_output=True, text=True)
         log = (proc.stdout + proc.stderr).replace(str(src), "candidate.cu").strip()
         if proc.returncode != 0 or not out.is_file():
-            return False, b"", log or f"nvcc exited with {proc.returncode}"
-        return True, out.read_bytes(), log
+            return False, b"", log or f"nvcc exited with {proc.returncode}", ""
+        ptx = "\n".join(p.read_text(errors="replace") for p in sorted(keep.glob("*.ptx")))
+        return True, out.read_bytes(), log, ptx
 
 
 def compile_request(req: dict) -> tuple[bool, bytes, str]:
-    """In the child: cap the address space, compile, map exceptions to a failed result."""
+    """In the child: cap the address space, compile, scan the PTX the compiler produced
+    (:func:`evaluators._ptxscan.scan_ptx`; a refusal is a failed result whose log starts with
+    ``REJECT_MARK``, no PTX at all is one too), map exceptions to a failed result."""
     import resource
 
     if req["mem_mb"] > 0:
@@ -233,8 +252,15 @@ def compile_request(req: dict) -> tuple[bool, bytes, str]:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
         if req["backend"] == "nvrtc":
-            return _nvrtc_compile(req["source"], req["flags"], req.get("library"))
-        return _nvcc_compile(req["source"], req["flags"], req["nvcc"])
+            ok, cubin, log, ptx = _nvrtc_compile(req["source"], req["flags"], req.get("library"))
+        else:
+            ok, cubin, log, ptx = _nvcc_compile(req["source"], req["flags"], req["nvcc"])
+        if not ok:
+            return ok, cubin, log
+        reasons = scan_ptx(ptx) if ptx.strip() else ["the compiler produced no PTX to scan"]
+        if reasons:
+            return False, b"", REJECT_MARK + "; ".join(reasons)
+        return ok, cubin, log
     except MemoryError:
         return (False, b"", "out of memory (MemoryError in the compile child)")
     except Exception as exc:  # report, never hang the parent

@@ -5,6 +5,11 @@ first, then comments, string/char literals (raw strings too), identifiers, numbe
 punctuators are read; a ``#`` first on a line starts a directive that runs to the end of the
 line. String contents are kept (inline PTX lives in them) but never scanned as identifiers,
 so ``// cudaMalloc`` and ``"cudaMalloc"`` are not code.
+
+Linear time: an unterminated comment, raw string, string or character literal is one ``bad``
+token running to the end of the text (comment, raw string) or of the line (the others), so a
+failed literal is read once, not once per quote after it (``"\\"\\"...`` was quadratic: minutes
+for 128 KiB). The static scan refuses sources with ``bad`` tokens.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ _TOKEN = re.compile(
     |(?P<raw>(?:u8|u|U|L)?R"(?P<delim>[^()\\\s"]{0,16})\((?P<rawbody>.*?)\)(?P=delim)")
     |(?P<str>(?:u8|u|U|L)?"(?:\\.|[^"\\\n])*")
     |(?P<chr>(?:u8|u|U|L)?'(?:\\.|[^'\\\n])*')
+    |(?P<bad>/\*.*|(?:u8|u|U|L)?R"[^()\\\s"]{0,16}\(.*|(?:u8|u|U|L)?"(?:\\.|[^"\\\n])*|(?:u8|u|U|L)?'(?:\\.|[^'\\\n])*)
     |(?P<id>[A-Za-z_$][\w$]*)
     |(?P<num>\.?\d(?:[eEpP][+-]|[\w.']|)*)
     |(?P<punct><<<|<<=|>>=|\#\#|->\*|\.\.\.|::|->|\+\+|--|<<|>>|<=|>=|==|!=|&&|\|\|
@@ -33,7 +39,7 @@ _TOKEN = re.compile(
 
 
 class Token(NamedTuple):  # a NamedTuple: a frozen dataclass made lexing 2x slower
-    kind: str  # id | num | str | chr | punct | other
+    kind: str  # id | num | str | chr | punct | other | bad (an unterminated literal or comment)
     text: str  # for str/chr: the literal's contents without quotes or prefix
     line: int
 

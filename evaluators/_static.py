@@ -18,9 +18,13 @@ Source
   cannot see (``cuda ## Malloc``). Macros (object- and function-like) are expanded before the
   structural pass, so ``#define DEV __device__ __forceinline__`` works and a macro cannot hide a
   host function or a mutable global; every macro body is also scanned for the forbidden names
-  below like any code, used or not. Expansion stops at 200 k tokens (telemetry
-  ``macro_expansion_truncated``): a macro bomb is the compile deadline's business, and the
-  scan must stay cheap because it runs in the caller's process.
+  below like any code, used or not. Expansion is bounded (``MAX_EXPANDED_TOKENS`` work units,
+  arguments included): a source past it is refused (telemetry ``macro_expansion_truncated``),
+  because the scan runs in the caller's process and must stay cheap and linear.
+- No unterminated comments, strings, raw strings or character literals (the lexer reads them
+  as one ``bad`` token, so that they cost linear time).
+- Every pass is linear or budgeted; an exception inside the scan (a bug, a recursion limit) is
+  a rejection with its reason, never an exception out of :func:`scan`.
 
 Host and runtime
 - Every namespace-scope function must be ``__global__`` or ``__device__`` (``__forceinline__``
@@ -51,6 +55,7 @@ Inline PTX (string literals)
   after timing; a spinning kernel by the GPU worker's deadline.
 
 Plan
+- At most ``MAX_CLAIMED_SHAPES`` claimed shapes (each is checked and timed on the GPU).
 - Every launch names an ``extern "C" __global__`` kernel defined in the source, with as many
   parameters as the launch has arguments; ``A``/``B``/``C``/``workspace`` go to pointer
   parameters, integer expressions to 32-bit integer parameters, ``tmap:`` to by-value
@@ -68,14 +73,17 @@ from populations import Candidate, PlanError, Shape
 
 from ._lex import Directive, Token, lex
 
-__all__ = ["ScanResult", "scan", "scan_source", "smoke_shapes", "ALLOWED_INCLUDES", "MAX_SOURCE_BYTES",
+__all__ = ["ScanResult", "scan", "scan_source", "smoke_shapes", "ALLOWED_INCLUDES", "MAX_SOURCE_BYTES", "MAX_CLAIMED_SHAPES",
            "SMEM_LIMITS"]
 
 MAX_SOURCE_BYTES = 256 * 1024
-#: Macro expansion stops after this many tokens (20x our largest template), so a macro bomb
-#: costs the scan ~0.5 s, not minutes; the rest is scanned unexpanded and the compile
-#: deadline deals with the bomb itself.
-MAX_EXPANDED_TOKENS = 200_000
+#: Shapes one candidate may claim: every claimed shape is checked and timed on the GPU, so an
+#: unbounded claim list is a denial of service on the evaluator.
+MAX_CLAIMED_SHAPES = 64
+#: Work units (tokens read, copied or emitted) the macro expansion may spend, 20x what our
+#: largest template needs: past it the source is refused, so a macro bomb costs the scan
+#: well under a second and no memory to speak of.
+MAX_EXPANDED_TOKENS = 400_000
 ALLOWED_INCLUDES = frozenset({
     "cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "mma.h", "cuda_pipeline.h",
     "cuda_pipeline_primitives.h", "cuda/std/cstdint",
@@ -162,16 +170,28 @@ def smoke_shapes(candidate: Candidate) -> tuple[Shape, ...]:
 
 
 def scan(candidate: Candidate, *, arch: str | None = None) -> ScanResult:
-    """Scan ``candidate``'s source and plan; ``arch`` ("sm_80"/"sm_90a") tightens shared-memory limits."""
-    reasons, telemetry, kernels = _scan_source(candidate.source)
-    reasons += _check_plan(candidate, kernels, arch)
+    """Scan ``candidate``'s source and plan; ``arch`` ("sm_80"/"sm_90a") tightens shared-memory limits.
+
+    Never raises for what a candidate contains: a failure inside the scan is a rejection."""
+    if len(candidate.shapes) > MAX_CLAIMED_SHAPES:
+        return ScanResult(False, (f"claims {len(candidate.shapes)} shapes (at most {MAX_CLAIMED_SHAPES}: each is "
+                                  "checked and timed on the GPU)",), {"claimed_shapes": len(candidate.shapes)})
+    try:
+        reasons, telemetry, kernels = _scan_source(candidate.source)
+        if not telemetry.get("macro_expansion_truncated"):  # else no structure to check the plan against
+            reasons += _check_plan(candidate, kernels, arch)
+    except (RecursionError, MemoryError, Exception) as exc:  # noqa: BLE001 - untrusted input: reject, never crash
+        return ScanResult(False, (f"static scan failed on this candidate ({type(exc).__name__}: {str(exc)[:200]})",), {})
     telemetry["launches"] = len(candidate.plan.launches)
     return ScanResult(not reasons, tuple(dict.fromkeys(reasons)), telemetry)
 
 
 def scan_source(source: str) -> ScanResult:
     """The source-only half of :func:`scan` (no plan checks)."""
-    reasons, telemetry, _ = _scan_source(source)
+    try:
+        reasons, telemetry, _ = _scan_source(source)
+    except (RecursionError, MemoryError, Exception) as exc:  # noqa: BLE001
+        return ScanResult(False, (f"static scan failed on this source ({type(exc).__name__}: {str(exc)[:200]})",), {})
     return ScanResult(not reasons, tuple(dict.fromkeys(reasons)), telemetry)
 
 
@@ -187,10 +207,17 @@ def _scan_source(source: str) -> tuple[list[str], dict[str, Any], dict[str, _Ker
     for body in macro_bodies:
         _check_tokens(body, reasons, telemetry)
     _check_tokens(tokens, reasons, telemetry)
+    bad = next((t for t in tokens if t.kind == "bad"), None) or next(
+        (t for d in directives for t in d.tokens if t.kind == "bad"), None)
+    if bad is not None:
+        what = "comment" if bad.text.startswith("/*") else "raw string" if 'R"' in bad.text[:4] else "literal"
+        reasons.append(f"line {bad.line}: unterminated {what}")
     expander = _Expander(macros)
-    expanded = expander.expand(tokens)
-    if expander.truncated:
+    try:
+        expanded = expander.expand(tokens)
+    except _ScanLimit as exc:
         telemetry["macro_expansion_truncated"] = True
+        return reasons + [str(exc)], telemetry, {}
     kernels = _structure(expanded, reasons, telemetry)
     telemetry["kernels"] = sorted(kernels)
     return reasons, telemetry, kernels
@@ -300,28 +327,42 @@ class _Macro:
     body: list[Token]
 
 
+class _ScanLimit(Exception):
+    """The scan's work budget ran out (a macro bomb, a pathological source): a rejection, not a crash."""
+
+
 class _Expander:
     """Macro expansion for the structural pass, close enough to the C preprocessor for a filter.
 
     Object- and function-like macros (``__VA_ARGS__`` and ``#param`` included; ``##`` is
     refused before we get here); arguments are expanded before substitution; a macro is not
-    re-expanded inside itself; depth and output size are bounded. Conditionals are not
-    evaluated, so every branch is scanned, and ``#undef`` is ignored (conservative).
+    re-expanded inside itself; depth is bounded. Conditionals are not evaluated, so every
+    branch is scanned, and ``#undef`` is ignored (conservative).
+
+    Bounded work: every token read, copied or emitted, at any depth (argument expansion
+    included: ``#define T(x) x x`` nested is exponential in its output *and* in the work before
+    it), costs one unit of ``budget``; running out raises :class:`_ScanLimit`, which the scan
+    turns into a rejection (a macro bomb used to cost tens of seconds and gigabytes here).
     """
 
-    def __init__(self, macros: Mapping[str, _Macro]) -> None:
+    def __init__(self, macros: Mapping[str, _Macro], budget: int = MAX_EXPANDED_TOKENS) -> None:
         self.macros = macros
-        self.emitted = 0
+        self.left = budget
         self.truncated = False
+
+    def _charge(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            self.truncated = True
+            raise _ScanLimit(f"macro expansion exceeds {MAX_EXPANDED_TOKENS} tokens (a macro bomb?)")
 
     def expand(self, tokens: list[Token], active: frozenset[str] = frozenset(), depth: int = 0) -> list[Token]:
         out: list[Token] = []
         i = 0
         while i < len(tokens):
+            self._charge(1)
             t = tokens[i]
             m = self.macros.get(t.text) if t.kind == "id" and t.text not in active and depth < 32 else None
-            if m is not None and self.emitted > MAX_EXPANDED_TOKENS:
-                self.truncated, m = True, None
             if m is None or (m.params is not None and (i + 1 >= len(tokens) or tokens[i + 1].text != "(")):
                 out.append(t)
                 i += 1
@@ -330,10 +371,11 @@ class _Expander:
                 body, i = m.body, i + 1
             else:
                 close = _match(tokens, i + 1)
+                self._charge(close - i)
                 body = self._substitute(m, _split_args(tokens[i + 2:close]), active, depth)
                 i = close + 1
+            self._charge(len(body))
             moved = [Token(b.kind, b.text, t.line) for b in body]
-            self.emitted += len(body)
             out.extend(self.expand(moved, active | {t.text}, depth + 1))
         return out
 
@@ -345,11 +387,14 @@ class _Expander:
         out: list[Token] = []
         skip = False
         for k, b in enumerate(m.body):
+            self._charge(1)
             if skip:
                 skip = False
                 continue
             if b.text == "#" and k + 1 < len(m.body) and m.body[k + 1].text in env:
-                out.append(Token("str", " ".join(x.text for x in env[m.body[k + 1].text]), b.line))
+                arg = env[m.body[k + 1].text]
+                self._charge(len(arg))
+                out.append(Token("str", " ".join(x.text for x in arg), b.line))
                 skip = True
             elif b.kind == "id" and b.text in env:
                 out.extend(self.expand(env[b.text], active, depth + 1))

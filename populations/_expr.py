@@ -53,6 +53,9 @@ _CMPOPS = {
 }
 _MAX_LEN = 1000
 _MAX_MAGNITUDE = 1 << 62
+#: Deepest nesting an expression may have (ours nest 5 deep): evaluation and ``ast.unparse`` recurse
+#: once per level, so ``-(-(-...))`` 999 deep raised RecursionError out of a compile.
+_MAX_DEPTH = 48
 
 
 @functools.lru_cache(maxsize=4096)
@@ -65,8 +68,21 @@ def _parse(text: str) -> ast.expr:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
         raise ExprError(f"cannot parse expression {text!r}: {exc.msg}") from None
+    except (RecursionError, MemoryError, ValueError) as exc:  # the parser's own limits
+        raise ExprError(f"cannot parse expression {text[:60]!r}...: {type(exc).__name__}") from None
+    _check_depth(tree.body, text)
     _validate(tree.body, text)
     return tree.body
+
+
+def _check_depth(root: ast.AST, text: str) -> None:
+    """Refuse trees nested deeper than ``_MAX_DEPTH`` (iteratively: no recursion on untrusted input)."""
+    stack = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > _MAX_DEPTH:
+            raise ExprError(f"expression nested deeper than {_MAX_DEPTH} levels: {text[:60]!r}...")
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
 
 
 def _validate(node: ast.AST, text: str) -> None:

@@ -498,13 +498,23 @@ def _cpu_harness(monkeypatch):
     import evaluators._harness as h
     from evaluators._timers import TimerStats
 
-    def fake_device_timer(arms, *, rng, rounds=None, graph_cache=None, perturb=None, **kw):
+    class OneRotation:  # what the real timer keeps: a graph whose replay calls every set once
+        def __init__(self, arm):
+            self.arm = arm
+
+        def replay(self):
+            for i in range(self.arm.n_sets):
+                self.arm.launch(i)
+
+    def fake_device_timer(arms, *, rng, rounds=None, graph_cache=None, perturb=None, keep=None, **kw):
         for _ in range(3):
             for arm in arms:
                 for i in range(arm.n_sets):
                     if perturb:
                         perturb()
                     arm.launch(i)
+        if keep is not None:
+            keep.update({arm.name: (OneRotation(arm), arm.n_sets) for arm in arms})
         return {a.name: TimerStats(1e-3, 0.9e-3, 1.1e-3, 6, host_median=1e-3, reps=a.n_sets) for a in arms}
 
     def fake_host_timer(arms, *, calls=20, qps=0.0, rng, perturb=None):
@@ -608,6 +618,7 @@ def test_harness_timing_step_flags_a_per_set_memo(monkeypatch):
         c.copy_(memo[key])
     res = _timed(h, handler, shape, per_set_memo)
     assert res["status"] == "flagged" and "outputs after timing" in res["message"]
+    assert "timed calls verified: timed replays: rotation set" in res["message"]  # the timed outputs themselves
 
 
 def _asked_device_timer(monkeypatch, h, pick):
@@ -673,3 +684,20 @@ def test_clock_settling_runs_only_after_the_worker_was_idle(monkeypatch):
     _timed(h, handler, shape, _honest("TN"))
     assert [s for s, _ in asked] == [h.SETTLE_S, 0.0, h.SETTLE_S] and asked[0][1] is h.sm_clock_mhz
     assert res["status"] == "ok" and res["notes"]["server_gaps_s"] == 0.0 and "device_warmup_s" in res["notes"]
+
+
+@needs_torch
+def test_extra_rotations_are_poisoned_and_verified(monkeypatch):
+    """Issue 18 class 4: a kernel honest on the cached rotation and idle on the fresh rotations of a
+    ``rotations`` job was timed at a no-op's time there; every rotation's C is now NaN-poisoned and
+    a timed replay of it verified, naming the rotation."""
+    h, handler = _cpu_harness(monkeypatch)
+    shape = Shape(40, 24, 32, "TN")
+
+    def idle_on_fresh_rotations(a, b, c):
+        cached = {tb.a[i].data_ptr() for tb in handler._timing_cache.values() for i in range(tb.n_sets)}
+        if a.data_ptr() in cached:
+            _honest("TN")(a, b, c)
+    res = _timed(h, handler, shape, idle_on_fresh_rotations, job={"rotations": 2})
+    assert res["status"] == "flagged" and "rotation 2" in res["message"], res["message"]
+    assert _timed(h, handler, shape, _honest("TN"), job={"rotations": 2})["status"] == "ok"

@@ -48,6 +48,19 @@ REQUIRED_KINDS = {
     "racing writes to C": ["splitk_race_on_c"],
     "modifying the timing inputs": ["zero_inputs_when_warm"],
     "timing games": ["globaltimer_skip_when_hot", "pointer_alignment_cheat", "pointer_hash_cheat", "exit_early_blocks"],
+    # issue 18: whole classes, each case written differently
+    "time sources hidden from the source scan": ["hidden_clock_concat_asm", "hidden_clock_stringize",
+                                                 "hidden_clock_paren_call", "graph_exec_detect"],
+    "writable module state without a __device__ variable": ["const_table_cast_counter", "mutable_member_const_object",
+                                                             "string_literal_store", "constant_generic_store",
+                                                             "static_local_in_lambda"],
+    "timed calls told apart from checked calls": ["timed_skip_tile_diag", "timed_skip_rowsum", "ws_fill_fingerprint"],
+    "idle on buffers after their first call (rotations)": ["skip_tile_if_c_finite_small", "c_watermark_lsb",
+                                                           "skip_tile_if_c_written"],
+    "ragged edges wrong only on large grids": ["skip_edge_tiles_large_grid", "drop_k_tail_large_grid",
+                                               "edge_rows_once_large"],
+    "attacks on the evaluator's CPU side": ["nested_plan_expression", "unterminated_string_lexer", "unterminated_raw_string",
+                                            "macro_substitution_bomb", "shape_claim_flood", "compile_bomb_unroll"],
 }
 
 
@@ -148,9 +161,13 @@ RUNTIME = [c for c in BUILT if c.phase == "runtime"]
 
 @pytest.mark.parametrize("case", COMPILE, ids=lambda c: c.name)
 def test_compile_step_catches(case: HostileCase, compiled: dict) -> None:
+    """Compiler verdicts and limits (compile_error), or the scan of the compiled PTX (rejected)."""
     result = compiled[case.name]
-    assert result.status is Status.COMPILE_ERROR and case.caught_by(result.status), \
-        f"{case.name}: {result.status} {result.message[:300]}"
+    assert case.caught_by(result.status), f"{case.name}: {result.status} {result.message[:300]}"
+    if result.status is Status.REJECTED:
+        assert result.message.startswith("compiled-output scan: "), result.message
+    else:
+        assert result.status is Status.COMPILE_ERROR, result.message
     assert result.seconds < BOMB_TIMEOUT_S + 10, f"{case.name} took {result.seconds:.1f}s: the deadline did not hold"
     if case.name.startswith("compile_bomb"):
         assert "timeout" in result.message or "memory" in result.message, result.message

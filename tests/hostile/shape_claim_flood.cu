@@ -1,0 +1,1 @@
+//@embed _good.cu

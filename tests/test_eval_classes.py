@@ -1,0 +1,302 @@
+"""Issue 18 on the CPU: the evaluator closes whole classes of cheating, not cases.
+
+- Compiled output: the PTX scan (:mod:`evaluators._ptxscan`) on PTX text for every rule, and on
+  real NVRTC compiles of spellings the source scan cannot see.
+- No false rejections: template seeds still compile and pass every scan.
+- Bounded parsers: each CPU-side attack (unterminated literals, macro bombs, nested plan
+  expressions, shape-claim floods) is a clean rejection within its limit, never an exception.
+- Timed calls checked like checked calls: the random perturbation, the random workspace fill,
+  the verification of a timed replay, the large ragged instance.
+"""
+from __future__ import annotations
+
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from populations import Candidate, LaunchPlan, PlanError, Shape, Status
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "evaluators"))
+import _ptxscan  # noqa: E402  (the compile child loads it the same way: a top-level, stdlib-only module)
+
+KERNEL = 'extern "C" __global__ void k(float* c, int n) { if (threadIdx.x < n) c[threadIdx.x] = 1.f; }\n'
+PLAN = {"launches": [{"kernel": "k", "grid": [1, 1, 1], "block": [32, 1, 1], "smem": 0, "args": ["C", "N"]}],
+        "workspace": 0}
+
+
+def cand(source: str, shapes: tuple[Shape, ...] = (Shape(64, 64, 64, "TN"),), plan: dict | None = None) -> Candidate:
+    return Candidate(source=source, plan=LaunchPlan.from_dict(plan or PLAN), shapes=shapes, generic=True)
+
+
+# -- the PTX scan on text ----------------------------------------------------------------------
+PTX_HEAD = ".version 9.0\n.target sm_90a\n.address_size 64\n"
+BODY = ".visible .entry k(\n.param .u64 k_param_0\n)\n{\n.reg .b64 %rd<4>;\n.reg .b32 %r<4>;\n{}\nret;\n}\n"
+
+
+def body(*lines: str, decls: str = "") -> str:
+    return PTX_HEAD + decls + BODY.replace("{}", "\n".join(lines), 1)
+
+
+@pytest.mark.parametrize("line, words", [
+    ("mov.u64 %rd1, %clock64;", "clock"), ("mov.u32 %r1, %clock;", "clock"), ("mov.u32 %r1, %clock_hi;", "clock"),
+    ("mov.u64 %rd1, %globaltimer;", "global timer"), ("mov.u32 %r1, %globaltimer_lo;", "global timer"),
+    ("mov.u32 %r1, %pm3;", "performance counter"), ("mov.u32 %r1, %envreg7;", "environment"),
+    ("mov.u64 %rd1, %gridid;", "grid id"), ("mov.u64 %rd1, %current_graph_exec;", "graph handle"),
+    ("pmevent 1;", "pmevent"), ("brkpt;", "brkpt"), ("cvta.const.u64 %rd1, %rd2;", "cvta.const"),
+])
+def test_ptx_forbidden_instructions(line: str, words: str) -> None:
+    reasons = _ptxscan.scan_ptx(body(line))
+    assert reasons and words in reasons[0], reasons
+
+
+@pytest.mark.parametrize("decl, words", [
+    (".global .align 4 .b8 tbl[16] = {1, 0, 0, 0};\n", ".global variable tbl"),
+    (".visible .global .align 8 .u64 counter;\n", ".global variable counter"),
+    (".global .align 1 .b8 $str[6] = {104, 101, 108, 108, 111};\n", ".global variable $str"),
+    (".extern .func (.param .b32 func_retval0) vprintf\n(\n.param .b64 a,\n.param .b64 b\n)\n;\n", "vprintf"),
+    (".global .texref tex0;\n", ".global variable tex0"), (".surfref surf0;\n", ".surfref"),
+])
+def test_ptx_module_state_and_calls_out(decl: str, words: str) -> None:
+    name = words.split()[-1]
+    use = f"mov.u64 %rd1, {name};" if ".global" in words else ""
+    reasons = _ptxscan.scan_ptx(body(use, decls=decl))
+    assert any(words in r for r in reasons), reasons
+
+
+def test_ptx_allowed_state_spaces_and_specials() -> None:
+    """Static and dynamic shared memory, __constant__ read with ld.const, %smid, nanosleep,
+    cluster registers and comments that name forbidden things all pass."""
+    decls = (".shared .align 16 .b8 tile[4096];\n.extern .shared .align 16 .b8 dyn[];\n"
+             ".const .align 4 .b8 table[16];\n.global .align 1 .u8 _ZN26__nv_atomic_triv_cp_helperIjE5__valE;\n")
+    lines = ("ld.const.u32 %r1, [table+4];", "mov.u32 %r2, %smid;", "nanosleep.u32 100;", "mov.u32 %r3, %cluster_ctarank;",
+             "// mov.u64 %rd1, %globaltimer; (a comment)", "/* %clock64 .global */", "ld.shared.u32 %r1, [tile];",
+             "mov.u32 %r1, %clock_me_not;")
+    assert _ptxscan.scan_ptx(body(*lines, decls=decls)) == []
+
+
+def test_ptx_scan_is_linear() -> None:
+    text = body(*["ld.global.nc.u32 %r1, [%rd1]; // " + "x" * 80] * 20000)
+    t0 = time.perf_counter()
+    assert _ptxscan.scan_ptx(text) == []
+    assert time.perf_counter() - t0 < 2.0
+
+
+# -- the compiled-output scan on real compiles -------------------------------------------------
+evaluators = pytest.importorskip("evaluators")
+ARCH = "sm_90a"
+
+
+@pytest.mark.parametrize("snippet, words", [
+    ('unsigned long long t; asm volatile("mov.u64 %0, %%glob" "altimer;" : "=l"(t)); c[1] = (float)t;', "global timer"),
+    ('long long t = (clock64)(); c[1] = (float)t;', "clock"),
+    ('__device__ const unsigned tbl[2] = {0u, 1u}; unsigned x = atomicAdd((unsigned*)tbl, 1u); c[1] = (float)x;', ".global"),
+    ('unsigned* p = (unsigned*)(void*)"abcd"; c[1] = (float)atomicAdd(p, 1u);', ".global variable $str"),
+])
+def test_compiled_output_scan_sees_what_the_source_scan_cannot(snippet: str, words: str, tmp_path: Path) -> None:
+    decl, _, code = snippet.partition("; ") if snippet.startswith("__device__") else ("", "", snippet)
+    src = (decl + ";\n" if decl else "") + 'extern "C" __global__ void k(float* c, int n) { ' + code + " }\n"
+    c = cand(src)
+    assert evaluators.scan(c, arch=ARCH).ok  # the text passes ...
+    result = evaluators.compile_candidate(c, ARCH, cache_dir=tmp_path, timeout_s=60)
+    assert result.status is Status.REJECTED, result.message  # ... the PTX does not
+    assert result.message.startswith("compiled-output scan:") and words in result.message, result.message
+    again = evaluators.compile_candidate(c, ARCH, cache_dir=tmp_path, timeout_s=60)  # the verdict is cached
+    assert again.cached and again.status is Status.REJECTED
+
+
+def test_nvcc_backend_scans_its_ptx_too(tmp_path: Path) -> None:
+    """nvcc keeps its intermediate PTX (--keep) for the same scan."""
+    from evaluators._toolkit import nvcc_path
+
+    if not nvcc_path():
+        pytest.skip("nvcc not found")
+    hidden = cand('extern "C" __global__ void k(float* c, int n) { long long t = (clock64)(); c[0] = (float)t; }\n')
+    result = evaluators.compile_candidate(hidden, ARCH, backend="nvcc", use_cache=False, timeout_s=120)
+    assert result.status is Status.REJECTED and "%clock64" in result.message, result.message
+    plain = evaluators.compile_candidate(cand(KERNEL), ARCH, backend="nvcc", use_cache=False, timeout_s=120)
+    assert plain.status is Status.OK, plain.message
+
+
+def test_template_seeds_pass_the_compiled_output_scan(tmp_path: Path) -> None:
+    """No false rejections: every template's first heuristic seed at a tall, a square and a decode
+    shape compiles and passes both scans (generic and specialised)."""
+    from populations import load_templates
+
+    seen = 0
+    for shape in (Shape(4096, 4096, 4096, "TN"), Shape(512, 2304, 768, "TN"), Shape(1, 4096, 4096, "NN")):
+        for name, t in load_templates().items():
+            if not t.applicable(shape, ARCH):
+                continue
+            for knobs in t.heuristic(shape, arch=ARCH)[:1]:
+                for spec in (False, True):
+                    r = evaluators.compile_candidate(t.candidate(knobs, shape, specialize=spec), ARCH, cache_dir=tmp_path)
+                    assert r.status is Status.OK, f"{name} {shape} {knobs}: {r.message[:400]}"
+                    seen += 1
+    assert seen >= 6
+
+
+# -- bounded parsers ---------------------------------------------------------------------------
+ATTACKS = {
+    "unterminated string": '#if 0\n' + '"\\' * 60000 + " x\n#endif\n",
+    "unterminated char": "#if 0\n" + "'\\" * 60000 + " x\n#endif\n",
+    "unterminated raw string": '#if 0\nR"e(' + 'R"(' * 40000 + "\n#endif\n",
+    "unterminated comment": "/* " * 40000,
+    "macro bomb (arguments)": "#define T(x) x x x x\n#if 0\n" + "T(" * 24 + "y" + ")" * 24 + "\n#endif\n",
+    "macro bomb (ladder)": "#define A0 x x x x x x x x x x\n" + "".join(
+        f"#define A{i} " + " ".join([f"A{i - 1}"] * 10) + "\n" for i in range(1, 9)) + "__device__ void f() { A8; }\n",
+    "unbalanced macro calls": "#define F(x) x\n__device__ void f() { " + "F(" * 40000 + "; }\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_source_attacks_are_rejected_quickly(name: str) -> None:
+    t0 = time.perf_counter()
+    verdict = evaluators.scan(cand(ATTACKS[name] + KERNEL))
+    took = time.perf_counter() - t0
+    assert took < 3.0, f"{name}: {took:.1f}s"
+    if name != "unbalanced macro calls":  # that one is merely broken C++: the compiler refuses it
+        assert not verdict.ok and verdict.reasons, name
+
+
+@pytest.mark.parametrize("expr", ["-" * 900 + "1", "not " * 240 + "1", "1+" * 490 + "1",
+                                  "1 if 1 else " * 80 + "2", "min(" * 120 + "1" + ",2)" * 120])
+def test_nested_plan_expressions_are_plan_errors(expr: str) -> None:
+    plan = {**PLAN, "launches": [{**PLAN["launches"][0], "grid": [expr, 1, 1]}]}
+    t0 = time.perf_counter()
+    with pytest.raises(PlanError):
+        LaunchPlan.from_dict(plan)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_claimed_shapes_are_capped() -> None:
+    from evaluators._static import MAX_CLAIMED_SHAPES
+
+    shapes = tuple(Shape(8 * (i + 1), 64, 64, "TN") for i in range(MAX_CLAIMED_SHAPES + 1))
+    verdict = evaluators.scan(cand(KERNEL, shapes))
+    assert not verdict.ok and "claims" in verdict.reasons[0]
+    assert evaluators.scan(cand(KERNEL, shapes[:MAX_CLAIMED_SHAPES])).ok
+
+
+def test_a_failure_inside_the_scan_is_a_rejection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from evaluators import _static
+
+    def boom(*_a: object, **_k: object) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+    monkeypatch.setattr(_static, "_structure", boom)
+    verdict = evaluators.scan(cand(KERNEL))
+    assert not verdict.ok and "RecursionError" in verdict.reasons[0]
+
+
+# -- timed calls checked like checked calls (CPU tensors; the CUDA graph is a test double) -------
+torch = pytest.importorskip("torch")
+
+
+class _Rotation:
+    """Stand-in for the harness's TimingBuffers (they need a GPU): stacked A, B (TN), C and the
+    timers' perturbation, borrowed from the real class (it only touches these tensors)."""
+
+    def __init__(self, sets: int, shape: Shape) -> None:
+        gen = torch.Generator().manual_seed(3)
+        m, n, k = shape.m, shape.n, shape.k
+        self.n_sets, self._mk = sets, (m, k)
+        self.a_all = torch.empty(sets, m * k, dtype=torch.float16).uniform_(-1, 1, generator=gen)
+        self.bnk_all = torch.empty(sets, n * k, dtype=torch.float16).uniform_(-1, 1, generator=gen)
+        self.bkn_all = self.bnk_all
+        self.cc_all = torch.full((sets, m * n), float("nan"), dtype=torch.float16)
+        self._flipped: set[int] = set()
+        self._row_flips: list = []
+
+    def flip_rows(self, gen) -> None:
+        from evaluators._harness import TimingBuffers
+        TimingBuffers.flip_rows(self, gen)  # type: ignore[arg-type]
+
+    def unflip(self) -> None:
+        from evaluators._harness import TimingBuffers
+        TimingBuffers.unflip(self)  # type: ignore[arg-type]
+
+
+class _GraphDouble:
+    """Test double of a captured CUDA graph of one rotation: replay() calls every set once."""
+
+    def __init__(self, rot: _Rotation, shape: Shape, stale_after: int | None = None) -> None:
+        self.rot, self.shape, self.stale_after, self.replays = rot, shape, stale_after, 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        if self.stale_after is not None and self.replays > self.stale_after:
+            return  # a kernel that keeps the previous output once it believes it is timed
+        m, n, k = self.shape.m, self.shape.n, self.shape.k
+        a = self.rot.a_all.view(-1, m, k).double()
+        b = self.rot.bnk_all.view(-1, n, k).double()
+        self.rot.cc_all.copy_(torch.bmm(a, b.transpose(1, 2)).half().view(self.rot.n_sets, -1))
+
+
+def _timed(stale_after: int | None, replays: int = 5, shape: Shape = Shape(64, 48, 96, "TN")) -> None:
+    from evaluators import _harness
+
+    rot = _Rotation(3, shape)
+    ws = torch.zeros(3, 256, dtype=torch.uint8)
+    perturb = _harness._perturber(rot, shape, ws, random.Random(1))
+    graph = _GraphDouble(rot, shape, stale_after)
+    for _ in range(replays):
+        perturb()
+        graph.replay()
+    _harness._check_timed(graph, perturb, rot, shape, "timed replays", lambda: None, random.Random(2))
+
+
+def test_an_honest_timed_replay_passes() -> None:
+    _timed(stale_after=None)
+    _timed(stale_after=None, shape=Shape(1024, 32, 48, "TN"))  # rows sampled
+
+
+def test_a_kernel_idle_when_timed_is_caught_naming_the_call() -> None:
+    from evaluators._correctness import CheckFailed
+
+    with pytest.raises(CheckFailed, match="timed calls verified: timed replays: rotation set . is wrong on a replay"):
+        _timed(stale_after=1)
+    with pytest.raises(CheckFailed, match="timed calls verified"):
+        _timed(stale_after=1, shape=Shape(1024, 32, 48, "TN"))  # 64 random rows of 1024 suffice: all are stale
+
+
+def test_perturbation_changes_every_row_at_random_columns_and_refills_the_workspace() -> None:
+    """Every row of every set's A changes in exactly one element (so every output changes and no
+    kept output is reusable), at columns that differ between calls; the workspace gets bytes from
+    the checked calls' set; unflip restores the inputs bit for bit."""
+    from evaluators import _correctness, _harness
+
+    shape = Shape(64, 48, 96, "TN")
+    rot = _Rotation(2, shape)
+    pristine = rot.a_all.clone()
+    ws = torch.zeros(2, 256, dtype=torch.uint8)
+    perturb = _harness._perturber(rot, shape, ws, random.Random(7))
+    fills, columns = set(), []
+    for _ in range(40):
+        before = rot.a_all.clone()
+        perturb()
+        changed = (rot.a_all != before).view(2, shape.m, shape.k)
+        assert bool((changed.sum(dim=2) == 1).all())  # one element per row, in every set
+        assert torch.equal(changed[0], changed[1])
+        columns.append(tuple(changed[0].int().argmax(dim=1).tolist()))
+        fills.add(int(ws[0, 0]))
+        assert bool((ws == ws[0, 0]).all())
+    assert len(set(columns)) == 40  # no pattern repeats
+    assert fills <= set(_correctness.WORKSPACE_FILLS) and len(fills) >= 3
+    rot.unflip()
+    assert torch.equal(rot.a_all.view(torch.int16), pristine.view(torch.int16))
+
+
+def test_large_ragged_instance_keeps_the_grid_and_cuts_every_tail() -> None:
+    from evaluators._correctness import large_ragged
+
+    rng = random.Random(0)
+    for _ in range(50):
+        shape = Shape(rng.randint(65, 9000), rng.randint(65, 9000), rng.randint(65, 9000), "TN")
+        big = large_ragged(shape, set(), rng)
+        assert all(0 < shape_d - d < 64 for shape_d, d in ((shape.m, big.m), (shape.n, big.n), (shape.k, big.k)))
+        tma = large_ragged(shape, {"K", "N"}, rng)
+        assert tma.k % 8 == 0 and tma.n % 8 == 0 and tma.k < shape.k and tma.n < shape.n
+    assert large_ragged(Shape(1, 4096, 4096, "TN"), set(), rng).m == 1

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One parameterised runner for the GPU machine: the named parts, in order, each logged under $OUT.
+#   bash bench/device.sh PART [PART ...]
+# Parts:
+#   gpu-tests    every test marked gpu (pytest -m gpu), summary to $OUT/gpu_tests.log
+#   redteam      the hostile corpus through the real pool, good kernels interleaved (bench/redteam.py)
+#   throughput   evaluator candidates per minute at 4096^3 and 64x128x64 (bench/eval_bench.py)
+#   llm-layers   issue 26's benchmark: evolve a sample of llm_layers.csv, export, re-time (bench/llm_layers_bench.py)
+#   e2e          issue 19's end-to-end model benchmark (bench/model_e2e_device.sh)
+# Knobs (environment): EVOLVE (llm-layers evolve budget, default 2m), TIME_MAX (llm-layers time stage
+# cap in s, default 240), N (throughput candidates per shape, default 200), REDTEAM_S (red-team submit
+# budget, default 150), MODELS / BUDGET (e2e). The shapes CSV and the plain peer come from shared/ or a
+# carried .carry_shared/ in the checkout (never committed).
+set -u
+: "${OUT:?OUT must name the folder for logs}"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+T0=$(date +%s)
+log() { echo "=== $(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*"; }
+nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,driver_version --format=csv,noheader
+for part in "$@"; do
+  log "$part"
+  case "$part" in
+  gpu-tests)
+    timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests > "$OUT/gpu_tests.log" 2>&1
+    echo "rc=$?"; tail -n 15 "$OUT/gpu_tests.log" | cut -c1-400 ;;
+  redteam)
+    timeout $(( ${REDTEAM_S:-150} + 90 )) python3 bench/redteam.py --rounds 2 --deadline-s 8 --every 10 \
+      --budget-s "${REDTEAM_S:-150}" --rotations 2 --out "$OUT/redteam" > "$OUT/redteam.log" 2>&1
+    echo "rc=$?"; tail -n 12 "$OUT/redteam.log" | cut -c1-400 ;;
+  throughput)
+    timeout 300 python3 bench/eval_bench.py --n "${N:-200}" --skip-repeatability \
+      --shapes 4096x4096x4096:TN,64x128x64:TN --out "$OUT/eb" > "$OUT/eval_bench.log" 2>&1
+    echo "rc=$?"; tail -n 10 "$OUT/eval_bench.log" | cut -c1-400 ;;
+  llm-layers)
+    python3 bench/llm_layers_bench.py --budget "${EVOLVE:-2m}" --work /tmp/evo26 --out "$OUT/llm" \
+      --time-max-seconds "${TIME_MAX:-240}" > "$OUT/llm_layers.log" 2>&1
+    echo "rc=$?"; tail -n 40 "$OUT/llm_layers.log" | cut -c1-300 ;;
+  e2e)
+    bash bench/model_e2e_device.sh; echo "rc=$?" ;;
+  *) echo "unknown part: $part (gpu-tests, redteam, throughput, llm-layers, e2e)" >&2; exit 2 ;;
+  esac
+done
+log "done"

@@ -1,11 +1,14 @@
 """Decode/latency kernel development on the GPU: knob sweeps of the gemv and swab templates against
 cuBLAS and the plain peer, in one process (issue 26).
 
-    python bench/decode_dev.py [--shapes 1x4096x4096 ...] [--per-template 30] [--budget-s 200]
+    python bench/decode_dev.py [--shapes 1x4096x4096 ... | --csv ../.carry_shared/shapes/llm_layers.csv]
+                               [--picks-only] [--per-template 24] [--budget-s 200]
                                [--eval-shapes 1x4096x4096 ...] [--out DIR] [--compile-only]
 
 For every shape, each applicable decode template (gemv, swab) contributes its heuristic picks
-(``evo seed``'s first picks) plus up to ``--per-template`` other valid knob sets (a seeded sample).
+(``evo seed``'s first picks, at most 4) plus, unless ``--picks-only``, a pruned grid of the knobs
+that matter (``grid``) or ``--per-template`` seeded valid samples. ``--csv`` takes the decode rows
+(M <= 8) and the rows under 1e8 FLOP of a shapes CSV, and the M=8 rows of ``NK16`` again at M=16.
 Every distinct source is compiled once through the project's compile path (``CompilePool``:
 static scan, NVRTC, ptxas resource policy; sm_90a), loaded with cupy and launched from the
 template's resolved plan. Each variant is checked against an fp32 torch reference (C poisoned with
@@ -45,21 +48,79 @@ TEMPLATES = ("gemv", "swab")
 NK = ["2304x768", "768x3072", "50257x768", "576x576", "3072x576", "49152x576", "896x896", "4864x896", "151936x896",
       "2304x2304", "9216x2304", "256000x2304", "3072x3072", "8192x3072", "4096x4096", "6144x4096", "14336x4096",
       "4096x14336", "28672x4096", "128256x4096"]
-SHAPES = ([f"{m}x{nk}" for m in (1, 8, 16) for nk in NK]
-          + ["4x4096x4096", "2x2304x768", "32x4096x4096", "64x4096x4096", "64x576x576", "64x768x768",
-             "64x960x576", "64x2304x768", "64x896x4864", "8x960x576", "8x576x1536", "1x960x576"])
+NK16 = ["2304x768", "576x576", "896x896", "4864x896", "2304x2304", "3072x3072", "4096x4096", "14336x4096",
+        "4096x14336"]
+SHAPES = ([f"{m}x{nk}" for m in (1, 8) for nk in NK] + ["8x960x576", "8x576x1536", "1x960x576"]
+          + ["4x4096x4096", "2x2304x768", "64x576x576", "64x768x768", "64x960x576", "64x2304x768", "32x4096x4096",
+             "64x4096x4096"] + [f"16x{nk}" for nk in NK16])
 RAGGED = ["1x1x1", "3x77x9", "5x1000x1001", "7x33x4100", "13x129x520", "2x8191x17", "64x1x2049", "40x100x72",
           "1x4096x4104"]
 MISALIGNED = "5x1000x1001"  # also run with A offset by one element (2-byte aligned)
-EVAL_SHAPES = ["1x4096x4096", "8x4096x14336", "16x2304x768", "1x576x576", "64x576x576", "5x1000x1001"]
+EVAL_SHAPES = ["1x4096x4096", "1x576x576", "8x4096x4096", "8x3072x3072", "8x2304x768", "16x896x896", "64x576x576",
+               "5x1000x1001", "3x77x9"]
 
 
 def roofline_us(s: Shape) -> float:
     return max(2 * s.m * s.n * s.k / PEAK_FLOPS, 2 * (s.m * s.k + s.n * s.k + s.m * s.n) / PEAK_BW) * 1e6
 
 
-def variants(shape: Shape, templates: dict[str, Any], per_template: int, seed: int) -> list[tuple[str, dict, str]]:
-    """(template, knobs, origin) for the heuristic picks, then a seeded sample of other valid sets."""
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def grid(name: str, shape: Shape) -> list[dict]:
+    """A pruned full grid over the knobs that matter at this shape: PIPE only where a thread runs
+    more than one iteration, at most 4 iterations (more are serial round trips), >= 100 CTAs."""
+    m, n, k = shape.m, shape.n, shape.k
+    out = []
+    if name == "gemv":
+        if m > 4:  # tokens past 4: swab's tensor cores
+            return []
+        tok = next(t for t in (1, 2, 4, 8) if t >= m)
+        for rows in (1, 2, 4, 8):
+            for warps in (2, 4, 8):
+                for unroll in (1, 2, 4):
+                    for cluster in (1, 2, 4):
+                        iters = cdiv(cdiv(cdiv(k, 8), cluster), warps * 32 * unroll)
+                        ctas = cdiv(n, rows) * cluster
+                        for pipe in ((0, 1) if iters > 1 else (0,)):
+                            if iters <= 2 + 2 * pipe and ctas >= 100 and (cluster == 1 or iters == 1 or ctas < 2000):
+                                out.append(dict(ROWS=rows, TOK=tok, WARPS=warps, UNROLL=unroll, PIPE=pipe, CLUSTER=cluster))
+    else:
+        if m < 5:  # one or few tokens: gemv's CUDA cores
+            return []
+        nts = sorted({next(t for t in (1, 2, 4, 8) if 8 * t >= min(m, 64)), 1})
+        for rt in (1, 2, 4):
+            for nt in nts:
+                for warps in (4, 8):
+                    for u in (1, 2, 4, 8):
+                        for cluster in (1, 2, 4, 8):
+                            iters = cdiv(cdiv(cdiv(k, 32), cluster), warps * u)
+                            ctas = cdiv(n, 16 * rt) * cdiv(m, 8 * nt) * cluster
+                            for pipe in ((0, 1) if iters > 1 else (0,)):
+                                if iters <= 2 + 2 * pipe and ctas >= 100 and not (u == 8 and rt == 4):
+                                    out.append(dict(RT=rt, NT=nt, WARPS=warps, U=u, PIPE=pipe, CLUSTER=cluster))
+    return out
+
+
+def csv_shapes(path: str) -> list[str]:
+    """Decode rows (M <= 8) and rows under 1e8 FLOP of a shapes CSV (header M,N,K,...), in file
+    order without repeats, then the M=8 rows whose N x K is in ``NK16`` again at M=16."""
+    import csv
+
+    out: list[str] = []
+    with open(path) as fh:
+        for row in csv.DictReader(fh):
+            m, n, k = int(row["M"]), int(row["N"]), int(row["K"])
+            if (m <= 8 or 2 * m * n * k < 1e8) and f"{m}x{n}x{k}" not in out:
+                out.append(f"{m}x{n}x{k}")
+    return out + [f"16x{nk}" for nk in NK16 if f"8x{nk}" in out]
+
+
+def variants(shape: Shape, templates: dict[str, Any], per_template: int, seed: int,
+             use_grid: bool = True, picks_only: bool = False) -> list[tuple[str, dict, str]]:
+    """(template, knobs, origin): the heuristic picks, then the pruned grid (``grid``) or a seeded
+    sample of valid sets, dropping those the template refuses."""
     out: list[tuple[str, dict, str]] = []
     for name in TEMPLATES:
         t = templates[name]
@@ -67,11 +128,17 @@ def variants(shape: Shape, templates: dict[str, Any], per_template: int, seed: i
             continue
         seen: set[tuple] = set()
         picks = [(k, f"heuristic{i}") for i, k in enumerate(t.heuristic(shape, 90)[:4])]
-        rng = random.Random(f"{seed}:{shape}:{name}")
-        picks += [(k, "sample") for k in t.sample(rng, shape, per_template, arch=90)]
+        full = grid(name, shape) if use_grid else []
+        if picks_only:  # and each swab pick with the other K order (KMAP), to settle that knob
+            picks += [(dict(k, KMAP=1 - k["KMAP"]), "kmap") for k, _ in picks if name == "swab"]
+        elif full:
+            picks += [(dict(t.space.defaults(), **k), "grid") for k in full]
+        else:
+            rng = random.Random(f"{seed}:{shape}:{name}")
+            picks += [(k, "sample") for k in t.sample(rng, shape, per_template if not use_grid else 8, arch=90)]
         for knobs, origin in picks:
             key = tuple(sorted(knobs.items()))
-            if key not in seen:
+            if key not in seen and not t.check(knobs, shape, 90):
                 seen.add(key)
                 out.append((name, knobs, origin))
     return out
@@ -246,6 +313,8 @@ def evaluator_check(shapes: list[Shape], templates: dict[str, Any]) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", default=SHAPES)
+    p.add_argument("--csv", help="take the shapes from this CSV instead (see csv_shapes)")
+    p.add_argument("--picks-only", action="store_true", help="time only the heuristic picks (evo seed's)")
     p.add_argument("--per-template", type=int, default=24)
     p.add_argument("--budget-s", type=float, default=200.0, help="stop timing new shapes after this")
     p.add_argument("--eval-shapes", nargs="*", default=EVAL_SHAPES)
@@ -255,10 +324,10 @@ def main() -> int:
     args = p.parse_args()
     t0 = time.monotonic()
     templates = load_templates()
-    shapes = [Shape.parse(x) for x in args.shapes]
+    shapes = [Shape.parse(x) for x in (csv_shapes(args.csv) if args.csv else args.shapes)]
     ragged = [Shape.parse(x) for x in RAGGED]
-    plan = {s: variants(s, templates, args.per_template, args.seed) for s in shapes}
-    plan.update({s: variants(s, templates, 6, args.seed) for s in ragged})
+    plan = {s: variants(s, templates, args.per_template, args.seed, picks_only=args.picks_only) for s in shapes}
+    plan.update({s: variants(s, templates, 6, args.seed, use_grid=False) for s in ragged})
     cands = {(s, n, tuple(sorted(k.items()))): (templates[n].candidate(k, s), o) for s, vs in plan.items() for n, k, o in vs}
     compiled = compile_all([c for c, _ in cands.values()])
     failed = [(str(key[0]), key[1], dict(key[2]), r.message[-400:]) for key, (c, _) in cands.items()
@@ -284,13 +353,19 @@ def main() -> int:
     wrong: list[str] = []
     records: list[dict[str, Any]] = []
 
-    def launcher(s: Shape, name: str, knobs: dict) -> tuple[Candidate, Callable | None]:
+    def checked(s: Shape, name: str, knobs: dict, sets: list, ref: Any, tag: str = "") -> Callable | None:
+        """The variant's launcher when it compiled and is correct on set 0; a wrong one is recorded."""
         cand = cands[(s, name, tuple(sorted(knobs.items())))][0]
         r = compiled[cand.source]
         if not r.ok:
-            return cand, None
+            return None
         mod = loaded.get(cand.source) or loaded.setdefault(cand.source, Loaded(r.cubin, tmp))
-        return cand, mod.launcher(cand, s)
+        launch = mod.launcher(cand, s)
+        err = rel_error(sets, launch, ref)
+        if not err < 2e-3:
+            wrong.append(f"{s}{tag} {name} {knobs}: rel err {err:.2e}")
+            return None
+        return launch
 
     # ragged shapes: correctness only (one of them with a misaligned A too)
     for s in ragged:
@@ -298,12 +373,7 @@ def main() -> int:
             sets = rotation(s, misalign, min_sets=1)[:1]
             ref = reference(sets)
             for name, knobs, _ in plan[s]:
-                _, launch = launcher(s, name, knobs)
-                if launch is None:
-                    continue
-                err = rel_error(sets, launch, ref)
-                if not err < 2e-3:
-                    wrong.append(f"{s}{' misaligned' if misalign else ''} {name} {knobs}: rel err {err:.2e}")
+                checked(s, name, knobs, sets, ref, " misaligned" if misalign else "")
             del sets, ref
     print(f"ragged correctness: {len(wrong)} wrong, {time.monotonic() - t0:.0f} s", flush=True)
     for line in wrong[:20]:
@@ -322,14 +392,9 @@ def main() -> int:
         t_peer, peer_cfg = peer_best(peer, peer_fns, s, sets, ref) if s.m in peer_ms else (None, "")
         rows = []
         for name, knobs, origin in plan[s]:
-            cand, launch = launcher(s, name, knobs)
-            if launch is None:
-                continue
-            err = rel_error(sets, launch, ref)
-            if not err < 2e-3:
-                wrong.append(f"{s} {name} {knobs}: rel err {err:.2e}")
-                continue
-            rows.append({"template": name, "knobs": knobs, "origin": origin, "us": graph_us(sets, launch), "err": err})
+            launch = checked(s, name, knobs, sets, ref)
+            if launch is not None:
+                rows.append({"template": name, "knobs": knobs, "origin": origin, "us": graph_us(sets, launch)})
         del sets, ref
         torch.cuda.empty_cache()
         rec = {"shape": str(s), "m": s.m, "n": s.n, "k": s.k, "weight_mb": 2 * s.n * s.k / 1e6, "floor_us": floor,

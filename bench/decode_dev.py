@@ -1,0 +1,439 @@
+"""Decode/latency kernel development on the GPU: knob sweeps of the gemv and swab templates against
+cuBLAS and the plain peer, in one process (issue 26).
+
+    python bench/decode_dev.py [--shapes 1x4096x4096 ... | --csv ../.carry_shared/shapes/llm_layers.csv]
+                               [--picks-only] [--per-template 24] [--budget-s 200]
+                               [--eval-shapes 1x4096x4096 ...] [--out DIR] [--compile-only]
+
+For every shape, each applicable decode template (gemv, swab) contributes its heuristic picks
+(``evo seed``'s first picks, at most 4) plus, unless ``--picks-only``, a pruned grid of the knobs
+that matter (``grid``) or ``--per-template`` seeded valid samples. ``--csv`` takes the decode rows
+(M <= 8) and the rows under 1e8 FLOP of a shapes CSV, and the M=8 rows of ``NK16`` again at M=16.
+Every distinct source is compiled once through the project's compile path (``CompilePool``:
+static scan, NVRTC, ptxas resource policy; sm_90a), loaded with cupy and launched from the
+template's resolved plan. Each variant is checked against an fp32 torch reference (C poisoned with
+NaN first) and timed by CUDA-graph replay over rotating operand sets of more than 3x L2 (weights
+come from HBM, as in a model), beside torch.matmul(a, w.t()) (cuBLAS, TN) and the best launch
+configuration of the plain peer ``../.carry_shared/peers/plain_gemv.py`` (imported at run time,
+never part of the repository). Ragged shapes (``RAGGED``, one with a misaligned A) are checked for
+correctness only. Last, ``--eval-shapes`` run each template's first pick through the evaluator
+itself (``LocalPool``, device timer, hack checks) to confirm status ok and no flags.
+
+Prints one line per shape (cuBLAS, peer, first pick and best variant in us, roofline fractions
+max(2MNK / 790e12, bytes / 4.3e12)), writes ``decode_dev.json`` (every variant's time) to --out.
+Exit 1 when any variant is wrong or fails to compile.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from populations import Candidate, Shape, load_templates  # noqa: E402
+
+PEAK_FLOPS, PEAK_BW = 790e12, 4.3e12
+TEMPLATES = ("gemv", "swab")
+# decode rows of llm_layers.csv (N x K of each model's layers) at M = 1, 8, 16, and small/skinny shapes
+NK = ["2304x768", "768x3072", "50257x768", "576x576", "3072x576", "49152x576", "896x896", "4864x896", "151936x896",
+      "2304x2304", "9216x2304", "256000x2304", "3072x3072", "8192x3072", "4096x4096", "6144x4096", "14336x4096",
+      "4096x14336", "28672x4096", "128256x4096"]
+NK16 = ["2304x768", "576x576", "896x896", "4864x896", "2304x2304", "3072x3072", "4096x4096", "14336x4096",
+        "4096x14336"]
+SHAPES = ([f"{m}x{nk}" for m in (1, 8) for nk in NK] + ["8x960x576", "8x576x1536", "1x960x576"]
+          + ["4x4096x4096", "2x2304x768", "64x576x576", "64x768x768", "64x960x576", "64x2304x768", "32x4096x4096",
+             "64x4096x4096"] + [f"16x{nk}" for nk in NK16])
+RAGGED = ["1x1x1", "3x77x9", "5x1000x1001", "7x33x4100", "13x129x520", "2x8191x17", "64x1x2049", "40x100x72",
+          "1x4096x4104"]
+MISALIGNED = "5x1000x1001"  # also run with A offset by one element (2-byte aligned)
+EVAL_SHAPES = ["1x4096x4096", "1x576x576", "8x4096x4096", "8x3072x3072", "8x2304x768", "16x896x896", "64x576x576",
+               "5x1000x1001", "3x77x9"]
+
+
+def roofline_us(s: Shape) -> float:
+    return max(2 * s.m * s.n * s.k / PEAK_FLOPS, 2 * (s.m * s.k + s.n * s.k + s.m * s.n) / PEAK_BW) * 1e6
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def grid(name: str, shape: Shape) -> list[dict]:
+    """A pruned full grid over the knobs that matter at this shape: PIPE only where a thread runs
+    more than one iteration, at most 4 iterations (more are serial round trips), >= 100 CTAs."""
+    m, n, k = shape.m, shape.n, shape.k
+    out = []
+    if name == "gemv":
+        if m > 4:  # tokens past 4: swab's tensor cores
+            return []
+        tok = next(t for t in (1, 2, 4, 8) if t >= m)
+        for rows in (1, 2, 4, 8):
+            for warps in (2, 4, 8):
+                for unroll in (1, 2, 4):
+                    for cluster in (1, 2, 4):
+                        iters = cdiv(cdiv(cdiv(k, 8), cluster), warps * 32 * unroll)
+                        ctas = cdiv(n, rows) * cluster
+                        for pipe in ((0, 1) if iters > 1 else (0,)):
+                            if iters <= 2 + 2 * pipe and ctas >= 100 and (cluster == 1 or iters == 1 or ctas < 2000):
+                                out.append(dict(ROWS=rows, TOK=tok, WARPS=warps, UNROLL=unroll, PIPE=pipe, CLUSTER=cluster))
+    else:
+        if m < 5:  # one or few tokens: gemv's CUDA cores
+            return []
+        nts = sorted({next(t for t in (1, 2, 4, 8) if 8 * t >= min(m, 64)), 1})
+        for rt in (1, 2, 4):
+            for nt in nts:
+                for warps in (4, 8):
+                    for u in (1, 2, 4, 8):
+                        for cluster in (1, 2, 4, 8):
+                            iters = cdiv(cdiv(cdiv(k, 32), cluster), warps * u)
+                            ctas = cdiv(n, 16 * rt) * cdiv(m, 8 * nt) * cluster
+                            for pipe in ((0, 1) if iters > 1 else (0,)):
+                                if iters <= 2 + 2 * pipe and ctas >= 100 and not (u == 8 and rt == 4):
+                                    out.append(dict(RT=rt, NT=nt, WARPS=warps, U=u, PIPE=pipe, CLUSTER=cluster))
+    return out
+
+
+def csv_shapes(path: str) -> list[str]:
+    """Decode rows (M <= 8) and rows under 1e8 FLOP of a shapes CSV (header M,N,K,...), in file
+    order without repeats, then the M=8 rows whose N x K is in ``NK16`` again at M=16."""
+    import csv
+
+    out: list[str] = []
+    with open(path) as fh:
+        for row in csv.DictReader(fh):
+            m, n, k = int(row["M"]), int(row["N"]), int(row["K"])
+            if (m <= 8 or 2 * m * n * k < 1e8) and f"{m}x{n}x{k}" not in out:
+                out.append(f"{m}x{n}x{k}")
+    return out + [f"16x{nk}" for nk in NK16 if f"8x{nk}" in out]
+
+
+def variants(shape: Shape, templates: dict[str, Any], per_template: int, seed: int,
+             use_grid: bool = True, picks_only: bool = False) -> list[tuple[str, dict, str]]:
+    """(template, knobs, origin): the heuristic picks, then the pruned grid (``grid``) or a seeded
+    sample of valid sets, dropping those the template refuses."""
+    out: list[tuple[str, dict, str]] = []
+    for name in TEMPLATES:
+        t = templates[name]
+        if not t.applicable(shape, 90):
+            continue
+        seen: set[tuple] = set()
+        picks = [(k, f"heuristic{i}") for i, k in enumerate(t.heuristic(shape, 90)[:4])]
+        full = grid(name, shape) if use_grid else []
+        if picks_only:  # and each swab pick with the other K order (KMAP), to settle that knob
+            picks += [(dict(k, KMAP=1 - k["KMAP"]), "kmap") for k, _ in picks if name == "swab"]
+        elif full:
+            picks += [(dict(t.space.defaults(), **k), "grid") for k in full]
+        else:
+            rng = random.Random(f"{seed}:{shape}:{name}")
+            picks += [(k, "sample") for k in t.sample(rng, shape, per_template if not use_grid else 8, arch=90)]
+        for knobs, origin in picks:
+            key = tuple(sorted(knobs.items()))
+            if key not in seen and not t.check(knobs, shape, 90):
+                seen.add(key)
+                out.append((name, knobs, origin))
+    return out
+
+
+def compile_all(cands: list[Candidate]) -> dict[str, Any]:
+    """source text -> CompileResult, each distinct source compiled once (sm_90a)."""
+    from evaluators import CompilePool
+
+    by_source = {c.source: c for c in cands}
+    with CompilePool(workers=min(14, os.cpu_count() or 2), use_cache=False) as pool:
+        futs = {src: pool.submit(c, "sm_90a") for src, c in by_source.items()}
+        return {src: f.result() for src, f in futs.items()}
+
+
+class Loaded:
+    """A compiled candidate's kernels in cupy, launched from its plan resolved at one shape."""
+
+    def __init__(self, cubin: bytes, tmp: Path) -> None:
+        import cupy as cp
+
+        path = tmp / f"k{abs(hash(cubin))}.cubin"
+        path.write_bytes(cubin)
+        self.module = cp.RawModule(path=str(path))
+        self.fns: dict[str, Any] = {}
+
+    def launcher(self, cand: Candidate, shape: Shape) -> Callable[[Any, Any, Any], None]:
+        import cupy as cp
+        import torch
+
+        launches, ws = cand.plan.resolve(shape)
+        assert ws == 0, "decode templates need no workspace"
+        steps = []
+        for ln in launches:
+            fn = self.fns.get(ln.kernel) or self.fns.setdefault(ln.kernel, self.module.get_function(ln.kernel))
+            steps.append((fn, ln))
+
+        def launch(a: Any, w: Any, c: Any) -> None:
+            ptrs = {"A": a.data_ptr(), "B": w.data_ptr(), "C": c.data_ptr(), "workspace": 0}
+            with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                for fn, ln in steps:
+                    args = tuple(ptrs[x] if isinstance(x, str) else cp.int32(x) for x in ln.args)
+                    fn(ln.grid, ln.block, args, shared_mem=ln.smem)
+        return launch
+
+
+def rotation(s: Shape, misalign: bool = False, min_sets: int = 2) -> list[tuple[Any, Any, Any]]:
+    import torch
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    per = 2 * (s.m * s.k + s.n * s.k + s.m * s.n)
+    sets = max(min_sets, min(48, math.ceil(3 * l2 / per)))
+    out = []
+    for _ in range(sets):
+        if misalign:
+            a = torch.randn(s.m * s.k + 1, device="cuda", dtype=torch.half)[1:].view(s.m, s.k)
+        else:
+            a = torch.randn(s.m, s.k, device="cuda", dtype=torch.half)
+        out.append((a, torch.randn(s.n, s.k, device="cuda", dtype=torch.half),
+                    torch.empty(s.m, s.n, device="cuda", dtype=torch.half)))
+    return out
+
+
+def graph_us(sets: list, launch: Callable, reps: int = 15) -> float:
+    """Median GPU time per call (us): one CUDA graph of a launch on every set, replayed."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for a, w, c in sets[:2]:
+            launch(a, w, c)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for a, w, c in sets:
+            launch(a, w, c)
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        graph.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / len(sets))
+    del graph
+    return statistics.median(times)
+
+
+def reference(sets: list) -> Any:
+    """fp32 C of the first rotation set (computed once per shape: the weights can be 1 GB)."""
+    a, w, _ = sets[0]
+    return (a.float() @ w.float().t(), )
+
+
+def rel_error(sets: list, launch: Callable, ref: Any) -> float:
+    """Relative Frobenius error of one launch on set 0, whose C is NaN-poisoned first (inf when any
+    output stays unwritten or is not finite)."""
+    import torch
+
+    a, w, c = sets[0]
+    c.fill_(float("nan"))
+    launch(a, w, c)
+    torch.cuda.synchronize()
+    ref = ref[0]
+    err = (c.float() - ref).norm() / max(ref.norm().item(), 1e-6)
+    return float("inf") if not torch.isfinite(c).all() else err.item()
+
+
+def load_peer() -> Any:
+    """The plain peer from the carried shared folder, or None when it is not there."""
+    here = Path(__file__).resolve().parent.parent
+    for path in (here.parent / ".carry_shared" / "peers" / "plain_gemv.py", here.parent / "shared" / "peers" / "plain_gemv.py"):
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location("plain_gemv_peer", path)
+            mod = importlib.util.module_from_spec(spec)
+            assert spec.loader is not None
+            spec.loader.exec_module(mod)
+            return mod
+    print("peer not found (../.carry_shared/peers/plain_gemv.py): its column stays empty", flush=True)
+    return None
+
+
+def peer_best(peer: Any, fns: dict, s: Shape, sets: list, ref: Any) -> tuple[float | None, str]:
+    """The peer's best launch configuration at this shape (its own config lists), us and label."""
+    if peer is None or s.k % 8:
+        return None, ""
+    cands = [("gemv", s.m, r, wp) for r, wp in peer.CONFIGS if ("gemv", s.m, r, wp) in fns]
+    cands += [("mma", (s.m + 7) // 8, r, wp) for r, wp in peer.MMA_CONFIGS]
+    best: tuple[float | None, str] = (None, "")
+    for kind, mm, r, wp in cands:
+        fn = fns.get((kind, mm, r, wp))
+        if fn is None:
+            continue
+        launch = peer.ours(kind, fn, r, wp)
+        if not rel_error(sets, launch, ref) < 2e-3:
+            continue
+        t = graph_us(sets, launch)
+        if best[0] is None or t < best[0]:
+            best = (t, f"{kind[0]}{r},{wp}")
+    return best
+
+
+def cublas(a: Any, w: Any, c: Any) -> None:
+    import torch
+
+    torch.matmul(a, w.t(), out=c)
+
+
+def evaluator_check(shapes: list[Shape], templates: dict[str, Any]) -> int:
+    """Each template's first pick through LocalPool (correctness, hack checks, device timer)."""
+    from evaluators import LocalPool
+
+    bad = 0
+    cands = [(s, templates[n].candidate(templates[n].heuristic(s, 90)[0], s)) for s in shapes for n in TEMPLATES
+             if templates[n].applicable(s, 90)]
+    with LocalPool(gpus=[0], compile_workers=8, timers=("device",)) as pool:
+        futs = [(s, c, pool.submit(c)) for s, c in cands]
+        for s, c, f in futs:
+            for e in f.result():
+                ok = e.status.value == "ok" and not e.flags
+                bad += not ok
+                print(f"eval {str(s):>16} {c.template:>5} {json.dumps(c.knobs, sort_keys=True)}: {e.status.value} "
+                      f"flags={list(e.flags)} speedup={e.fitness} err={e.max_error} {'' if ok else e.message[:300]}",
+                      flush=True)
+    return bad
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="+", default=SHAPES)
+    p.add_argument("--csv", help="take the shapes from this CSV instead (see csv_shapes)")
+    p.add_argument("--picks-only", action="store_true", help="time only the heuristic picks (evo seed's)")
+    p.add_argument("--per-template", type=int, default=24)
+    p.add_argument("--budget-s", type=float, default=200.0, help="stop timing new shapes after this")
+    p.add_argument("--eval-shapes", nargs="*", default=EVAL_SHAPES)
+    p.add_argument("--seed", type=int, default=26)
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--compile-only", action="store_true", help="compile every variant here (no GPU)")
+    args = p.parse_args()
+    t0 = time.monotonic()
+    templates = load_templates()
+    shapes = [Shape.parse(x) for x in (csv_shapes(args.csv) if args.csv else args.shapes)]
+    ragged = [Shape.parse(x) for x in RAGGED]
+    plan = {s: variants(s, templates, args.per_template, args.seed, picks_only=args.picks_only) for s in shapes}
+    plan.update({s: variants(s, templates, 6, args.seed, use_grid=False) for s in ragged})
+    cands = {(s, n, tuple(sorted(k.items()))): (templates[n].candidate(k, s), o) for s, vs in plan.items() for n, k, o in vs}
+    compiled = compile_all([c for c, _ in cands.values()])
+    failed = [(str(key[0]), key[1], dict(key[2]), r.message[-400:]) for key, (c, _) in cands.items()
+              if not (r := compiled[c.source]).ok]
+    spills = {src: [(k.name, k.registers, k.spill_stores) for k in r.kernels] for src, r in compiled.items()
+              if r.ok and any(k.spill_stores or k.stack_frame for k in r.kernels)}
+    print(f"compiled {len(compiled)} sources for {len(cands)} variants in {time.monotonic() - t0:.0f} s: "
+          f"{len(failed)} failed, {len(spills)} spill", flush=True)
+    for f in failed[:10]:
+        print("COMPILE FAIL", f, flush=True)
+    if args.compile_only:
+        return 1 if failed else 0
+
+    import torch
+
+    peer = load_peer()
+    peer_ms = sorted({s.m for s in shapes} & {1, 8, 16})  # the peer's own rows (its compile is one NVRTC call)
+    peer_fns = peer.build(peer_ms) if peer is not None else {}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp())
+    loaded: dict[str, Loaded] = {}
+    wrong: list[str] = []
+    records: list[dict[str, Any]] = []
+
+    def checked(s: Shape, name: str, knobs: dict, sets: list, ref: Any, tag: str = "") -> Callable | None:
+        """The variant's launcher when it compiled and is correct on set 0; a wrong one is recorded."""
+        cand = cands[(s, name, tuple(sorted(knobs.items())))][0]
+        r = compiled[cand.source]
+        if not r.ok:
+            return None
+        mod = loaded.get(cand.source) or loaded.setdefault(cand.source, Loaded(r.cubin, tmp))
+        launch = mod.launcher(cand, s)
+        err = rel_error(sets, launch, ref)
+        if not err < 2e-3:
+            wrong.append(f"{s}{tag} {name} {knobs}: rel err {err:.2e}")
+            return None
+        return launch
+
+    # ragged shapes: correctness only (one of them with a misaligned A too)
+    for s in ragged:
+        for misalign in ((False, True) if str(s).startswith(MISALIGNED) else (False,)):
+            sets = rotation(s, misalign, min_sets=1)[:1]
+            ref = reference(sets)
+            for name, knobs, _ in plan[s]:
+                checked(s, name, knobs, sets, ref, " misaligned" if misalign else "")
+            del sets, ref
+    print(f"ragged correctness: {len(wrong)} wrong, {time.monotonic() - t0:.0f} s", flush=True)
+    for line in wrong[:20]:
+        print("WRONG", line, flush=True)
+
+    print(f"{'shape':>16} {'MB':>6} | {'cuBLAS':>7} {'roof':>4} | {'peer':>7} {'roof':>4} {'cfg':>6} | "
+          f"{'first':>7} {'best':>7} {'roof':>4} {'x cuB':>5} {'x peer':>6} | best knobs", flush=True)
+    for s in shapes:
+        if time.monotonic() - t0 > args.budget_s:
+            print(f"not timed (budget): {s}", flush=True)
+            continue
+        floor = roofline_us(s)
+        sets = rotation(s)
+        ref = reference(sets)
+        t_cb = graph_us(sets, cublas)
+        t_peer, peer_cfg = peer_best(peer, peer_fns, s, sets, ref) if s.m in peer_ms else (None, "")
+        rows = []
+        for name, knobs, origin in plan[s]:
+            launch = checked(s, name, knobs, sets, ref)
+            if launch is not None:
+                rows.append({"template": name, "knobs": knobs, "origin": origin, "us": graph_us(sets, launch)})
+        del sets, ref
+        torch.cuda.empty_cache()
+        rec = {"shape": str(s), "m": s.m, "n": s.n, "k": s.k, "weight_mb": 2 * s.n * s.k / 1e6, "floor_us": floor,
+               "cublas_us": t_cb, "peer_us": t_peer, "peer_cfg": peer_cfg, "variants": rows}
+        records.append(rec)
+        (out / "decode_dev.json").write_text(json.dumps(records, indent=0))
+        if not rows:
+            print(f"{str(s):>16} no correct variant", flush=True)
+            continue
+        best = min(rows, key=lambda r: r["us"])
+        first = [r["us"] for r in rows if r["origin"] == "heuristic0"]
+        pr = f"{t_peer:7.2f} {floor / t_peer:4.2f} {peer_cfg:>6}" if t_peer else f"{'-':>7} {'-':>4} {'':>6}"
+        xp = f"{t_peer / best['us']:6.2f}" if t_peer else f"{'-':>6}"
+        print(f"{str(s).split(':')[0]:>16} {rec['weight_mb']:6.1f} | {t_cb:7.2f} {floor / t_cb:4.2f} | {pr} | "
+              f"{min(first) if first else float('nan'):7.2f} {best['us']:7.2f} {floor / best['us']:4.2f} "
+              f"{t_cb / best['us']:5.2f} {xp} | {best['template']} {json.dumps(best['knobs'], sort_keys=True)}",
+              flush=True)
+    gm = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")  # noqa: E731
+    timed = [r for r in records if r["variants"]]
+    for label, sel in (("all", timed), ("M<=16", [r for r in timed if r["m"] <= 16]),
+                       ("M<=16, >= 8 MB", [r for r in timed if r["m"] <= 16 and r["weight_mb"] >= 8]),
+                       ("M<=16, < 8 MB", [r for r in timed if r["m"] <= 16 and r["weight_mb"] < 8])):
+        if sel:
+            bests = [min(v["us"] for v in r["variants"]) for r in sel]
+            firsts = [min([v["us"] for v in r["variants"] if v["origin"] == "heuristic0"] or [b]) for r, b in zip(sel, bests)]
+            peers = [(r["peer_us"], b) for r, b in zip(sel, bests) if r["peer_us"]]
+            print(f"{label:>16}: n={len(sel)} best x cuBLAS {gm([r['cublas_us'] / b for r, b in zip(sel, bests)]):.3f}, "
+                  f"first pick x cuBLAS {gm([r['cublas_us'] / f for r, f in zip(sel, firsts)]):.3f}, "
+                  f"best x peer {gm([p / b for p, b in peers]):.3f} (min {min([p / b for p, b in peers] or [0]):.2f}), "
+                  f"roofline {gm([r['floor_us'] / b for r, b in zip(sel, bests)]):.2f}", flush=True)
+    print(f"timing done in {time.monotonic() - t0:.0f} s; {len(wrong)} wrong", flush=True)
+    for line in wrong[:20]:
+        print("WRONG", line, flush=True)
+    bad = 0
+    if args.eval_shapes:
+        bad = evaluator_check([Shape.parse(x) for x in args.eval_shapes], templates)
+    print(f"all done in {time.monotonic() - t0:.0f} s", flush=True)
+    return 1 if failed or wrong or bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+// gemv: weight-streaming CUDA-core GEMV for decode (a few tokens), TN layout, sm_80 and later.
+//   C[m][n] = sum_k A[m][k] * B[n][k]. One CTA owns ROWS weight rows and TOK tokens; its
+//   THREADS threads split K into 16-byte chunks (8 halves), thread t taking chunks t, t +
+//   THREADS, ... and loading UNROLL x ROWS of them before any arithmetic (bytes in flight are
+//   what an HBM-bound kernel needs; PIPE = 1 issues the next iteration's loads before this one's
+//   FMAs). Weights stream once through ld.global.nc.L1::no_allocate,
+//   tokens are read through L1; fp32 FMA. Partial sums: warp shuffles, then the CTA's warps in
+//   shared memory, then (CLUSTER > 1, sm_90) the CTAs of a cluster that split K between them,
+//   through distributed shared memory: one launch, no workspace.
+//   Grid: x = cdiv(N, ROWS) * cdiv(M, TOK) (token groups of one row tile adjacent, so a row tile
+//   read twice is read from L2), z = CLUSTER. Any M, N, K >= 1: rows and tokens past the edge
+//   are clamped loads whose sums are never stored; K % 8 != 0 or misaligned pointers take
+//   2-byte loads with zero fill.
+// Knobs arrive as #defines (template.toml); prelude: _prelude/decode.cuh.
+
+#define THREADS (WARPS * 32)
+#define RED (ROWS * TOK)   // outputs of one CTA
+
+// One iteration's operands: UNROLL chunks of ROWS weight rows and TOK token rows, all loaded before
+// any FMA (one memory round trip per iteration, not one per chunk). Chunks at or past c1 are zeros.
+struct GemvFrag {
+  uint4 w[UNROLL][ROWS], x[UNROLL][TOK];
+};
+__device__ __forceinline__ void gemv_load(GemvFrag& f, int c, int c1, const unsigned short* const (&brow)[ROWS],
+                                          const unsigned short* const (&arow)[TOK], int K, bool vec) {
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int cc = c + u * THREADS;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      if (cc >= c1) f.w[u][r] = make_uint4(0u, 0u, 0u, 0u);
+      else if (vec) f.w[u][r] = dec_ld_stream(brow[r] + cc * 8);
+      else f.w[u][r] = dec_ld_tail(brow[r], cc * 8, K);
+    }
+#pragma unroll
+    for (int t = 0; t < TOK; ++t) {
+      if (cc >= c1) f.x[u][t] = make_uint4(0u, 0u, 0u, 0u);
+      else if (vec) f.x[u][t] = dec_ld_keep(arow[t] + cc * 8);
+      else f.x[u][t] = dec_ld_tail(arow[t], cc * 8, K);
+    }
+  }
+}
+// acc[r][t] += dot(w[u][r], x[u][t]) over the UNROLL chunks, in fp32 (zero chunks add nothing).
+__device__ __forceinline__ void gemv_fma(float (&acc)[ROWS][TOK], const GemvFrag& f) {
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    float a[TOK][8];
+#pragma unroll
+    for (int t = 0; t < TOK; ++t) {
+      const unsigned int h[4] = {f.x[u][t].x, f.x[u][t].y, f.x[u][t].z, f.x[u][t].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 v = dec_h2f2(h[j]);
+        a[t][2 * j] = v.x;
+        a[t][2 * j + 1] = v.y;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const unsigned int h[4] = {f.w[u][r].x, f.w[u][r].y, f.w[u][r].z, f.w[u][r].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 v = dec_h2f2(h[j]);
+#pragma unroll
+        for (int t = 0; t < TOK; ++t) {
+          acc[r][t] = fmaf(a[t][2 * j], v.x, acc[r][t]);
+          acc[r][t] = fmaf(a[t][2 * j + 1], v.y, acc[r][t]);
+        }
+      }
+    }
+  }
+}
+
+extern "C" __global__ void DEC_CLUSTER_DIMS __launch_bounds__(THREADS)
+evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ C,
+         int M_, int N_, int K_) {
+#ifdef EVO_M
+  const int M = EVO_M, N = EVO_N, K = EVO_K;
+#else
+  const int M = M_, N = N_, K = K_;
+#endif
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int groups = (M + TOK - 1) / TOK;
+  const int n0 = (blockIdx.x / groups) * ROWS, m0 = (blockIdx.x % groups) * TOK;
+
+  int c0, c1;  // this CTA's 16-byte K chunks
+  dec_k_range((K + 7) >> 3, c0, c1);
+  const bool vec = dec_vec16(A, B, K);
+
+  const unsigned short* brow[ROWS];
+  const unsigned short* arow[TOK];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) brow[r] = B + (long long)min(n0 + r, N - 1) * K;
+#pragma unroll
+  for (int t = 0; t < TOK; ++t) arow[t] = A + (long long)min(m0 + t, M - 1) * K;
+
+  float acc[ROWS][TOK];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int t = 0; t < TOK; ++t) acc[r][t] = 0.f;
+
+#if PIPE
+  // Ping-pong: the loads of the next iteration are in flight while this one's FMAs run.
+  const int stride = THREADS * UNROLL;
+  GemvFrag f0, f1;
+  gemv_load(f0, c0 + tid, c1, brow, arow, K, vec);
+  for (int c = c0 + tid; c < c1; c += 2 * stride) {
+    gemv_load(f1, c + stride, c1, brow, arow, K, vec);
+    gemv_fma(acc, f0);
+    gemv_load(f0, c + 2 * stride, c1, brow, arow, K, vec);
+    gemv_fma(acc, f1);
+  }
+#else
+  for (int c = c0 + tid; c < c1; c += THREADS * UNROLL) {
+    GemvFrag f;
+    gemv_load(f, c, c1, brow, arow, K, vec);
+    gemv_fma(acc, f);
+  }
+#endif
+
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int t = 0; t < TOK; ++t) {
+      float v = acc[r][t];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      acc[r][t] = v;
+    }
+
+  __shared__ float red[WARPS][RED];
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int t = 0; t < TOK; ++t) red[warp][r * TOK + t] = acc[r][t];
+  }
+  __syncthreads();
+#if CLUSTER > 1
+  __shared__ float part[RED];
+#endif
+  for (int i = tid; i < RED; i += THREADS) {
+    float s = 0.f;
+#pragma unroll
+    for (int q = 0; q < WARPS; ++q) s += red[q][i];
+#if CLUSTER > 1
+    part[i] = s;
+#else
+    const int n = n0 + i / TOK, m = m0 + i % TOK;
+    if (n < N && m < M) C[(long long)m * N + n] = dec_f2h(s);
+#endif
+  }
+#if CLUSTER > 1
+  // Every CTA of the cluster finishes RED / CLUSTER outputs, adding the partial sums of all.
+  dec_cluster_sync();
+  const unsigned int rank = dec_cluster_rank();
+  for (int i = rank + tid * CLUSTER; i < RED; i += THREADS * CLUSTER) {
+    float s = 0.f;
+#pragma unroll
+    for (int q = 0; q < CLUSTER; ++q) s += dec_ld_peer(&part[i], q);
+    const int n = n0 + i / TOK, m = m0 + i % TOK;
+    if (n < N && m < M) C[(long long)m * N + n] = dec_f2h(s);
+  }
+  dec_cluster_sync();  // no CTA leaves while another still reads its shared memory
+#endif
+}

@@ -1,0 +1,176 @@
+// swab: swap-AB tensor-core GEMM for decode and skinny shapes (M <= 64 tokens), TN, sm_80 and later.
+//   Computes C^T = B * A^T with mma.sync.m16n8k16: 16 weight rows fill the mma's M side (RT of
+//   them per CTA), the tokens its 8-wide N side (NT n8 tiles per CTA), so no tile row is padding
+//   when M is small. Fragments come straight from global memory, no shared-memory staging: in a
+//   32-wide K step, lane (g, q) loads 16 contiguous bytes (k = 8q .. 8q + 7) of weight rows g and
+//   g + 8 and of token g; the mma's logical k pairs (2q, 2q + 1) and (2q + 8, 2q + 9) then map to
+//   physical (8q, 8q + 1) and (8q + 2, 8q + 3) in the first mma and the next four in the second,
+//   the same permutation for both operands, so every dot product is unchanged. Each warp takes
+//   U consecutive steps (U * 64 contiguous bytes per row) and loads all of them before its mmas;
+//   PIPE = 1 issues the next iteration's loads before this one's mmas (ping-pong registers).
+//   K is split across the CTA's WARPS warps (shared-memory reduction) and, on sm_90, across the
+//   CLUSTER CTAs of a cluster (distributed shared memory; one launch, no workspace).
+//   Grid: x = cdiv(N, 16 * RT) * cdiv(M, 8 * NT), the token groups of one weight tile adjacent
+//   (a weight tile read by two groups is served from L2 the second time); z = CLUSTER.
+//   Any M, N, K >= 1: edge rows/tokens are clamped loads whose results are never stored; K % 8
+//   != 0 or misaligned operands take 2-byte loads with zero fill.
+// Knobs arrive as #defines (template.toml); preludes: mma_sync.cuh, decode.cuh.
+
+#define THREADS (WARPS * 32)
+#define FR (RT * NT * 4)   // accumulator floats per thread
+
+// One iteration's fragments: U consecutive k32 steps from step s of RT weight tile pairs (rows g,
+// g + 8) and NT token tiles, all loaded before any mma. Steps at or past s1 are zeros. KMAP picks
+// which physical 8-element chunk of the U * 32 elements lane q holds for mma u: any bijection is
+// exact as long as weights and tokens use the same one.
+struct SwabFrag {
+  uint4 lo[U][RT], hi[U][RT], x[U][NT];
+};
+__device__ __forceinline__ void swab_load(SwabFrag& f, int s, int s1, int q, const unsigned short* const (&wlo)[RT],
+                                          const unsigned short* const (&whi)[RT],
+                                          const unsigned short* const (&xr)[NT], int K, bool vec) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#if KMAP
+    const int k = s * 32 + (q * U + u) * 8;   // lane q owns U * 16 contiguous bytes of each row
+#else
+    const int k = (s + u) * 32 + 8 * q;       // step u: lanes q = 0..3 cover 64 contiguous bytes
+#endif
+    const bool in = k < s1 * 32 && k < K;
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      if (!in) f.lo[u][r] = f.hi[u][r] = make_uint4(0u, 0u, 0u, 0u);
+      else if (vec) { f.lo[u][r] = dec_ld_stream(wlo[r] + k); f.hi[u][r] = dec_ld_stream(whi[r] + k); }
+      else { f.lo[u][r] = dec_ld_tail(wlo[r], k, K); f.hi[u][r] = dec_ld_tail(whi[r], k, K); }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      if (!in) f.x[u][j] = make_uint4(0u, 0u, 0u, 0u);
+      else if (vec) f.x[u][j] = dec_ld_keep(xr[j] + k);
+      else f.x[u][j] = dec_ld_tail(xr[j], k, K);
+    }
+  }
+}
+// Two mmas per (step, weight tile, token tile): physical k 8q..8q+3, then 8q+4..8q+7 (see above).
+__device__ __forceinline__ void swab_mma(float (&acc)[RT][NT][4], const SwabFrag& f) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const u32 a0[4] = {f.lo[u][r].x, f.hi[u][r].x, f.lo[u][r].y, f.hi[u][r].y};
+        const u32 b0[2] = {f.x[u][j].x, f.x[u][j].y};
+        const u32 a1[4] = {f.lo[u][r].z, f.hi[u][r].z, f.lo[u][r].w, f.hi[u][r].w};
+        const u32 b1[2] = {f.x[u][j].z, f.x[u][j].w};
+        mma16816(acc[r][j], a0, b0);
+        mma16816(acc[r][j], a1, b1);
+      }
+}
+
+extern "C" __global__ void DEC_CLUSTER_DIMS __launch_bounds__(THREADS)
+evo_swab(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ C,
+         int M_, int N_, int K_) {
+#ifdef EVO_M
+  const int M = EVO_M, N = EVO_N, K = EVO_K;
+#else
+  const int M = M_, N = N_, K = K_;
+#endif
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int groups = (M + 8 * NT - 1) / (8 * NT);
+  const int n0 = (blockIdx.x / groups) * (16 * RT), m0 = (blockIdx.x % groups) * (8 * NT);
+
+  int s0, s1;  // this CTA's k32 steps
+  dec_k_range((K + 31) >> 5, s0, s1);
+  const bool vec = dec_vec16(A, B, K);
+
+  const unsigned short* wlo[RT];
+  const unsigned short* whi[RT];
+  const unsigned short* xr[NT];
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+    wlo[r] = B + (long long)min(n0 + r * 16 + g, N - 1) * K;
+    whi[r] = B + (long long)min(n0 + r * 16 + g + 8, N - 1) * K;
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j) xr[j] = A + (long long)min(m0 + j * 8 + g, M - 1) * K;
+
+  float acc[RT][NT][4];
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[r][j][c] = 0.f;
+
+#if PIPE
+  // Ping-pong: the next iteration's fragments are in flight while this one's mmas run.
+  SwabFrag f0, f1;
+  swab_load(f0, s0 + warp * U, s1, q, wlo, whi, xr, K, vec);
+  for (int s = s0 + warp * U; s < s1; s += 2 * WARPS * U) {
+    swab_load(f1, s + WARPS * U, s1, q, wlo, whi, xr, K, vec);
+    swab_mma(acc, f0);
+    swab_load(f0, s + 2 * WARPS * U, s1, q, wlo, whi, xr, K, vec);
+    swab_mma(acc, f1);
+  }
+#else
+  for (int s = s0 + warp * U; s < s1; s += WARPS * U) {
+    SwabFrag f;
+    swab_load(f, s, s1, q, wlo, whi, xr, K, vec);
+    swab_mma(acc, f);
+  }
+#endif
+
+  // Fragment float c of (r, j) at this lane is C[m][n] with n = n0 + 16r + g + 8(c >= 2),
+  // m = m0 + 8j + 2q + (c & 1). Index e = f * 32 + lane, f = (r * NT + j) * 4 + c.
+#if WARPS > 1 || CLUSTER > 1
+  __shared__ float red[WARPS][FR * 32];
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) red[warp][((r * NT + j) * 4 + c) * 32 + lane] = acc[r][j][c];
+  __syncthreads();
+#if CLUSTER > 1
+  // warp sums land in red[0] (each element read and written by one thread), then the cluster's
+  // CTAs each finish FR * 32 / CLUSTER of the outputs from every CTA's red[0]
+  for (int e = tid; e < FR * 32; e += THREADS) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) s += red[w][e];
+    red[0][e] = s;
+  }
+  dec_cluster_sync();
+  const unsigned int rank = dec_cluster_rank();
+  for (int e = rank + tid * CLUSTER; e < FR * 32; e += THREADS * CLUSTER) {
+    float s = 0.f;
+#pragma unroll
+    for (int z = 0; z < CLUSTER; ++z) s += dec_ld_peer(&red[0][e], z);
+#else
+  for (int e = tid; e < FR * 32; e += THREADS) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) s += red[w][e];
+#endif
+    const int f = e >> 5, l = e & 31, c = f & 3, rj = f >> 2;
+    const int n = n0 + (rj / NT) * 16 + (l >> 2) + (c >> 1) * 8;
+    const int m = m0 + (rj % NT) * 8 + (l & 3) * 2 + (c & 1);
+    if (n < N && m < M) C[(long long)m * N + n] = dec_f2h(s);
+  }
+#if CLUSTER > 1
+  dec_cluster_sync();  // no CTA leaves while another still reads its shared memory
+#endif
+#else
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int n = n0 + r * 16 + g + (c >> 1) * 8, m = m0 + j * 8 + 2 * q + (c & 1);
+        if (n < N && m < M) C[(long long)m * N + n] = dec_f2h(acc[r][j][c]);
+      }
+#endif
+}

@@ -1,0 +1,175 @@
+"""The decode families gemv (CUDA-core GEMV, family T) and swab (swap-AB mma.sync, family A).
+
+Knob space, plans at ragged shapes, first picks per shape class, refusals with reasons, and real
+compiles (evaluators' ``CompilePool``: static scan, NVRTC, ptxas resource policy) of every knob set
+their heuristics emit on a committed sample of decode/latency shapes of llm_layers.csv, for sm_90a
+and (clusters off) sm_80, plus seeded random valid knob sets; zero spills. GPU correctness and speed
+are bench/decode_dev.py's (device); ``-m slow`` compiles the picks for every shape of the sample.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from populations import Shape, Template, load_templates
+
+DECODE = ("gemv", "swab")
+# decode rows (M = 1, 8) and latency rows of llm_layers.csv, M = 16 and 2..4 variants, and ragged shapes
+SAMPLE = ["1x2304x768", "1x768x3072", "1x50257x768", "1x576x576", "1x49152x576", "1x896x896", "1x151936x896",
+          "1x2304x2304", "1x9216x2304", "1x3072x3072", "1x4096x4096", "1x4096x14336", "1x128256x4096",
+          "8x2304x768", "8x576x576", "8x3072x576", "8x4864x896", "8x3072x3072", "8x4096x4096", "8x4096x14336",
+          "8x128256x4096", "8x960x576", "8x576x1536", "16x896x896", "16x4096x4096", "16x14336x4096", "64x576x576",
+          "64x768x768", "64x960x576", "2x2304x768", "3x4096x4096"]
+RAGGED = ["1x1x1", "3x77x9", "5x1000x1001", "7x33x4100", "13x129x520", "2x8191x17", "64x1x2049", "40x100x72"]
+FIRST = SAMPLE[::3] + RAGGED[:4]  # the quick compile test's shapes
+
+
+@pytest.fixture(scope="module")
+def fams() -> dict[str, Template]:
+    templates = load_templates(errors="warn")
+    assert set(DECODE) <= set(templates)
+    return {n: templates[n] for n in DECODE}
+
+
+def test_metadata_and_applies(fams: dict[str, Template]) -> None:
+    g, s = fams["gemv"], fams["swab"]
+    assert (g.family, s.family) == ("T", "A") and g.min_arch == s.min_arch == 80
+    assert g.layouts == s.layouts == ("TN",) and not g.applicable(Shape.parse("1x4096x4096:NN"), 90)
+    assert g.applicable(Shape.parse("1x4096x4096"), 80) and g.applicable(Shape.parse("4x50257x768"), 90)
+    assert not g.applicable(Shape.parse("8x4096x4096"), 90) and g.applicable(Shape.parse("8x576x576"), 90)
+    assert s.applicable(Shape.parse("8x4096x4096"), 90) and s.applicable(Shape.parse("16x128256x4096"), 80)
+    assert s.applicable(Shape.parse("64x576x576"), 90) and not s.applicable(Shape.parse("64x4096x4096"), 90)
+    assert not s.applicable(Shape.parse("1x4096x4096"), 90)  # one token: gemv's CUDA cores win
+    for t in fams.values():
+        assert {"tiling", "loops", "splitk"} <= {k.axis for k in t.space.knobs.values()}
+        assert "#include" not in t.source_text and "__device__ float" not in t.source_text
+
+
+@pytest.mark.parametrize("name", DECODE)
+def test_plans_resolve_at_ragged_shapes(fams: dict[str, Template], name: str) -> None:
+    """One launch, no workspace, the grid covers every (row tile, token group), z = the cluster."""
+    t = fams[name]
+    rng = random.Random(5)
+    rows, toks = ("ROWS", "TOK") if name == "gemv" else ("RT", "NT")
+    per_row, per_tok = (1, 1) if name == "gemv" else (16, 8)
+    for text in RAGGED + SAMPLE[:6]:
+        shape = Shape.parse(text)
+        if not t.applicable(shape, 90):
+            continue
+        picks = t.heuristic(shape, 90)
+        assert picks, (name, text)
+        for knobs in picks + t.sample(rng, shape, 5, arch=90):
+            for specialize in (False, True):
+                _, plan = t.render(knobs, shape, specialize=specialize)
+                launches, ws = plan.resolve(shape)
+                assert ws == 0 and len(launches) == 1
+                (launch,) = launches
+                tiles = -(-shape.n // (per_row * knobs[rows])) * -(-shape.m // (per_tok * knobs[toks]))
+                assert launch.grid == (tiles, 1, knobs["CLUSTER"]) and launch.block == (32 * knobs["WARPS"], 1, 1)
+
+
+def test_cluster_is_compile_time_and_hopper_only(fams: dict[str, Template]) -> None:
+    shape = Shape.parse("8x576x576")
+    for name, knobs in (("gemv", {"CLUSTER": 4}), ("swab", {"CLUSTER": 4})):
+        t = fams[name]
+        source, plan = t.render(knobs, shape)
+        assert "#define CLUSTER 4" in source.splitlines() and "__cluster_dims__(1, 1, CLUSTER)" in source
+        assert plan.resolve(shape)[0][0].grid[2] == 4
+        assert any("need sm_90" in r for r in t.check(knobs, shape, 80))
+        # sm_80 first picks exist and never use a cluster
+        picks = t.heuristic(shape, 80)
+        assert picks and all(k["CLUSTER"] == 1 for k in picks)
+
+
+def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> None:
+    """The rules fixed from bench/decode_dev.py's H200 sweep (template.toml comments)."""
+    g, s = fams["gemv"], fams["swab"]
+    first = lambda t, text: t.heuristic(Shape.parse(text), 90)[0]  # noqa: E731
+    # M = 1: one memory round trip per thread (THREADS * UNROLL * 8 >= K up to K = 4096)
+    assert first(g, "1x576x576") == dict(g.space.defaults(), ROWS=2, TOK=1, WARPS=4, UNROLL=1)
+    assert first(g, "1x151936x896")["ROWS"] == 8
+    for text in ("1x2304x2304", "1x3072x3072", "1x4096x4096"):
+        k = first(g, text)
+        assert k["WARPS"] * 32 * k["UNROLL"] * 8 >= Shape.parse(text).k and k["CLUSTER"] == 1, (text, k)
+    # M = 2..4: all tokens of a row tile in one CTA (TOK = M rounded up to the domain)
+    assert [first(g, f"{m}x2304x768")["TOK"] for m in (2, 3, 4)] == [2, 4, 4]
+    # swab, small weights: one 16 x 8 tile per CTA; a cluster splits K only where K is deep (K >= 1536)
+    # and the tiles are few (about 200 CTAs)
+    assert first(s, "8x768x3072")["CLUSTER"] == 4 and first(s, "8x576x1536")["CLUSTER"] == 2
+    assert first(s, "8x576x576")["CLUSTER"] == first(s, "8x2304x768")["CLUSTER"] == 1
+    assert (first(s, "8x576x576")["RT"], first(s, "8x576x576")["NT"]) == (1, 1)
+    # weights >= 64 MB at M <= 8: both token tiles per CTA, each lane owning 32 contiguous bytes (KMAP 1)
+    assert first(s, "8x128256x4096")["KMAP"] == 1 and first(s, "8x128256x4096")["NT"] == 2
+    # M 9..16 with large weights: both token tiles in one CTA
+    assert first(s, "16x4096x4096")["NT"] == 2 and first(s, "16x4096x4096")["CLUSTER"] == 4
+    assert first(s, "16x14336x4096")["CLUSTER"] == 1
+
+
+REFUSED = [
+    ("gemv", {"ROWS": 8, "TOK": 8}, None, "epilogue dominates"),
+    ("gemv", {"ROWS": 8, "UNROLL": 8, "PIPE": 1}, None, "would spill"),
+    ("gemv", {"CLUSTER": 8}, "1x16x40", "at least one 16-byte K chunk"),
+    ("swab", {"RT": 4, "NT": 8, "U": 4}, None, "would spill"),
+    ("swab", {"RT": 4, "NT": 8, "WARPS": 8, "U": 1}, None, "48 KiB"),
+    ("swab", {"CLUSTER": 4}, "8x64x64", "at least one k32 step"),
+    ("swab", {"U": 3}, None, "not one of"),
+]
+
+
+@pytest.mark.parametrize("name,knobs,shape,reason", REFUSED, ids=[r[3][:24] for r in REFUSED])
+def test_invalid_combinations_refused_with_reason(fams: dict[str, Template], name: str, knobs: dict,
+                                                  shape: str | None, reason: str) -> None:
+    s = Shape.parse(shape) if shape else None
+    reasons = fams[name].check(knobs, s)
+    assert any(reason in r for r in reasons), reasons
+
+
+# ---- compiles (real NVRTC through evaluators.CompilePool) -------------------------------------
+def _jobs(fams: dict[str, Template], shapes: list[str], samples: int) -> list[tuple[str, str, object]]:
+    """(template, arch, candidate) for every first pick at every shape on sm_90a and sm_80, plus
+    ``samples`` seeded valid knob sets per template; one candidate per distinct source and arch."""
+    rng = random.Random(2026)
+    jobs: dict[tuple[str, str], tuple[str, str, object]] = {}
+    for name, t in fams.items():
+        for text in shapes:
+            shape = Shape.parse(text)
+            for arch in ("sm_90a", "sm_80"):
+                if not t.applicable(shape, arch):
+                    continue
+                for knobs in t.heuristic(shape, arch):
+                    cand = t.candidate(knobs, shape)
+                    jobs.setdefault((cand.source, arch), (name, arch, cand))
+        shape = Shape.parse("5x4096x4104")
+        for i, knobs in enumerate(t.sample(rng, shape, samples, arch=90)):
+            cand = t.candidate(knobs, shape)
+            jobs.setdefault((cand.source, "sm_90a"), (name, "sm_90a", cand))
+    return list(jobs.values())
+
+
+def _compile_and_check(jobs: list[tuple[str, str, object]]) -> None:
+    from evaluators import CompilePool
+
+    with CompilePool(workers=2, use_cache=False) as pool:
+        results = [(n, a, c, pool.submit(c, a)) for n, a, c in jobs]
+        results = [(n, a, c, f.result()) for n, a, c, f in results]
+    failed = [(n, a, c.knobs, r.status, r.message[-600:]) for n, a, c, r in results if not r.ok]
+    assert not failed, failed
+    assert {a for _, a, _, _ in results} == {"sm_90a", "sm_80"}
+    for name, _, _, r in results:
+        assert f"evo_{name}" in {k.name for k in r.kernels}
+    spilled = [(n, a, c.knobs, r.kernels) for n, a, c, r in results
+               if any(k.spill_stores or k.stack_frame for k in r.kernels)]
+    assert not spilled, spilled
+
+
+def test_first_picks_and_samples_compile_without_spills(fams: dict[str, Template]) -> None:
+    jobs = _jobs(fams, FIRST, samples=6)
+    assert len(jobs) >= 30
+    _compile_and_check(jobs)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_every_first_pick_of_the_sample_compiles(fams: dict[str, Template]) -> None:
+    _compile_and_check(_jobs(fams, SAMPLE + RAGGED, samples=40))

@@ -30,7 +30,7 @@ import json
 import os
 import statistics
 import weakref
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 import socket
 import time
@@ -657,8 +657,8 @@ class Archive:
         """How many evaluations at a shape ended in each status (every status listed)."""
         counts = dict.fromkeys(Status, 0)
         pop = self._pop(_as_shape(shape))
-        for i in range(len(pop.evals) if pop else 0):
-            counts[pop.summary(i).status] += 1  # type: ignore[union-attr]
+        if pop is not None:
+            counts.update(Counter(pop.summary(i).status for i in range(len(pop.evals))))
         return counts
 
     def elites(self, shape: ShapeLike, top: Optional[int] = 10) -> list[Elite]:
@@ -700,10 +700,12 @@ class Archive:
                 banned.add(sm.candidate_id)
             elif sm.fitness is not None:
                 good.setdefault(sm.candidate_id, []).append(i)
+        sums = pop.sums  # every index in good has its summary filled in by the loop above
         return sorted(
-            ((statistics.median(pop.summary(i).fitness for i in idx), cid, idx)  # type: ignore[type-var]
+            ((sums[idx[0]].fitness if len(idx) == 1 else statistics.median(sums[i].fitness for i in idx),  # type: ignore[union-attr,type-var]
+              cid, idx)
              for cid, idx in good.items() if cid not in banned),
-            key=lambda row: (-row[0], -len(row[2]), row[1]))
+            key=lambda row: (-row[0], -len(row[2]), row[1]))  # type: ignore[operator]
 
     def _find(self, candidate_id: str) -> Optional[_Population]:
         for pop in self._all_pops():

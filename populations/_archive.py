@@ -671,9 +671,7 @@ class Archive:
         pop = self._pop(_as_shape(shape))
         if pop is None:
             return []
-        ranked = self._ranked(pop)
-        if top is not None:
-            ranked = ranked[:max(top, 0)]
+        ranked = self._ranked(pop, top)
         out = []
         for fit, cid, idx in ranked:  # a record that does not decode drops out of its row, not the table
             evals = tuple(e for e in (pop.find(pop.evals[i]) for i in idx) if e is not None)
@@ -689,7 +687,7 @@ class Archive:
         return {cid: fit for fit, cid, _idx in self._ranked(pop)} if pop else {}
 
     @staticmethod
-    def _ranked(pop: _Population) -> list[tuple[float, str, list[int]]]:
+    def _ranked(pop: _Population, top: Optional[int] = None) -> list[tuple[float, str, list[int]]]:
         """(median fitness, id, evaluation indexes) of every elite, best first, ranked on the
         summaries (see :meth:`elites` for the rules)."""
         good: dict[str, list[int]] = {}
@@ -701,11 +699,10 @@ class Archive:
             elif sm.fitness is not None:
                 good.setdefault(sm.candidate_id, []).append(i)
         sums = pop.sums  # every index in good has its summary filled in by the loop above
-        return sorted(
-            ((sums[idx[0]].fitness if len(idx) == 1 else statistics.median(sums[i].fitness for i in idx),  # type: ignore[union-attr,type-var]
-              cid, idx)
-             for cid, idx in good.items() if cid not in banned),
-            key=lambda row: (-row[0], -len(row[2]), row[1]))  # type: ignore[operator]
+        rows = [(-(sums[idx[0]].fitness if len(idx) == 1 else statistics.median(sums[i].fitness for i in idx)),  # type: ignore[union-attr,type-var,operator]
+                 -len(idx), cid, idx) for cid, idx in good.items() if cid not in banned]
+        rows.sort()  # plain tuples: compared in C, no key function per row (ids are unique: idx never compared)
+        return [(-r[0], r[2], r[3]) for r in (rows if top is None else rows[:max(top, 0)])]
 
     def _find(self, candidate_id: str) -> Optional[_Population]:
         for pop in self._all_pops():

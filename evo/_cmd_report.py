@@ -23,31 +23,30 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (new, or an earlier report to replace)")
 
 
-def _has_evaluations(path: str) -> None:
+def _has_evaluations(archive: Any, path: str) -> None:
     """ValueError saying what would work when the archive has nothing to report."""
-    from populations import Archive
-
-    archive = Archive(path, "r")
-    try:
-        if not any(sum(archive.status_counts(s).values()) for s in archive.shapes()):
-            raise ValueError(f"{path}: nothing to report: the archive has no evaluations "
-                             f"({len(archive.shapes())} shape(s)); evaluate kernels first (evo run {path} --shape ...)")
-    finally:
-        archive.close()
+    if not any(sum(archive.status_counts(s).values()) for s in archive.shapes()):
+        raise ValueError(f"{path}: nothing to report: the archive has no evaluations "
+                         f"({len(archive.shapes())} shape(s)); evaluate kernels first (evo run {path} --shape ...)")
 
 
 def run(args: Any) -> int:
-    from populations import ArchiveError
+    from populations import Archive, ArchiveError
 
     from ._report import ReportError, build_report
 
+    archive = None
     try:
         path = archive_of(args)
-        _has_evaluations(path)  # type: ignore[arg-type]
-        index = build_report(path, args.out)  # type: ignore[arg-type]
+        archive = Archive(path, "r")  # type: ignore[arg-type]
+        _has_evaluations(archive, path)  # type: ignore[arg-type]
+        index = build_report(archive, args.out)
     except (ReportError, ArchiveError, ValueError) as exc:
         return fail("report", exc)
     except OSError as exc:
         return fail("report", f"--out {args.out}: cannot write the report there: {exc.strerror or exc}")
+    finally:
+        if archive is not None:
+            archive.close()
     print(index)
     return 0

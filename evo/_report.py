@@ -216,12 +216,13 @@ def _plots(rows: list[dict[str, Any]], timers: list[str], out: Path) -> Optional
 
 
 # -- the page --------------------------------------------------------------------------------
-def build_report(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike]) -> Path:
-    """Write the report directory ``out`` (new, or an earlier report to replace); returns index.html."""
+def build_report(archive_path: Union[str, os.PathLike, Archive], out: Union[str, os.PathLike]) -> Path:
+    """Write the report directory ``out`` (new, or an earlier report to replace); returns index.html.
+    ``archive_path`` may be an open Archive (the command checks it first and opens it once)."""
     out = Path(out).resolve()
     if out.exists() and not (out / "index.html").is_file():
         raise ReportError(f"{out} exists and is not an evo report; refusing to overwrite it")
-    archive = Archive(archive_path, "r")  # ArchiveError propagates to the caller
+    archive = archive_path if isinstance(archive_path, Archive) else Archive(archive_path, "r")  # ArchiveError propagates
     rows = collect(archive)
     timers = _timer_names(rows)
     with staged_dir(out) as tmp:

@@ -30,7 +30,7 @@ import json
 import os
 import statistics
 import weakref
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 import socket
 import time
@@ -657,8 +657,8 @@ class Archive:
         """How many evaluations at a shape ended in each status (every status listed)."""
         counts = dict.fromkeys(Status, 0)
         pop = self._pop(_as_shape(shape))
-        for i in range(len(pop.evals) if pop else 0):
-            counts[pop.summary(i).status] += 1  # type: ignore[union-attr]
+        if pop is not None:
+            counts.update(Counter(pop.summary(i).status for i in range(len(pop.evals))))
         return counts
 
     def elites(self, shape: ShapeLike, top: Optional[int] = 10) -> list[Elite]:
@@ -671,9 +671,7 @@ class Archive:
         pop = self._pop(_as_shape(shape))
         if pop is None:
             return []
-        ranked = self._ranked(pop)
-        if top is not None:
-            ranked = ranked[:max(top, 0)]
+        ranked = self._ranked(pop, top)
         out = []
         for fit, cid, idx in ranked:  # a record that does not decode drops out of its row, not the table
             evals = tuple(e for e in (pop.find(pop.evals[i]) for i in idx) if e is not None)
@@ -689,7 +687,7 @@ class Archive:
         return {cid: fit for fit, cid, _idx in self._ranked(pop)} if pop else {}
 
     @staticmethod
-    def _ranked(pop: _Population) -> list[tuple[float, str, list[int]]]:
+    def _ranked(pop: _Population, top: Optional[int] = None) -> list[tuple[float, str, list[int]]]:
         """(median fitness, id, evaluation indexes) of every elite, best first, ranked on the
         summaries (see :meth:`elites` for the rules)."""
         good: dict[str, list[int]] = {}
@@ -700,10 +698,11 @@ class Archive:
                 banned.add(sm.candidate_id)
             elif sm.fitness is not None:
                 good.setdefault(sm.candidate_id, []).append(i)
-        return sorted(
-            ((statistics.median(pop.summary(i).fitness for i in idx), cid, idx)  # type: ignore[type-var]
-             for cid, idx in good.items() if cid not in banned),
-            key=lambda row: (-row[0], -len(row[2]), row[1]))
+        sums = pop.sums  # every index in good has its summary filled in by the loop above
+        rows = [(-(sums[idx[0]].fitness if len(idx) == 1 else statistics.median(sums[i].fitness for i in idx)),  # type: ignore[union-attr,type-var,operator]
+                 -len(idx), cid, idx) for cid, idx in good.items() if cid not in banned]
+        rows.sort()  # plain tuples: compared in C, no key function per row (ids are unique: idx never compared)
+        return [(-r[0], r[2], r[3]) for r in (rows if top is None else rows[:max(top, 0)])]
 
     def _find(self, candidate_id: str) -> Optional[_Population]:
         for pop in self._all_pops():

@@ -10,6 +10,7 @@ or not depending on what the allocator mapped there).
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,8 @@ CASES = load_corpus()
 def _redteam():
     spec = importlib.util.spec_from_file_location("redteam", ROOT / "bench" / "redteam.py")
     module = importlib.util.module_from_spec(spec)
+    # dataclasses with string annotations look their module up in sys.modules (Python 3.12)
+    sys.modules.setdefault("redteam", module)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
 

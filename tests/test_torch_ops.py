@@ -102,7 +102,7 @@ def test_build_error_names_the_compiler(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 @pytest.mark.gpu
-def test_exported_kernels_through_the_op(tmp_path: Path) -> None:
+def test_exported_kernels_through_the_op(tmp_path: Path, ops: object) -> None:
     """On the GPU: a real export's kernels through the operator, eager, in a CUDA graph, compiled."""
     from archive_fixture import build
 
@@ -113,7 +113,6 @@ def test_exported_kernels_through_the_op(tmp_path: Path) -> None:
     lib = load_library(tmp_path / "lib")
     if not lib.active:
         pytest.skip(f"library not usable here: {lib.reason}")
-    ops = torch.ops.evo_native
     assert ops.has_cuda() and register(lib) == len(lib.kernels)
     for (m, n, k, layout) in lib.kernels:
         a = torch.randn(m, k, device="cuda", dtype=torch.half)

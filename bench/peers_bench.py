@@ -18,7 +18,7 @@ it is rechecked on fresh random inputs against an fp32 reference and timed only 
 Peers: torch.matmul on both layouts, cuBLASLt's heuristic and autotuned algorithms through
 nvmath-python (columns empty, with the reason, when nvmath is not importable), and our Triton
 matmul with a small config search. All arms are timed together in the three timers of
-DESIGN.md (``device``, ``offline``, ``server``) with the evaluator's own timer code
+docs/design.md section 8 (``device``, ``offline``, ``server``) with the evaluator's own timer code
 (``_peers_measure``).
 
 Writes under ``--out`` (at most 7 files): ``peers.csv`` (one row per shape, written as measured),

@@ -1,7 +1,7 @@
 """``compile_candidate``: static scan, cache, isolated compile, ptxas stats, resource policy.
 
-The second step of the evaluation cascade (DESIGN.md). Everything here runs on CPUs and
-never touches a GPU. Statuses (``populations.Status``):
+The compile step of the evaluation cascade (docs/design.md, section 4). Everything here runs
+on CPUs and never touches a GPU. Statuses (``populations.Status``):
 
 - ``REJECTED``: the static scan refused the source or plan, the compiled-output scan
   (:mod:`evaluators._ptxscan`, in the compile child) refused the PTX the compiler produced

@@ -1,6 +1,6 @@
 """Records, archives and seed templates: the part of evo every other package builds on.
 
-This package imports nothing else of ours (see DESIGN.md's import rule).
+This package imports nothing else of ours (the import rule: docs/design.md, section 2).
 """
 from ._codec import SCHEMA_VERSION, CodecError, decode, encode, from_plain, to_plain
 from ._expr import ExprError, evaluate

@@ -1,4 +1,4 @@
-"""The one-way import rule of DESIGN.md, checked on the source (no import side effects)."""
+"""The one-way import rule (docs/design.md, section 2), checked on the source (no import effects)."""
 from __future__ import annotations
 
 import ast

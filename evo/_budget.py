@@ -1,18 +1,31 @@
-"""Budgets and convergence: when a run (or one shape of it) should stop asking for more work.
+"""Budgets, convergence and allocation: when a run (or one shape of it) should stop asking for
+more work, and which shape gets the next proposal slot.
 
 A :class:`Budget` counts what this run spent (wall time, GPU-seconds, evaluations, LLM tokens)
 against optional limits. A :class:`Convergence` watches one shape's best fitness and says when
 the last N evaluations brought no relative improvement larger than a threshold.
+
+Allocation by headroom (issue 26): :func:`shape_weights` gives each shape a weight equal to its
+headroom, ``1 - f`` where ``f`` is its best time's fraction of the floor-aware attainable time
+(``populations.attainable_frac``; a shape not yet measured has headroom 1). A shape at
+``saturated`` (default 0.9) or more of that limit, or stalled (no improvement over its last
+``stall_window`` evaluations), has weight 0 and yields its slots to the others; when no shape
+has a positive weight, all get the same (nothing has headroom: spread the budget evenly).
+:func:`pick_shape` is weighted fair sharing: the shape whose evaluations (finished + in flight)
+divided by its weight is smallest gets the next slot, so over time the evaluations split in
+proportion to the weights.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Hashable, Mapping, Optional, Sequence, TypeVar
 
 from populations import Evaluation
 
-__all__ = ["Budget", "Convergence", "gpu_seconds"]
+__all__ = ["Budget", "Convergence", "gpu_seconds", "AllocationConfig", "headroom", "shape_weights", "pick_shape"]
+
+K = TypeVar("K", bound=Hashable)
 
 
 def gpu_seconds(ev: Evaluation) -> float:
@@ -102,3 +115,42 @@ class Convergence:
         if before is None:
             return False
         return now <= before * (1.0 + self.threshold)
+
+
+@dataclass
+class AllocationConfig:
+    """Spending the budget where the headroom is (``[allocation]`` in the run's TOML)."""
+
+    enabled: bool = True              # false: every active shape gets the same share (the old rule)
+    saturated: float = 0.9            # attainable fraction from which a shape yields its slots
+    stall_window: int = 64            # evaluations of a shape without improvement before it yields (0: never;
+                                      # a shape with no ok result yet: a quarter of it, at least 8)
+    stall_threshold: float = 0.005    # relative improvement of the best fitness that counts
+
+
+def headroom(frac: Optional[float]) -> float:
+    """``1 - frac`` clipped to [0, 1]; 1 for a shape not measured yet (``None``)."""
+    if frac is None:
+        return 1.0
+    return min(1.0, max(0.0, 1.0 - float(frac)))
+
+
+def shape_weights(fracs: Mapping[K, Optional[float]], stalled: Optional[Mapping[K, bool]] = None,
+                  saturated: float = 0.9) -> dict[K, float]:
+    """Weight per shape of ``fracs`` (best attainable fraction, None when unmeasured): its
+    headroom, 0 when at ``saturated`` or more or ``stalled``; all 1 when none is positive."""
+    stalled = stalled or {}
+    out = {s: 0.0 if (f is not None and f >= saturated) or stalled.get(s, False) else headroom(f)
+           for s, f in fracs.items()}
+    if not any(w > 0 for w in out.values()):
+        return {s: 1.0 for s in out}
+    return out
+
+
+def pick_shape(order: Sequence[K], loads: Mapping[K, int], weights: Mapping[K, float]) -> K:
+    """The shape of ``order`` (non-empty) with the smallest ``load / weight`` among those with a
+    positive weight (the earliest in ``order`` on ties); with none positive, the least loaded."""
+    positive = [s for s in order if weights.get(s, 0.0) > 0]
+    if not positive:
+        return min(order, key=lambda s: (loads.get(s, 0), order.index(s)))
+    return min(positive, key=lambda s: (loads.get(s, 0) / weights[s], order.index(s)))

@@ -21,6 +21,8 @@ from typing import Any, Optional
 
 from populations import Archive, ArchiveError, Elite, LineageNode, Shape, ShapeError, Status
 
+from ._calibration import evaluation_roofline, load_calibration
+
 __all__ = ["add_parser", "run", "build_report", "FORMAT"]
 
 FORMAT = "evo-inspect/1"
@@ -70,13 +72,18 @@ def _elite(rank: int, e: Elite) -> dict[str, Any]:
 def _shape_report(archive: Archive, shape: Shape, top: int) -> dict[str, Any]:
     elites = archive.elites(shape, top=top)
     counts = archive.status_counts(shape)
+    rows = [_elite(i + 1, e) for i, e in enumerate(elites)]
+    cal = load_calibration(archive.path)
+    for row, e in zip(rows, elites):  # issue 26: the roofline fraction of the latest ok measurement
+        row["roofline_frac"] = _num(evaluation_roofline(e.latest, cal))
     return {
         "shape": str(shape),
         "candidates": len(archive.candidate_ids(shape)),
         "evaluations": sum(counts.values()),
         "status_counts": {s.value: counts[s] for s in Status},
         "best_speedup": _num(elites[0].fitness) if elites else None,
-        "elites": [_elite(i + 1, e) for i, e in enumerate(elites)],
+        "best_roofline_frac": rows[0]["roofline_frac"] if rows else None,
+        "elites": rows,
         "adapters": _adapters(archive, shape),
     }
 
@@ -115,7 +122,7 @@ def build_report(archive: Archive, shapes: Optional[list[Shape]], top: int,
         except KeyError as exc:
             raise InputError(exc.args[0] if exc.args else str(exc)) from None
     chosen = shapes if shapes else ([] if lineage is not None else present)
-    report = {"format": FORMAT, "archive": archive.path,
+    report = {"format": FORMAT, "archive": archive.path, "calibration": load_calibration(archive.path).to_dict(),
               "shapes": [_shape_report(archive, s, top) for s in chosen],
               "lineage": _lineage_report(tree) if tree is not None else None}
     return report, tree
@@ -148,12 +155,13 @@ def render_csv(report: dict[str, Any], tree: Optional[LineageNode], out: Any) ->
     rows = [(s["shape"], e) for s in report["shapes"] for e in s["elites"]]
     timers = _timer_names([e for _, e in rows])
     w.writerow(["shape", "rank", "id", "template", "operator", "generation", "fitness", "measurements",
-                "registers", "spills", "knobs"]
+                "registers", "spills", "knobs", "roofline_frac"]
                + [f"{t}_{k}" for t in timers for k in ("median_s", "baseline_median_s", "speedup")])
     for shape, e in rows:
         w.writerow([shape, e["rank"], e["id"], e["template"] or "", e["operator"] or "", e["generation"],
                     repr(e["fitness"]), e["measurements"], e["registers"], e["spills"],
-                    json.dumps(e["knobs"], sort_keys=True) if e["knobs"] is not None else ""]
+                    json.dumps(e["knobs"], sort_keys=True) if e["knobs"] is not None else "",
+                    repr(e["roofline_frac"]) if e.get("roofline_frac") is not None else ""]
                    + [repr(e["timers"][t][k]) if t in e["timers"] else ""
                       for t in timers for k in ("median_s", "baseline_median_s", "speedup")])
 
@@ -211,14 +219,15 @@ def render_rich(report: dict[str, Any], tree: Optional[LineageNode], out: Any) -
             continue
         timers = _timer_names(s["elites"])
         table = Table(show_edge=False, pad_edge=False)
-        for col in ["#", "id", "template", "knobs", "regs", "spills", "n", "speedup"]:
-            table.add_column(col, justify="right" if col in ("#", "regs", "spills", "n", "speedup") else "left")
+        for col in ["#", "id", "template", "knobs", "regs", "spills", "n", "speedup", "roof"]:
+            table.add_column(col, justify="right" if col in ("#", "regs", "spills", "n", "speedup", "roof") else "left")
         for t in timers:
             table.add_column(f"{t} us", justify="right")
             table.add_column(f"{t} x", justify="right")
         for e in s["elites"]:
             cells = [str(e["rank"]), e["id"][:12], e["template"] or "-", _knobs_text(e["knobs"]),
-                     str(e["registers"]), str(e["spills"]), str(e["measurements"]), _fmt(e["fitness"], ".3f")]
+                     str(e["registers"]), str(e["spills"]), str(e["measurements"]), _fmt(e["fitness"], ".3f"),
+                     _fmt(e.get("roofline_frac"), ".2f")]
             for t in timers:
                 tr = e["timers"].get(t)
                 cells += [_fmt(tr and tr["median_s"] * 1e6, ".2f"), _fmt(tr and tr["speedup"], ".3f")]

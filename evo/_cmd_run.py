@@ -210,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
     from populations import load_templates
     from populations import Archive, ArchiveError
 
+    from ._calibration import ensure_calibration
     from ._engine import Engine, pool_gpus
     from ._progress import EVENTS_FILE, EventLog, Progress
 
@@ -226,6 +227,9 @@ def run(args: argparse.Namespace) -> int:
     pool = engine = updater = None
     events = EventLog(Path(cfg.archive) / EVENTS_FILE)
     previous = {}
+    # the device's ceilings, measured once per GPU (cached) before the pool's workers use it
+    calibration = ensure_calibration(cfg.archive, measure=cfg.pool.kind == "local" and not cfg.pool.ray,
+                                     log=lambda msg: print(msg, file=sys.stderr, flush=True))
     try:
         try:
             pool = make_pool(cfg.pool)
@@ -236,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"evo run: error: cannot start the evaluator pool: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
         progress = Progress(cfg.shapes, pool_gpus(pool, cfg), cfg.progress, cfg.progress_interval_s)
-        engine = Engine(cfg, archive, pool, operators, templates, events=events, progress=progress)
+        engine = Engine(cfg, archive, pool, operators, templates, events=events, progress=progress,
+                        calibration=calibration)
         if cfg.rl.every:
             updater = _rl_updater(cfg, operators, templates, events, progress)
             engine.hooks.append(updater)

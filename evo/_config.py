@@ -16,6 +16,8 @@ from typing import Any, Mapping, Optional, Union
 
 from populations import Shape, ShapeError
 
+from ._budget import AllocationConfig
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -163,6 +165,7 @@ class RunConfig:
     pool: PoolConfig = field(default_factory=PoolConfig)
     transfer: TransferConfig = field(default_factory=TransferConfig)
     rl: RLConfig = field(default_factory=RLConfig)
+    allocation: AllocationConfig = field(default_factory=AllocationConfig)
 
     def validate(self) -> "RunConfig":
         """Check cross-field rules; returns self so calls chain."""
@@ -204,13 +207,17 @@ class RunConfig:
         r = self.rl
         if r.every < 0 or r.steps < 1 or r.group_size < 2 or r.window < 1 or not r.lr > 0 or not r.wait_s >= 0:
             raise ConfigError("rl: every >= 0, steps >= 1, group_size >= 2, window >= 1, lr > 0, wait_s >= 0")
+        a = self.allocation
+        if not 0 < a.saturated <= 10 or a.stall_window < 0 or not 0 <= a.stall_threshold < 10:
+            raise ConfigError("allocation: saturated in (0, 10], stall_window >= 0, stall_threshold in [0, 10)")
         if self.transfer.neighbors < 0 or self.transfer.per_neighbor < 0:
             raise ConfigError("transfer: neighbors and per_neighbor must be >= 0")
         return self
 
 
 # -- the TOML file --------------------------------------------------------------------------
-_SECTIONS = {"selection": SelectionConfig, "pool": PoolConfig, "transfer": TransferConfig, "rl": RLConfig}
+_SECTIONS = {"selection": SelectionConfig, "pool": PoolConfig, "transfer": TransferConfig, "rl": RLConfig,
+             "allocation": AllocationConfig}
 _TOP = {"shapes", "archive", "budget", "gpu_seconds", "max_evals", "max_tokens", "operators", "seed",
         "converge_window", "converge_threshold", "batch", "seeds_per_template", "specialize", "progress",
         "progress_interval", *_SECTIONS}

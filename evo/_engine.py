@@ -5,14 +5,18 @@ processes while its GPU workers time other candidates). The engine keeps up to
 ``max_inflight`` candidates submitted (by default 2 x GPUs + compile workers, so the GPUs never
 wait on a compile) and proposes a new one each time a result arrives:
 
-1. pick the active shape with the fewest evaluations (finished + in flight),
+1. pick an active shape by headroom (``_budget.shape_weights`` / ``pick_shape``: weighted fair
+   sharing of the evaluations, finished + in flight, by each shape's distance from its roofline;
+   a shape at >= 0.9 of it, or stalled, yields its slots; with ``[allocation] enabled = false``
+   the shape with the fewest evaluations),
 2. take its next queued candidate (transferred elites of nearby shapes, then the templates'
    heuristic picks and spread-out samples of ``evo seed``, or candidates that a killed run or
    ``evo seed`` left unevaluated), or else draw parents from its population and ask
    an operator (chosen by weight) to propose,
 3. skip candidates whose id was already evaluated at the shape or is in flight (de-duplication
    by content hash against the archive), add the candidate to the archive, submit it,
-4. when futures finish: archive every evaluation, update population, budget, convergence and
+4. when futures finish: record each evaluation's roofline fraction (``roofline_frac``, with
+   the archive's calibration), archive it, update population, budget, convergence and
    progress, ``tell`` the operator, and commit (fsync) the archive, so a SIGKILL loses at
    most the candidates in flight.
 
@@ -37,14 +41,15 @@ import threading
 import time
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Protocol
 
-from populations import Archive, Candidate, Evaluation, Shape, Status, Template
+from populations import Archive, Calibration, Candidate, Evaluation, Shape, Status, Template, attainable_frac, roofline_frac
 from populations._archive import DISQUALIFYING
 from operators import OperatorContext, ParentView
 
-from ._budget import Budget, Convergence, gpu_seconds
+from ._budget import Budget, Convergence, gpu_seconds, pick_shape, shape_weights
+from ._calibration import load_calibration
 from ._cmd_seed import seed_population
 from ._config import RunConfig
 from ._progress import EventLog, Progress
@@ -128,7 +133,7 @@ class Engine:
     def __init__(self, config: RunConfig, archive: Archive, pool: EvaluatorPool,
                  operators: Mapping[str, Any], templates: Mapping[str, Template], *,
                  events: EventLog, progress: Optional[Progress] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, calibration: Optional[Calibration] = None) -> None:
         self.config = config
         self.archive = archive
         self.pool = pool
@@ -149,6 +154,13 @@ class Engine:
         self.pops = {s: Population(sel.elites, sel.cells, sel.register_bucket, families, sel.population)
                      for s in config.shapes}
         self.conv = {s: Convergence(config.converge_window, config.converge_threshold) for s in config.shapes}
+        alloc = config.allocation
+        #: the device's ceilings (calibration.json beside the archive, else the H200 defaults)
+        self.calibration = calibration or load_calibration(getattr(archive, "path", None))
+        #: per shape: no improvement over the last ``stall_window`` evaluations (it then yields its slots)
+        self.stall = {s: Convergence(alloc.stall_window or None, alloc.stall_threshold) for s in config.shapes}
+        self.best_time: dict[Shape, Optional[float]] = {s: None for s in config.shapes}  # fastest ok device median
+        self.yielded: set[Shape] = set()  # shapes whose allocation weight is 0 (announced once each)
         self.queue: dict[Shape, deque[tuple[Candidate, str]]] = {s: deque() for s in config.shapes}
         self.known: dict[Shape, set[str]] = {s: set() for s in config.shapes}
         self.inflight: dict[Future, _Job] = {}
@@ -347,13 +359,51 @@ class Engine:
             shapes = [s for s in self._active() if misses[s] < self.MAX_MISSES]
             if not shapes:
                 return
-            shape = min(shapes, key=lambda s: (self._load(s), self.config.shapes.index(s)))
+            shape = self._pick(shapes)
             got = self._next(shape)
             if got is None:
                 misses[shape] += 1
                 continue
             misses[shape] = 0
             self._submit(got[0], shape, got[1])
+
+    def attainable(self, shape: Shape) -> Optional[float]:
+        """The shape's best device time as a fraction of its floor-aware attainable time."""
+        return attainable_frac(shape, self.best_time.get(shape), self.calibration)
+
+    def stalled(self, shape: Shape) -> bool:
+        """No improvement over the stall window, or (a shape whose every result failed so far)
+        a quarter of it (at least 8) evaluations without one ok result."""
+        window = self.config.allocation.stall_window
+        if not window:
+            return False
+        if self.best_time[shape] is None:
+            return self.pops[shape].evaluated >= max(8, window // 4)
+        return self.stall[shape].converged
+
+    def weights(self, shapes: list[Shape]) -> dict[Shape, float]:
+        """Allocation weights of ``shapes`` (see evo/_budget.py)."""
+        if not self.config.allocation.enabled:
+            return {s: 1.0 for s in shapes}
+        return shape_weights({s: self.attainable(s) for s in shapes}, {s: self.stalled(s) for s in shapes},
+                             self.config.allocation.saturated)
+
+    def _pick(self, shapes: list[Shape]) -> Shape:
+        """The shape that gets the next proposal slot (weighted fair share by headroom)."""
+        order = [s for s in self.config.shapes if s in shapes]
+        loads = {s: self._load(s) for s in order}
+        if not self.config.allocation.enabled:
+            return min(order, key=lambda s: (loads[s], order.index(s)))
+        weights = self.weights(order)
+        for s in order:
+            if weights[s] == 0 and s not in self.yielded:
+                self.yielded.add(s)
+                frac = self.attainable(s)
+                why = "stalled" if self.stalled(s) else "saturated"
+                self.events.emit("yield", s, why=why, attainable_frac=frac, evaluations=self.pops[s].evaluated)
+                self.progress.message(f"evo: {s} yields its slots ({why}; "
+                                      f"{'-' if frac is None else f'{frac:.2f}'} of its attainable time)")
+        return pick_shape(order, loads, weights)
 
     def _next(self, shape: Shape) -> Optional[tuple[Candidate, str]]:
         """The next candidate for ``shape``: queued ones first, then an operator's proposals."""
@@ -499,6 +549,7 @@ class Engine:
                 message = "evaluator pool returned no evaluation for this shape"
             if not any(e.shape == job.shape for e in evals):
                 evals.append(Evaluation(job.candidate.id, job.shape, Status.RUNTIME_ERROR, message=message))
+            evals = [self._with_roofline(ev) for ev in evals]
             self.budget.charge(evals)
             for ev in evals:
                 self.errors_in_a_row = self.errors_in_a_row + 1 if ev.status is Status.RUNTIME_ERROR else 0
@@ -515,6 +566,15 @@ class Engine:
                 self.hooks.remove(hook)
                 self.events.emit("hook_failed", None, hook=repr(hook), error=f"{type(exc).__name__}: {exc}")
 
+    def _with_roofline(self, ev: Evaluation) -> Evaluation:
+        """``ev`` with its roofline fraction recorded (device-timer median against
+        ``populations.roofline_time`` under this archive's calibration), where it has a timer."""
+        t = ev.timers.get("device")
+        if ev.roofline_frac is not None or t is None:
+            return ev
+        frac = roofline_frac(ev.shape, t.median, self.calibration)
+        return ev if frac is None else replace(ev, roofline_frac=frac)
+
     def _record(self, job: _Job, ev: Evaluation) -> None:
         shape = ev.shape
         before = self.pops[shape].best
@@ -525,6 +585,7 @@ class Engine:
         stats.statuses[ev.status.value] += 1
         self.events.emit("evaluation", shape, candidate=ev.candidate_id, status=ev.status.value,
                          fitness=ev.fitness, operator=job.operator, gpu_s=round(gpu_seconds(ev), 6),
+                         roofline_frac=None if ev.roofline_frac is None else round(ev.roofline_frac, 4),
                          latency_s=round(self.clock() - job.submitted, 6))
         self.chooser.reward(job.operator, improved)
         if improved:
@@ -546,6 +607,11 @@ class Engine:
         before = pop.best
         pop.add(cand, ev)
         self.conv[shape].observe(ev.fitness)
+        self.stall[shape].observe(ev.fitness)
+        t = ev.timers.get("device")
+        if ev.fitness is not None and t is not None and t.median > 0:
+            best = self.best_time[shape]
+            self.best_time[shape] = t.median if best is None else min(best, t.median)
         after = pop.best
         return after is not None and (before is None or after.fitness > before.fitness)
 

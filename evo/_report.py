@@ -26,6 +26,7 @@ from typing import Any, Optional, Union
 
 from populations import Archive, LineageNode, Shape, Status
 
+from ._calibration import evaluation_roofline, load_calibration
 from ._export import staged_dir
 
 __all__ = ["ReportError", "build_report", "collect", "TIMERS"]
@@ -46,6 +47,7 @@ class ReportError(Exception):
 def collect(archive: Archive) -> list[dict[str, Any]]:
     """One row per shape: its best elite (or None), per-timer speedups and status counts."""
     rows = []
+    cal = load_calibration(archive.path)
     for shape in archive.shapes():
         elites = archive.elites(shape, top=1)
         best = elites[0] if elites else None
@@ -57,6 +59,7 @@ def collect(archive: Archive) -> list[dict[str, Any]]:
             "template": cand.template if cand else None, "knobs": dict(cand.knobs) if cand and cand.knobs else None,
             "operator": cand.operator if cand else None,
             "counts": archive.status_counts(shape), "candidates": len(archive.candidate_ids(shape)),
+            "roofline_frac": evaluation_roofline(best.latest, cal) if best else None,  # issue 26
         })
     return rows
 
@@ -87,6 +90,12 @@ def _speed(x: Optional[float]) -> str:
     return f'<span class="{cls}">{x:.3f}&times;</span>'
 
 
+def _frac(x: Optional[float]) -> str:
+    if x is None or not math.isfinite(x):
+        return '<span class="none">&ndash;</span>'
+    return f"{x:.2f}"
+
+
 def _summary(rows: list[dict[str, Any]], timers: list[str]) -> str:
     decades = sorted({_decade(r["flops"]) for r in rows}, key=lambda d: int(d[2:]))
     head = ["timer", "shapes", "geomean", "median", "min", "wins (&ge;1)"] + [f"geomean {d}" for d in decades]
@@ -111,7 +120,9 @@ def _summary(rows: list[dict[str, Any]], timers: list[str]) -> str:
 
 def _shapes_table(rows: list[dict[str, Any]], timers: list[str]) -> str:
     statuses = [s for s in Status]
-    head = (['<th class="l">shape</th>', "<th>GFLOP</th>", "<th>fitness</th>"] + [f"<th>{_e(t)}</th>" for t in timers]
+    head = (['<th class="l">shape</th>', "<th>GFLOP</th>", "<th>fitness</th>",
+             '<th title="roofline time / device time (docs/inspect-json.md)">roofline</th>']
+            + [f"<th>{_e(t)}</th>" for t in timers]
             + ['<th class="l">template</th>', '<th class="l">operator</th>', '<th class="l">knobs</th>', "<th>cands</th>"]
             + [f'<th title="{_e(s.value)}">{STATUS_ABBR.get(s.value, _e(s.value))}</th>' for s in statuses])
     out = ['<div class="wide"><table><tr>' + "".join(head) + "</tr>"]
@@ -119,7 +130,8 @@ def _shapes_table(rows: list[dict[str, Any]], timers: list[str]) -> str:
         knobs = " ".join(f"{k}={v}" for k, v in (r["knobs"] or {}).items())
         tpl = r["template"] or ("free-form" if r["best"] else "")
         cells = ([f'<td class="l"><a id="{_e(r["shape"].key)}"></a>{_e(r["shape"])}</td>', f"<td>{r['flops'] / 1e9:.3g}</td>",
-                  f"<td>{_speed(r['fitness'])}</td>"] + [f"<td>{_speed(r['timers'].get(t))}</td>" for t in timers]
+                  f"<td>{_speed(r['fitness'])}</td>", f"<td>{_frac(r.get('roofline_frac'))}</td>"]
+                 + [f"<td>{_speed(r['timers'].get(t))}</td>" for t in timers]
                  + [f'<td class="l">{_e(tpl)}</td>', f'<td class="l">{_e(r["operator"] or "")}</td>',
                     f'<td class="knobs">{_e(knobs)}</td>', f"<td>{r['candidates']}</td>"]
                  + [f"<td>{r['counts'][s] or ''}</td>" for s in statuses])

@@ -10,6 +10,8 @@ from ._shape import Shape, ShapeError
 from ._knobs import Constraint, Knob, KnobSpace, TemplateError
 from ._template import Template, load_template, load_templates
 from ._archive import Archive, ArchiveError, ArchiveLockedError, Elite, LineageNode
+from ._roofline import (CALIBRATION_FILE, H200_DEFAULTS, Calibration, attainable_frac, attainable_time,
+                        read_calibration, roofline_frac, roofline_time, write_calibration)
 
 __all__ = [
     "SCHEMA_VERSION", "CodecError", "decode", "encode", "from_plain", "to_plain",
@@ -19,4 +21,6 @@ __all__ = [
     "Shape", "ShapeError",
     "Constraint", "Knob", "KnobSpace", "TemplateError", "Template", "load_template", "load_templates",
     "Archive", "ArchiveError", "ArchiveLockedError", "Elite", "LineageNode",
+    "CALIBRATION_FILE", "H200_DEFAULTS", "Calibration", "attainable_frac", "attainable_time",
+    "read_calibration", "roofline_frac", "roofline_time", "write_calibration",
 ]

@@ -39,7 +39,7 @@ def to_plain(record: Record) -> dict[str, Any]:
             "generation": record.generation, "created": record.created, "meta": dict(record.meta),
         }
     if isinstance(record, Evaluation):
-        return {
+        plain = {
             "v": SCHEMA_VERSION, "kind": "evaluation", "candidate_id": record.candidate_id,
             "shape": str(record.shape), "status": record.status.value, "message": record.message,
             "timers": {name: _timer_plain(t) for name, t in sorted(record.timers.items())},
@@ -48,6 +48,9 @@ def to_plain(record: Record) -> dict[str, Any]:
             "correctness_s": record.correctness_s, "timing_s": record.timing_s,
             "arch": record.arch, "provenance": dict(record.provenance), "created": record.created,
         }
+        if record.roofline_frac is not None:  # only when recorded: older records encode to the same bytes
+            plain["roofline_frac"] = record.roofline_frac
+        return plain
     raise TypeError(f"cannot encode {type(record).__name__}")
 
 
@@ -96,6 +99,7 @@ def from_plain(d: Any) -> Record:
                 compile_s=float(d.get("compile_s", 0.0)), correctness_s=float(d.get("correctness_s", 0.0)),
                 timing_s=float(d.get("timing_s", 0.0)), arch=d.get("arch", ""),
                 provenance=d.get("provenance") or {}, created=float(d["created"]),
+                roofline_frac=None if d.get("roofline_frac") is None else float(d["roofline_frac"]),
             )
     except CodecError:
         raise

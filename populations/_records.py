@@ -141,6 +141,9 @@ class Evaluation:
     arch: str = ""
     provenance: Mapping[str, Any] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
+    #: roofline time (populations._roofline.roofline_time) / device-timer median, recorded by the
+    #: engine with the archive's calibration; None when not measured (or an archive from before)
+    roofline_frac: Optional[float] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", Status(self.status))

@@ -134,7 +134,8 @@ evaluations = st.builds(
     timers=st.dictionaries(st.sampled_from(["device", "offline", "graph", "cold"]), timers, max_size=3),
     kernels=st.lists(kernel_stats, max_size=3).map(tuple), flags=st.lists(texts, max_size=3).map(tuple),
     max_error=st.none() | finite, compile_s=finite, correctness_s=finite, timing_s=finite, arch=texts,
-    provenance=st.dictionaries(texts, plain_values, max_size=4), created=finite)
+    provenance=st.dictionaries(texts, plain_values, max_size=4), created=finite,
+    roofline_frac=st.none() | finite)
 records = st.one_of(candidates(), evaluations)
 
 
@@ -219,3 +220,19 @@ def test_versions_and_kinds() -> None:
         decode(b"\xc1")
     with pytest.raises(CodecError):
         decode(msgpack.packb([1, 2, 3]))
+
+
+def test_roofline_frac_is_optional_and_old_records_still_decode() -> None:
+    """Issue 26 added ``roofline_frac``: a record written before it (no such key) decodes with
+    None and encodes back to the very same bytes; a recorded one survives; junk is a CodecError."""
+    old = {"v": 1, "kind": "evaluation", "candidate_id": "ab" * 10, "shape": "1x4096x4096:TN:f32", "status": "ok",
+           "message": "", "timers": {}, "kernels": [], "flags": [], "max_error": None, "compile_s": 0.0,
+           "correctness_s": 0.0, "timing_s": 0.0, "arch": "sm_90a", "provenance": {}, "created": 1.0}
+    data = msgpack.packb(old, use_bin_type=True)
+    ev = decode(data)
+    assert isinstance(ev, Evaluation) and ev.roofline_frac is None
+    assert encode(ev) == data
+    new = decode(encode(Evaluation(ev.candidate_id, ev.shape, Status.OK, roofline_frac=0.61, created=1.0)))
+    assert new.roofline_frac == 0.61
+    with pytest.raises(CodecError):
+        from_plain({**old, "roofline_frac": "fast"})

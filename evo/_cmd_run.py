@@ -148,6 +148,9 @@ def add_llm_flags(p: argparse.ArgumentParser) -> None:
                         "server or vLLM is declared to run); on one of the pool's GPUs generation waits for the timed "
                         "regions (a per-GPU lease), elsewhere no lease is needed (default: the model's device)")
     p.add_argument("--llm-threads", type=int, metavar="N", help="torch CPU threads for in-process models (default: torch's)")
+    p.add_argument("--llm-adapter", metavar="DIR",
+                   help="start the in-process LLM models on this evo rl adapter (a version folder with evo-adapter.json); "
+                        "its version is recorded on every candidate they write")
 
 
 def llm_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -161,6 +164,12 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         out["device"] = args.llm_device
     if getattr(args, "llm_threads", None) is not None:
         out["threads"] = args.llm_threads
+    if getattr(args, "llm_adapter", None):
+        from .rl._adapters import read_manifest
+        try:
+            read_manifest(args.llm_adapter)
+        except ValueError as exc:
+            raise ConfigError(f"--llm-adapter: {exc}") from None
     if out.get("models") or out.get("model_config"):
         from operators.llm import resolve_model
         try:
@@ -226,6 +235,16 @@ def _place_llm(args: argparse.Namespace, cfg: RunConfig, pool: Any, operators: d
     return lease
 
 
+def _load_adapter(folder: str, operators: dict[str, Any], events: Any, progress: Any) -> None:
+    """``--llm-adapter``: switch the LLM operators' local models to the adapter (event ``adapter``)."""
+    from .rl._adapters import read_manifest, switch_adapter
+
+    name = read_manifest(folder)["name"]
+    switched = switch_adapter(operators, folder, name)
+    events.emit("adapter", None, name=name, folder=str(folder), models=switched, source="--llm-adapter")
+    progress.message(f"evo: LLM adapter {name} loaded for {', '.join(switched) or 'no local model'}")
+
+
 def run(args: argparse.Namespace) -> int:
     from populations import load_templates
     from populations import Archive, ArchiveError
@@ -266,6 +285,8 @@ def run(args: argparse.Namespace) -> int:
             updater = _rl_updater(cfg, operators, templates, events, progress)
             engine.hooks.append(updater)
         lease = _place_llm(args, cfg, pool, operators, events, progress)
+        if getattr(args, "llm_adapter", None):
+            _load_adapter(args.llm_adapter, operators, events, progress)
 
         def on_signal(signum: int, frame: Any) -> None:
             engine.interrupt()

@@ -56,15 +56,21 @@ class RewardConfig:
                 "ceiling": self.ceiling, "unmapped": self.unmapped, "kind": self.kind}
 
 
-def reward_of(evaluations: Iterable[Evaluation], config: RewardConfig = RewardConfig()) -> Optional[float]:
-    """The reward of one candidate's evaluations at one shape (None when there are none)."""
-    evals = list(evaluations)
-    if not evals:
-        return None
+def _disqualified(evals: list[Evaluation], config: RewardConfig, incorrect: float) -> Optional[float]:
+    """The reward that any evaluation decides alone: flagged (the lowest), else incorrect; None otherwise."""
     if any(e.flags or e.status is Status.FLAGGED for e in evals):
         return config.flagged
     if any(e.status is Status.INCORRECT for e in evals):
-        return config.failure.get("incorrect", -1.0)
+        return incorrect
+    return None
+
+
+def reward_of(evaluations: Iterable[Evaluation], config: RewardConfig = RewardConfig()) -> Optional[float]:
+    """The reward of one candidate's evaluations at one shape (None when there are none)."""
+    evals = list(evaluations)
+    early = _disqualified(evals, config, config.failure.get("incorrect", -1.0))
+    if early is not None or not evals:
+        return early
     fits = [e.fitness for e in evals if e.fitness is not None and e.fitness > 0 and math.isfinite(e.fitness)]
     if fits:
         return min(max(math.log(statistics.median(fits)), config.floor), config.ceiling)
@@ -85,12 +91,9 @@ def improvement_of(evaluations: Iterable[Evaluation], parent: Iterable[Evaluatio
     slower child or a parent without a valid time; ``flagged`` for a flagged child; None when
     the child has no evaluation."""
     evals = list(evaluations)
-    if not evals:
-        return None
-    if any(e.flags or e.status is Status.FLAGGED for e in evals):
-        return config.flagged
-    if any(e.status is Status.INCORRECT for e in evals):
-        return 0.0
+    early = _disqualified(evals, config, 0.0)
+    if early is not None or not evals:
+        return early
     child, base = _device_median(evals), _device_median(parent)
     if child is None or base is None:
         return 0.0

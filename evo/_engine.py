@@ -599,8 +599,9 @@ class Engine:
                          roofline_frac=None if ev.roofline_frac is None else round(ev.roofline_frac, 4),
                          latency_s=round(self.clock() - job.submitted, 6))
         self.chooser.reward(job.operator, improved)
-        if isinstance(self.chooser, OperatorBandit) and job.candidate.parents:
-            fits = [self.fitness_of[shape].get(p) for p in job.candidate.parents]
+        if isinstance(self.chooser, OperatorBandit) and job.operator in self.operators:
+            # a parentless proposal (Optuna's samples) is measured against the shape's incumbent
+            fits = [self.fitness_of[shape].get(p) for p in job.candidate.parents] or [before and before.fitness]
             parent = max((f for f in fits if f is not None), default=None)
             self.chooser.observe(job.operator, child_gain(ev.fitness if not ev.flags else None, parent),
                                  gpu_seconds(ev), job.candidate.adapter or "" if job.candidate.model else None)

@@ -6,7 +6,8 @@ starts from the prior instead of inheriting the base model's record. An arm's *c
 seconds it caused: its children's evaluations (correctness + timing, failures included) plus,
 for LLM operators, the model's own GPU seconds (inference on a GPU; nothing for a model on the
 CPU). Its *gain* is the sum over its children of ``max(0, log(child speedup / parent speedup))``
-at the shape: the improvement over the parent in GPU time, zero for an invalid or slower child.
+at the shape: the improvement over the parent in GPU time, zero for an invalid or slower child
+(a proposal without parents, e.g. an Optuna sample, is compared with the shape's best before it).
 
 Allocation is Thompson sampling on a Gamma-Poisson model of gain per GPU-second: gain counted in
 units of ``unit`` (1% of log speedup), an arm's posterior is Gamma(``prior_gain`` + gain/unit,

@@ -250,3 +250,42 @@ def test_in_process_generation_runs_one_slice_per_forward_pass() -> None:
     assert gate.slices >= c.completion_tokens  # the prompt's chunks and every decoded token
     assert c.gpu_s == 0.0  # on the CPU: no GPU seconds
     assert getattr(backend, "_gate", None) is None  # the gate belongs to that completion only
+
+
+@pytest.mark.gpu
+def test_gpu_generation_load_stays_out_of_the_timed_regions(tmp_path: Path, monkeypatch) -> None:
+    """On the device: matmul 'generation' slices on GPU 0 under its lease while the pool times the
+    built-in kernel there; every result records its lease wait (at most ~one slice) and none is
+    flagged."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    from evaluators import LocalPool
+    from evaluators._builtin_kernels import naive_candidate
+    from populations import Shape, Status
+
+    monkeypatch.setenv("EVO_GPU_LEASE_DIR", str(tmp_path / "lease"))
+    lease = GpuLease(gpu_key(0), tmp_path / "lease")
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    stop = threading.Event()
+
+    def generate() -> None:
+        while not stop.is_set():
+            with lease.slice(sync=torch.cuda.synchronize):
+                for _ in range(4):  # ~1 ms of tensor-core work per slice
+                    a @ a
+
+    th = threading.Thread(target=generate)
+    th.start()
+    try:
+        with LocalPool(gpus=[0], compile_workers=2, log_dir=str(tmp_path / "logs")) as pool:
+            shapes = [Shape.parse(s) for s in ("256x384x512:TN", "64x128x64:TN", "1024x1024x1024:TN")]
+            evals = pool.evaluate([naive_candidate(tuple(shapes))])
+    finally:
+        stop.set()
+        th.join(10)
+    assert lease.summary()["slices"] > 0
+    for e in evals:
+        assert e.status is Status.OK and not e.flags, e.message
+        wait = e.provenance["gpu_lease"]
+        assert wait["enabled"] and not wait["timed_out"] and wait["waited_s"] < 0.5

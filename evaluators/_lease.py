@@ -168,13 +168,13 @@ class GpuLease:
         """One generation slice: wait until no timer wants or holds the GPU, hold the gate
         exclusively, run the body, ``sync`` the device (so none of the slice's kernels outlives
         it), release. Counts slices, held and waited seconds in :attr:`usage`. A set ``cancel``
-        ends the wait (the body then runs unleased: the caller stops generating right after)."""
+        ends the wait with :class:`InterruptedError`: the body never runs unleased."""
         want, gate = self._open("want"), self._open("gate")
         t0 = time.perf_counter()
         try:
             while True:
                 if cancel is not None and cancel.is_set():
-                    break
+                    raise InterruptedError("generation cancelled while waiting for the GPU lease")
                 if self._try(want, fcntl.LOCK_EX):
                     fcntl.flock(want, fcntl.LOCK_UN)  # nobody wants it now; the gate decides the race
                     if self._try(gate, fcntl.LOCK_EX):

@@ -135,14 +135,17 @@ def test_the_lease_holds_across_processes(tmp_path: Path) -> None:
     assert s["slices"] == 1 and s["waited_s"] >= 0.3
 
 
-def test_a_cancelled_generation_stops_waiting(lease: GpuLease, tmp_path: Path) -> None:
+def test_a_cancelled_generation_stops_waiting_and_never_runs_unleased(lease: GpuLease, tmp_path: Path) -> None:
     cancel = threading.Event()
+    ran = []
     with lease.timed():
         threading.Timer(0.1, cancel.set).start()
         t0 = time.perf_counter()
-        with GpuLease("test-gpu", tmp_path).slice(cancel=cancel):
-            pass
+        with pytest.raises(InterruptedError):
+            with GpuLease("test-gpu", tmp_path).slice(cancel=cancel):
+                ran.append(1)
         assert time.perf_counter() - t0 < 1.0
+    assert not ran
 
 
 def test_timing_hook_records_its_wait_and_can_be_switched_off(tmp_path: Path, monkeypatch) -> None:
@@ -289,3 +292,14 @@ def test_gpu_generation_load_stays_out_of_the_timed_regions(tmp_path: Path, monk
         assert e.status is Status.OK and not e.flags, e.message
         wait = e.provenance["gpu_lease"]
         assert wait["enabled"] and not wait["timed_out"] and wait["waited_s"] < 0.5
+
+
+def test_a_server_request_waiting_for_the_lease_ends_when_the_run_stops(tmp_path: Path) -> None:
+    from operators.llm import LLMOperator
+    from operators.llm._operator import _Accounted
+
+    op = LLMOperator(gate=GpuLease("test-gpu", tmp_path))
+    with GpuLease("test-gpu", tmp_path).timed():
+        threading.Timer(0.1, op.cancel).start()
+        c = _Accounted(op, op.model, ServerDouble()).complete([], temperature=0.5)
+    assert c.error == "cancelled" and c.text == "" and c.gpu_s == 0.0

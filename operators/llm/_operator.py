@@ -302,8 +302,12 @@ class _Accounted:
             c = self.backend.complete(*args, **kwargs)
         else:  # a server or vLLM: the whole request is one slice; its seconds are GPU seconds on a GPU
             gate = self.op.gate
-            with (gate.slice(cancel=self.op._cancel) if gate is not None else contextlib.nullcontext()):
-                c = self.backend.complete(*args, **kwargs)
+            try:
+                with (gate.slice(cancel=self.op._cancel) if gate is not None else contextlib.nullcontext()):
+                    c = self.backend.complete(*args, **kwargs)
+            except InterruptedError:  # cancelled while waiting for the GPU lease
+                return Completion("", 0, 0, 0.0, self.arm, kwargs.get("temperature", 0.0), finished=False,
+                                  error="cancelled")
             if self.op.gpu_device and not c.gpu_s:
                 c = dataclasses.replace(c, gpu_s=c.seconds)
         self.op._spent(self.arm, c)

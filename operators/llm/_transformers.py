@@ -165,14 +165,17 @@ class TransformersBackend:
         gate = getattr(self, "_gate", None)  # given only when the model shares a timing GPU
         sync = (lambda: self.torch.cuda.synchronize(self.device)) if on_gpu else None
         t0 = time.perf_counter()
-        with (gate.slice(sync=sync, cancel=cancel) if gate is not None else contextlib.nullcontext()):
-            with self.torch.inference_mode(), warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renames past_key_values
-                out = self.model(input_ids=self.torch.tensor([list(ids)], device=self.device), past_key_values=past,
-                                 use_cache=True, logits_to_keep=1)  # no vocabulary projection of the prompt
-                logits = out.logits[0, -1].double().cpu()  # waits for the pass: its kernels end in the slice
-            if sync is not None and gate is None:
-                sync()
+        try:
+            with (gate.slice(sync=sync, cancel=cancel) if gate is not None else contextlib.nullcontext()):
+                with self.torch.inference_mode(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renames past_key_values
+                    out = self.model(input_ids=self.torch.tensor([list(ids)], device=self.device), past_key_values=past,
+                                     use_cache=True, logits_to_keep=1)  # no vocabulary projection of the prompt
+                    logits = out.logits[0, -1].double().cpu()  # waits for the pass: its kernels end in the slice
+                if sync is not None and gate is None:
+                    sync()
+        except InterruptedError:  # cancelled while waiting for the lease
+            raise _Cancelled() from None
         if on_gpu:
             self.gpu_s = getattr(self, "gpu_s", 0.0) + time.perf_counter() - t0
         return out.past_key_values, logits

@@ -42,6 +42,7 @@ from ._correctness import (Cascade, CheckFailed, Guarded, Operands, large_ragged
                            verify_sets, workspace_fill)
 from ._loader import get_loader, is_poisoning, nvrtc_cubin
 from ._provenance import sm_clock_mhz, static_provenance
+from ._lease import timing_lease
 from ._timers import Arm, device_timer, host_timer, rotation_sets
 from ._tmap import ParamPack, TensorMapError, TmapCache
 from ._vmm import TorchAllocator, make_allocator
@@ -379,7 +380,8 @@ class GpuHandler:
             stage = "timing"
             t1 = time.perf_counter()
             call, ws, n_launches = kernels.bind(shape)
-            self._time(call, ws, kernels.plan.zero_workspace, shape, job, rng, gen, res)
+            with timing_lease(res):  # no LLM generation on this GPU while it times (issue 25)
+                self._time(call, ws, kernels.plan.zero_workspace, shape, job, rng, gen, res)
             res["timing_s"] = time.perf_counter() - t1
         except CheckFailed as exc:  # outputs wrong after timing
             res["status"], res["message"] = "flagged", str(exc)

@@ -46,6 +46,7 @@ class Budget:
     used_gpu_s: float = 0.0
     used_evals: int = 0
     used_tokens: int = 0
+    used_llm_gpu_s: float = 0.0  # of used_gpu_s: the LLM's own inference on a GPU
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -58,6 +59,11 @@ class Budget:
         """Count finished evaluations (every status counts: a failure spent the GPU too)."""
         self.used_evals += len(evaluations)
         self.used_gpu_s += sum(gpu_seconds(e) for e in evaluations)
+
+    def charge_gpu(self, seconds: float) -> None:
+        """GPU seconds spent outside evaluations: an LLM's inference on a GPU (issue 25)."""
+        self.used_gpu_s += max(0.0, float(seconds))
+        self.used_llm_gpu_s += max(0.0, float(seconds))
 
     def charge_tokens(self, tokens: int) -> None:
         self.used_tokens += max(0, int(tokens))
@@ -82,7 +88,7 @@ class Budget:
 
     def summary(self) -> dict[str, float]:
         return {"wall_s": round(self.elapsed, 3), "gpu_s": round(self.used_gpu_s, 3),
-                "evals": self.used_evals, "tokens": self.used_tokens}
+                "evals": self.used_evals, "tokens": self.used_tokens, "llm_gpu_s": round(self.used_llm_gpu_s, 3)}
 
 
 class Convergence:

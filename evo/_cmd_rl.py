@@ -10,6 +10,11 @@ runs GRPO with LoRA on the dataset's knob-edit groups; rewards of sampled comple
 the dataset's own rows and the given archives (completions that map to no measured candidate
 get a penalty), the group's archived completions and its parent's best archived children are
 replayed beside the samples, and writes a peft adapter with its evo-adapter.json manifest. Exit 2 on bad input.
+
+``evo rl split --layers llm_layers.csv --out SPLIT.json [--test-model M...] [--seed S]
+[--grid-size N...]`` splits the shapes by model (evo.rl._split): no test shape's model, and no
+test shape, is on the training side; the grid (sizes cubed) joins training. ``--reward
+improvement`` (export, train) scores a child by its gain over the parent in GPU time.
 """
 from __future__ import annotations
 
@@ -32,6 +37,9 @@ def add_parser(subparsers: Any) -> None:
     e.add_argument("--out", required=True, metavar="DATASET.jsonl", help="output file (JSON lines)")
     e.add_argument("--since", type=float, default=0.0, metavar="T", help="only candidates created at or after T (unix time)")
     e.add_argument("--last", type=int, metavar="N", help="only the newest N rows")
+    e.add_argument("--reward", choices=("speedup", "improvement"), default="speedup",
+                   help="speedup: log speedup over cuBLAS (default); improvement: log gain over the parent in GPU "
+                        "time, 0 for an invalid or slower child")
     t = sub.add_parser("train", help="GRPO + LoRA on a dataset; writes a versioned adapter")
     t.add_argument("--dataset", required=True, metavar="DATASET.jsonl")
     t.add_argument("--archive", action="append", default=[], metavar="DIR", help="more rewards (repeatable)")
@@ -44,7 +52,35 @@ def add_parser(subparsers: Any) -> None:
     t.add_argument("--lr", type=float, default=2e-3)
     t.add_argument("--beta", type=float, default=0.02, help="KL weight against the base model")
     t.add_argument("--init-adapter", metavar="DIR", help="continue training this adapter")
+    t.add_argument("--reward", choices=("speedup", "improvement"), default="speedup",
+                   help="how --archive records and fresh samples are scored (the dataset's rows keep theirs)")
     t.add_argument("--version", type=int, help="version number (default: the init adapter's + 1, else 1)")
+    s = sub.add_parser("split", help="split llm_layers.csv's shapes into train and test by model (JSON)")
+    s.add_argument("--layers", required=True, metavar="CSV", help="M,N,K,model,layer rows (llm_layers.csv)")
+    s.add_argument("--out", required=True, metavar="SPLIT.json")
+    s.add_argument("--test-model", action="append", dest="test_models", metavar="MODEL",
+                   help="a test model (repeatable; default: a third of the models, drawn with --seed)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--grid-size", action="append", dest="grid", type=int, metavar="N",
+                   help="add the grid of these sizes (every M, N, K among them) to training (repeatable)")
+
+
+def _split(args: argparse.Namespace) -> int:
+    from populations import Shape
+
+    from .rl._split import read_layers, split_by_model
+
+    try:
+        rows = read_layers(args.layers)
+        grid = [Shape(m, n, k) for m in args.grid or () for n in args.grid for k in args.grid]
+        split = split_by_model(rows, test_models=args.test_models, seed=args.seed, grid=grid)
+        split.write(args.out)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"evo rl split: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"evo rl split: {len(split.train)} train shapes ({', '.join(split.train_models)}), {len(split.test)} test "
+          f"shapes ({', '.join(split.test_models)}), {len(split.withheld)} withheld -> {args.out}")
+    return 0
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -56,7 +92,8 @@ def _export(args: argparse.Namespace) -> int:
     try:
         for path in args.archives:
             archives.append(Archive(path, mode="r"))
-        rows = export_rows(archives, since=args.since, last=args.last)
+        from .rl import RewardConfig
+        rows = export_rows(archives, since=args.since, last=args.last, config=RewardConfig(kind=args.reward))
     except ArchiveError as exc:
         return fail("rl export", exc)
     finally:
@@ -86,7 +123,8 @@ def _train(args: argparse.Namespace) -> int:
             m = read_manifest(args.init_adapter)
             version, parent = int(m.get("version", 0)) + 1, m.get("name")
         version = args.version if args.version is not None else version
-        table = table_from_rows(rows)
+        from .rl import RewardConfig
+        table = table_from_rows(rows, RewardConfig(kind=args.reward))
         archives = [Archive(path, mode="r") for path in args.archive]
         for a in archives:
             table.add_archive(a)
@@ -119,4 +157,6 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.rl_command == "split":
+        return _split(args)
     return _export(args) if args.rl_command == "export" else _train(args)

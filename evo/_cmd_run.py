@@ -52,6 +52,9 @@ def add_parser(subparsers: Any) -> None:
     add_json(p, "the run's result (stop reason, evaluations, best per shape)")
     p.add_argument("--no-transfer", action="store_true", default=None,
                    help="do not seed new shapes from the elites of nearby archived shapes")
+    p.add_argument("--operator-bandit", action="store_true", default=None,
+                   help="choose operators by measured improvement per GPU-second (Thompson sampling; the LLM's "
+                        "inference GPU time counts; each adapter version is its own arm) instead of fixed weights")
     add_llm_flags(p)
     p.add_argument("--rl-every", type=int, metavar="N",
                    help="every N evaluations, train the LLM operators' model with GRPO + LoRA on the archive's "
@@ -96,6 +99,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         "converge_window": args.converge_window, "converge_threshold": args.converge_threshold,
         "progress": args.progress, "pool": pool or None,
         "transfer": {"enabled": False} if args.no_transfer else None,
+        "bandit": {"enabled": True} if getattr(args, "operator_bandit", None) else None,
         "rl": {"every": args.rl_every} if getattr(args, "rl_every", None) is not None else None,
     }
     return merge(file_values, flags)
@@ -155,9 +159,13 @@ def add_llm_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-config", action="append", dest="llm_config", metavar="TOML",
                    help="extra model tables (same format as operators/llm/models.toml)")
     p.add_argument("--llm-device", metavar="DEVICE",
-                   help="device for in-process transformers models, e.g. cpu (default: the model's; keep cpu on a "
-                        "GPU machine so timing has the GPU alone)")
+                   help="where the LLM runs: cpu, or cuda:N for in-process transformers models (and where a local "
+                        "server or vLLM is declared to run); on one of the pool's GPUs generation waits for the timed "
+                        "regions (a per-GPU lease), elsewhere no lease is needed (default: the model's device)")
     p.add_argument("--llm-threads", type=int, metavar="N", help="torch CPU threads for in-process models (default: torch's)")
+    p.add_argument("--llm-adapter", metavar="DIR",
+                   help="start the in-process LLM models on this evo rl adapter (a version folder with evo-adapter.json); "
+                        "its version is recorded on every candidate they write")
 
 
 def llm_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -171,6 +179,12 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         out["device"] = args.llm_device
     if getattr(args, "llm_threads", None) is not None:
         out["threads"] = args.llm_threads
+    if getattr(args, "llm_adapter", None):
+        from .rl._adapters import read_manifest
+        try:
+            read_manifest(args.llm_adapter)
+        except ValueError as exc:
+            raise ConfigError(f"--llm-adapter: {exc}") from None
     if out.get("models") or out.get("model_config"):
         from operators.llm import resolve_model
         try:
@@ -264,6 +278,31 @@ def _rl_updater(cfg: RunConfig, operators: dict[str, Any], templates: Any, event
                                                              seed=cfg.seed))
 
 
+def _place_llm(args: argparse.Namespace, cfg: RunConfig, pool: Any, operators: dict[str, Any], events: Any,
+               progress: Any) -> Any:
+    """Report where the LLM runs (event ``llm_placement``) and hand a co-located model the GPU
+    lease (evo/_llm_placement.py); returns the lease, or None."""
+    from ._llm_placement import llm_placement, place_llm
+
+    gpus = list(cfg.pool.gpus) or [int(g) for g in (getattr(pool, "gpus", None) or [0]) if isinstance(g, int)]
+    placement = llm_placement(operators, gpus, getattr(args, "llm_device", None))
+    lease = place_llm(operators, placement)
+    if placement.where != "none":
+        events.emit("llm_placement", None, **placement.to_dict())
+        progress.message(f"evo: {placement.describe()}")
+    return lease
+
+
+def _load_adapter(folder: str, operators: dict[str, Any], events: Any, progress: Any) -> None:
+    """``--llm-adapter``: switch the LLM operators' local models to the adapter (event ``adapter``)."""
+    from .rl._adapters import read_manifest, switch_adapter
+
+    name = read_manifest(folder)["name"]
+    switched = switch_adapter(operators, folder, name)
+    events.emit("adapter", None, name=name, folder=str(folder), models=switched, source="--llm-adapter")
+    progress.message(f"evo: LLM adapter {name} loaded for {', '.join(switched) or 'no local model'}")
+
+
 def run(args: argparse.Namespace) -> int:
     from populations import load_templates
     from populations import ArchiveError
@@ -306,6 +345,9 @@ def run(args: argparse.Namespace) -> int:
         if cfg.rl.every:
             updater = _rl_updater(cfg, operators, templates, events, progress)
             engine.hooks.append(updater)
+        lease = _place_llm(args, cfg, pool, operators, events, progress)
+        if getattr(args, "llm_adapter", None):
+            _load_adapter(args.llm_adapter, operators, events, progress)
 
         def on_signal(signum: int, frame: Any) -> None:
             engine.interrupt()
@@ -313,6 +355,8 @@ def run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, on_signal)
         result = engine.run()
+        if lease is not None:
+            events.emit("llm_lease", None, **lease.summary())
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

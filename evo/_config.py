@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional, Union
 from populations import Shape, ShapeError
 
 from ._budget import AllocationConfig
+from ._opbandit import BanditConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -166,6 +167,7 @@ class RunConfig:
     transfer: TransferConfig = field(default_factory=TransferConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     allocation: AllocationConfig = field(default_factory=AllocationConfig)
+    bandit: BanditConfig = field(default_factory=BanditConfig)
 
     def validate(self) -> "RunConfig":
         """Check cross-field rules; returns self so calls chain."""
@@ -217,7 +219,7 @@ class RunConfig:
 
 # -- the TOML file --------------------------------------------------------------------------
 _SECTIONS = {"selection": SelectionConfig, "pool": PoolConfig, "transfer": TransferConfig, "rl": RLConfig,
-             "allocation": AllocationConfig}
+             "allocation": AllocationConfig, "bandit": BanditConfig}
 _TOP = {"shapes", "archive", "budget", "gpu_seconds", "max_evals", "max_tokens", "operators", "seed",
         "converge_window", "converge_threshold", "batch", "seeds_per_template", "specialize", "progress",
         "progress_interval", *_SECTIONS}

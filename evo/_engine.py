@@ -49,6 +49,7 @@ from populations._archive import DISQUALIFYING
 from operators import OperatorContext, ParentView
 
 from ._budget import Budget, Convergence, gpu_seconds, pick_shape, shape_weights
+from ._opbandit import OperatorBandit, child_gain
 from ._calibration import load_calibration
 from ._cmd_seed import seed_population
 from ._config import RunConfig
@@ -148,7 +149,9 @@ class Engine:
         self.max_inflight = config.pool.inflight(pool_gpus(pool, config))
         self.rng = random.Random(config.seed)
         self.budget = Budget(config.budget_s, config.gpu_seconds, config.max_evals, config.max_tokens, clock=clock)
-        self.chooser = OperatorChooser(config.operators)
+        self.chooser = (OperatorBandit(config.operators, config.bandit) if config.bandit.enabled
+                        else OperatorChooser(config.operators))
+        self.fitness_of: dict[Shape, dict[str, Optional[float]]] = {s: {} for s in config.shapes}  # latest per id
         families = {name: t.family for name, t in self.templates.items()}
         sel = config.selection
         self.pops = {s: Population(sel.elites, sel.cells, sel.register_bucket, families, sel.population)
@@ -236,7 +239,8 @@ class Engine:
                              best=result.best, budget=result.budget, duplicates=self.duplicates,
                              proposal_failures={f"{op}: {why}": n for (op, why), n in self.failures.items()},
                              models={name: {m: dict(c) for m, c in op.outcomes.items()}
-                                     for name, op in self.operators.items() if isinstance(getattr(op, "outcomes", None), dict)})
+                                     for name, op in self.operators.items() if isinstance(getattr(op, "outcomes", None), dict)},
+                             bandit=self.chooser.summary() if isinstance(self.chooser, OperatorBandit) else None)
         return result
 
     def _why_stop(self) -> Optional[str]:
@@ -500,6 +504,13 @@ class Engine:
         if tokens > 0:
             self.token_spenders.add(name)
             self.budget.charge_tokens(tokens)
+        take_gpu = getattr(op, "take_gpu_seconds", None)
+        llm_gpu_s = float(take_gpu()) if callable(take_gpu) else 0.0
+        if llm_gpu_s > 0:  # the model ran on a GPU: GPU budget, and its operator's cost
+            self.budget.charge_gpu(llm_gpu_s)
+            if isinstance(self.chooser, OperatorBandit):
+                versions = [p.candidate.adapter or "" for p in proposals if p.candidate is not None]
+                self.chooser.charge(name, llm_gpu_s, versions[-1] if versions else None)
         out = []
         for p in proposals:
             cand = p.candidate
@@ -588,6 +599,12 @@ class Engine:
                          roofline_frac=None if ev.roofline_frac is None else round(ev.roofline_frac, 4),
                          latency_s=round(self.clock() - job.submitted, 6))
         self.chooser.reward(job.operator, improved)
+        if isinstance(self.chooser, OperatorBandit) and job.operator in self.operators:
+            # a parentless proposal (Optuna's samples) is measured against the shape's incumbent
+            fits = [self.fitness_of[shape].get(p) for p in job.candidate.parents] or [before and before.fitness]
+            parent = max((f for f in fits if f is not None), default=None)
+            self.chooser.observe(job.operator, child_gain(ev.fitness if not ev.flags else None, parent),
+                                 gpu_seconds(ev), job.candidate.adapter or "" if job.candidate.model else None)
         if improved:
             stats.best = ev.fitness
             self.events.emit("new_best", shape, candidate=ev.candidate_id, fitness=ev.fitness,
@@ -602,6 +619,7 @@ class Engine:
         """Feed one evaluation to the shape's population and convergence; True on a new best."""
         pop = self.pops[shape]
         self.history[shape].append((cand, ev))
+        self.fitness_of[shape][cand.id] = None if ev.flags else ev.fitness
         if ev.status in DISQUALIFYING or ev.flags:
             pop.ban(cand.id)
         before = pop.best

@@ -6,7 +6,10 @@ compiled, passed (status ok, no flags) and improved on their parent, from an evo
 have at that shape (a parent with none there, e.g. a failed one given the fix prompt, counts as
 beaten by any valid child). Seeds and transfers (no parents) are left out of the improve share.
 Where the run's events.jsonl has a stop event, the LLM operators' calls, tokens and proposals
-that never reached the GPU (parse failures, duplicates) are printed from it too.
+that never reached the GPU (parse failures, duplicates) are printed from it too, with the LLM's
+own GPU seconds (inference on a GPU: per operator from the candidates' ``gpu_s``, per run from
+the budget), where the model ran (the ``llm_placement`` event), what the GPU lease cost
+(``llm_lease``: slices, seconds held and waited) and, under ``--operator-bandit``, the arms.
 
     python scripts/operator_shares.py --archive runs/llm [--json]
 
@@ -56,6 +59,7 @@ def shares(archive: Archive) -> dict[str, dict[str, Any]]:
                         best_parent is None or ev.fitness > best_parent)
                 r["tokens"] += int(cand.meta.get("tokens", 0) or 0)
                 r["llm_seconds"] += float(cand.meta.get("seconds", 0) or 0)
+                r["llm_gpu_s"] += float(cand.meta.get("gpu_s", 0) or 0)
     out = {}
     for key, r in sorted(rows.items()):
         n, p = r["evaluated"], r["with_parent"]
@@ -65,12 +69,13 @@ def shares(archive: Archive) -> dict[str, dict[str, Any]]:
                     "pass_share": round(r["passed"] / n, 4) if n else None,
                     "improve_share": round(r["improved"] / p, 4) if p else None,
                     "tokens": int(r["tokens"]),
-                    "mean_llm_seconds": round(r["llm_seconds"] / n, 3) if r["tokens"] and n else None}
+                    "mean_llm_seconds": round(r["llm_seconds"] / n, 3) if r["tokens"] and n else None,
+                    "llm_gpu_s": round(r["llm_gpu_s"], 3)}
     return out
 
 
-def stop_event(folder: Path) -> dict[str, Any]:
-    """The last stop event of the run's events.jsonl (empty when there is none)."""
+def last_event(folder: Path, name: str = "stop") -> dict[str, Any]:
+    """The last ``name`` event of the run's events.jsonl (empty when there is none)."""
     path = folder / "events.jsonl"
     last: dict[str, Any] = {}
     if path.is_file():
@@ -79,9 +84,14 @@ def stop_event(folder: Path) -> dict[str, Any]:
                 doc = json.loads(line)
             except ValueError:
                 continue
-            if doc.get("event") == "stop":
+            if doc.get("event") == name:
                 last = doc
     return last
+
+
+def stop_event(folder: Path) -> dict[str, Any]:
+    """The last stop event of the run's events.jsonl (empty when there is none)."""
+    return last_event(folder, "stop")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     stop = stop_event(Path(args.archive))
     llm = {"models": stop.get("models", {}),
            "proposal_failures": {k: v for k, v in stop.get("proposal_failures", {}).items() if k.startswith("llm")},
-           "tokens": stop.get("budget", {}).get("tokens")}
+           "tokens": stop.get("budget", {}).get("tokens"), "llm_gpu_s": stop.get("budget", {}).get("llm_gpu_s"),
+           "placement": {k: v for k, v in last_event(Path(args.archive), "llm_placement").items() if k not in ("t", "event", "shape")},
+           "lease": {k: v for k, v in last_event(Path(args.archive), "llm_lease").items() if k not in ("t", "event", "shape")},
+           "bandit": stop.get("bandit")}
     if args.json:
         json.dump({"format": "evo-operator-shares/1", "operators": table, "llm_run": llm}, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -114,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run: {name}/{model}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     for reason, n in sorted(llm["proposal_failures"].items(), key=lambda kv: -kv[1]):
         print(f"run: failed proposal x{n}: {reason}")
+    if llm["placement"]:
+        print(f"run: LLM placement {llm['placement'].get('where')} (device {llm['placement'].get('device') or '-'}); "
+              f"LLM GPU seconds {llm['llm_gpu_s'] or 0}")
+    if llm["lease"]:
+        print("run: GPU lease: " + ", ".join(f"{k} {v}" for k, v in llm["lease"].items()))
+    for arm, row in (llm["bandit"] or {}).items():
+        print(f"run: bandit arm {arm}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
     return 0
 
 

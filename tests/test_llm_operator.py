@@ -110,7 +110,7 @@ def test_prompts_render_every_kind_and_mode(kind: str, mode: str, mini: Template
     if kind == "fix":
         assert "compile_error" in user and "identifier 'foo' is undefined" in user
     else:
-        assert "speedup over cuBLAS: 1.250x" in user and "168 registers, 8 spill bytes" in user
+        assert "speedup over cuBLAS: 1.250x" in user and "168 registers, 8 B spill stores, 0 B spill loads" in user
     if kind == "crossover":
         assert parents[1].id in user and "SWZ = \"xor4\"" in user
     assert ("<<<<<<< SEARCH" in user) == (mode == "edits") and ("JSON object" in user) == (mode == "knobs")

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 from populations import Archive, Candidate, Evaluation, Shape
 
-from ._reward import RewardConfig, reward_of
+from ._reward import RewardConfig, improvement_of, reward_of
 
 __all__ = ["export_rows", "write_jsonl", "read_jsonl", "messages_of", "group_advantages", "DatasetError"]
 
@@ -44,8 +44,8 @@ def messages_of(transcript: str) -> list[dict[str, str]]:
 
 
 def _row(cand: Candidate, shape: Shape, evals: list[Evaluation], parent: Optional[Candidate],
-         config: RewardConfig) -> Optional[dict[str, Any]]:
-    reward = reward_of(evals, config)
+         config: RewardConfig, parent_evals: Sequence[Evaluation] = ()) -> Optional[dict[str, Any]]:
+    reward = improvement_of(evals, parent_evals, config) if config.kind == "improvement" else reward_of(evals, config)
     if reward is None:
         return None
     fits = [e.fitness for e in evals if e.fitness is not None]
@@ -87,7 +87,8 @@ def export_rows(archives: Iterable[Archive], *, config: RewardConfig = RewardCon
                             parent = archive.candidate(cand.parents[0])
                         except KeyError:
                             parent = None
-                row = _row(cand, shape, evals.get(cand.id, []), parent, config)
+                row = _row(cand, shape, evals.get(cand.id, []), parent, config,
+                           evals.get(cand.parents[0], []) if cand.parents else [])
                 if row is not None:
                     rows.append(row)
     if last is not None:

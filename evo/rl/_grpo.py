@@ -42,7 +42,7 @@ from operators.llm import PREFIX, KnobEditGrammar, parse_knob_edit
 from populations import Candidate, Evaluation, Shape, Template, TemplateError
 
 from ._policy import Policy
-from ._reward import RewardConfig, RewardTable, reward_of
+from ._reward import RewardConfig, RewardTable
 
 __all__ = ["GRPOConfig", "Prompt", "RewardSource", "prompts_from_rows", "add_elite_demos", "train"]
 
@@ -166,25 +166,27 @@ class RewardSource:
         if not todo:
             return
         for cand, evals in zip(todo.values(), self.evaluate_many(list(todo.values()))):
-            if self._record(prompt, evals) is None:
+            if self._record(prompt, evals, cand.id) is None:
                 self.table.set(prompt.shape, cand.id, self.config.unmapped)
             self._fresh.add((prompt.shape, cand.id))
 
-    def _record(self, prompt: Prompt, evals: Sequence[Evaluation]) -> Optional[float]:
+    def _record(self, prompt: Prompt, evals: Sequence[Evaluation], cand_id: str) -> Optional[float]:
         """Add the evaluations at the prompt's shape to the table; their reward (None: none usable)."""
         here = [e for e in evals if e.shape == prompt.shape]
         for e in here:
             self.table.add(e)
-        return reward_of(here, self.config)
+        return self.table.get(prompt.shape, cand_id) if here else None
 
     def candidate(self, prompt: Prompt, text: str) -> Optional[Candidate]:
         parsed = parse_knob_edit(text, prompt.template, prompt.parent_knobs, prompt.shape)
         if not parsed.ok:
             return None
         try:
-            return prompt.template.candidate(parsed.value, prompt.shape, not prompt.generic)
+            cand = prompt.template.candidate(parsed.value, prompt.shape, not prompt.generic)
         except (TemplateError, ValueError):
             return None
+        self.table.set_parent(prompt.shape, cand.id, prompt.group.split("|")[0])  # improvement rewards
+        return cand
 
     def candidate_reward(self, prompt: Prompt, cand: Candidate) -> Optional[float]:
         """The reward of a proposed candidate at the prompt's shape (archive, else the evaluator)."""
@@ -205,7 +207,7 @@ class RewardSource:
             self.sources[source] += 1
             return r, source, cand.id
         if self.evaluate is not None:
-            r = self._record(prompt, self.evaluate(cand))
+            r = self._record(prompt, self.evaluate(cand), cand.id)
             if r is not None:
                 self.sources["evaluator"] += 1
                 return r, "evaluator", cand.id

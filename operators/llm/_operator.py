@@ -16,10 +16,19 @@ Models: ``model`` names one, ``models`` several (names from ``operators/llm/mode
 :class:`ModelBandit` picks one per call by improvements per token, learning from :meth:`tell`
 whether a child beat its parent. ``device`` forces in-process transformers models onto a
 device (``cpu`` on the GPU machine, so timing has the GPU alone). :meth:`take_tokens` hands
-the engine every token spent, failed calls included, for the ``--max-tokens`` budget.
+the engine every token spent, failed calls included, for the ``--max-tokens`` budget, and
+:meth:`take_gpu_seconds` the seconds the model ran on a GPU (its cost for the operator bandit).
+
+``gate`` (issue 25): a device lease (``evaluators._lease.GpuLease``) that evo passes when the
+model shares a GPU with the timing workers (``--llm-device`` names one of the pool's GPUs). An
+in-process transformers model then runs each forward pass as one slice of it; other backends
+(a local server, in-process vLLM) hold one slice per request. ``gpu_device`` says the model
+runs on a GPU (so a server's request seconds count as its GPU seconds).
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import random
 import threading
 from collections import Counter
@@ -30,6 +39,7 @@ from populations import Candidate, Evaluation, Shape, Status, Template, Template
 from .._base import Operator, OperatorContext, ParentView, Proposal
 from .._knobs import base_knobs, key_of, next_generation, seen_keys, shape_mismatch
 from ._bandit import ModelBandit
+from ._context import rank_siblings
 from ._grammar import PREFIX, KnobEditGrammar
 from ._models import ModelSpec, get_backend, resolve_model
 from ._parse import Parsed, apply_edits, parse_edits, parse_knob_edit, parse_source
@@ -50,7 +60,7 @@ class LLMOperator(Operator):
                  mode: str = "knobs", arity: int = 1, temperature: Sequence[float] = (0.4, 1.0),
                  max_new_tokens: int = 768, max_changes: int = 2, max_attempts: int = 2, inspirations: int = 2,
                  source_chars: int = 6000, knob_source_chars: int = 0, specialize: Optional[bool] = None,
-                 concurrency: int = 1) -> None:
+                 concurrency: int = 1, gate: Any = None, gpu_device: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if arity not in (1, 2):
@@ -69,6 +79,8 @@ class LLMOperator(Operator):
         self._lock = threading.Lock()
         self._cancel = threading.Event()
         self._unclaimed_tokens = 0
+        self._unclaimed_gpu_s = 0.0
+        self.gate, self.gpu_device = gate, bool(gpu_device or gate is not None)
         self._pending: dict[str, tuple[str, Optional[float]]] = {}  # child id -> (model name, parent fitness)
         #: per model: proposals, and outcomes of their evaluations (compiled, passed, improved)
         self.outcomes: dict[str, Counter] = {m: Counter() for m in names}
@@ -84,11 +96,10 @@ class LLMOperator(Operator):
         first = parents[0]
         failed = first.evaluation is not None and first.evaluation.status is not Status.OK
         kind = "crossover" if self.arity == 2 and len(parents) > 1 else ("fix" if failed else "mutation")
-        ranked = sorted((ParentView(c, e) for c, e in context.at(shape) if e.fitness and c.id != first.id),
-                        key=lambda p: -p.score)
+        siblings = rank_siblings(first, context.at(shape), self.inspirations)
         chars = self.knob_source_chars if self.mode == "knobs" else self.source_chars
         return render_messages(kind, self.mode, parents, shape, template=template, arch=context.arch,
-                               inspirations=ranked[:self.inspirations], max_changes=self.max_changes,
+                               inspirations=siblings, max_changes=self.max_changes,
                                source_chars=chars)
 
     # -- proposing ------------------------------------------------------------------------------
@@ -165,6 +176,8 @@ class LLMOperator(Operator):
             self._unclaimed_tokens += tokens
             self.outcomes[arm]["calls"] += 1
             self.outcomes[arm]["tokens"] += tokens
+            self._unclaimed_gpu_s += c.gpu_s
+            self.outcomes[arm]["gpu_s"] += c.gpu_s
             if c.error:
                 self.outcomes[arm]["call_errors"] += 1
 
@@ -178,6 +191,12 @@ class LLMOperator(Operator):
         with self._lock:
             tokens, self._unclaimed_tokens = self._unclaimed_tokens, 0
         return tokens
+
+    def take_gpu_seconds(self) -> float:
+        """GPU seconds the model used since the last call (every call, failed ones too)."""
+        with self._lock:
+            gpu_s, self._unclaimed_gpu_s = self._unclaimed_gpu_s, 0.0
+        return gpu_s
 
     def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
         """Count the child's outcome for its model; an improvement on its parent rewards the model."""
@@ -202,6 +221,7 @@ class LLMOperator(Operator):
         configured model (``model_name``, the bandit's arm) answered."""
         return {"tokens": c.prompt_tokens + c.completion_tokens, "prompt_tokens": c.prompt_tokens,
                 "completion_tokens": c.completion_tokens, "seconds": round(c.seconds, 4),
+                "gpu_s": round(c.gpu_s, 6),
                 "temperature": round(c.temperature, 4), "mode": self.mode,
                 "model_name": getattr(backend, "arm", self.model)}
 
@@ -278,6 +298,17 @@ class _Accounted:
             return Completion("", 0, 0, 0.0, self.arm, kwargs.get("temperature", 0.0), finished=False, error="cancelled")
         if isinstance(self.backend, TransformersBackend):
             kwargs["cancel"] = self.op._cancel
-        c = self.backend.complete(*args, **kwargs)
+            kwargs["gate"] = self.op.gate
+            c = self.backend.complete(*args, **kwargs)
+        else:  # a server or vLLM: the whole request is one slice; its seconds are GPU seconds on a GPU
+            gate = self.op.gate
+            try:
+                with (gate.slice(cancel=self.op._cancel) if gate is not None else contextlib.nullcontext()):
+                    c = self.backend.complete(*args, **kwargs)
+            except InterruptedError:  # cancelled while waiting for the GPU lease
+                return Completion("", 0, 0, 0.0, self.arm, kwargs.get("temperature", 0.0), finished=False,
+                                  error="cancelled")
+            if self.op.gpu_device and not c.gpu_s:
+                c = dataclasses.replace(c, gpu_s=c.seconds)
         self.op._spent(self.arm, c)
         return c

@@ -5,7 +5,10 @@ A prompt is a system message (``common.toml``) and a user message rendered from 
 comes from ``common.toml``'s ``[modes]``: the full translation unit (``source``), SEARCH/REPLACE
 edits (``edits``) or a JSON knob edit (``knobs``). The context is what issue 7 lists: the shape
 and contract, the ABI, the parent's source, knobs and measurements, a few strong inspirations
-and the target GPU's facts. Keeping the words in data lets them be tuned without code changes.
+and the target GPU's facts; issue 25 adds the shape's class and roofline, the parent's roofline
+fraction and ptxas figures, and the strongest kernels with how their knobs differ from the
+parent's (:mod:`._context`, words in ``context.toml``). Keeping the words in data lets them be
+tuned without code changes.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from typing import Any, Mapping, Optional, Sequence
 from populations import Candidate, Evaluation, Shape, Template
 
 from .._base import ParentView
+from ._context import describe_roofline, describe_siblings, shape_class
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -60,10 +64,6 @@ def load_prompts(folder: Path = PROMPTS_DIR) -> PromptSet:
     return PromptSet(system=data["system"], abi=data["abi"], gpus=dict(data["gpus"]), modes=modes, bodies=bodies)
 
 
-def _num(x: Optional[float], fmt: str = ".3f") -> str:
-    return "n/a" if x is None else format(x, fmt)
-
-
 def describe_evaluation(ev: Optional[Evaluation]) -> str:
     """Measurements as short lines: status, speedup, timings, registers, spills, shared memory, error text."""
     if ev is None:
@@ -71,11 +71,13 @@ def describe_evaluation(ev: Optional[Evaluation]) -> str:
     lines = [f"status: {ev.status.value}" + (f" (flags: {', '.join(ev.flags)})" if ev.flags else "")]
     if ev.speedup is not None:
         lines.append(f"speedup over cuBLAS: {ev.speedup:.3f}x")
+    if ev.roofline_frac is not None:
+        lines.append(f"roofline fraction: {ev.roofline_frac:.3f} (1.0 = the shape's floor on this GPU)")
     for name, t in sorted(ev.timers.items()):
         lines.append(f"{name} time: {t.median * 1e6:.1f} us (cuBLAS {t.baseline_median * 1e6:.1f} us)")
     for ks in ev.kernels:
-        lines.append(f"kernel {ks.name}: {ks.registers} registers, {ks.spill_stores + ks.spill_loads} spill bytes, "
-                     f"{ks.smem_static} B static shared memory")
+        lines.append(f"kernel {ks.name} (ptxas): {ks.registers} registers, {ks.spill_stores} B spill stores, "
+                     f"{ks.spill_loads} B spill loads, {ks.smem_static} B static shared memory")
     if ev.max_error is not None:
         lines.append(f"max error: {ev.max_error:.3g}")
     if ev.message.strip():
@@ -118,16 +120,6 @@ def _source(c: Candidate, max_chars: int) -> str:
     return f"```cuda\n{text}\n```"
 
 
-def _inspirations(items: Sequence[ParentView]) -> str:
-    if not items:
-        return "None recorded yet."
-    out = []
-    for p in items:
-        knobs = ", ".join(f"{k}={_json_value(v)}" for k, v in p.knobs.items()) or "no knobs"
-        out.append(f"- {p.id} ({p.template or 'source'}): speedup {_num(p.fitness)}x; {knobs}")
-    return "\n".join(out)
-
-
 def render_messages(kind: str, mode: str, parents: Sequence[ParentView], shape: Shape, *,
                     template: Optional[Template] = None, arch: Any = 90, inspirations: Sequence[ParentView] = (),
                     max_changes: int = 2, source_chars: int = 4000,
@@ -141,6 +133,7 @@ def render_messages(kind: str, mode: str, parents: Sequence[ParentView], shape: 
     cc = str(arch).lower().removeprefix("sm_").rstrip("a")
     gpu = ps.gpus.get(cc, {"name": f"compute capability {cc}", "facts": ""})
     first = parents[0]
+    cls = shape_class(shape)
     example_knob, example_value = "KNOB", "1"
     if template is not None:
         knob = next(iter(template.space.knobs.values()))
@@ -150,12 +143,13 @@ def render_messages(kind: str, mode: str, parents: Sequence[ParentView], shape: 
     fields = {
         "shape": str(shape), "m": shape.m, "n": shape.n, "k": shape.k, "layout": shape.layout,
         "contract": shape.contract, "flops": f"{2 * shape.m * shape.n * shape.k / 1e9:.3f}",
+        "shape_class": cls.name, "class_hint": cls.hint, "roofline": describe_roofline(shape),
         "gpu_name": gpu["name"], "gpu_facts": gpu["facts"], "abi": ps.abi,
         "parent_id": first.id, "parent_summary": _summary(first.candidate),
         "parent_measurements": describe_evaluation(first.evaluation),
         "parent_knobs": describe_knobs(template, first.candidate.knobs),
         "parent_source": _source(first.candidate, source_chars),
-        "inspirations": _inspirations(inspirations), "output": output,
+        "inspirations": describe_siblings(first, inspirations), "output": output,
     }
     if kind == "crossover":
         other = parents[1]

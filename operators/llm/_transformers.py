@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import importlib.util
 import io
@@ -47,10 +48,18 @@ class Completion:
     finished: bool = True  # False when max_new_tokens cut it off or a grammar hit a dead end
     adapter: str = ""  # the LoRA adapter version that answered (evo.rl); "" for the base model
     error: str = ""  # why there is no answer (a timeout, an HTTP error, a garbage reply); "" when there is one
+    gpu_s: float = 0.0  # seconds the model ran on a GPU for this answer (device-synchronised forward passes)
 
 
 class _Cancelled(Exception):
     """The caller's cancel event was set during a generation."""
+
+
+class Gate(Protocol):
+    """A device lease generation takes per slice (evaluators' GpuLease: no timed region on the
+    GPU overlaps a slice; evo hands one to the LLM operators when the model shares a timing GPU)."""
+
+    def slice(self, sync: Optional[Any] = None, cancel: Optional[threading.Event] = None) -> Any: ...
 
 
 class Choices(Protocol):
@@ -106,6 +115,8 @@ class TransformersBackend:
         self._cache: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()
         self.adapter = ""  # the version name of the adapter in use (load_adapter)
         self._cache_size = prompt_cache
+        self._gate: Optional[Gate] = None  # set per completion (complete(gate=...))
+        self.gpu_s = 0.0  # seconds of forward passes on a GPU, all completions (synchronised)
 
     # -- adapters (RL updates, issue 8) -----------------------------------------------------
     def load_adapter(self, folder: Any, name: str) -> None:
@@ -150,11 +161,24 @@ class TransformersBackend:
         cancel = getattr(self, "_cancel_event", None)
         if cancel is not None and cancel.is_set():
             raise _Cancelled()
-        with self.torch.inference_mode(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renames past_key_values
-            out = self.model(input_ids=self.torch.tensor([list(ids)], device=self.device), past_key_values=past,
-                             use_cache=True, logits_to_keep=1)  # no vocabulary projection of the prompt
-        return out.past_key_values, out.logits[0, -1].double().cpu()
+        on_gpu = str(self.device).startswith("cuda")
+        gate = getattr(self, "_gate", None)  # given only when the model shares a timing GPU
+        sync = (lambda: self.torch.cuda.synchronize(self.device)) if on_gpu else None
+        t0 = time.perf_counter()
+        try:
+            with (gate.slice(sync=sync, cancel=cancel) if gate is not None else contextlib.nullcontext()):
+                with self.torch.inference_mode(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renames past_key_values
+                    out = self.model(input_ids=self.torch.tensor([list(ids)], device=self.device), past_key_values=past,
+                                     use_cache=True, logits_to_keep=1)  # no vocabulary projection of the prompt
+                    logits = out.logits[0, -1].double().cpu()  # waits for the pass: its kernels end in the slice
+                if sync is not None and gate is None:
+                    sync()
+        except InterruptedError:  # cancelled while waiting for the lease
+            raise _Cancelled() from None
+        if on_gpu:
+            self.gpu_s = getattr(self, "gpu_s", 0.0) + time.perf_counter() - t0
+        return out.past_key_values, logits
 
     def _prefill(self, ids: list[int]) -> tuple[Any, Any]:
         key = tuple(ids)
@@ -192,24 +216,27 @@ class TransformersBackend:
     # -- generation -------------------------------------------------------------------------
     def complete(self, messages: list[dict[str, str]], *, rng: random.Random, temperature: float = 0.7,
                  max_new_tokens: int = 256, prefix: str = "", grammar: Optional[Choices] = None,
-                 cancel: Optional[threading.Event] = None) -> Completion:
+                 cancel: Optional[threading.Event] = None, gate: Optional[Gate] = None) -> Completion:
         """An answer to ``messages`` (starting with ``prefix``), free or following ``grammar``;
-        ``cancel``, once set, ends the generation at the next token (``error`` says so)."""
+        ``cancel``, once set, ends the generation at the next token (``error`` says so). With a
+        ``gate`` (and the model on a GPU) every forward pass is one slice of it: a timed region
+        on that GPU waits for one pass at most, and generation waits for timed regions."""
         with self._lock:
             if cancel is not None and cancel.is_set():
                 return Completion("", 0, 0, 0.0, self.name, temperature, finished=False, error="cancelled")
-            start = time.perf_counter()
+            start, gpu0 = time.perf_counter(), getattr(self, "gpu_s", 0.0)
             ids = self.prompt_ids(messages, prefix)
-            self._cancel_event = cancel
+            self._cancel_event, self._gate = cancel, gate
             try:
                 c = self._complete(ids, rng=rng, temperature=temperature, max_new_tokens=max_new_tokens,
                                    prefix=prefix, grammar=grammar)
             except _Cancelled:
                 return Completion("", len(ids), 0, time.perf_counter() - start, self.name, temperature,
-                                  finished=False, error="cancelled")
+                                  finished=False, error="cancelled",
+                                  gpu_s=getattr(self, "gpu_s", 0.0) - gpu0)
             finally:
-                self._cancel_event = None
-            return c
+                self._cancel_event, self._gate = None, None
+            return dataclasses.replace(c, gpu_s=getattr(self, "gpu_s", 0.0) - gpu0)
 
     def _complete(self, ids: list[int], *, rng: random.Random, temperature: float,
                   max_new_tokens: int, prefix: str, grammar: Optional[Choices]) -> Completion:

@@ -1,0 +1,372 @@
+#!/usr/bin/env python
+"""Issue 25's ablation: does the LLM operator earn its GPU time on shapes of models it never saw?
+
+    python bench/operator_ablation.py --split SPLIT.json --out DIR [--shapes 6] [--seeds 0,1,2]
+        [--gpu-seconds 60] [--arms knob,knob+optuna,knob+llm,knob+llm_adapter,bandit]
+        [--adapter ADAPTER_DIR] [--llm-device cuda] [--wall-cap 240]
+    python bench/operator_ablation.py --tiny --out DIR      # CPU smoke test: the stand-in pool
+
+The test shapes of an ``evo rl split`` file (``--layers llm_layers.csv`` makes one, seed 0) are
+sampled once (``--shapes`` of them, seeded, spread over the shape classes) and every arm runs
+``evo run`` on exactly those shapes, from a fresh archive, once per seed, with the same
+``--gpu-seconds`` budget (the LLM's own GPU seconds count in it: evo charges them), so arms are
+compared at equal GPU cost. Arms (``ARMS`` below): ``knob`` (knob mutation, crossover, random),
+``knob+optuna``, ``knob+llm`` (the base model), ``knob+llm_adapter`` (the model with
+``--adapter``, the latest RL adapter; skipped and reported when none is given) and ``bandit``
+(knob, Optuna and the LLM, with the adapter when given, under ``--operator-bandit``). With
+``--llm-device cuda`` the model is co-located with the timers (the GPU lease keeps it out of the
+timed regions); the default ``cpu`` keeps it off the GPU.
+
+Per run and per arm (mean and range over seeds): evaluations, valid share (ok and unflagged),
+improving share (children that beat their parent), flagged share, tokens, the LLM's GPU seconds,
+GPU seconds in all, *improvement per GPU-second* (sum over shapes of ``log(best at the end / best
+of the seeds)``, over the run's GPU seconds) and *child gain per GPU-second* (the bandit's
+measure: summed ``max(0, log(child / parent))``), and best speedup over GPU time (geometric mean
+over the shapes of the best speedup so far, sampled at fixed GPU-second marks). Writes
+DIR/runs/ARM/sSEED (archives), DIR/ablation.json, DIR/ablation.md (the table, with the command)
+and DIR/best_over_time.svg. Exit 0 when every arm ran, 1 when a run failed, 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from evo.rl._split import ShapeSplit, read_layers, split_by_model  # noqa: E402
+from populations import Archive, Shape, Status  # noqa: E402
+
+#: arm -> (operators, extra evo run flags); "{adapter}" is replaced by --adapter's folder
+ARMS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "knob": ("knob", ()),
+    "knob+optuna": ("knob:1,optuna:1", ()),
+    "knob+llm": ("knob:1,llm:1", ()),
+    "knob+llm_adapter": ("knob:1,llm:1", ("--llm-adapter", "{adapter}")),
+    "bandit": ("knob:1,optuna:1,llm:1", ("--operator-bandit",)),
+}
+NEEDS_ADAPTER = {"knob+llm_adapter"}
+TINY_ARMS = ("knob", "knob+optuna", "bandit")
+#: GPU-second marks of the best-over-time curve, as fractions of the budget
+MARKS = tuple(i / 20 for i in range(1, 21))
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="operator_ablation.py", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--split", type=Path, help="an evo rl split file (its test shapes are used)")
+    p.add_argument("--layers", type=Path, help="llm_layers.csv: split it by model (seed 0) when --split is not given")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--shapes", type=int, default=6, help="test shapes sampled (default 6)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--gpu-seconds", type=float, default=60.0, help="GPU budget per run (default 60)")
+    p.add_argument("--wall-cap", type=float, default=0.0, help="wall-time cap per run in seconds (0: 4 x the GPU budget)")
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--adapter", type=Path, help="the latest evo rl adapter (ADAPTER/vN folder) for the adapter arms")
+    p.add_argument("--llm-device", default="cpu", help="cpu, or cuda[:N] (co-located with the timers: leased)")
+    p.add_argument("--llm-threads", type=int, default=0)
+    p.add_argument("--tiny", action="store_true", help="CPU smoke test: stand-in pool, two shapes, tiny budgets")
+    p.add_argument("--evo-pool", help=argparse.SUPPRESS)  # test-only: evo run's --pool
+    args = p.parse_args(argv)
+    args.seed_list = [int(s) for s in str(args.seeds).split(",") if s.strip()]
+    args.arm_list = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if args.tiny:
+        args.evo_pool = args.evo_pool or "fake_pool:FakeEvaluatorPool"
+        if args.arms == ",".join(ARMS):
+            args.arm_list = list(TINY_ARMS)
+    unknown = [a for a in args.arm_list if a not in ARMS]
+    if unknown:
+        p.error(f"unknown arms {unknown}; known: {', '.join(ARMS)}")
+    if not args.tiny and args.split is None and args.layers is None:
+        p.error("give --split or --layers (or --tiny)")
+    return args
+
+
+# -- shapes -------------------------------------------------------------------------------------
+def test_shapes(args: argparse.Namespace) -> tuple[list[Shape], dict[str, Any]]:
+    """The held-out shapes every arm runs on, and where they came from."""
+    if args.tiny:
+        return [Shape(64, 256, 512), Shape(8, 512, 256)], {"source": "tiny"}
+    if args.split is not None:
+        split = ShapeSplit.read(args.split)
+    else:
+        split = split_by_model(read_layers(args.layers), seed=0)
+    return sample_shapes(split.test, args.shapes, seed=0), {"source": str(args.split or args.layers),
+                                                           "test_models": split.test_models}
+
+
+def sample_shapes(shapes: Sequence[Shape], n: int, seed: int = 0) -> list[Shape]:
+    """``n`` shapes spread over the shape classes (round robin over classes, seeded order within)."""
+    from operators.llm._context import shape_class
+
+    by_class: dict[str, list[Shape]] = defaultdict(list)
+    for s in sorted(set(shapes), key=str):
+        by_class[shape_class(s).name].append(s)
+    rng = random.Random(seed)
+    for members in by_class.values():
+        rng.shuffle(members)
+    out: list[Shape] = []
+    while len(out) < n and any(by_class.values()):
+        for name in sorted(by_class):
+            if by_class[name] and len(out) < n:
+                out.append(by_class[name].pop())
+    return out
+
+
+# -- runs ---------------------------------------------------------------------------------------
+def run_command(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shape], archive: Path) -> list[str]:
+    """The ``evo run`` command line of one (arm, seed)."""
+    ops, extra = ARMS[arm]
+    if args.tiny and arm == "bandit":
+        ops = "knob:1,optuna:1"  # the smoke test loads no model
+    cmd = [sys.executable, "-m", "evo", "run", "--archive", str(archive), "--operators", ops, "--seed", str(seed),
+           "--progress", "plain", "--gpu-seconds", f"{args.gpu_seconds:g}",
+           "--budget", f"{args.wall_cap or 4 * args.gpu_seconds:g}"]
+    for s in shapes:
+        cmd += ["--shape", str(s)]
+    if "llm" in ops:
+        cmd += ["--llm-device", args.llm_device]
+        if args.llm_threads:
+            cmd += ["--llm-threads", str(args.llm_threads)]
+    adapter = str(args.adapter) if args.adapter else ""
+    cmd += [x.replace("{adapter}", adapter) for x in extra]
+    if arm == "bandit" and adapter:
+        cmd += ["--llm-adapter", adapter]
+    if args.evo_pool:
+        cmd += ["--pool", args.evo_pool]
+    return cmd
+
+
+def run_arm(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shape]) -> dict[str, Any]:
+    archive = args.out / "runs" / arm / f"s{seed}"
+    if arm in NEEDS_ADAPTER and not args.adapter:
+        return {"arm": arm, "seed": seed, "skipped": "no --adapter given"}
+    if (archive / "done.json").is_file():  # resumable: a finished run is read, not run again
+        return json.loads((archive / "done.json").read_text())
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    cmd = run_command(args, arm, seed, shapes, archive)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    if args.tiny:
+        env.setdefault("EVO_FAKE_GPU_S", "0.05")
+    t0 = time.time()
+    log = archive.parent / f"s{seed}.log"
+    with open(log, "w") as fh:
+        rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                             timeout=(args.wall_cap or 4 * args.gpu_seconds) + 300)
+    out = {"arm": arm, "seed": seed, "rc": rc, "wall_s": round(time.time() - t0, 1), "command": shlex.join(cmd[1:])}
+    if rc != 0 or not archive.is_dir():
+        out["error"] = f"evo run exited {rc} (log {log})"
+        return out
+    out.update(measure(archive, shapes, args.gpu_seconds))
+    (archive / "done.json").write_text(json.dumps(out))
+    return out
+
+
+# -- measures -----------------------------------------------------------------------------------
+def _events(archive: Path) -> list[dict[str, Any]]:
+    path = archive / "events.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def measure(archive: Path, shapes: Sequence[Shape], budget_s: float) -> dict[str, Any]:
+    """The per-run figures of the module docstring, from the archive and its events."""
+    n = valid = flagged = with_parent = improving = 0
+    tokens = 0
+    gain = 0.0
+    improvement = 0.0
+    with Archive(archive, mode="r") as ar:
+        for shape in ar.shapes():
+            cands = {c.id: c for c in ar.candidates(shape)}
+            latest = {}
+            for ev in ar.evaluations(shape):
+                latest[ev.candidate_id] = ev
+            seed_best = max((ev.fitness for cid, ev in latest.items() if ev.fitness and not ev.flags
+                             and cid in cands and not cands[cid].parents), default=None)
+            best = max((ev.fitness for ev in latest.values() if ev.fitness and not ev.flags), default=None)
+            if seed_best and best:
+                improvement += math.log(best / seed_best)
+            for cid, ev in latest.items():
+                cand = cands.get(cid)
+                n += 1
+                ok = ev.status is Status.OK and not ev.flags
+                valid += ok
+                flagged += bool(ev.flags) or ev.status is Status.FLAGGED
+                if cand is not None:
+                    tokens += int(cand.meta.get("tokens", 0) or 0)
+                if cand is None or not cand.parents:
+                    continue
+                with_parent += 1
+                parents = [latest[p].fitness for p in cand.parents if p in latest and not latest[p].flags]
+                parent = max((f for f in parents if f), default=None)
+                if ok and ev.fitness and parent:
+                    g = math.log(ev.fitness / parent)
+                    if g > 0:
+                        improving += 1
+                        gain += g
+    events = _events(archive)
+    stop = next((e for e in reversed(events) if e.get("event") == "stop"), {})
+    budget = stop.get("budget", {})
+    gpu_s = float(budget.get("gpu_s") or 0.0)
+    return {"evaluations": n, "valid_share": _share(valid, n), "improving_share": _share(improving, with_parent),
+            "flagged_share": _share(flagged, n), "tokens": tokens, "gpu_s": round(gpu_s, 3),
+            "llm_gpu_s": float(budget.get("llm_gpu_s") or 0.0),
+            "improvement_per_gpu_s": round(improvement / gpu_s, 6) if gpu_s else None,
+            "child_gain_per_gpu_s": round(gain / gpu_s, 6) if gpu_s else None,
+            "best_over_time": best_over_time(events, shapes, budget_s), "stop": stop.get("reason"),
+            "placement": next((e for e in events if e.get("event") == "llm_placement"), {}).get("where"),
+            "bandit": stop.get("bandit")}
+
+
+def _share(a: int, b: int) -> Optional[float]:
+    return round(a / b, 4) if b else None
+
+
+def best_over_time(events: Sequence[dict[str, Any]], shapes: Sequence[Shape], budget_s: float) -> list[Optional[float]]:
+    """Geometric mean over ``shapes`` of the best speedup so far at each mark of ``MARKS`` x the GPU
+    budget (None until every shape has a valid result), from the evaluation events in order."""
+    best: dict[str, float] = {}
+    names = {str(s) for s in shapes}
+    used, out, marks = 0.0, [], [m * budget_s for m in MARKS]
+    i = 0
+    for e in events:
+        if e.get("event") != "evaluation":
+            continue
+        used += float(e.get("gpu_s") or 0.0)
+        while i < len(marks) and used > marks[i]:
+            out.append(_geomean(best, names))
+            i += 1
+        fit = e.get("fitness")
+        if fit and e.get("status") == "ok" and e.get("shape") in names:
+            best[e["shape"]] = max(best.get(e["shape"], 0.0), float(fit))
+    while i < len(marks):
+        out.append(_geomean(best, names))
+        i += 1
+    return out
+
+
+def _geomean(best: dict[str, float], names: set[str]) -> Optional[float]:
+    if not names or set(best) < names:
+        return None
+    return round(math.exp(statistics.fmean(math.log(best[n]) for n in names)), 5)
+
+
+# -- report -------------------------------------------------------------------------------------
+FIELDS = ("evaluations", "valid_share", "improving_share", "flagged_share", "tokens", "llm_gpu_s", "gpu_s",
+          "improvement_per_gpu_s", "child_gain_per_gpu_s")
+
+
+def summarise(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per arm: mean, min and max over its seeds of every field, and the mean curve."""
+    by_arm: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        by_arm[r["arm"]].append(r)
+    out = {}
+    for arm, rs in by_arm.items():
+        done = [r for r in rs if "evaluations" in r]
+        row: dict[str, Any] = {"runs": len(done), "skipped": next((r["skipped"] for r in rs if "skipped" in r), None),
+                               "errors": [r["error"] for r in rs if "error" in r]}
+        for f in FIELDS:
+            vals = [r[f] for r in done if r.get(f) is not None]
+            row[f] = {"mean": round(statistics.fmean(vals), 6), "min": min(vals), "max": max(vals)} if vals else None
+        curves = [r["best_over_time"] for r in done]
+        row["best_over_time"] = [_mean([c[i] for c in curves]) for i in range(len(MARKS))] if curves else []
+        out[arm] = row
+    return out
+
+
+def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
+    vals = [x for x in xs if x is not None]
+    return round(statistics.fmean(vals), 5) if vals else None
+
+
+def write_report(args: argparse.Namespace, shapes: Sequence[Shape], meta: dict[str, Any],
+                 runs: Sequence[dict[str, Any]], argv: Sequence[str]) -> dict[str, Any]:
+    summary = summarise(runs)
+    doc = {"format": "evo-operator-ablation/1", "shapes": [str(s) for s in shapes], "meta": meta,
+           "gpu_seconds": args.gpu_seconds, "seeds": args.seed_list, "llm_device": args.llm_device,
+           "adapter": str(args.adapter) if args.adapter else None, "marks": list(MARKS), "arms": summary,
+           "runs": list(runs), "command": "python bench/operator_ablation.py " + shlex.join(argv)}
+    (args.out / "ablation.json").write_text(json.dumps(doc, indent=1))
+
+    def cell(v: Any, pct: bool = False) -> str:
+        if v is None:
+            return "-"
+        m = v["mean"]
+        return f"{100 * m:.1f}%" if pct else f"{m:.4g}"
+    lines = [f"Command: `{doc['command']}`", "",
+             f"Shapes ({meta.get('source')}; test models {', '.join(meta.get('test_models', [])) or '-'}): "
+             + ", ".join(doc["shapes"]), "",
+             f"{args.gpu_seconds:g} GPU-s per run, seeds {','.join(map(str, args.seed_list))}, LLM on {args.llm_device}; means over seeds.", "",
+             "| arm | runs | evaluations | valid | improving | flagged | tokens | LLM GPU-s | GPU-s | improvement / GPU-s "
+             "| child gain / GPU-s | best speedup (end) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for arm, row in summary.items():
+        if row["skipped"] and not row["runs"]:
+            lines.append(f"| {arm} | 0 | not run: {row['skipped']} | | | | | | | | | |")
+            continue
+        end = next((v for v in reversed(row["best_over_time"]) if v is not None), None)
+        lines.append(f"| {arm} | {row['runs']} | {cell(row['evaluations'])} | {cell(row['valid_share'], True)} | "
+                     f"{cell(row['improving_share'], True)} | {cell(row['flagged_share'], True)} | {cell(row['tokens'])} | "
+                     f"{cell(row['llm_gpu_s'])} | {cell(row['gpu_s'])} | {cell(row['improvement_per_gpu_s'])} | "
+                     f"{cell(row['child_gain_per_gpu_s'])} | {'-' if end is None else f'{end:.3f}'} |")
+    (args.out / "ablation.md").write_text("\n".join(lines) + "\n")
+    from evo.rl._plot import svg_panels
+    series = {arm: [v if v is not None else None for v in row["best_over_time"]]
+              for arm, row in summary.items() if row["best_over_time"]}
+    if series:
+        svg_panels(args.out / "best_over_time.svg", "best speedup (geomean over shapes) vs GPU-seconds "
+                   f"(x: 1/20 .. 20/20 of {args.gpu_seconds:g} s)",
+                   [("best speedup over GPU time", "lines", [f"{m:.2f}" for m in MARKS], series)])
+    return doc
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.tiny:
+        args.gpu_seconds = min(args.gpu_seconds, 3.0)
+        args.seed_list = args.seed_list[:2]
+    try:
+        shapes, meta = test_shapes(args)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"operator_ablation: error: {exc}", file=sys.stderr)
+        return 2
+    if args.adapter is not None and not (args.adapter / "evo-adapter.json").is_file():
+        print(f"operator_ablation: error: --adapter {args.adapter} has no evo-adapter.json", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"operator_ablation: {len(shapes)} shapes, arms {', '.join(args.arm_list)}, seeds {args.seed_list}, "
+          f"{args.gpu_seconds:g} GPU-s each", flush=True)
+    runs = []
+    for seed in args.seed_list:  # seeds outermost: a cut-short call still has every arm once
+        for arm in args.arm_list:
+            r = run_arm(args, arm, seed, shapes)
+            runs.append(r)
+            print(f"operator_ablation: {arm} s{seed}: " + json.dumps({k: r.get(k) for k in
+                  ("skipped", "error", "evaluations", "valid_share", "improving_share", "flagged_share",
+                   "improvement_per_gpu_s", "llm_gpu_s")}), flush=True)
+    write_report(args, shapes, meta, runs, argv)
+    print((args.out / "ablation.md").read_text())
+    return 1 if any("error" in r for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""The GPU lease between timed regions and LLM generation (issue 25): generation waits while a
+timed region is open, timing waits at most one generation slice (and never past its bound),
+across threads and processes; the LLM's placement and its GPU seconds.
+
+The GPU is a boundary we do not own here: :class:`GpuDouble` stands for it and records, per
+kind of work, the intervals during which it "ran", so the tests can check that no generation
+interval overlaps a timed one.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from evaluators._lease import GpuLease, gpu_key, timing_lease
+from evo._llm_placement import device_index, llm_placement, place_llm
+
+
+class GpuDouble:
+    """A test double for the GPU: ``run(kind, seconds)`` occupies it and records the interval."""
+
+    def __init__(self) -> None:
+        self.intervals: list[tuple[str, float, float]] = []
+        self._lock = threading.Lock()
+
+    def run(self, kind: str, seconds: float) -> None:
+        t0 = time.perf_counter()
+        time.sleep(seconds)
+        with self._lock:
+            self.intervals.append((kind, t0, time.perf_counter()))
+
+    def overlaps(self) -> list[tuple[tuple[str, float, float], tuple[str, float, float]]]:
+        timed = [i for i in self.intervals if i[0] == "timing"]
+        gen = [i for i in self.intervals if i[0] == "generation"]
+        return [(t, g) for t in timed for g in gen if g[1] < t[2] and t[1] < g[2]]
+
+
+@pytest.fixture
+def lease(tmp_path: Path) -> GpuLease:
+    return GpuLease("test-gpu", tmp_path)
+
+
+def test_generation_waits_while_a_timed_region_is_open(lease: GpuLease, tmp_path: Path) -> None:
+    gpu = GpuDouble()
+    inside = threading.Event()
+    started = {}
+
+    def generate() -> None:
+        inside.wait()
+        gen = GpuLease("test-gpu", tmp_path)  # its own descriptors, as another process would have
+        t0 = time.perf_counter()
+        with gen.slice():
+            started["after"] = time.perf_counter() - t0
+            gpu.run("generation", 0.01)
+
+    th = threading.Thread(target=generate)
+    th.start()
+    with lease.timed() as wait:
+        inside.set()
+        gpu.run("timing", 0.3)
+    th.join(5)
+    assert not wait.timed_out and wait.waited_s < 0.05
+    assert started["after"] >= 0.25  # it waited for the region to end
+    assert not gpu.overlaps()
+
+
+def test_timing_waits_at_most_one_slice_of_continuous_generation(lease: GpuLease, tmp_path: Path) -> None:
+    gpu = GpuDouble()
+    stop = threading.Event()
+    slice_s = 0.05
+
+    def generate() -> None:
+        gen = GpuLease("test-gpu", tmp_path)
+        while not stop.is_set():
+            with gen.slice():
+                gpu.run("generation", slice_s)
+
+    th = threading.Thread(target=generate)
+    th.start()
+    time.sleep(0.1)
+    waits = []
+    for _ in range(5):
+        with lease.timed(max_wait_s=2.0) as wait:
+            gpu.run("timing", 0.03)
+        waits.append(wait.waited_s)
+        time.sleep(0.02)
+    stop.set()
+    th.join(5)
+    assert max(waits) <= slice_s + 0.05, waits  # one slice, plus scheduling slack
+    assert sum(1 for i in gpu.intervals if i[0] == "generation") >= 3  # generation ran between regions
+    assert not gpu.overlaps()
+    assert lease.summary()["slices"] == 0  # the timer's side counts no slices
+
+
+def test_timing_never_waits_past_its_bound(lease: GpuLease, tmp_path: Path) -> None:
+    held = threading.Event()
+    release = threading.Event()
+
+    def stuck_generation() -> None:
+        with GpuLease("test-gpu", tmp_path).slice():
+            held.set()
+            release.wait(5)
+
+    th = threading.Thread(target=stuck_generation)
+    th.start()
+    held.wait(5)
+    t0 = time.perf_counter()
+    with lease.timed(max_wait_s=0.1) as wait:
+        pass
+    release.set()
+    th.join(5)
+    assert wait.timed_out and 0.09 <= wait.waited_s < 1.0
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_the_lease_holds_across_processes(tmp_path: Path) -> None:
+    """A timed region in another process (the GPU worker) holds generation here off."""
+    code = ("import sys, time; from evaluators._lease import GpuLease\n"
+            f"with GpuLease('test-gpu', {str(tmp_path)!r}).timed():\n"
+            "    print('in', flush=True); time.sleep(0.5)\n")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=root)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "in"
+    t0 = time.perf_counter()
+    gen = GpuLease("test-gpu", tmp_path)
+    with gen.slice():
+        waited = time.perf_counter() - t0
+    proc.wait(10)
+    assert waited >= 0.3
+    s = gen.summary()
+    assert s["slices"] == 1 and s["waited_s"] >= 0.3
+
+
+def test_a_cancelled_generation_stops_waiting_and_never_runs_unleased(lease: GpuLease, tmp_path: Path) -> None:
+    cancel = threading.Event()
+    ran = []
+    with lease.timed():
+        threading.Timer(0.1, cancel.set).start()
+        t0 = time.perf_counter()
+        with pytest.raises(InterruptedError):
+            with GpuLease("test-gpu", tmp_path).slice(cancel=cancel):
+                ran.append(1)
+        assert time.perf_counter() - t0 < 1.0
+    assert not ran
+
+
+def test_timing_hook_records_its_wait_and_can_be_switched_off(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("EVO_GPU_LEASE_DIR", str(tmp_path))
+    res: dict = {}
+    with timing_lease(res):
+        pass
+    assert set(res["notes"]["gpu_lease"]) == {"waited_s", "timed_out", "enabled"}
+    assert list(tmp_path.glob("*.gate"))
+    monkeypatch.setenv("EVO_GPU_LEASE", "off")
+    res = {}
+    with timing_lease(res) as wait:
+        assert not wait.enabled
+    assert "notes" not in res
+
+
+def test_gpu_keys_agree_between_processes(monkeypatch) -> None:
+    assert gpu_key(0, uuid_of=lambda i: "GPU-12ab/x") == "uuid-GPU-12ab_x"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    worker = gpu_key(0, uuid_of=lambda i: None)  # the worker sees physical GPU 3 as index 0
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert worker == gpu_key(3, uuid_of=lambda i: None) == "index-3"
+
+
+# -- placement ------------------------------------------------------------------------------------
+class _LlmLike:
+    """Stands for an LLM operator (its gate/models/device attributes only)."""
+
+    def __init__(self) -> None:
+        self.gate, self.models, self.gpu_device = None, ["m"], False
+
+    def _spec(self, name: str):
+        from operators.llm import resolve_model
+        return resolve_model("smollm2-135m")
+
+
+def test_placement_decides_the_lease() -> None:
+    assert device_index("cuda") == 0 and device_index("cuda:2") == 2 and device_index("cpu") is None
+    ops = {"knob_mutation": object(), "llm": _LlmLike()}
+    key = lambda i: f"k{i}"  # noqa: E731
+    assert llm_placement({"knob": object()}, [0]).where == "none"
+    assert llm_placement(ops, [0], None, key).where == "cpu"  # models.toml: smollm2-135m on the CPU
+    co = llm_placement(ops, [0, 1], "cuda:1", key)
+    assert (co.where, co.gpu, co.lease) == ("colocated", 1, "k1") and "waits" in co.describe()
+    sep = llm_placement(ops, [0], "cuda:1", key)
+    assert sep.where == "separate" and sep.lease is None
+    made = []
+    lease = place_llm(ops, co, lease_factory=lambda k: made.append(k) or f"lease-{k}")
+    assert lease == "lease-k1" and ops["llm"].gate == "lease-k1" and ops["llm"].gpu_device and made == ["k1"]
+    assert place_llm(ops, sep) is None and ops["llm"].gate is None and ops["llm"].gpu_device
+
+
+# -- the LLM operator under a gate ------------------------------------------------------------------
+class RecordingGate:
+    """A gate double that counts slices (the lease's interface: ``slice(sync=, cancel=)``)."""
+
+    def __init__(self) -> None:
+        self.slices = 0
+
+    def slice(self, sync=None, cancel=None):
+        import contextlib
+
+        @contextlib.contextmanager
+        def one():
+            self.slices += 1
+            yield
+        return one()
+
+
+class ServerDouble:
+    """Stands for an OpenAI-compatible server (a boundary we do not own): a fixed answer."""
+
+    def complete(self, messages, **kwargs):
+        from operators.llm import Completion
+        time.sleep(0.01)
+        return Completion('{"BM": 64}', 10, 5, 0.25, "served", kwargs.get("temperature", 0.0))
+
+
+def test_a_server_request_is_one_slice_and_its_seconds_count_on_a_gpu() -> None:
+    from operators.llm import LLMOperator
+    from operators.llm._operator import _Accounted
+
+    gate = RecordingGate()
+    op = LLMOperator(gate=gate)
+    c = _Accounted(op, op.model, ServerDouble()).complete([], temperature=0.5)
+    assert gate.slices == 1 and c.gpu_s == 0.25  # the request's seconds: the server's GPU time
+    assert op.take_gpu_seconds() == 0.25 and op.take_gpu_seconds() == 0.0
+    assert op.outcomes[op.model]["gpu_s"] == 0.25
+    cpu_op = LLMOperator()
+    assert _Accounted(cpu_op, cpu_op.model, ServerDouble()).complete([]).gpu_s == 0.0
+
+
+def test_in_process_generation_runs_one_slice_per_forward_pass() -> None:
+    from operators import available_operators
+    if "llm" not in available_operators():
+        pytest.skip("the llm extra is not installed")
+    import random
+
+    from operators.llm import load_backend
+    backend = load_backend()
+    gate = RecordingGate()
+    c = backend.complete([{"role": "user", "content": "Say hi."}], rng=random.Random(0), temperature=0.0,
+                         max_new_tokens=4, gate=gate)
+    assert c.completion_tokens >= 1
+    assert gate.slices >= c.completion_tokens  # the prompt's chunks and every decoded token
+    assert c.gpu_s == 0.0  # on the CPU: no GPU seconds
+    assert getattr(backend, "_gate", None) is None  # the gate belongs to that completion only
+
+
+@pytest.mark.gpu
+def test_gpu_generation_load_stays_out_of_the_timed_regions(tmp_path: Path, monkeypatch) -> None:
+    """On the device: matmul 'generation' slices on GPU 0 under its lease while the pool times the
+    built-in kernel there; every result records its lease wait (at most ~one slice) and none is
+    flagged."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    from evaluators import LocalPool
+    from evaluators._builtin_kernels import naive_candidate
+    from populations import Shape, Status
+
+    monkeypatch.setenv("EVO_GPU_LEASE_DIR", str(tmp_path / "lease"))
+    lease = GpuLease(gpu_key(0), tmp_path / "lease")
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    stop = threading.Event()
+
+    def generate() -> None:
+        while not stop.is_set():
+            with lease.slice(sync=torch.cuda.synchronize):
+                for _ in range(4):  # ~1 ms of tensor-core work per slice
+                    a @ a
+
+    th = threading.Thread(target=generate)
+    th.start()
+    try:
+        with LocalPool(gpus=[0], compile_workers=2, log_dir=str(tmp_path / "logs")) as pool:
+            shapes = [Shape.parse(s) for s in ("256x384x512:TN", "64x128x64:TN", "1024x1024x1024:TN")]
+            evals = pool.evaluate([naive_candidate(tuple(shapes))])
+    finally:
+        stop.set()
+        th.join(10)
+    assert lease.summary()["slices"] > 0
+    for e in evals:
+        assert e.status is Status.OK and not e.flags, e.message
+        wait = e.provenance["gpu_lease"]
+        assert wait["enabled"] and not wait["timed_out"] and wait["waited_s"] < 0.5
+
+
+def test_a_server_request_waiting_for_the_lease_ends_when_the_run_stops(tmp_path: Path) -> None:
+    from operators.llm import LLMOperator
+    from operators.llm._operator import _Accounted
+
+    op = LLMOperator(gate=GpuLease("test-gpu", tmp_path))
+    with GpuLease("test-gpu", tmp_path).timed():
+        threading.Timer(0.1, op.cancel).start()
+        c = _Accounted(op, op.model, ServerDouble()).complete([], temperature=0.5)
+    assert c.error == "cancelled" and c.text == "" and c.gpu_s == 0.0

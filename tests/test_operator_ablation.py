@@ -1,0 +1,61 @@
+"""bench/operator_ablation.py (issue 25) in its tiny mode: real evo run children on the stand-in
+pool (tests/fake_pool.py, the GPU being a boundary we cannot cross here), every figure of the
+table computed from their archives, the report and plot written; and the device arms' commands."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import operator_ablation as ab  # noqa: E402
+from populations import Shape  # noqa: E402
+
+
+def test_tiny_ablation_runs_every_arm_and_reports(tmp_path: Path) -> None:
+    out = tmp_path / "abl"
+    rc = ab.main(["--tiny", "--out", str(out), "--seeds", "0", "--arms", "knob,knob+llm_adapter,bandit"])
+    assert rc == 0
+    doc = json.loads((out / "ablation.json").read_text())
+    assert doc["format"] == "evo-operator-ablation/1" and doc["shapes"] == ["64x256x512:TN:f32", "8x512x256:TN:f32"]
+    knob = doc["arms"]["knob"]
+    assert knob["runs"] == 1 and knob["evaluations"]["mean"] > 10
+    assert 0 < knob["valid_share"]["mean"] <= 1 and knob["flagged_share"]["mean"] == 0
+    assert knob["gpu_s"]["mean"] >= 3.0  # ran to its GPU budget (the stand-in's 0.05 s per evaluation)
+    assert knob["improvement_per_gpu_s"]["mean"] is not None and len(knob["best_over_time"]) == len(ab.MARKS)
+    assert doc["arms"]["knob+llm_adapter"]["skipped"] == "no --adapter given"
+    run = next(r for r in doc["runs"] if r["arm"] == "bandit")
+    assert run["bandit"]["tpe"]["children"] > 0  # parentless Optuna samples are arms too (vs the incumbent)
+    md = (out / "ablation.md").read_text()
+    assert "| knob | 1 |" in md and "not run: no --adapter given" in md and "Command: `python bench/" in md
+    assert (out / "best_over_time.svg").read_text().startswith("<svg")
+    # a second call resumes: finished runs are read back, not run again
+    before = (out / "runs" / "knob" / "s0" / "done.json").stat().st_mtime
+    assert ab.main(["--tiny", "--out", str(out), "--seeds", "0", "--arms", "knob"]) == 0
+    assert (out / "runs" / "knob" / "s0" / "done.json").stat().st_mtime == before
+
+
+def test_device_arm_commands(tmp_path: Path) -> None:
+    adapter = tmp_path / "v2"
+    adapter.mkdir()
+    args = ab.parse_args(["--layers", "x.csv", "--out", str(tmp_path), "--adapter", str(adapter),
+                          "--llm-device", "cuda", "--gpu-seconds", "90"])
+    shapes = [Shape(1, 4096, 4096)]
+    cmd = ab.run_command(args, "knob+llm_adapter", 2, shapes, tmp_path / "a")
+    assert cmd[cmd.index("--operators") + 1] == "knob:1,llm:1" and cmd[cmd.index("--llm-adapter") + 1] == str(adapter)
+    assert cmd[cmd.index("--llm-device") + 1] == "cuda" and cmd[cmd.index("--gpu-seconds") + 1] == "90"
+    assert "--pool" not in cmd and cmd[cmd.index("--seed") + 1] == "2"
+    bandit = ab.run_command(args, "bandit", 0, shapes, tmp_path / "b")
+    assert "--operator-bandit" in bandit and "--llm-adapter" in bandit and "llm" in bandit[bandit.index("--operators") + 1]
+    assert "--llm-device" not in ab.run_command(args, "knob", 0, shapes, tmp_path / "c")
+
+
+def test_test_shapes_are_spread_over_classes() -> None:
+    shapes = [Shape(1, 4096, 4096), Shape(8, 4096, 4096), Shape(512, 4096, 4096), Shape(4096, 4096, 4096),
+              Shape(64, 4096, 4096), Shape(8, 2304, 770)]
+    picked = ab.sample_shapes(shapes, 5)
+    from operators.llm._context import shape_class
+    assert len({shape_class(s).name for s in picked}) == 5
+    assert ab.sample_shapes(shapes, 5) == picked  # seeded

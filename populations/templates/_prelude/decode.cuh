@@ -3,6 +3,14 @@
 // split-K reduction across the CTAs of a thread-block cluster through distributed shared memory
 // (sm_90: one launch, no workspace, no second kernel). Needs CLUSTER defined (1 = no cluster).
 
+// The problem size inside a kernel: the rendered constants of a specialised candidate (EVO_M,
+// EVO_N, EVO_K, so every loop bound folds), the launch arguments M_, N_, K_ otherwise.
+#ifdef EVO_M
+#define DEC_PROBLEM_SIZE const int M = EVO_M, N = EVO_N, K = EVO_K
+#else
+#define DEC_PROBLEM_SIZE const int M = M_, N = N_, K = K_
+#endif
+
 // Weights are streamed exactly once: read-only path, no L1 allocation (keeps L1 for the tokens).
 // Not volatile: the operands are read-only for the whole kernel, so ptxas may schedule these loads
 // freely (hoist them ahead of arithmetic).

@@ -74,11 +74,7 @@ __device__ __forceinline__ void gemv_fma(float (&acc)[ROWS][TOK], const GemvFrag
 extern "C" __global__ void DEC_CLUSTER_DIMS __launch_bounds__(THREADS)
 evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ C,
          int M_, int N_, int K_) {
-#ifdef EVO_M
-  const int M = EVO_M, N = EVO_N, K = EVO_K;
-#else
-  const int M = M_, N = N_, K = K_;
-#endif
+  DEC_PROBLEM_SIZE;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int groups = (M + TOK - 1) / TOK;
   const int n0 = (blockIdx.x / groups) * ROWS, m0 = (blockIdx.x % groups) * TOK;

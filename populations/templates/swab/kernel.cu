@@ -71,11 +71,7 @@ __device__ __forceinline__ void swab_mma(float (&acc)[RT][NT][4], const SwabFrag
 extern "C" __global__ void DEC_CLUSTER_DIMS __launch_bounds__(THREADS)
 evo_swab(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ C,
          int M_, int N_, int K_) {
-#ifdef EVO_M
-  const int M = EVO_M, N = EVO_N, K = EVO_K;
-#else
-  const int M = M_, N = N_, K = K_;
-#endif
+  DEC_PROBLEM_SIZE;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int groups = (M + 8 * NT - 1) / (8 * NT);

@@ -6,6 +6,8 @@ from ._cache import CubinCache, cache_key, default_cache_dir
 from ._compile import ARCHS, CompileResult, arch_for_capability, compile_candidate, default_backend
 from ._compile_pool import CompilePool
 from ._ptxas import parse_ptxas
+from ._provenance import code_version
+from ._lease import GpuLease, gpu_key
 from ._static import ScanResult, scan, scan_source
 # GPU side (issue 4): nothing here imports torch or initialises CUDA in the importing process.
 from ._loader import CudaError, LoaderUnavailable, get_loader
@@ -20,6 +22,8 @@ __all__ = [
     "ARCHS", "CompileResult", "arch_for_capability", "compile_candidate", "default_backend",
     "CompilePool",
     "parse_ptxas",
+    "code_version",
+    "GpuLease", "gpu_key",
     "ScanResult", "scan", "scan_source",
     "CudaError", "LoaderUnavailable", "get_loader",
     "PRECISE_JOB", "LocalPool", "PoolStats", "gpu_arch", "visible_gpus",

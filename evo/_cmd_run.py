@@ -248,7 +248,7 @@ def _remove_fresh(path: Path) -> None:
     """Remove an archive this run created and could not use (only evo's own files in it)."""
     import shutil
 
-    from populations._archive import LOCK, MANIFEST
+    from populations import LOCK, MANIFEST
 
     from ._progress import EVENTS_FILE
 

@@ -18,7 +18,7 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from populations import ArchiveError, Candidate, Shape, ShapeError, Template, TemplateError, load_templates
-from populations._knobs import KnobSpace, knob_key
+from populations import KnobSpace, knob_key
 
 from ._cmd_args import (UsageError, add_archive, add_arch, add_json, add_shapes, archive_of, fail,
                         open_writer, resolve_arch)

@@ -35,7 +35,7 @@ def _fail(what: str, problem: str) -> int:
 
 
 def run(args: Any) -> int:
-    from populations._log import atomic_write
+    from populations import atomic_write
 
     from ._shapes import ShapesError, load_config, model_layers, rows, to_csv, to_toml
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Protocol
 
 from populations import Archive, Calibration, Candidate, Evaluation, Shape, Status, Template, attainable_frac, roofline_frac
-from populations._archive import DISQUALIFYING
+from populations import DISQUALIFYING
 from operators import OperatorContext, ParentView
 
 from ._budget import Budget, Convergence, gpu_seconds, pick_shape, shape_weights

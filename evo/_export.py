@@ -87,7 +87,7 @@ def _gencode(arch: str) -> str:
 
 def _evo_version() -> str:
     try:
-        from evaluators._provenance import code_version
+        from evaluators import code_version
 
         return code_version()
     except Exception:  # pragma: no cover - provenance is best effort
@@ -136,7 +136,7 @@ def choose_path(elite: Optional[Elite], why: str = "", *, keep_slower: bool = Fa
 
 def _tmap_geometry(spec: Any, shape: Shape) -> tuple[tuple[int, int], int, tuple[int, int]]:
     """(globalDim innermost first, row pitch bytes, boxDim) as contracts.md §1 defines them."""
-    from evaluators._tmap import tmap_geometry  # noqa: PLC0415 (evo may import evaluators)
+    from evaluators import tmap_geometry  # noqa: PLC0415 (evo may import evaluators)
 
     g = tmap_geometry(spec, shape)
     return g.global_dim, g.global_strides[0], g.box_dim

@@ -72,7 +72,7 @@ def llm_placement(operators: Mapping[str, Any], pool_gpus: Sequence[int], llm_de
     if gpu not in pool_gpus:
         return LlmPlacement("separate", device, gpu, tuple(pool_gpus))
     if key_of is None:
-        from evaluators._lease import gpu_key as key_of
+        from evaluators import gpu_key as key_of
     return LlmPlacement("colocated", device, gpu, tuple(pool_gpus), key_of(gpu))
 
 
@@ -92,7 +92,7 @@ def place_llm(operators: Mapping[str, Any], placement: LlmPlacement,
     lease = None
     if placement.where == "colocated":
         if lease_factory is None:
-            from evaluators._lease import GpuLease as lease_factory
+            from evaluators import GpuLease as lease_factory
         lease = lease_factory(placement.lease)
     for op in operators.values():
         if hasattr(op, "gate") and hasattr(op, "models"):

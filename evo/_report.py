@@ -228,7 +228,7 @@ def build_report(archive_path: Union[str, os.PathLike, Archive], out: Union[str,
     with staged_dir(out) as tmp:
         plots = _plots(rows, timers, tmp)
         try:
-            from evaluators._provenance import code_version
+            from evaluators import code_version
 
             version = code_version()
         except Exception:  # pragma: no cover - best effort

@@ -12,7 +12,7 @@ import math
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from populations import Candidate, Evaluation, Shape, Template
-from populations._knobs import TemplateError, knob_key
+from populations import TemplateError, knob_key
 
 __all__ = ["shape_distance", "nearest_shapes", "transfer_candidates"]
 

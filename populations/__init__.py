@@ -7,9 +7,11 @@ from ._expr import ExprError, evaluate
 from ._plan import Launch, LaunchPlan, PlanError, ResolvedLaunch, TensorMapSpec
 from ._records import Candidate, Evaluation, KernelStats, Status, TimerResult, candidate_id
 from ._shape import Shape, ShapeError
-from ._knobs import Constraint, Knob, KnobSpace, TemplateError
+from ._knobs import Constraint, Knob, KnobSpace, TemplateError, knob_key
 from ._template import Template, load_template, load_templates
-from ._archive import Archive, ArchiveError, ArchiveLockedError, CandidateInfo, Elite, LineageNode
+from ._archive import (DISQUALIFYING, LOCK, MANIFEST, Archive, ArchiveError, ArchiveLockedError, CandidateInfo, Elite,
+                       LineageNode)
+from ._log import atomic_write
 from ._roofline import (CALIBRATION_FILE, H200_DEFAULTS, Calibration, attainable_frac, attainable_time,
                         read_calibration, roofline_frac, roofline_time, write_calibration)
 
@@ -19,8 +21,9 @@ __all__ = [
     "Launch", "LaunchPlan", "PlanError", "ResolvedLaunch", "TensorMapSpec",
     "Candidate", "Evaluation", "KernelStats", "Status", "TimerResult", "candidate_id",
     "Shape", "ShapeError",
-    "Constraint", "Knob", "KnobSpace", "TemplateError", "Template", "load_template", "load_templates",
-    "Archive", "ArchiveError", "ArchiveLockedError", "CandidateInfo", "Elite", "LineageNode",
+    "Constraint", "Knob", "KnobSpace", "TemplateError", "knob_key", "Template", "load_template", "load_templates",
+    "DISQUALIFYING", "LOCK", "MANIFEST", "Archive", "ArchiveError", "ArchiveLockedError", "CandidateInfo", "Elite",
+    "LineageNode", "atomic_write",
     "CALIBRATION_FILE", "H200_DEFAULTS", "Calibration", "attainable_frac", "attainable_time",
     "read_calibration", "roofline_frac", "roofline_time", "write_calibration",
 ]

@@ -37,3 +37,31 @@ def test_package_imports_only_what_it_may(package: str) -> None:
         if extra:
             bad[str(path.relative_to(ROOT))] = sorted(extra)
     assert not bad, f"import rule broken: {bad}"
+
+
+def _private_reaches(path: Path, package: str) -> list[str]:
+    """Modules of *another* of our packages that ``path`` imports by a private name (``pkg._mod``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return sorted(n for n in names
+                  if n.split(".")[0] in OURS - {package} and any(p.startswith("_") for p in n.split(".")[1:]))
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_other_packages_are_used_through_their_public_names(package: str) -> None:
+    """A package's private modules are its own: others import what its ``__init__`` re-exports."""
+    bad = {str(p.relative_to(ROOT)): reach for p in sorted((ROOT / package).rglob("*.py"))
+           if (reach := _private_reaches(p, package))}
+    assert not bad, f"private modules reached across packages: {bad}"
+
+
+def test_the_private_reach_check_can_fail(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("from populations._archive import LOCK\nimport evaluators._lease\nfrom evo import cli\n")
+    assert _private_reaches(src, "evo") == ["evaluators._lease", "populations._archive"]
+    assert _private_reaches(src, "populations") == ["evaluators._lease"]

@@ -118,7 +118,7 @@ def train_adapter(rows: Sequence[Mapping[str, Any]], out: Union[str, os.PathLike
 def backends_of(operators: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """(model name, loaded backend) of every LLM operator's models (loading them if needed): the
     process-wide backend objects the operators answer with."""
-    from operators.llm._models import get_backend
+    from operators.llm import get_backend
 
     out = []
     for op in operators.values():

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from populations import Evaluation, Shape, Status, evaluate, roofline_time
-from populations._roofline import H200_DEFAULTS, Calibration
+from populations import H200_DEFAULTS, Calibration
 
 from .._base import ParentView
 

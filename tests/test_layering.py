@@ -48,6 +48,7 @@ def _private_reaches(path: Path, package: str) -> list[str]:
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names if alias.name.startswith("_")]
     return sorted(n for n in names
                   if n.split(".")[0] in OURS - {package} and any(p.startswith("_") for p in n.split(".")[1:]))
 
@@ -62,6 +63,7 @@ def test_other_packages_are_used_through_their_public_names(package: str) -> Non
 
 def test_the_private_reach_check_can_fail(tmp_path: Path) -> None:
     src = tmp_path / "m.py"
-    src.write_text("from populations._archive import LOCK\nimport evaluators._lease\nfrom evo import cli\n")
-    assert _private_reaches(src, "evo") == ["evaluators._lease", "populations._archive"]
-    assert _private_reaches(src, "populations") == ["evaluators._lease"]
+    src.write_text("from populations._archive import LOCK\nimport evaluators._lease\nfrom evo import cli\n"
+                   "from operators import _base\n")
+    assert _private_reaches(src, "evo") == ["evaluators._lease", "operators._base", "populations._archive"]
+    assert _private_reaches(src, "populations") == ["evaluators._lease", "operators._base"]

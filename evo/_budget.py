@@ -156,7 +156,7 @@ def shape_weights(fracs: Mapping[K, Optional[float]], stalled: Optional[Mapping[
 def pick_shape(order: Sequence[K], loads: Mapping[K, int], weights: Mapping[K, float]) -> K:
     """The shape of ``order`` (non-empty) with the smallest ``load / weight`` among those with a
     positive weight (the earliest in ``order`` on ties); with none positive, the least loaded."""
-    positive = [s for s in order if weights.get(s, 0.0) > 0]
+    positive = [(i, s) for i, s in enumerate(order) if weights.get(s, 0.0) > 0]
     if not positive:
-        return min(order, key=lambda s: (loads.get(s, 0), order.index(s)))
-    return min(positive, key=lambda s: (loads.get(s, 0) / weights[s], order.index(s)))
+        return min(enumerate(order), key=lambda p: (loads.get(p[1], 0), p[0]))[1]
+    return min(positive, key=lambda p: (loads.get(p[1], 0) / weights[p[1]], p[0]))[1]

@@ -3,7 +3,9 @@
 :func:`ensure_calibration` (``evo run`` calls it before it starts the evaluator pool) returns the
 calibration for this machine's GPU and writes it to ``ARCHIVE/calibration.json``:
 
-1. the archive's own file, when it was measured on a GPU of the same name;
+1. the archive's own file, when it was measured on a GPU of the same name (and after the SM copy
+   kernel replaced the memcpy in ``copy_bw``: older files, ``notes["copy_kernel"]`` missing, are
+   measured again where a GPU is present);
 2. else the per-device cache (``$EVO_CALIBRATION_DIR`` or ``~/.cache/evo/calibration/<gpu>.json``);
 3. else a fresh measurement by ``python -m evaluators._calibrate`` in a child process (about
    10 s; this process never initialises CUDA, so compile children can still be forked), which
@@ -27,7 +29,7 @@ from typing import Any, Callable, Optional, Union
 from populations import (CALIBRATION_FILE, H200_DEFAULTS, Calibration, read_calibration, roofline_frac,
                          write_calibration)
 
-__all__ = ["ensure_calibration", "load_calibration", "device_name", "cache_path", "evaluation_roofline"]
+__all__ = ["ensure_calibration", "load_calibration", "current", "device_name", "cache_path", "evaluation_roofline"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,6 +49,13 @@ def cache_path(name: str) -> Path:
     """Where the calibration of the GPU called ``name`` is cached on this machine."""
     root = Path(os.environ.get("EVO_CALIBRATION_DIR") or Path.home() / ".cache" / "evo" / "calibration")
     return root / (re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") + ".json")
+
+
+def current(cal: Calibration) -> bool:
+    """Whether ``cal`` was measured the current way: its ``copy_bw`` from the SM copy kernel, not
+    from a memcpy graph node (which may run on a copy engine: 2.71 TB/s on an H200 whose SMs copy
+    about 4.3). The defaults count as current; they are never cached."""
+    return cal.source == "default" or cal.notes.get("copy_kernel") == "sm"
 
 
 def load_calibration(archive_dir: Union[str, os.PathLike, None]) -> Calibration:
@@ -75,12 +84,12 @@ def ensure_calibration(archive_dir: Union[str, os.PathLike], *, measure: bool = 
     archive_dir = Path(archive_dir)
     name = name_of()
     here = read_calibration(archive_dir)
-    if here is not None and here.source != "default" and (name is None or here.device == name):
+    if here is not None and here.source != "default" and (name is None or (here.device == name and current(here))):
         return here
     if name is None:
         return here or H200_DEFAULTS
     cached = read_calibration(cache_path(name))
-    if cached is not None and cached.device == name and cached.source != "default":
+    if cached is not None and cached.device == name and cached.source != "default" and current(cached):
         cal = cached.with_source("cached")
     elif measure:
         try:

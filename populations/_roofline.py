@@ -2,12 +2,13 @@
 
 Two ceilings, on purpose:
 
-- :func:`roofline_time` is the figure issue 26 reports, ``max(2MNK / peak, bytes / copy_bw)``
-  with ``bytes = 2(MK + NK + MN)`` (A and B read once, C written once, fp16) and **no launch
+- :func:`roofline_time` is issue 26's roofline, ``max(2MNK / peak, bytes / read_bw)`` with
+  ``bytes = 2(MK + NK + MN)`` (A and B read once, C written once, fp16) and **no launch
   floor**. :func:`roofline_frac` (roofline time / measured time) is what every evaluation
-  records and what ``evo inspect`` / ``evo report`` show, so its figures compare with the
-  issue's (on an H200: peak 790 TFLOP/s, copy 4.3 TB/s; a kernel that streams at the 4.5 TB/s
-  HBM read rate can score slightly above 1.0 on large weights).
+  records and what ``evo inspect`` / ``evo report`` show. The bytes/s is HBM's read rate (an
+  H200 reaches 4.5 TB/s with a streaming read kernel), not a copy's (4.3 TB/s, the figure the
+  issue first wrote): GEMM traffic is almost all reads, so a weight-streaming kernel can reach
+  the read rate and its fraction stays <= 1.
 - :func:`attainable_time` is what the engine's budget allocation uses: ``max(2MNK / peak,
   bytes / read_bw, launch_floor)``. A tiny shape cannot finish faster than one kernel launch
   inside a CUDA graph, so without the floor a 1x576x576 kernel at 2.2 us would look 90 % short
@@ -43,7 +44,7 @@ class Calibration:
 
     peak_flops: float          # dense fp16 tensor FLOP/s (cuBLAS at 8192^3)
     read_bw: float             # HBM read bytes/s (a streaming read kernel)
-    copy_bw: float             # bytes/s moved by a device-to-device copy (read + write counted)
+    copy_bw: float             # bytes/s moved by an SM copy kernel (read + write counted); not in the roofline
     launch_floor_s: float      # seconds per launch of an empty kernel replayed in a CUDA graph
     device: str = "NVIDIA H200"
     source: str = "default"
@@ -82,8 +83,8 @@ H200_DEFAULTS = Calibration(peak_flops=790e12, read_bw=4.5e12, copy_bw=4.3e12, l
 
 
 def roofline_time(shape: Shape, cal: Calibration = H200_DEFAULTS) -> float:
-    """Issue 26's roofline in seconds: ``max(2MNK / peak, 2(MK + NK + MN) / copy_bw)``, no floor."""
-    return max(shape.flops / cal.peak_flops, shape.min_bytes / cal.copy_bw)
+    """Issue 26's roofline in seconds: ``max(2MNK / peak, 2(MK + NK + MN) / read_bw)``, no floor."""
+    return max(shape.flops / cal.peak_flops, shape.min_bytes / cal.read_bw)
 
 
 def attainable_time(shape: Shape, cal: Calibration = H200_DEFAULTS) -> float:

@@ -75,7 +75,7 @@ def _us(seconds: float) -> str:
 def describe_roofline(shape: Shape, cal: Calibration = H200_DEFAULTS, data: Optional[ContextData] = None) -> str:
     """The shape's roofline floor and whether compute or memory bounds it."""
     data = data or load_context()
-    flops_s, bytes_s = shape.flops / cal.peak_flops, shape.min_bytes / cal.copy_bw
+    flops_s, bytes_s = shape.flops / cal.peak_flops, shape.min_bytes / cal.read_bw
     return string.Template(data.text["roofline"]).substitute(
         floor_us=_us(roofline_time(shape, cal)), bound="compute" if flops_s >= bytes_s else "memory",
         flops_us=_us(flops_s), bytes_us=_us(bytes_s))

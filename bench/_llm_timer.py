@@ -1,10 +1,9 @@
-"""The issue-26 benchmark's own timer (GPU): independent of ``evaluators._timers`` on purpose.
+"""The issue-26 benchmark's timer (GPU): the library's (``evo._export_timer``), plus the plain peer.
 
-Per shape, in one process: operand sets rotated over more than 2x L2 (A M x K, W N x K as
-nn.Linear stores it, W^T contiguous for the NN call, C), each contender captured in one CUDA
-graph that calls it once on every set (repeated until a replay lasts about 0.3 ms), warm-up
-replays, then ``rounds`` rounds that replay every contender once in a fresh random order,
-each replay timed with events; a contender's time is the median over rounds / calls per replay.
+The timer itself (rotating operand sets > 2x L2, CUDA-graph replay, interleaved rounds, medians)
+lives in ``evo/_export_timer.py`` because ``evo export --verify`` re-times candidates with it
+before it decides which path a shape takes; the benchmark then measures the library with the
+same timer that chose it, and the figures compare.
 
 Contenders: ``cublas_tn`` ``torch.matmul(a, w.t(), out=c)``, ``cublas_nn``
 ``torch.matmul(a, wt, out=c)`` (the better of the two is "cuBLAS"), ``evo`` the exported library's
@@ -17,95 +16,15 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 from typing import Any, Callable, Optional
 
 import torch
 
+from evo._export_timer import REL_TOL, Sets, rel_error, time_arms
+
 __all__ = ["Sets", "time_arms", "rel_error", "PeerRunner", "REL_TOL"]
 
-REL_TOL = 5e-3  # relative Frobenius error accepted (fp16 output of an fp32-accumulated product is ~3e-4)
-MAX_SETS = 512
-TARGET_REPLAY_S = 3e-4
-
 Launch = Callable[[int], None]
-
-
-class Sets:
-    """Rotating operand sets of one shape (more than ``2 * l2`` bytes when at most MAX_SETS do)."""
-
-    def __init__(self, m: int, n: int, k: int, l2: int, seed: int = 0) -> None:
-        per = 2 * (m * k + n * k + m * n)  # what one call touches (the NN arm's W^T copy replaces W)
-        self.n_sets = max(2, min(MAX_SETS, math.ceil(2 * l2 / per) + 1))
-        self.bytes = per * self.n_sets  # bytes one contender rotates over
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        self.a = [torch.randn(m, k, device="cuda", dtype=torch.float16, generator=gen) for _ in range(self.n_sets)]
-        self.w = [torch.randn(n, k, device="cuda", dtype=torch.float16, generator=gen) / math.sqrt(k)
-                  for _ in range(self.n_sets)]
-        self.wt = [w.t().contiguous() for w in self.w]
-        self.c = [torch.empty(m, n, device="cuda", dtype=torch.float16) for _ in range(self.n_sets)]
-
-    def reference(self) -> torch.Tensor:
-        return self.a[0].float() @ self.w[0].float().t()
-
-
-def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
-    """||got - ref|| / ||ref|| (inf where got has NaN or infinities)."""
-    g = got.float()
-    if not bool(torch.isfinite(g).all()):
-        return math.inf
-    return float(torch.linalg.vector_norm(g - ref) / torch.linalg.vector_norm(ref).clamp(min=1e-30))
-
-
-def _capture(launch: Launch, n_sets: int, repeat: int, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
-    with torch.cuda.stream(stream):
-        launch(0)  # warm: lazy init, cuBLAS handles and workspaces outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=stream):
-        for _ in range(repeat):
-            for i in range(n_sets):
-                launch(i)
-    g.replay()
-    torch.cuda.synchronize()
-    return g
-
-
-def time_arms(arms: dict[str, Launch], n_sets: int, *, rounds: int = 7, warmup: int = 2,
-              rng: Optional[random.Random] = None) -> dict[str, float]:
-    """Median seconds per call of every arm (see the module docstring)."""
-    rng = rng or random.Random(0)
-    stream = torch.cuda.Stream()
-    graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
-    for name, launch in arms.items():
-        probe = _capture(launch, n_sets, 1, stream)
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        probe.replay()
-        e1.record()
-        e1.synchronize()
-        one = max(e0.elapsed_time(e1) * 1e-3, 1e-7)
-        repeat = max(1, min(64, math.ceil(TARGET_REPLAY_S / one)))
-        graphs[name] = (probe, 1) if repeat == 1 else (_capture(launch, n_sets, repeat, stream), repeat)
-        if repeat > 1:
-            del probe
-    for _ in range(warmup):
-        for g, _r in graphs.values():
-            g.replay()
-    samples: dict[str, list[float]] = {name: [] for name in graphs}
-    names = list(graphs)
-    for _ in range(rounds):
-        rng.shuffle(names)
-        for name in names:
-            g, repeat = graphs[name]
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            g.replay()
-            e1.record()
-            e1.synchronize()
-            samples[name].append(e0.elapsed_time(e1) * 1e-3 / (repeat * n_sets))
-    del graphs
-    return {name: statistics.median(xs) for name, xs in samples.items()}
 
 
 class PeerRunner:

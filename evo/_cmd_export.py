@@ -1,4 +1,4 @@
-"""``evo export ARCHIVE --out LIB [--arch auto|sm_90a|...] [--json]``
+"""``evo export ARCHIVE --out LIB [--arch auto|sm_90a|...] [--verify auto|on|off] [--json]``
 
 Builds a deployable library from an archive: per shape the best non-flagged ``ok`` kernel,
 compiled with nvcc into LIB/libevo_hgemm.so with a C ABI launcher per shape
@@ -7,8 +7,12 @@ compiled with nvcc into LIB/libevo_hgemm.so with a C ABI launcher per shape
 sources' sha256, measured speedups per timer, workspace bytes, GPU and provenance, and the shapes
 skipped with the reason). A shape whose best kernel is not faster than cuBLAS in GPU time is
 left to cuBLAS (the manifest's paths say which path each shape takes and why; --keep-slower
-exports it anyway). Load it in Python with ``evo.load_library(LIB)``. ``--arch auto`` (the
-default) is the architecture the archive's best kernels were measured on.
+exports it anyway). With --verify (auto, the default: where a GPU of the export's architecture is
+visible; on: required; off) the top --verify-top candidates of every shape are re-timed beside
+cuBLAS in both layouts first, and a shape keeps the fastest only where it beats the better cuBLAS
+layout by --verify-margin; the manifest records both timings. Load it in Python with
+``evo.load_library(LIB)``. ``--arch auto`` (the default) is the architecture the archive's best
+kernels were measured on.
 Exit status 0, or 2 with one line on stderr and nothing written for bad input, an unwritable
 LIB, an archive with nothing to export, or a failed build.
 """
@@ -19,11 +23,12 @@ import shutil
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from ._cmd_args import EXIT_BAD_INPUT, add_archive, add_arch, add_json, archive_of, fail, resolve_arch
+from ._cmd_args import EXIT_BAD_INPUT, add_archive, add_arch, add_json, archive_of, fail, resolve_arch, warn
+from ._export_verify import MARGIN, TOP_K, Verify, child_timer
 
-__all__ = ["add_parser", "run", "measured_arch"]
+__all__ = ["add_parser", "run", "measured_arch", "verify_plan"]
 
 
 def add_parser(subparsers: Any) -> None:
@@ -34,7 +39,37 @@ def add_parser(subparsers: Any) -> None:
     add_arch(p)
     p.add_argument("--keep-slower", action="store_true",
                    help="also export kernels not faster than cuBLAS (by default those shapes are left to cuBLAS)")
+    p.add_argument("--verify", choices=("auto", "on", "off"), default="auto",
+                   help="re-time the top candidates of every shape and cuBLAS (both layouts) on the GPU before "
+                        "choosing each shape's path: auto (default) where a GPU of the export's architecture is "
+                        "visible, on (an error without one), off (decide by the archive's speedups)")
+    p.add_argument("--verify-top", type=int, default=TOP_K, metavar="K",
+                   help=f"candidates per shape to re-time (default {TOP_K})")
+    p.add_argument("--verify-margin", type=float, default=MARGIN, metavar="X",
+                   help=f"keep a kernel only if it is at least 1+X times as fast as the better cuBLAS layout "
+                        f"in the re-timing (default {MARGIN})")
     add_json(p, "the library's manifest")
+
+
+def verify_plan(mode: str, arch: str, top: int, margin: float,
+                gpu: Callable[[], Optional[str]] = lambda: _gpu_arch()) -> tuple[Optional[Verify], str]:
+    """(how to re-time, or None and why not) for ``--verify mode``; ValueError for ``on`` without a
+    GPU of ``arch``, or a bad ``top``/``margin``. ``gpu`` (the visible GPU's arch) is a seam for tests."""
+    if mode == "off":
+        return None, "--verify off"
+    here = gpu()
+    if here is None or here.rstrip("a") != arch.rstrip("a"):
+        why = "no GPU is visible" if here is None else f"the visible GPU is {here}, the export is for {arch}"
+        if mode == "on":
+            raise ValueError(f"--verify on: {why}; re-timing needs a GPU of the export's architecture")
+        return None, f"--verify auto: {why}"
+    return Verify(child_timer(log=lambda msg: warn("export", msg)), top_k=top, margin=margin), ""
+
+
+def _gpu_arch() -> Optional[str]:
+    from evaluators import gpu_arch
+
+    return gpu_arch()
 
 
 def measured_arch(archive: Any) -> Optional[str]:
@@ -70,7 +105,8 @@ def run(args: Any) -> int:
     try:
         path = archive_of(args)
         arch = _exportable(path, args.arch.strip().lower())  # type: ignore[arg-type]
-        manifest = export(path, args.out, arch, keep_slower=args.keep_slower)
+        verify, verify_why = verify_plan(args.verify, arch, args.verify_top, args.verify_margin)
+        manifest = export(path, args.out, arch, keep_slower=args.keep_slower, verify=verify, verify_why=verify_why)
     except (ExportError, ArchiveError, ValueError) as exc:
         return fail("export", exc)
     except OSError as exc:
@@ -88,8 +124,12 @@ def run(args: Any) -> int:
         return 0
     for e in manifest["kernels"]:
         speed = " ".join(f"{k} {v:.3f}x" for k, v in e["speedups"].items())
-        print(f"{e['shape']:>26}  {e['template'] or 'free-form':>12}  {e['candidate']}  {speed}")
+        kept = next((c for c in e.get("verify", {}).get("candidates", []) if c["candidate"] == e["candidate"]), None)
+        retimed = f"  re-timed {kept['speedup']:.3f}x" if kept else ""
+        print(f"{e['shape']:>26}  {e['template'] or 'free-form':>12}  {e['candidate']}  {speed}{retimed}")
     for s in manifest["skipped"]:
         print(f"{s['shape']:>26}  cuBLAS: {s['reason']}")
-    print(f"{len(manifest['kernels'])} kernels -> {args.out}/{manifest['library']}")
+    v = manifest["verify"]
+    how = (f"re-timed: top {v['top_k']} per shape, margin {v['margin']:.0%}" if v["ran"] else f"not re-timed: {v['why']}")
+    print(f"{len(manifest['kernels'])} kernels -> {args.out}/{manifest['library']} ({how})")
     return 0

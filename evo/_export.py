@@ -18,7 +18,10 @@ Never slower than cuBLAS: a shape whose best kernel did not beat cuBLAS in GPU t
 device-timer speedup <= 1.0), or that has no exportable kernel, is not given a launcher; the
 dispatchers return -1 for it and every caller (the loader, the torch ops) runs cuBLAS there. The
 manifest's ``paths`` says which path each shape of the archive takes and why
-(:func:`choose_path`).
+(:func:`choose_path`). With ``verify`` (``evo export --verify``, :mod:`evo._export_verify`) the
+archive's timing is not trusted alone: the top candidates of every shape are linked into a trial
+library, re-timed beside cuBLAS in both layouts on the GPU, and a shape keeps the fastest only
+where it beats the better cuBLAS layout by a margin; the other candidates' units are dropped.
 
 Everything is built in a temporary directory beside ``--out`` and renamed into place at the end:
 a failure leaves nothing half-written. A kernel unit nvcc refuses is left out of the library
@@ -60,10 +63,13 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 from populations import Archive, Candidate, Elite, PlanError, Shape
+
+from ._export_verify import Verify, decide
 
 __all__ = ["ExportError", "export", "choose_path", "load_library", "evo_hgemm", "EvoLibrary", "staged_dir", "MANIFEST_FORMAT", "LIBRARY"]
 
@@ -95,22 +101,30 @@ def _evo_version() -> str:
 
 
 # -- choosing and describing -----------------------------------------------------------------
-def _pick(archive: Archive, shape: Shape, arch: str) -> tuple[Optional[Elite], str]:
-    """The shape's best exportable elite, or None and why not."""
+def _picks(archive: Archive, shape: Shape, arch: str, top: int = 1) -> tuple[list[Elite], str]:
+    """The shape's best ``top`` exportable elites (archive order), or none and why not."""
     if shape.contract != "f32":
-        return None, f"contract {shape.contract} is not torch.matmul's (fp32 accumulation); only f32 is exported"
+        return [], f"contract {shape.contract} is not torch.matmul's (fp32 accumulation); only f32 is exported"
     elites = archive.elites(shape, top=None)
     if not elites:
-        return None, "no ok, unflagged measurement"
-    reasons = []
+        return [], "no ok, unflagged measurement"
+    reasons, picks = [], []
     for e in elites:
         if e.candidate is None:
             reasons.append(f"{e.candidate_id}: candidate record lost")
         elif e.latest.arch and e.latest.arch != arch:
             reasons.append(f"{e.candidate_id}: measured on {e.latest.arch}, exporting for {arch}")
         else:
-            return e, ""
-    return None, "; ".join(reasons[:3])
+            picks.append(e)
+            if len(picks) == top:
+                break
+    return picks, "" if picks else "; ".join(reasons[:3])
+
+
+def _pick(archive: Archive, shape: Shape, arch: str) -> tuple[Optional[Elite], str]:
+    """The shape's best exportable elite, or None and why not."""
+    picks, why = _picks(archive, shape, arch)
+    return (picks[0] if picks else None), why
 
 
 def choose_path(elite: Optional[Elite], why: str = "", *, keep_slower: bool = False) -> tuple[str, str]:
@@ -142,14 +156,16 @@ def _tmap_geometry(spec: Any, shape: Shape) -> tuple[tuple[int, int], int, tuple
     return g.global_dim, g.global_strides[0], g.box_dim
 
 
-def _launcher(shape: Shape, cand: Candidate, kernels: list[str]) -> tuple[str, int]:
-    """The C++ of ``evo_hgemm_<key>`` for one shape, and its workspace bytes."""
+def _launcher(shape: Shape, cand: Candidate, kernels: list[str], tag: str = "", symbol: str = "") -> tuple[str, int]:
+    """The C++ of the launcher ``symbol`` (default ``evo_hgemm_<key>``) for one shape, and its
+    workspace bytes. ``tag`` (default the shape's key) names the unit's kernel accessors."""
     launches, workspace = cand.plan.resolve(shape)
-    key = shape.key
+    key = tag or shape.key
+    symbol = symbol or f"evo_hgemm_{shape.key}"
     lines = [f"// {shape}: candidate {cand.id} ({cand.template or 'free-form'})"]
     for i, name in enumerate(kernels):
         lines.append(f'extern "C" const void* evo_{key}_kernel_{i}(void);')
-    lines += [f'extern "C" int evo_hgemm_{key}(const void* A, const void* B, void* C, int M, int N, int K,',
+    lines += [f'extern "C" int {symbol}(const void* A, const void* B, void* C, int M, int N, int K,',
               "                               void* workspace, cudaStream_t stream) {",
               f"  if (M != {shape.m} || N != {shape.n} || K != {shape.k}) return -2;"]
     if workspace:
@@ -279,11 +295,12 @@ def _split_includes(source: str) -> tuple[str, str]:
             + "".join(line + "\n" for line in lines), source)
 
 
-def _kernel_unit(shape: Shape, cand: Candidate, kernels: list[str]) -> str:
-    """The candidate's translation unit for the library: its kernels renamed per shape, its code in
-    an anonymous namespace (internal linkage: two units may define the same helper, constant or
-    kernel name without breaking the library's link), and an accessor per launched kernel."""
-    key = shape.key
+def _kernel_unit(shape: Shape, cand: Candidate, kernels: list[str], tag: str = "") -> str:
+    """The candidate's translation unit for the library: its kernels renamed per shape (``tag``,
+    default the shape's key), its code in an anonymous namespace (internal linkage: two units may
+    define the same helper, constant or kernel name without breaking the library's link), and an
+    accessor per launched kernel."""
+    key = tag or shape.key
     head = [f"// Generated by evo export: {shape}, candidate {cand.id}. Do not edit."]
     head += [f"#define {k} evo_{key}_{k}" for k in kernels]
     before, body = _split_includes(cand.source)
@@ -368,67 +385,167 @@ def _compile_units(tmp: Path, units: list[str], gencode: str, jobs: Optional[int
     return failed
 
 
-def _link(tmp: Path, units: list[str], gencode: str) -> None:
-    """Compile ``launchers.cu``, link it with the compiled units into ``tmp/libevo_hgemm.so``, drop the objects."""
-    _nvcc([gencode, *_FLAGS, "-c", "launchers.cu", "-o", "launchers.o"], tmp / "src")
-    _nvcc([gencode, "-shared", "-o", str(tmp / LIBRARY), "launchers.o", *[u[:-3] + ".o" for u in units]], tmp / "src")
-    for o in (tmp / "src").glob("*.o"):
-        o.unlink()
+def _link(src: Path, objects: list[str], gencode: str, launchers: str, library: Path) -> None:
+    """Compile ``src/launchers`` and link it with the compiled units' ``objects`` into ``library``."""
+    obj = launchers[:-3] + ".o"
+    _nvcc([gencode, *_FLAGS, "-c", launchers, "-o", obj], src)
+    _nvcc([gencode, "-shared", "-o", str(library), obj, *objects], src)
+
+
+@dataclass
+class _Trial:
+    """One candidate of one shape, written as a unit (``k_<tag>.cu``) of the build."""
+
+    shape: Shape
+    rank: int          # its place among the shape's exportable elites (0: the archive's best)
+    elite: Elite
+    why: str           # the archive decision (choose_path's reason); replaced by a verified one
+    kernels: list[str]
+    workspace: int = 0
+
+    @property
+    def tag(self) -> str:
+        return self.shape.key if self.rank == 0 else f"{self.shape.key}_r{self.rank}"
+
+    @property
+    def unit(self) -> str:
+        return f"k_{self.tag}.cu"
+
+    def launcher(self, symbol: str) -> str:
+        cand = self.elite.candidate
+        assert cand is not None
+        return _launcher(self.shape, cand, self.kernels, self.tag, symbol)[0]
+
+
+def _select(archive: Archive, arch: str, keep_slower: bool, top: int,
+            verify: bool) -> tuple[list[_Trial], list[dict[str, str]]]:
+    """The candidates to build (per shape the archive's best, or with ``verify`` its ``top`` best
+    whatever their archive speedup: the re-timing decides) and the shapes left to cuBLAS now."""
+    trials: list[_Trial] = []
+    skipped: list[dict[str, str]] = []
+    for shape in archive.shapes():
+        picks, why = _picks(archive, shape, arch, top if verify else 1)
+        path, why = choose_path(picks[0] if picks else None, why, keep_slower=keep_slower)
+        if not picks or (path == "cublas" and not verify):
+            skipped.append({"shape": str(shape), "reason": why})
+            continue
+        trials += [_Trial(shape, r, e, why, list(e.candidate.plan.kernel_names)) for r, e in enumerate(picks)]  # type: ignore[union-attr]
+    return trials, skipped
+
+
+def _write_units(tmp: Path, trials: list[_Trial], dropped: dict[Shape, list[str]]) -> list[_Trial]:
+    """Write every trial's unit under ``tmp/src``; one whose plan does not resolve at its shape is
+    left out, with the reason in ``dropped``."""
+    written = []
+    for t in trials:
+        cand = t.elite.candidate
+        assert cand is not None
+        try:
+            _, t.workspace = _launcher(t.shape, cand, t.kernels, t.tag)
+        except (PlanError, ValueError) as exc:  # a plan or tensor map not valid at this shape
+            dropped.setdefault(t.shape, []).append(f"{cand.id}: {exc}")
+            continue
+        (tmp / "src" / t.unit).write_text(_kernel_unit(t.shape, cand, t.kernels, t.tag))
+        written.append(t)
+    return written
+
+
+def _verified(tmp: Path, trials: list[_Trial], gencode: str, verify: Verify,
+              keep_slower: bool) -> tuple[list[_Trial], dict[str, dict[str, Any]]]:
+    """Link every trial into a trial library, re-time it (``verify.timer``), and keep per shape the
+    trial :func:`decide` keeps; returns (kept trials, {shape: decision})."""
+    src = tmp / "src"
+    (src / "trial_launchers.cu").write_text("\n".join([_PRELUDE, *[t.launcher(f"evo_hgemm_{t.tag}") for t in trials]]))
+    trial_lib = tmp / "trial" / "libevo_trial.so"
+    trial_lib.parent.mkdir()
+    _link(src, [t.unit[:-3] + ".o" for t in trials], gencode, "trial_launchers.cu", trial_lib)
+    by_shape: dict[Shape, list[_Trial]] = {}
+    for t in trials:
+        by_shape.setdefault(t.shape, []).append(t)
+    plan = [{"shape": str(s), "m": s.m, "n": s.n, "k": s.k, "layout": s.layout,
+             "candidates": [{"symbol": f"evo_hgemm_{t.tag}", "workspace": t.workspace} for t in ts]}
+            for s, ts in by_shape.items()]
+    timings = verify.timer(trial_lib, plan)
+    kept, decisions = [], {}
+    for shape, ts in by_shape.items():
+        rows = [{"symbol": f"evo_hgemm_{t.tag}", "candidate": t.elite.candidate_id, "rank": t.rank,
+                 "fitness": t.elite.fitness} for t in ts]
+        d = decide(rows, timings.get(str(shape), {"error": "not re-timed"}), shape.layout, verify.margin, keep_slower)
+        decisions[str(shape)] = d
+        for t in ts:
+            if f"evo_hgemm_{t.tag}" == d["symbol"]:
+                t.why = d["why"]
+                kept.append(t)
+    shutil.rmtree(trial_lib.parent)
+    for name in ("trial_launchers.cu", "trial_launchers.o"):
+        (src / name).unlink()
+    return kept, decisions
 
 
 def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], arch: str = "sm_90a",
-           *, jobs: Optional[int] = None, keep_slower: bool = False) -> dict[str, Any]:
+           *, jobs: Optional[int] = None, keep_slower: bool = False, verify: Optional[Verify] = None,
+           verify_why: str = "") -> dict[str, Any]:
     """Build the library at ``out`` (which must not exist, or be an earlier export); returns the manifest.
 
-    A shape whose best kernel is not faster than cuBLAS in GPU time is left to cuBLAS
-    (:func:`choose_path`; ``keep_slower`` exports it anyway). A kernel nvcc refuses is left out
-    too, with nvcc's error, and the others are exported; when every kernel fails, or the
-    launchers do not build, nothing is. The manifest's ``paths`` says, for every shape of the
-    archive, which path it takes (``evolved`` or ``cublas``) and why; ``skipped`` lists the
-    shapes without an exported kernel, with the reason."""
+    Without ``verify``, a shape whose best kernel is not faster than cuBLAS in the archive's GPU
+    time is left to cuBLAS (:func:`choose_path`; ``keep_slower`` exports it anyway). With it, the
+    top ``verify.top_k`` candidates of every shape are built and re-timed beside cuBLAS, and a
+    shape keeps the fastest only where it beats the better cuBLAS layout by ``verify.margin``
+    (:mod:`evo._export_verify`); the manifest records both timings and the decision (``verify``
+    per shape; ``verify_why`` says why a re-timing did not run). A kernel nvcc refuses is left
+    out too, with nvcc's error; when every kernel fails, or the launchers do not build, nothing
+    is. The manifest's ``paths`` says, for every shape of the archive, which path it takes
+    (``evolved`` or ``cublas``) and why; ``skipped`` lists the shapes without an exported kernel."""
     gencode = _gencode(arch)
     out = Path(out).resolve()
     if out.exists() and not (out / "manifest.json").is_file():
         raise ExportError(f"{out} exists and is not an evo export; refusing to overwrite it")
     archive = Archive(archive_path, "r")  # ArchiveError propagates: the caller reports it
-    exported: list[tuple[Shape, Elite, list[str], str]] = []
-    skipped: list[dict[str, str]] = []
-    for shape in archive.shapes():
-        elite, why = _pick(archive, shape, arch)
-        path, why = choose_path(elite, why, keep_slower=keep_slower)
-        if path == "cublas" or elite is None:
-            skipped.append({"shape": str(shape), "reason": why})
-            continue
-        exported.append((shape, elite, list(elite.candidate.plan.kernel_names), why))  # type: ignore[union-attr]
+    trials, skipped = _select(archive, arch, keep_slower, verify.top_k if verify else 1, verify is not None)
     with staged_dir(out) as tmp:
         (tmp / "src").mkdir()
-        built: list[tuple[Shape, str, str, dict[str, Any]]] = []  # (shape, unit file, launcher code, entry)
-        for shape, elite, kernels, why in exported:
-            cand = elite.candidate
-            assert cand is not None
-            try:
-                code, workspace = _launcher(shape, cand, kernels)
-            except (PlanError, ValueError) as exc:  # a plan or tensor map not valid at this shape
-                skipped.append({"shape": str(shape), "reason": f"{cand.id}: {exc}"})
-                continue
-            unit = _kernel_unit(shape, cand, kernels)
-            (tmp / "src" / f"k_{shape.key}.cu").write_text(unit)
-            built.append((shape, f"k_{shape.key}.cu", code, {**_entry(shape, elite, unit, workspace, arch), "why": why}))
-        failed = _compile_units(tmp, [b[1] for b in built], gencode, jobs)
-        if failed and len(failed) == len(built):
+        dropped: dict[Shape, list[str]] = {}  # why a trial was left out, per shape
+        shapes = list(dict.fromkeys(t.shape for t in trials))
+        trials = _write_units(tmp, trials, dropped)
+        failed = _compile_units(tmp, [t.unit for t in trials], gencode, jobs)
+        if failed and len(failed) == len(trials):
             raise ExportError(next(iter(failed.values())))
-        skipped += [{"shape": str(b[0]), "reason": f"{b[3]['candidate']}: {failed[b[1]]}"} for b in built if b[1] in failed]
-        built = [b for b in built if b[1] not in failed]
-        entries = [b[3] for b in built]
+        for t in trials:
+            if t.unit in failed:
+                dropped.setdefault(t.shape, []).append(f"{t.elite.candidate_id}: {failed[t.unit]}")
+        trials = [t for t in trials if t.unit not in failed]
+        left = {t.shape for t in trials}
+        skipped += [{"shape": str(s), "reason": "; ".join(dropped[s])} for s in shapes if s not in left]
+        decisions: dict[str, dict[str, Any]] = {}
+        if verify is not None and trials:
+            kept, decisions = _verified(tmp, trials, gencode, verify, keep_slower)
+            for t in trials:
+                if t not in kept:
+                    for f in (t.unit, t.unit[:-3] + ".o"):
+                        (tmp / "src" / f).unlink()
+            skipped += [{"shape": s, "reason": d["why"]} for s, d in decisions.items() if d["path"] == "cublas"]
+            trials = kept
+        entries = []
+        for t in trials:
+            unit = (tmp / "src" / t.unit).read_text()
+            entries.append({**_entry(t.shape, t.elite, unit, t.workspace, arch), "why": t.why,
+                            **({"verify": decisions[str(t.shape)]} if decisions else {})})
         paths = {s["shape"]: {"path": "cublas", "why": s["reason"]} for s in skipped}
         paths.update({e["shape"]: {"path": "evolved", "why": e["why"]} for e in entries})
-        tn = [b[0] for b in built if b[0].layout == "TN"]
-        nn = [b[0] for b in built if b[0].layout == "NN"]
-        launchers = [_PRELUDE, *[b[2] for b in built], _dispatcher("evo_hgemm", tn), _dispatcher("evo_hgemm_nn", nn)]
+        for s, d in decisions.items():
+            paths[s]["verify"] = d
+        tn = [t.shape for t in trials if t.shape.layout == "TN"]
+        nn = [t.shape for t in trials if t.shape.layout == "NN"]
+        launchers = [_PRELUDE, *[t.launcher(f"evo_hgemm_{t.shape.key}") for t in trials],
+                     _dispatcher("evo_hgemm", tn), _dispatcher("evo_hgemm_nn", nn)]
         (tmp / "src" / "launchers.cu").write_text("\n".join(launchers))
-        _link(tmp, [b[1] for b in built], gencode)
+        _link(tmp / "src", [t.unit[:-3] + ".o" for t in trials], gencode, "launchers.cu", tmp / LIBRARY)
+        for o in (tmp / "src").glob("*.o"):
+            o.unlink()
         manifest = {"format": MANIFEST_FORMAT, "arch": arch, "library": LIBRARY, "evo": _evo_version(),
                     "archive": archive.path, "kernels": entries, "skipped": skipped, "paths": paths,
+                    "verify": ({"ran": True, "timer": verify.name, "top_k": verify.top_k, "margin": verify.margin}
+                               if verify is not None else {"ran": False, "why": verify_why or "not asked for"}),
                     "fallback": "every shape not in kernels is cuBLAS's (torch.matmul): the dispatchers return -1",
                     "abi": "int evo_hgemm(const void* A, const void* B, void* C, int M, int N, int K, "
                            "void* workspace, cudaStream_t stream); evo_hgemm_nn for NN; 0 = ok, -1 = unknown shape"}

@@ -1,0 +1,188 @@
+"""Re-timing before the export decision (``evo export --verify``): the decision, and the child it times in.
+
+The archive's speedups come from the evaluator's timer; on 4096x18432x2304 an elite it timed
+faster than cuBLAS was 7% slower in the benchmark's independent re-timing. So with ``--verify``
+the export builds the top ``top_k`` exportable candidates of every shape into a trial library,
+re-times their launchers and cuBLAS in both layouts in one process (``evo._export_timer``:
+CUDA-graph replay over operand sets rotated through more than 2x L2, interleaved rounds, medians),
+and :func:`decide` keeps the fastest candidate only when it beats the **better** cuBLAS layout
+by ``margin`` (2% by default, about the spread of two medians of one kernel); otherwise the shape
+goes to cuBLAS. Both timings and the decision go into the manifest (``verify`` per shape).
+
+The timer is a seam (:data:`Timer`): :func:`child_timer` runs ``python -m evo._export_timer`` in a
+child process (it initialises CUDA; a kernel that kills its context kills only the child). When
+the child dies, the candidate it was trying is marked as having crashed it and the child is run
+again over what is left; a shape whose timing itself died goes to cuBLAS. Tests pass a named
+stand-in timer (no GPU on the CPU machine).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+__all__ = ["Verify", "Timer", "decide", "child_timer", "MARGIN", "TOP_K"]
+
+MARGIN = 0.02
+TOP_K = 3
+REPO = Path(__file__).resolve().parent.parent
+
+#: ``timer(trial_library, plan) -> {shape: timing}``. ``plan`` items: ``shape``, ``m``, ``n``, ``k``,
+#: ``layout``, ``candidates`` (``symbol``, ``workspace``). A timing: ``cublas_tn_s``, ``cublas_nn_s``
+#: and ``candidates`` {symbol: {``s`` (None: not timed), ``rel_err``, ``rc``, ``error``}}; a shape
+#: that could not be timed has an ``error`` instead.
+Timer = Callable[[Path, list[dict[str, Any]]], dict[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Verify:
+    """How ``export`` re-times: the timer, how many candidates per shape, the margin to beat cuBLAS by."""
+
+    timer: Timer
+    top_k: int = TOP_K
+    margin: float = MARGIN
+    name: str = "evo._export_timer (CUDA-graph replay, operands rotated over > 2x L2, medians)"
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1 or not 0 <= self.margin < 1:
+            raise ValueError(f"verify: top_k >= 1 and margin in [0, 1), got {self.top_k} and {self.margin}")
+
+
+def _us(s: Optional[float]) -> str:
+    return "-" if s is None else f"{s * 1e6:.2f} us"
+
+
+def decide(trials: list[dict[str, Any]], timing: dict[str, Any], layout: str = "TN", margin: float = MARGIN,
+           keep_slower: bool = False) -> dict[str, Any]:
+    """The verified decision for one shape.
+
+    ``trials``: the shape's candidates in archive order (``symbol``, ``candidate``, ``rank``,
+    ``fitness``); ``timing``: what the timer measured (see :data:`Timer`). Returns ``path``
+    (``evolved`` or ``cublas``), ``symbol`` and ``candidate`` of the kept kernel (None for
+    cuBLAS), ``why``, and the figures: both cuBLAS layouts, the better one, and per candidate its
+    time, its speedup over the better layout and over the shape's own layout (the one the
+    caller's cuBLAS fallback runs in, ``layout``), its check and its status."""
+    tn, nn = timing.get("cublas_tn_s"), timing.get("cublas_nn_s")
+    layouts = {name: t for name, t in (("TN", tn), ("NN", nn)) if _positive(t)}
+    record: dict[str, Any] = {"cublas_tn_s": tn, "cublas_nn_s": nn, "margin": margin, "candidates": []}
+    if timing.get("error") or not layouts:
+        why = f"re-timing failed ({timing.get('error') or 'no cuBLAS time'}): left to cuBLAS"
+        return {**record, "path": "cublas", "symbol": None, "candidate": None, "why": why}
+    best_layout = min(layouts, key=layouts.__getitem__)
+    best = layouts[best_layout]
+    own = layouts.get(layout, best)
+    record.update(cublas_s=best, cublas_layout=best_layout)
+    measured = timing.get("candidates") or {}
+    for t in trials:
+        m = measured.get(t["symbol"], {"error": "not re-timed"})
+        s = m.get("s")
+        ok = _positive(s)
+        record["candidates"].append({
+            "candidate": t["candidate"], "rank": t["rank"], "archive_fitness": t.get("fitness"), "s": s,
+            "speedup": best / s if ok else None, "speedup_same_layout": own / s if ok else None,
+            "rel_err": m.get("rel_err"), "status": "timed" if ok else _why_not(m)})
+    timed = [c for c in record["candidates"] if c["speedup"] is not None]
+    cublas = f"cuBLAS {best_layout} {_us(best)} (TN {_us(tn)}, NN {_us(nn)})"
+    if not timed:
+        return {**record, "path": "cublas", "symbol": None, "candidate": None,
+                "why": f"no candidate passed the re-timing's check ({record['candidates'][0]['status'] if trials else 'none'}); "
+                       f"{cublas}"}
+    win = max(timed, key=lambda c: c["speedup"])
+    sym = next(t["symbol"] for t in trials if t["candidate"] == win["candidate"] and t["rank"] == win["rank"])
+    figures = (f"re-timed {win['speedup']:.3f}x of the better cuBLAS layout ({_us(win['s'])} against {cublas}; "
+               f"{win['speedup_same_layout']:.3f}x of cuBLAS in the shape's layout), best of {len(timed)} re-timed")
+    if win["speedup"] >= 1 + margin or keep_slower:
+        kept = "" if win["speedup"] >= 1 + margin else f"; kept by keep_slower (needs >= {1 + margin:.2f}x)"
+        return {**record, "path": "evolved", "symbol": sym, "candidate": win["candidate"],
+                "why": f"{win['candidate']}: {figures}{kept}"}
+    return {**record, "path": "cublas", "symbol": None, "candidate": None,
+            "why": f"best re-timed kernel {win['candidate']} does not beat cuBLAS by {margin:.0%}: {figures}"}
+
+
+def _positive(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def _why_not(m: dict[str, Any]) -> str:
+    if m.get("error"):
+        return str(m["error"])
+    if m.get("rc"):
+        return f"launcher returned {m['rc']}"
+    if m.get("rel_err") is not None:
+        return f"wrong output (relative error {m['rel_err']:.2e})"
+    return "not timed"
+
+
+# -- the child process ----------------------------------------------------------------------------
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break  # a line cut by the child's death
+    return out
+
+
+def child_timer(timeout_s: float = 900.0, rounds: Optional[int] = None, log: Callable[[str], None] = lambda m: None) -> Timer:
+    """A :data:`Timer` running ``python -m evo._export_timer`` in a child, again after a crash."""
+    def timer(lib: Path, plan: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        done: dict[str, dict[str, Any]] = {}
+        crashed: dict[str, dict[str, str]] = {}  # shape -> {symbol: why}
+        todo = [dict(item) for item in plan]
+        with tempfile.TemporaryDirectory(prefix="evo-verify-") as tmp:
+            for attempt in range(1 + sum(len(i["candidates"]) for i in plan)):
+                if not todo:
+                    break
+                plan_path, out = Path(tmp) / f"plan{attempt}.json", Path(tmp) / f"out{attempt}.jsonl"
+                plan_path.write_text(json.dumps(todo))
+                rc, tail = _run_child(lib, plan_path, out, timeout_s, rounds)
+                lines = _read_lines(out)
+                for rec in lines:
+                    if "cublas_tn_s" in rec:
+                        rec["candidates"].update(crashed.get(rec["shape"], {}))
+                        done[rec["shape"]] = rec
+                todo = [i for i in todo if i["shape"] not in done]
+                if rc == 0 or not todo:
+                    continue
+                last = lines[-1] if lines else {}
+                log(f"re-timing child exit {rc} at {last or 'start'}: {tail}")
+                if rc == 124 or not lines:  # a hang, or it never got going: trying again would not help
+                    for i in todo:
+                        done[i["shape"]] = {"shape": i["shape"], "error": f"re-timing process exit {rc}: {tail}"}
+                    break
+                if "trying" in last:  # that candidate killed it: leave it out, time the rest again
+                    shape, sym = last["trying"], last["symbol"]
+                    crashed.setdefault(shape, {})[sym] = {"error": f"crashed the re-timing process (exit {rc}: {tail})"}
+                    item = next(i for i in todo if i["shape"] == shape)
+                    item["candidates"] = [c for c in item["candidates"] if c["symbol"] != sym]
+                else:  # died elsewhere (the timed replays, cuBLAS, start-up): that shape is not verified
+                    shape = last.get("timing") or todo[0]["shape"]
+                    done[shape] = {"shape": shape, "error": f"re-timing process exit {rc}: {tail}"}
+                    todo = [i for i in todo if i["shape"] != shape]
+        for item in plan:
+            done.setdefault(item["shape"], {"shape": item["shape"], "error": "not re-timed"})
+        return done
+    return timer
+
+
+def _run_child(lib: Path, plan: Path, out: Path, timeout_s: float, rounds: Optional[int]) -> tuple[int, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "evo._export_timer", str(lib), str(plan), str(out)] + ([str(rounds)] if rounds else [])
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(REPO))
+    except subprocess.TimeoutExpired:
+        return 124, f"ran past {timeout_s:.0f} s"
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+    return proc.returncode, tail[0][:200]

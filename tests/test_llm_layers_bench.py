@@ -248,7 +248,7 @@ def _row(m: int, n: int, k: int, cublas_us: float, evo_us: float, peer_us: float
 
 def _fake_rows() -> list[dict[str, Any]]:
     return [
-        _row(1, 4096, 4096, 14.06, 9.0, 9.93),          # decode, big weights: 0.87 of the roofline, beats the peer
+        _row(1, 4096, 4096, 14.06, 8.6, 9.93),          # decode, big weights: 0.87 of the roofline, beats the peer
         _row(1, 768, 3072, 7.28, 3.5, 3.15),            # decode, small: slower than the peer (0.9x of it)
         _row(8, 2304, 768, 4.0, 4.0, 3.0),              # decode + small
         _row(512, 4096, 4096, 60.0, 50.0),              # M 129-1024
@@ -262,15 +262,16 @@ def test_derive_takes_the_better_cublas_layout_and_the_issue_roofline() -> None:
     assert d["cublas_layout"] == "NN" and d["cublas_s"] == pytest.approx(190e-6)
     assert d["cublas_roof"] == pytest.approx(2 * 4096 ** 3 / 790e12 / 190e-6)
     assert d["evo_x"] == pytest.approx(190 / 205)
-    one = rep.derive(_row(1, 4096, 4096, 14.06, 9.0, 9.93))
-    assert one["cublas_roof"] == pytest.approx(0.555, abs=0.003) and one["evo_vs_peer"] == pytest.approx(9.93 / 9.0)
+    one = rep.derive(_row(1, 4096, 4096, 14.06, 8.6, 9.93))
+    # the issue's 0.555 was against a copy's 4.3 TB/s; the roofline now uses HBM's 4.5 TB/s read rate
+    assert one["cublas_roof"] == pytest.approx(0.555 * 4.3 / 4.5, abs=0.003) and one["evo_vs_peer"] == pytest.approx(9.93 / 8.6)
 
 
 def test_class_summary_and_targets_say_what_is_met_and_by_how_much() -> None:
     rows = [rep.derive(r) for r in _fake_rows()]
     classes = {c["class"]: c for c in rep.class_summary(rows)}
     assert classes["decode"]["shapes"] == 3 and classes["small"]["shapes"] == 3  # 1x4096x4096 is 3.4e7 FLOP
-    assert classes["decode"]["evo_x"] == pytest.approx(rep.geomean([14.06 / 9, 7.28 / 3.5, 1.0]))
+    assert classes["decode"]["evo_x"] == pytest.approx(rep.geomean([14.06 / 8.6, 7.28 / 3.5, 1.0]))
     assert classes["m2048"]["met"] is False and classes["m2048"]["min_shape"].startswith("4096x4096x4096")
     t = {x["target"]: x for x in rep.targets(rows)}
     peer = t["every decode row >= the plain peer"]
@@ -283,11 +284,33 @@ def test_class_summary_and_targets_say_what_is_met_and_by_how_much() -> None:
     assert replaced["met"] is (replaced["value"] >= 0.85)
     compute = t["compute-bound (>= 1e12 FLOP) >= 1.0x"]
     assert compute["shapes"] == 0 and compute["met"] is None  # its only shape is judged by the roofline
-    never = t["never slower than cuBLAS (>= 0.98x)"]
-    assert never["met"] is False and never["failing"] == [rows[4]["shape"]]
+    never = t["never slower than cuBLAS (>= 0.98x), roofline rule applied"]
+    assert never["met"] is True and never["shapes"] == 5  # 4096^3 (0.93x) is judged by the roofline rule instead
+    strict = t["never slower, strict: >= 0.98x of the better layout on every shape"]
+    assert strict["met"] is False and strict["failing"] == [rows[4]["shape"]] and strict["shapes"] == 6
+    assert t["never slower than cuBLAS in the caller's layout (TN): >= 0.98x"]["value"] == pytest.approx(200 / 205)
     m1 = t["under 1e8 FLOP, M=1 >= 1.8x"]
-    gm = rep.geomean([14.06 / 9, 7.28 / 3.5])
+    gm = rep.geomean([14.06 / 8.6, 7.28 / 3.5])
     assert m1["shapes"] == 2 and m1["value"] == pytest.approx(gm) and m1["met"] is (gm >= 1.8)
+
+
+def test_never_slower_says_which_rule_judged_a_row_with_both_layouts() -> None:
+    """64x128256x4096 on 2026-12-01: the library fell back to cuBLAS TN (284.46 us) where cuBLAS NN
+    took 254.90: 0.90x of the better layout, 1.00x of the caller's; cuBLAS is at 0.93 of the
+    roofline, so the roofline rule judges it, and the fallback reaches 0.83 of it (< 0.85)."""
+    fell = rep.derive({**_row(64, 128256, 4096, 284.46, 284.46, nn_us=254.90), "evo_path": "cuBLAS"})
+    v = rep.never_slower(fell)
+    assert fell["evo_x"] == pytest.approx(254.90 / 284.46) and fell["evo_x_tn"] == pytest.approx(1.0)
+    assert v["rule"] == "roofline" and v["met"] is False
+    assert v["text"] == ("roofline rule: cuBLAS at 0.93 of the roofline, evo 0.83 < 0.85 "
+                         "(0.90x of the better layout (NN), 1.00x of TN)")
+    slow = rep.never_slower(rep.derive(_row(512, 4096, 4096, 60.0, 64.0)))  # cuBLAS at 0.3 of the roofline
+    assert slow["rule"] == "speed" and slow["met"] is False and slow["text"].endswith("of TN; < 0.98x")
+    assert rep.never_slower(rep.derive(_row(512, 4096, 4096, 60.0, 59.5)))["met"] is True
+    assert rep.never_slower(rep.derive({**_row(8, 64, 64, 4.0, 4.0), "evo_s": None})) is None
+    md = rep.markdown([fell], {})
+    assert "| **missed**: roofline rule: cuBLAS at 0.93 of the roofline, evo 0.83 < 0.85" in md
+    assert "| 0.90x | 1.00x | 0.83 |" in md and "bytes/4.5e12" in md
 
 
 def test_report_and_plot_from_a_results_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

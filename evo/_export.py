@@ -21,7 +21,7 @@ manifest's ``paths`` says which path each shape of the archive takes and why
 (:func:`choose_path`). With ``verify`` (``evo export --verify``, :mod:`evo._export_verify`) the
 archive's timing is not trusted alone: the top candidates of every shape are linked into a trial
 library, re-timed beside cuBLAS in both layouts on the GPU, and a shape keeps the fastest only
-where it beats the better cuBLAS layout by a margin; the other candidates' units are dropped.
+where it beats cuBLAS (the call the fallback would make) by a margin; the others' units are dropped.
 
 Everything is built in a temporary directory beside ``--out`` and renamed into place at the end:
 a failure leaves nothing half-written. A kernel unit nvcc refuses is left out of the library
@@ -470,7 +470,8 @@ def _verified(tmp: Path, trials: list[_Trial], gencode: str, verify: Verify,
     for shape, ts in by_shape.items():
         rows = [{"symbol": f"evo_hgemm_{t.tag}", "candidate": t.elite.candidate_id, "rank": t.rank,
                  "fitness": t.elite.fitness} for t in ts]
-        d = decide(rows, timings.get(str(shape), {"error": "not re-timed"}), shape.layout, verify.margin, keep_slower)
+        d = decide(rows, timings.get(str(shape), {"error": "not re-timed"}), shape.layout, verify.margin, keep_slower,
+                   verify.against)
         decisions[str(shape)] = d
         for t in ts:
             if f"evo_hgemm_{t.tag}" == d["symbol"]:
@@ -490,7 +491,7 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
     Without ``verify``, a shape whose best kernel is not faster than cuBLAS in the archive's GPU
     time is left to cuBLAS (:func:`choose_path`; ``keep_slower`` exports it anyway). With it, the
     top ``verify.top_k`` candidates of every shape are built and re-timed beside cuBLAS, and a
-    shape keeps the fastest only where it beats the better cuBLAS layout by ``verify.margin``
+    shape keeps the fastest only where it beats cuBLAS by ``verify.margin`` (``verify.against``)
     (:mod:`evo._export_verify`); the manifest records both timings and the decision (``verify``
     per shape; ``verify_why`` says why a re-timing did not run). A kernel nvcc refuses is left
     out too, with nvcc's error; when every kernel fails, or the launchers do not build, nothing
@@ -544,7 +545,8 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
             o.unlink()
         manifest = {"format": MANIFEST_FORMAT, "arch": arch, "library": LIBRARY, "evo": _evo_version(),
                     "archive": archive.path, "kernels": entries, "skipped": skipped, "paths": paths,
-                    "verify": ({"ran": True, "timer": verify.name, "top_k": verify.top_k, "margin": verify.margin}
+                    "verify": ({"ran": True, "timer": verify.name, "top_k": verify.top_k, "margin": verify.margin,
+                                "against": verify.against}
                                if verify is not None else {"ran": False, "why": verify_why or "not asked for"}),
                     "fallback": "every shape not in kernels is cuBLAS's (torch.matmul): the dispatchers return -1",
                     "abi": "int evo_hgemm(const void* A, const void* B, void* C, int M, int N, int K, "

@@ -21,7 +21,8 @@ Stages (each can be run alone; state in ``WORK/state.json``, so a cut call resum
   against the roofline (issue 26). A wave already done is skipped; an interrupted one is run
   again with its whole budget.
 - ``export``: ``python -m evo export`` of the archive to ``WORK/lib`` (the library decides per
-  shape whether its kernel or cuBLAS runs).
+  shape whether its kernel or cuBLAS runs; on the GPU machine ``--verify auto`` first re-times the
+  top candidates beside cuBLAS with the same timer as the ``time`` stage).
 - ``time``: this script's own timer (``_llm_timer``: CUDA-graph replay over rotating operand sets
   > 2x L2, medians, all contenders interleaved in one process): cuBLAS in both layouts
   (``a @ w.t()`` and ``a @ wt``, the better taken), the exported library's ``evo_hgemm`` (and which
@@ -270,7 +271,7 @@ def stage_export(run: Run) -> bool:
                     run.args.arch], 600, run.log)
     manifest = _read_json(run.lib / "manifest.json", {})
     run.state["export"] = {"done": rc == 0, "rc": rc, "kernels": len(manifest.get("kernels", [])),
-                           "skipped": len(manifest.get("skipped", []))}
+                           "skipped": len(manifest.get("skipped", [])), "verify": manifest.get("verify")}
     run.save()
     run.log(f"export: exit {rc}; {run.state['export']['kernels']} kernels, {run.state['export']['skipped']} skipped")
     return rc == 0

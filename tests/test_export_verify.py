@@ -242,3 +242,22 @@ def test_cli_verify_on_without_a_gpu_is_bad_input_and_auto_records_why(tmp_path:
     assert "(not re-timed: --verify auto: no GPU is visible)" in capsys.readouterr().out
     manifest = json.loads((tmp_path / "lib" / "manifest.json").read_text())
     assert manifest["verify"] == {"ran": False, "why": "--verify auto: no GPU is visible"}
+
+
+@pytest.mark.gpu
+def test_the_re_timing_child_on_a_gpu(tmp_path: Path) -> None:
+    """On a GPU: the fixture archive exported with the real re-timing child (top 2): every shape
+    with a kernel has both cuBLAS layouts timed and each candidate timed or refused by its check,
+    and what the library keeps matches its decision."""
+    from archive_fixture import build
+
+    build(tmp_path / "arch")
+    manifest = export(tmp_path / "arch", tmp_path / "lib", verify=Verify(child_timer(timeout_s=300), top_k=2))
+    verified = {s: p["verify"] for s, p in manifest["paths"].items() if "verify" in p}
+    assert verified and manifest["verify"]["ran"]
+    for shape, v in verified.items():
+        assert v["cublas_tn_s"] > 0 and v["cublas_nn_s"] > 0, (shape, v)
+        assert all(c["status"] == "timed" or "wrong output" in c["status"] for c in v["candidates"]), v
+        assert all(c["rel_err"] is not None and c["rel_err"] < 5e-3 for c in v["candidates"] if c["status"] == "timed")
+    kept = {e["shape"]: e["candidate"] for e in manifest["kernels"]}
+    assert kept == {s: v["candidate"] for s, v in verified.items() if v["path"] == "evolved"}

@@ -29,20 +29,8 @@ a failure leaves nothing half-written. A kernel unit nvcc refuses is left out of
 fails only when no kernel builds or the launchers do not. Launchers return 0, or a ``cudaError_t`` / negative code
 (-1 unknown shape, -2 shape mismatch, -3 missing workspace, -4 tensor map encoding failed).
 
-The loader (:func:`load_library`) reads the manifest and returns an :class:`EvoLibrary` whose
-``evo_hgemm(a, b)`` (also the torch custom op ``evo::hgemm``) runs the exported kernel for
-known shapes on a GPU of the library's architecture and ``torch.matmul`` otherwise. That op is
-Python over ctypes and costs more host time than torch.matmul; inside models use
-:mod:`evo.torch` (a compiled ``TORCH_LIBRARY`` operator over the same launchers, and
-``evo.torch.patch`` for ``nn.Linear``).
-
-Sharing torch's GPU state: the library links CUDA's runtime statically (nvcc's default), so it
-carries its own runtime instance. That instance uses whatever driver context is current on the
-calling thread, which is the device's primary context torch made current, so both see the same
-memory, and the launcher runs on the stream handle torch passes (``CUstream`` handles are the
-driver's, valid across runtimes; graph capture happens at the driver level, so launches made
-here are captured into torch's ``CUDAGraph``). The loader switches torch to the tensors' device
-before a call when it is not the current one.
+The loader (``evo.load_library``, ``EvoLibrary``) is in :mod:`evo._export_load`; its names are
+re-exported here.
 
 Thread-block clusters: a plan carries no cluster shape; kernels that need clusters declare
 ``__cluster_dims__`` at compile time (the sm90_wgmma template with ``CLUSTER_M`` 2), and such
@@ -52,7 +40,6 @@ shape chosen at launch time would need ``cudaLaunchKernelEx`` with a cluster att
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
@@ -60,28 +47,23 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 from populations import Archive, Candidate, Elite, PlanError, Shape
 
+from ._export_load import (LIBRARY, MANIFEST_FORMAT, EvoLibrary, ExportError, _read_manifest,  # noqa: F401 (re-exported)
+                           evo_hgemm, load_library)
 from ._export_verify import Verify, decide
 
 __all__ = ["ExportError", "export", "choose_path", "load_library", "evo_hgemm", "EvoLibrary", "staged_dir", "MANIFEST_FORMAT", "LIBRARY"]
 
-MANIFEST_FORMAT = "evo-export/1"
-LIBRARY = "libevo_hgemm.so"
 NVCC = os.environ.get("EVO_NVCC", "/usr/local/cuda/bin/nvcc")
 SWIZZLE_ENUM = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
                 64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}
-
-
-class ExportError(Exception):
-    """Bad input or a failed build: one line for the user, nothing left behind."""
 
 
 def _gencode(arch: str) -> str:
@@ -553,174 +535,3 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
                            "void* workspace, cudaStream_t stream); evo_hgemm_nn for NN; 0 = ok, -1 = unknown shape"}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
-
-
-# -- loading ----------------------------------------------------------------------------------
-def _read_manifest(path: Path) -> dict[str, Any]:
-    data = json.loads((path / "manifest.json").read_text())
-    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
-        raise ExportError(f"{path}: not an {MANIFEST_FORMAT} manifest")
-    return data
-
-
-def _arch_matches(arch: str, capability: tuple[int, int]) -> bool:
-    digits = arch[3:].rstrip("a")
-    return digits.isdigit() and int(digits) == capability[0] * 10 + capability[1]
-
-
-class EvoLibrary:
-    """An exported library: ``evo_hgemm(a, b)`` runs the exported kernel or falls back to matmul.
-
-    ``reason`` says why the library is not used at all (None when it is); ``kernels`` maps
-    (M, N, K, layout) to the manifest entry. The host path per call: a dict lookup, the cached
-    ctypes function, a torch allocation for C and the cached workspace.
-    """
-
-    def __init__(self, path: Union[str, os.PathLike]) -> None:
-        self.path = Path(path)
-        self.manifest = _read_manifest(self.path)
-        self.kernels = {(e["m"], e["n"], e["k"], e["layout"]): e for e in self.manifest["kernels"]}
-        self.reason: Optional[str] = None
-        self._lib: Optional[ctypes.CDLL] = None
-        self._fns: dict[tuple[int, int, int, str], Any] = {}
-        self._workspaces: dict[tuple[int, int], Any] = {}
-        self._lock = threading.Lock()
-        self._open()
-
-    def _open(self) -> None:
-        try:
-            import torch
-        except ImportError:
-            self.reason = "torch is not installed"
-            return
-        if not torch.cuda.is_available():
-            self.reason = "no CUDA device"
-            return
-        cap = torch.cuda.get_device_capability()
-        if not _arch_matches(self.manifest["arch"], cap):
-            self.reason = f"library is for {self.manifest['arch']}, the GPU is sm_{cap[0]}{cap[1]}"
-            return
-        try:
-            self._lib = ctypes.CDLL(str(self.path / self.manifest["library"]))
-        except OSError as exc:
-            self.reason = f"cannot load the library: {exc}"
-
-    @property
-    def active(self) -> bool:
-        return self._lib is not None
-
-    def _function(self, key: tuple[int, int, int, str]) -> Any:
-        fn = self._fns.get(key)
-        if fn is None:
-            fn = getattr(self._lib, self.kernels[key]["symbol"])
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
-            self._fns[key] = fn
-        return fn
-
-    def route(self, a: Any, b: Any) -> Optional[tuple[int, int, int, str]]:
-        """The exported kernel's key for ``a @ b``, or None when torch.matmul must do it."""
-        import torch
-
-        if self._lib is None or a.dim() != 2 or b.dim() != 2 or not a.is_cuda or not b.is_cuda:
-            return None
-        if a.dtype != torch.float16 or b.dtype != torch.float16 or a.device != b.device:
-            return None
-        if not a.is_contiguous():
-            return None
-        # Every exported kernel may use 16-byte loads (cp.async, TMA) from the matrix bases; a
-        # view can start anywhere, and a misaligned access would poison the CUDA context.
-        if a.data_ptr() % 16 or b.data_ptr() % 16:
-            return None
-        m, k = a.shape
-        k2, n = b.shape
-        if k != k2:
-            return None
-        for layout, fits in (("NN", b.is_contiguous()), ("TN", b.t().is_contiguous())):
-            key = (m, n, k, layout)
-            if fits and key in self.kernels:
-                return key
-        return None
-
-    def launcher(self, key: tuple[int, int, int, str]) -> tuple[Any, int]:
-        """(the exported C function for ``key``, its workspace bytes): for callers that own their
-        buffers and want the bare host path, ``fn(A, B, C, M, N, K, workspace, stream) -> int``
-        with device pointers as ints (0 = success). Raises KeyError for a shape not exported and
-        RuntimeError when the library is not loaded here (see ``reason``)."""
-        if self._lib is None:
-            raise RuntimeError(f"library not loaded: {self.reason}")
-        return self._function(key), int(self.kernels[key]["workspace_bytes"])
-
-    def evo_hgemm(self, a: Any, b: Any) -> Any:
-        """``a @ b`` (fp16, fp32 accumulation): the exported kernel where one fits, else torch.matmul."""
-        import torch
-
-        key = self.route(a, b)
-        if key is None:
-            return torch.matmul(a, b)
-        m, n, k, _ = key
-        c = torch.empty((m, n), dtype=torch.float16, device=a.device)
-        entry = self.kernels[key]
-        ws = 0
-        if entry["workspace_bytes"]:
-            wkey = (a.device.index or 0, entry["workspace_bytes"])
-            buf = self._workspaces.get(wkey)
-            if buf is None:
-                with self._lock:
-                    buf = self._workspaces.setdefault(
-                        wkey, torch.empty(entry["workspace_bytes"], dtype=torch.uint8, device=a.device))
-            ws = buf.data_ptr()
-        fn = self._function(key)
-        other = a.device.index is not None and a.device.index != torch.cuda.current_device()
-        with torch.cuda.device(a.device) if other else nullcontext():  # its runtime follows the current context
-            rc = fn(a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k, ws, torch.cuda.current_stream().cuda_stream)
-        if rc:
-            raise RuntimeError(f"evo_hgemm_{entry['key']} failed with code {rc}")
-        return c
-
-
-_CURRENT: Optional[EvoLibrary] = None
-_OP: Any = None
-
-
-def _register_op() -> Any:
-    """Register ``evo::hgemm`` once per process; it calls the most recently loaded library."""
-    global _OP
-    if _OP is None:
-        import torch
-
-        # An explicit schema: this module's annotations are strings (``from __future__``).
-        @torch.library.custom_op("evo::hgemm", mutates_args=(), schema="(Tensor a, Tensor b) -> Tensor")
-        def hgemm(a: Any, b: Any) -> Any:
-            return _CURRENT.evo_hgemm(a, b) if _CURRENT is not None else torch.matmul(a, b)
-
-        @hgemm.register_fake
-        def _(a: Any, b: Any) -> Any:
-            return a.new_empty((a.shape[0], b.shape[1]))
-
-        _OP = hgemm
-    return _OP
-
-
-def load_library(path: Union[str, os.PathLike]) -> EvoLibrary:
-    """Read an export's manifest, load its library where the GPU matches, register ``evo::hgemm``.
-
-    Never fails for a library that cannot be used here (no GPU, other arch, missing .so): the
-    returned library then routes everything to torch.matmul and says why in ``reason``. A
-    missing or malformed manifest raises :class:`ExportError`."""
-    global _CURRENT
-    try:
-        lib = EvoLibrary(path)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ExportError(f"{path}: cannot read the export manifest: {exc}") from None
-    _CURRENT = lib
-    try:
-        _register_op()
-    except ImportError:
-        pass
-    return lib
-
-
-def evo_hgemm(a: Any, b: Any) -> Any:
-    """``a @ b`` through the op ``evo::hgemm`` of the last :func:`load_library` (torch.matmul before one)."""
-    return _register_op()(a, b)

@@ -51,7 +51,7 @@ def test_export_leaves_slower_shapes_to_cublas(tmp_path: Path, capsys: pytest.Ca
             a.record(c, [ok(c, shape, speed)])
         c = first_pick("tiny", none)
         a.record(c, [Evaluation(c.id, none, Status.INCORRECT, message="max error 3.2", arch="sm_90a")])
-    assert main(["export", str(tmp_path / "arch"), "--out", str(tmp_path / "lib")]) == 0
+    assert main(["export", str(tmp_path / "arch"), "--out", str(tmp_path / "lib"), "--verify", "off"]) == 0  # the archive decides
     printed = capsys.readouterr().out
     manifest = json.loads((tmp_path / "lib" / "manifest.json").read_text())
     assert [e["shape"] for e in manifest["kernels"]] == [str(fast)]
@@ -62,7 +62,8 @@ def test_export_leaves_slower_shapes_to_cublas(tmp_path: Path, capsys: pytest.Ca
     assert {paths[str(s)]["path"] for s in (slow, tie, none)} == {"cublas"}
     assert "0.970x" in paths[str(slow)]["why"] and "1.000x" in paths[str(tie)]["why"]
     assert "no ok" in paths[str(none)]["why"]
-    assert f"{str(slow):>26}  cuBLAS: " in printed
+    assert f"{str(slow):>26}  cuBLAS: " in printed and "(not re-timed: --verify off)" in printed
+    assert manifest["verify"] == {"ran": False, "why": "--verify off"}
     so = ctypes.CDLL(str(tmp_path / "lib" / LIBRARY))
     so.evo_hgemm.restype = ctypes.c_int
     so.evo_hgemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2

@@ -98,7 +98,8 @@ def decide(trials: list[dict[str, Any]], timing: dict[str, Any], layout: str = "
         record["candidates"].append({
             "candidate": t["candidate"], "rank": t["rank"], "archive_fitness": t.get("fitness"), "s": s,
             "speedup": best / s if ok else None, "speedup_same_layout": own / s if ok else None,
-            "rel_err": m.get("rel_err"), "status": "timed" if ok else _why_not(m)})
+            "rel_err": m.get("rel_err") if _finite(m.get("rel_err")) else None,  # the manifest is standard JSON
+            "status": "timed" if ok else _why_not(m)})
     key = "speedup_same_layout" if against == "layout" else "speedup"
     timed = [c for c in record["candidates"] if c[key] is not None]
     cublas = f"cuBLAS TN {_us(tn)}, NN {_us(nn)}"
@@ -121,8 +122,12 @@ def decide(trials: list[dict[str, Any]], timing: dict[str, Any], layout: str = "
             "why": f"best re-timed kernel {win['candidate']} does not beat {ref} by {margin:.0%}: {figures}"}
 
 
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
 def _positive(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+    return _finite(x) and x > 0
 
 
 def _why_not(m: dict[str, Any]) -> str:

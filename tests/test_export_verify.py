@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,9 @@ def test_the_fastest_re_timed_candidate_wins_whatever_its_archive_rank_and_wrong
     status = [c["status"] for c in d["candidates"]]
     assert status[0].startswith("wrong output (relative error 4.00e-01)") and status[1:3] == ["timed", "timed"]
     assert status[3] == "launcher returned 700" and "best of 2 re-timed" in d["why"]
+    nan = decide(_trials(1.3), _timing(100e-6, 100e-6, {"s": None, "rel_err": math.inf, "rc": 0}))
+    assert nan["candidates"][0]["rel_err"] is None and nan["candidates"][0]["status"] == "wrong output (relative error inf)"
+    json.dumps(nan, allow_nan=False)  # the manifest stays standard JSON
     none = decide(_trials(1.3), _timing(100e-6, 100e-6, wrong))
     assert none["path"] == "cublas" and "no candidate passed the re-timing's check (wrong output" in none["why"]
 

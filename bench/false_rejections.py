@@ -11,8 +11,9 @@ picks it), through the real ``LocalPool``; statuses counted per template and per
 by an earlier evaluator, re-evaluated now at their shape; statuses counted.
 
 Every status other than ``ok`` is a false rejection (honest kernels only go in): each is listed
-with its message. Shapes are submitted round-robin, so a ``--budget-s`` cut (no new submissions
-after it) leaves every shape partly covered; what was not run is counted as such. Timing uses
+with its message. Shapes are submitted round-robin, and within a shape templates round-robin
+(every template's first seed before any second one), so a ``--budget-s`` cut (no new submissions
+after it) leaves every shape and template partly covered; what was not run is counted as such. Timing uses
 the device timer only (the host timers flag nothing); the memoisation pass runs for every
 candidate (no elite threshold), so a false memo flag would show. Exit status 0 only when every
 evaluation that ran is ``ok``.
@@ -52,8 +53,12 @@ def seed_jobs(csv: Path, per_template: int, arch: str, seed: int = 0) -> list[tu
     for row in rows:
         shape = Shape.parse(row.shape)
         cands = seed_population(shape, templates, per_template, random.Random(seed), arch=arch)
+        by_template: dict[str, list[Candidate]] = defaultdict(list)
+        for c in cands:
+            by_template[c.template or "?"].append(c)
+        ordered = _round_robin(list(by_template.values()))  # every template's first seed, then its second, ...
         per_shape.append([(row.shape, c, {"template": c.template or "?", "classes": list(row.classes),
-                                          "seed": (c.meta or {}).get("seed", "")}) for c in cands])
+                                          "seed": (c.meta or {}).get("seed", "")}) for c in ordered])
     return _round_robin(per_shape)
 
 

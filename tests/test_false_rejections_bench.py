@@ -50,6 +50,14 @@ def test_every_seed_goes_through_the_pool_and_failures_are_counted(tmp_path):
     rep = json.loads(out.read_text())["seeds"]
     assert code == 0 and rep["false_rejections"] == 0 and rep["ran"] == rep["planned"] == len(pools[0].submitted)
     assert rep["ran"] >= 2 * rep["shapes"] and set(rep["statuses"]) == {"ok"}
+    jobs = fr.seed_jobs(_csv(tmp_path), 2, "sm_90a")
+    first = {}
+    for i, (key, _, labels) in enumerate(jobs):  # a budget cut keeps every template of a shape
+        first.setdefault((key, labels["template"]), i)
+    for key in {k for k, _, _ in jobs}:
+        mine = [i for i, (k, _, _) in enumerate(jobs) if k == key]
+        starts = sorted(i for (k, _), i in first.items() if k == key)
+        assert starts == mine[:len(starts)], key
 
     def lossy():
         return _Pool(fail=0.2, incorrect=0.2, crash=0.1, raise_=0.1)

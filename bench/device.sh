@@ -5,11 +5,16 @@
 #   gpu-tests    every test marked gpu (pytest -m gpu), summary to $OUT/gpu_tests.log
 #   redteam      the hostile corpus through the real pool, good kernels interleaved (bench/redteam.py)
 #   throughput   evaluator candidates per minute at 4096^3 and 64x128x64 (bench/eval_bench.py)
+#   false-rejections  issue 18: every template seed on the LLM-layer sample, and (OLD_TREE=dir of a
+#                pre-hardening checkout) the elites of an archive that tree's evo run made (bench/false_rejections.py)
+#   profile      the GPU worker under cProfile for PROFILE_N candidates at 4096^3: where the time goes
 #   llm-layers   issue 26's benchmark: evolve a sample of llm_layers.csv, export, re-time (bench/llm_layers_bench.py)
 #   e2e          issue 19's end-to-end model benchmark (bench/model_e2e_device.sh)
 # Knobs (environment): EVOLVE (llm-layers evolve budget, default 2m), TIME_MAX (llm-layers time stage
 # cap in s, default 240), N (throughput candidates per shape, default 200), REDTEAM_S (red-team submit
-# budget, default 150), MODELS / BUDGET (e2e). The shapes CSV and the plain peer come from shared/ or a
+# budget, default 150), MODELS / BUDGET (e2e), GPU_TESTS_ARGS (extra pytest arguments), PER_TEMPLATE / FR_S
+# (false-rejections seeds per template, default 4; submit budget per part in s, default 150), OLD_RUN_S /
+# OLD_SHAPES (the old tree's evo run), PROFILE_N (default 16). The shapes CSV and the plain peer come from shared/ or a
 # carried .carry_shared/ in the checkout (never committed).
 set -u
 : "${OUT:?OUT must name the folder for logs}"
@@ -21,7 +26,7 @@ for part in "$@"; do
   log "$part"
   case "$part" in
   gpu-tests)
-    timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests > "$OUT/gpu_tests.log" 2>&1
+    timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider ${GPU_TESTS_ARGS:-} tests > "$OUT/gpu_tests.log" 2>&1
     echo "rc=$?"; tail -n 15 "$OUT/gpu_tests.log" | cut -c1-400 ;;
   redteam)
     timeout $(( ${REDTEAM_S:-150} + 90 )) python3 bench/redteam.py --rounds 2 --deadline-s 8 --every 10 \
@@ -31,13 +36,32 @@ for part in "$@"; do
     timeout 300 python3 bench/eval_bench.py --n "${N:-200}" --skip-repeatability \
       --shapes 4096x4096x4096:TN,64x128x64:TN --out "$OUT/eb" > "$OUT/eval_bench.log" 2>&1
     echo "rc=$?"; tail -n 10 "$OUT/eval_bench.log" | cut -c1-400 ;;
+  false-rejections)
+    fr_arch=()
+    if [ -n "${OLD_TREE:-}" ]; then
+      shapes=(); for s in ${OLD_SHAPES:-1024x1024x1024 8x2304x768 128x3072x768 2048x768x3072 256x512x128:NN}; do shapes+=(--shape "$s"); done
+      (cd "$OLD_TREE" && PYTHONPATH="$PWD" EVO_CUBIN_CACHE=/tmp/evo_old_cubins timeout $(( ${OLD_RUN_S:-60} + 60 )) \
+        python3 -m evo run "${shapes[@]}" --archive /tmp/old_archive --budget "${OLD_RUN_S:-60}s" --operators knob \
+        --progress plain --compile-workers 12) > "$OUT/old_run.log" 2>&1
+      echo "old tree evo run rc=$?"; tail -n 3 "$OUT/old_run.log" | cut -c1-300
+      fr_arch=(--archive /tmp/old_archive)
+    fi
+    timeout $(( 2 * ${FR_S:-150} + 120 )) python3 bench/false_rejections.py --per-template "${PER_TEMPLATE:-4}" \
+      --budget-s "${FR_S:-150}" "${fr_arch[@]}" --json "$OUT/false_rejections.json" > "$OUT/false_rejections.log" 2>&1
+    echo "rc=$?"; tail -n 30 "$OUT/false_rejections.log" | cut -c1-300 ;;
+  profile)
+    rm -rf /tmp/evo_prof; EVO_WORKER_PROFILE=/tmp/evo_prof timeout 200 python3 bench/eval_bench.py --n "${PROFILE_N:-16}" \
+      --skip-repeatability --shapes 4096x4096x4096:TN --out /tmp/evo_prof_eb > /dev/null 2>&1
+    echo "rc=$?"; python3 -c "import glob, pstats; [pstats.Stats(f).sort_stats(k).print_stats(r'evaluators|torch/(cuda|_tensor)|method', 45)
+      for f in glob.glob('/tmp/evo_prof/*.prof') for k in ('tottime', 'cumulative')]" > "$OUT/profile.txt" 2>&1
+    grep -E "function calls|_correctness|_harness.py.*(_one_shape|_time)" "$OUT/profile.txt" | head -n 30 | cut -c1-200 ;;
   llm-layers)
     python3 bench/llm_layers_bench.py --budget "${EVOLVE:-2m}" --work /tmp/evo26 --out "$OUT/llm" \
       --time-max-seconds "${TIME_MAX:-240}" > "$OUT/llm_layers.log" 2>&1
     echo "rc=$?"; tail -n 40 "$OUT/llm_layers.log" | cut -c1-300 ;;
   e2e)
     bash bench/model_e2e_device.sh; echo "rc=$?" ;;
-  *) echo "unknown part: $part (gpu-tests, redteam, throughput, llm-layers, e2e)" >&2; exit 2 ;;
+  *) echo "unknown part: $part (gpu-tests, redteam, throughput, false-rejections, profile, llm-layers, e2e)" >&2; exit 2 ;;
   esac
 done
 log "done"

@@ -34,7 +34,7 @@ import torch
 from populations import Shape
 
 __all__ = ["EPS16", "EPS32", "ulp16", "tolerance_random", "tolerance_exact", "Guarded", "Operands",
-           "CheckFailed", "Cascade", "ragged_instances", "large_ragged", "reference", "recheck_sets", "verify_sets",
+           "CheckFailed", "Cascade", "ragged_instances", "large_ragged", "reference", "integer_reference", "recheck_sets", "RotationReference", "verify_sets",
            "WORKSPACE_FILLS", "workspace_fill"]
 
 EPS16 = 2.0 ** -10
@@ -202,31 +202,83 @@ class Operands:
         return {"A": self.A.ptr, "B": self.B.ptr, "C": self.C.ptr, "workspace": self.W.ptr}
 
 
+def _mm_f32(a16: torch.Tensor, b16: torch.Tensor) -> torch.Tensor:
+    """``a16 @ b16`` (batched or not) of fp16 operands with fp32 accumulation and output: on CUDA
+    on tensor cores (``out_dtype``), elsewhere (or where this torch lacks it) by upcasting.
+
+    For tolerance scales only (``T``, ``S``), never for a reference value: a scale off by the
+    fp32 accumulation error (well under 0.1%) moves a tolerance by as much. On a GPU whose torch
+    lacks ``out_dtype``, bf16 tensor cores (fp16's range would overflow a large-value probe's
+    ``S``; bf16 rounding moves a scale by under 1%), not a float32 GEMM on CUDA cores."""
+    mm = torch.bmm if a16.dim() == 3 else torch.mm
+    if a16.is_cuda and a16.dtype is torch.float16:
+        if _TC_OUT_DTYPE[0]:
+            try:
+                return mm(a16, b16, out_dtype=torch.float32)
+            except (TypeError, RuntimeError, NotImplementedError):
+                _TC_OUT_DTYPE[0] = False  # this torch cannot: bf16 from now on
+        return mm(a16.bfloat16(), b16.bfloat16()).float()
+    return mm(a16.float(), b16.float())
+
+
+#: Whether ``torch.mm(..., out_dtype=torch.float32)`` works here (cleared at its first failure).
+_TC_OUT_DTYPE = [True]
+
+
 def _rss_fp16(a: torch.Tensor, b_kn: torch.Tensor) -> torch.Tensor:
     """``T = sqrt(sum_k a^2 b^2)`` (batched or not) from fp16 squares on tensor cores, as float32.
 
     Only a tolerance's scale (its 0.1% rounding is immaterial, a square that underflows only
     tightens it), and at the big shapes where the references run in float32 this product was
-    half their cost: the after-timing checks verify every rotation set."""
-    a2, b2 = a.half().square(), b_kn.half().square()
-    out = torch.bmm(a2, b2) if a2.dim() == 3 else a2 @ b2
-    return out.float().sqrt()
+    half their cost: the after-timing checks verify every rotation set. fp32 accumulation and
+    output (:func:`_mm_f32`): a sum of squares cannot overflow fp16's range there."""
+    return _mm_f32(a.half().square(), b_kn.half().square()).sqrt()
+
+
+def _abs_fp16(a: torch.Tensor, b_kn: torch.Tensor) -> torch.Tensor:
+    """``S = sum_k |a b|`` of fp16 operands (exact in fp16: ``|x|``) on tensor cores, as float32:
+    the exact probes' tolerance scale, like ``T`` a scale and not a value (see :func:`_mm_f32`)."""
+    return _mm_f32(a.half().abs(), b_kn.half().abs())
 
 
 def reference(a: torch.Tensor, b_kn: torch.Tensor, *, exact_terms: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(R, scale): R = a @ b in fp64/fp32; scale = T (rss of products) or S (sum of |products|)."""
+    """(R, scale): R = a @ b in fp64/fp32; scale = T (rss of products) or S (sum of |products|).
+
+    R is always the precise product (float64, float32 with TF32 off above :data:`FP64_LIMIT`
+    multiply-adds on a GPU); the scales come from fp16 tensor cores on a GPU (:func:`_mm_f32`),
+    one GEMM at tensor-core speed instead of a second one in float32 on CUDA cores."""
     m, k = a.shape
     n = b_kn.shape[1]
     dt = torch.float64 if m * n * k <= FP64_LIMIT or a.device.type == "cpu" else torch.float32
     a2, b2 = a.to(dt), b_kn.to(dt)
     ref = a2 @ b2
-    if exact_terms:
+    if a.is_cuda and a.dtype is torch.float16:
+        scale = _abs_fp16(a, b_kn) if exact_terms else _rss_fp16(a, b_kn)
+    elif exact_terms:
         scale = a2.abs() @ b2.abs()
-    elif dt is torch.float32 and a.is_cuda:  # a tolerance scale, not a value: fp16 tensor cores suffice
-        scale = _rss_fp16(a, b_kn)
     else:
         scale = (a2 * a2 @ (b2 * b2)).sqrt()
     return ref, scale
+
+
+def integer_reference(a: torch.Tensor, b_kn: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(R, S) of integer-valued fp16 operands with ``|x| <= 127`` exactly, from an int8 GEMM with
+    int32 accumulation on a GPU: every partial sum is an integer below ``K * 127**2 < 2**31``,
+    so R is what float64 gives (and what float32 gives while ``K * max|a b| < 2**24``, as in
+    :meth:`Cascade.special`). The caller guarantees the values; None where this does not apply
+    (CPU, a shape the int8 GEMM refuses) and the caller computes R in floating point."""
+    m, k = a.shape
+    n = b_kn.shape[1]
+    if not a.is_cuda or m <= 16 or k % 8 or n % 8 or k * 127 * 127 >= 1 << 31:
+        return None
+    try:
+        ai, bi = a.to(torch.int8), b_kn.to(torch.int8).contiguous()
+        ref = torch._int_mm(ai, bi)
+        sabs = torch._int_mm(ai.abs(), bi.abs())
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return None
+    dt = torch.float64 if m * n * k <= FP64_LIMIT else torch.float32
+    return ref.to(dt), sabs.to(dt)
 
 
 Call = Callable[[Operands], None]
@@ -249,41 +301,62 @@ class Cascade:
     _fills: int = 0
 
     # -- one call with every invariant checked ------------------------------------------
-    def _run(self, check: str) -> torch.Tensor:
+    def _run(self, check: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Call the candidate once on fresh poison; (C, pending): ``pending`` holds, on the
+        device, whether each canary band (A, B, C, workspace) and each input (A, B) changed.
+        :meth:`_compare` reads it with the values in one synchronisation, and raises for it
+        first (a write outside the buffers beats a wrong value)."""
         ops = self.ops
         saved_a, saved_b = ops.A.data.view(torch.int16).clone(), ops.B.data.view(torch.int16).clone()
         ops.C.data.fill_(float("nan"))
         if ops.workspace_bytes:  # NaN (or huge) in fp16 and fp32, the byte drawn as for timed calls
             ops.W.data.fill_(0 if ops.zero_workspace else workspace_fill(self.placements))
         self.call(ops)  # stream-ordered after the fills
-        self.sync()
-        guarded = (("A", ops.A), ("B", ops.B), ("C", ops.C), ("the workspace", ops.W))
-        changed = torch.stack([g.guards_changed() for _, g in guarded]  # every canary and input: one sync
+        self.sync()  # launch errors surface here, as the loader's own error
+        pending = torch.stack([g.guards_changed() for g in (ops.A, ops.B, ops.C, ops.W)]
                               + [(ops.A.data.view(torch.int16) != saved_a).any(),
-                                 (ops.B.data.view(torch.int16) != saved_b).any()]).tolist()
-        for (name, _), bad in zip(guarded, changed):
-            if bad:
-                raise CheckFailed(check, f"wrote outside {name} (guard band changed)")
-        if changed[4] or changed[5]:
-            raise CheckFailed(check, "modified input A or B")
-        self.checks.append(check)
-        return ops.C.data
+                                 (ops.B.data.view(torch.int16) != saved_b).any()])
+        return ops.C.data, pending
 
-    def _compare(self, check: str, c: torch.Tensor, ref: torch.Tensor, tol: torch.Tensor, record: bool = True) -> None:
-        """Raise unless every element is within ``tol``; ``max_error`` tracks the random-input checks."""
+    def _compare(self, check: str, c: torch.Tensor, ref: torch.Tensor, tol: torch.Tensor, record: bool = True,
+                 pending: Optional[torch.Tensor] = None, before: tuple = ()) -> None:
+        """Raise unless every element is within ``tol``; ``max_error`` tracks the random-input checks.
+
+        ``pending`` (from :meth:`_run`) and ``before`` (pairs of a 0-d bool tensor, true on
+        failure, and its message, checked after the guards and before the values) are read in
+        the same single synchronisation as the error statistics."""
         err = (c.to(ref.dtype) - ref).abs()
         bad = ~(err <= tol)
-        worst = float(torch.nan_to_num(err, nan=float("inf")).max()) if err.numel() else 0.0
+        worst = torch.nan_to_num(err, nan=float("inf")).amax() if err.numel() else err.new_zeros(())
+        head = [] if pending is None else [pending.double()]
+        flags = [f.double().reshape(1) for f, _ in before]
+        got = torch.cat(head + flags + [worst.double().reshape(1), bad.any().double().reshape(1)]).tolist()
+        if pending is not None:
+            self._verdict(check, got[:6])
+            got = got[6:]
+        for value, (_, message) in zip(got, before):
+            if value:
+                raise CheckFailed(check, message)
+        worst_f, any_bad = float(got[-2]), bool(got[-1])
         if record:
-            self.max_error = max(self.max_error, worst)
-        if bool(bad.any()):
+            self.max_error = max(self.max_error, worst_f)
+        if any_bad:
             idx = int(bad.flatten().nonzero()[0])
             i, j = divmod(idx, c.shape[1])
             nans = int(torch.isnan(c).sum())
             why = f"{nans} elements of C left NaN (not written, or NaN produced); " if nans else ""
             raise CheckFailed(check, f"{why}{int(bad.sum())} of {c.numel()} elements outside tolerance; first at "
                                      f"C[{i},{j}] = {float(c[i, j])!r} vs reference {float(ref[i, j]):.6g} "
-                                     f"(tolerance {float(tol[i, j]):.3g}); max error {worst:.4g}", worst)
+                                     f"(tolerance {float(tol[i, j]):.3g}); max error {worst_f:.4g}", worst_f)
+
+    def _verdict(self, check: str, changed: list) -> None:
+        """Raise for a changed canary band or input (the values of :meth:`_run`'s ``pending``)."""
+        for name, bad in zip(("A", "B", "C", "the workspace"), changed):
+            if bad:
+                raise CheckFailed(check, f"wrote outside {name} (guard band changed)")
+        if changed[4] or changed[5]:
+            raise CheckFailed(check, "modified input A or B")
+        self.checks.append(check)
 
     def _fill(self, a: torch.Tensor, b: torch.Tensor) -> None:
         if self.placements is not None:  # every check calls _fill before _run
@@ -299,15 +372,19 @@ class Cascade:
     def random(self, check: str = "random inputs", lo: float = -1.0, hi: float = 1.0) -> None:
         s = self.ops.shape
         self._fill(self._uniform(s.m, s.k, lo, hi), self._uniform(s.k, s.n, lo, hi))
-        c = self._run(check)
+        c, pending = self._run(check)
         ref, rss = reference(self.ops.A.data, self.ops.b_kn(), exact_terms=False)
-        self._compare(check, c, ref, tolerance_random(ref, rss))
+        self._compare(check, c, ref, tolerance_random(ref, rss), pending=pending)
 
-    def exact(self, check: str, a: torch.Tensor, b_kn: torch.Tensor) -> None:
+    def exact(self, check: str, a: torch.Tensor, b_kn: torch.Tensor,
+              known: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
+        """An exact probe on ``a``, ``b_kn``; ``known``: its (R, S), when the caller has them
+        without a floating-point GEMM (an integer GEMM, or a closed form); else computed from
+        the operands after the call (which were checked unchanged)."""
         self._fill(a, b_kn)
-        c = self._run(check)
-        ref, sabs = reference(self.ops.A.data, self.ops.b_kn(), exact_terms=True)
-        self._compare(check, c, ref, tolerance_exact(ref, sabs, self.ops.shape.k), record=False)
+        c, pending = self._run(check)
+        ref, sabs = known if known is not None else reference(self.ops.A.data, self.ops.b_kn(), exact_terms=True)
+        self._compare(check, c, ref, tolerance_exact(ref, sabs, self.ops.shape.k), record=False, pending=pending)
 
     def cancellation(self) -> None:
         """+L·b at k=0 and -L·b at k=K-1 around small terms: an fp16 accumulator drops the small ones."""
@@ -359,14 +436,16 @@ class Cascade:
         a[: max(1, s.m // 4)] = 0               # zero rows: C rows must be written as exact zeros
         a[:, s.k // 2: s.k // 2 + max(1, s.k // 8)] = 0
         b[:, : max(1, s.n // 4)] = 1.0           # a band of ones
-        self.exact("special values (zeros, ones, small integers)", a, b)
+        self.exact("special values (zeros, ones, small integers)", a, b, integer_reference(a, b))
 
     def all_ones(self) -> None:
         """A = B = 1: C = K exactly; fp16 accumulation stalls at 2048."""
         s = self.ops.shape
         dev = self.ops.A.data.device
+        dt = torch.float64 if s.m * s.n * s.k <= FP64_LIMIT or dev.type == "cpu" else torch.float32
+        k = torch.full((s.m, s.n), float(s.k), dtype=dt, device=dev)  # R = S = K exactly, no GEMM needed
         self.exact(f"all-ones probe (K={s.k})", torch.ones(s.m, s.k, dtype=torch.float16, device=dev),
-                   torch.ones(s.k, s.n, dtype=torch.float16, device=dev))
+                   torch.ones(s.k, s.n, dtype=torch.float16, device=dev), (k, k))
 
     def planted_nan(self) -> None:
         """NaN at A[i,k1] must reach exactly row i of C, NaN at B[k2,j] exactly column j."""
@@ -378,25 +457,23 @@ class Cascade:
         a[i, k1] = float("nan")
         b[k2, j] = float("nan")
         self._fill(a, b)
-        c = self._run(check)
+        c, pending = self._run(check)
         want = torch.zeros(s.m, s.n, dtype=torch.bool, device=c.device)
         want[i, :] = True
         want[:, j] = True
         got = torch.isnan(c)
-        if not bool(got[i, :].all()):
-            raise CheckFailed(check, f"NaN planted at A[{i},{k1}] did not reach all of row {i} of C "
-                                     f"(element k={k1} was not read for some columns)")
-        if not bool(got[:, j].all()):
-            raise CheckFailed(check, f"NaN planted at B(k={k2}, n={j}) did not reach all of column {j} of C")
-        if bool((got & ~want).any()):
-            raise CheckFailed(check, f"NaN spread beyond row {i} and column {j} of C (or C was left unwritten)")
         a0, b0 = a.clone(), b.clone()
         a0[i, k1] = 0
         b0[k2, j] = 0
         ref, rss = reference(a0, b0, exact_terms=False)
         keep = ~want
+        before = ((~got[i, :].all(), f"NaN planted at A[{i},{k1}] did not reach all of row {i} of C "
+                                     f"(element k={k1} was not read for some columns)"),
+                  (~got[:, j].all(), f"NaN planted at B(k={k2}, n={j}) did not reach all of column {j} of C"),
+                  ((got & ~want).any(), f"NaN spread beyond row {i} and column {j} of C (or C was left unwritten)"))
         self._compare(check, torch.where(keep, c, torch.zeros_like(c)),
-                      torch.where(keep, ref, torch.zeros_like(ref)), tolerance_random(ref, rss))
+                      torch.where(keep, ref, torch.zeros_like(ref)), tolerance_random(ref, rss),
+                      pending=pending, before=before)
 
     def full(self, generic: bool) -> None:
         """Every check, cheapest first; raises :class:`CheckFailed` at the first failure."""
@@ -448,7 +525,8 @@ def large_ragged(shape: Shape, tma_pitch: set[str], rng: random.Random) -> Shape
 
 def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: str, call: Callable[[int], None],
                  sync: Callable[[], None], gen: torch.Generator, passes: int = 3,
-                 call_all: Optional[Callable[[], None]] = None) -> None:
+                 call_all: Optional[Callable[[], None]] = None,
+                 base: Optional["RotationReference"] = None) -> None:
     """The after-timing check, on the timing rotation: state kept across calls must not matter.
 
     ``a3``/``b3``/``c3`` are the stacked sets (B as stored); ``call(i)`` runs the candidate on set
@@ -464,7 +542,11 @@ def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: s
 
     ``call_all()``, when given, calls every set once in order (the harness replays the timer's
     captured one-rotation graph: one launch instead of thousands of eager calls at tiny shapes);
-    the in-place changes are eager ops on the same stream, ordered before it."""
+    the in-place changes are eager ops on the same stream, ordered before it.
+
+    ``base``: the rotation's reference from its pristine inputs (:class:`RotationReference`,
+    computed once per rotation, not per candidate); each pass then recomputes only the rows and
+    columns its changes reach (see :func:`verify_sets`)."""
     saved: list[tuple[torch.Tensor, tuple, torch.Tensor]] = []
 
     def change(t3: torch.Tensor, index: tuple) -> None:
@@ -512,29 +594,102 @@ def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: s
                 call(n_sets - 1)
             sync()
             unchanged(expect, p)
-            verify_sets(a3, b3, c3, layout, check, f"pass {p + 1} ({mode} changed in place)")
+            verify_sets(a3, b3, c3, layout, check, f"pass {p + 1} ({mode} changed in place)", base=base)
     finally:
         for t3, index, old in reversed(saved):
             t3[index] = old
 
 
+def _ref_dtype(m: int, n: int, k: int, device: torch.device) -> torch.dtype:
+    """float64 up to :data:`FP64_LIMIT` multiply-adds (and on a CPU), float32 (TF32 off) above."""
+    return torch.float64 if m * n * k <= FP64_LIMIT or device.type == "cpu" else torch.float32
+
+
+class RotationReference:
+    """The reference ``A[i]·B[i]`` of every set of a timing rotation, from its *pristine* inputs.
+
+    The rotation's inputs are fixed for its lifetime (filled once from a seed, held bit-exact to
+    a pristine copy between candidates), so the full-precision product, the costly part of
+    verifying every set after timing, is the same for every candidate: it is computed once,
+    here, from the pristine copies (never from buffers a candidate could reach), and
+    :func:`verify_sets` recomputes only what a check changed. ``a_pristine`` (sets, m, k) and
+    ``b_pristine`` (sets, n, k) fp16, B as N×K; the result is float64 or float32 as
+    :func:`reference` would choose."""
+
+    def __init__(self, a_pristine: torch.Tensor, b_pristine: torch.Tensor) -> None:
+        sets, m, k = a_pristine.shape
+        n = b_pristine.shape[1]
+        self.a, self.b_nk = a_pristine, b_pristine
+        self.dtype = dt = _ref_dtype(m, n, k, a_pristine.device)
+        self.ref = torch.empty(sets, m, n, dtype=dt, device=a_pristine.device)
+        chunk = _set_chunk(m, n)
+        for lo in range(0, sets, chunk):
+            torch.bmm(a_pristine[lo:lo + chunk].to(dt), b_pristine[lo:lo + chunk].to(dt).transpose(1, 2),
+                      out=self.ref[lo:lo + chunk])
+
+    def b_stored(self, layout: str) -> torch.Tensor:
+        """The pristine B as stored for ``layout`` (a view: N×K, or K×N transposed)."""
+        return self.b_nk if layout == "TN" else self.b_nk.transpose(1, 2)
+
+
+def _set_chunk(m: int, n: int) -> int:
+    """Sets per batched reference: about 256 MiB of float64 outputs at a time."""
+    return max(1, (1 << 28) // max(1, m * n * 8))
+
+
+def _changed_rows(cur: torch.Tensor, pristine: torch.Tensor) -> torch.Tensor:
+    """Indices of the rows (dim 1) that differ bit for bit in any set (one sync)."""
+    return (cur.view(torch.int16) != pristine.view(torch.int16)).any(dim=2).any(dim=0).nonzero().flatten()
+
+
+def _reference_from_base(a: torch.Tensor, b: torch.Tensor, layout: str, base: RotationReference,
+                         lo: int, hi: int) -> torch.Tensor:
+    """The current product of sets ``lo:hi`` from the pristine one: rows of A that changed are
+    recomputed; rows of B (as stored) that changed are recomputed as columns of C (TN: a row of
+    B is a column of C) or, NN (a row of B is a k), added as the exact rank update
+    ``A[:, k] (B - B0)[k, :]`` (float64 products of fp16 values and their differences). Every
+    element not recomputed is the pristine reference of unchanged data."""
+    dt = base.dtype
+    ref = base.ref[lo:hi].clone()
+    b0 = base.b_stored(layout)[lo:hi]
+    rows_a = _changed_rows(a, base.a[lo:hi])
+    rows_b = _changed_rows(b, b0)
+    b_kn = (b.transpose(1, 2) if layout == "TN" else b).to(dt)
+    if rows_b.numel() and layout == "NN":
+        delta = b[:, rows_b, :].double() - b0[:, rows_b, :].double()
+        ref += torch.bmm(a[:, :, rows_b].double(), delta).to(dt)
+    elif rows_b.numel():
+        ref[:, :, rows_b] = torch.bmm(a.to(dt), b_kn[:, :, rows_b])
+    if rows_a.numel():
+        ref[:, rows_a, :] = torch.bmm(a[:, rows_a, :].to(dt), b_kn)
+    return ref
+
+
 def verify_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: str, check: str, where: str,
                 what: str = "is wrong after calls that followed the timed ones", set_ids: Optional[list[int]] = None,
-                row_ids: Optional[list[int]] = None) -> None:
+                row_ids: Optional[list[int]] = None, base: Optional[RotationReference] = None) -> None:
     """Every set of a rotation: ``C[i] == A[i]·B[i]`` within the random-input tolerance, else
     :class:`CheckFailed` naming the set and ``where`` (``b3`` as stored for ``layout``).
     ``set_ids``/``row_ids``: the sets' and rows' numbers in the rotation when ``a3``/``c3`` hold
-    only some of them (for the message)."""
+    only some of them (for the message). ``base``: the whole rotation's pristine reference
+    (:class:`RotationReference`; ``a3``/``b3`` are then every set of it): the reference is that
+    one with what changed recomputed (:func:`_reference_from_base`), not a full product."""
     n_sets, m, k = a3.shape
     n = c3.shape[2]
-    dt = torch.float64 if m * n * k <= FP64_LIMIT or a3.device.type == "cpu" else torch.float32
-    chunk = max(1, (1 << 28) // max(1, m * n * 8))
+    dt = _ref_dtype(m, n, k, a3.device)
+    chunk = _set_chunk(m, n)
     for lo in range(0, n_sets, chunk):
-        a = a3[lo:lo + chunk].to(dt)
-        b = b3[lo:lo + chunk].to(dt)
-        b = b.transpose(1, 2) if layout == "TN" else b
-        ref = torch.bmm(a, b)
-        rss = _rss_fp16(a3[lo:lo + chunk], b) if dt is torch.float32 and a3.is_cuda else torch.bmm(a * a, b * b).sqrt()
+        b = b3[lo:lo + chunk]
+        b_kn = b.transpose(1, 2) if layout == "TN" else b
+        if base is not None:
+            ref = _reference_from_base(a3[lo:lo + chunk], b, layout, base, lo, lo + chunk)
+        else:
+            ref = torch.bmm(a3[lo:lo + chunk].to(dt), b_kn.to(dt))
+        if a3.is_cuda:
+            rss = _rss_fp16(a3[lo:lo + chunk], b_kn)
+        else:
+            a, bk = a3[lo:lo + chunk].to(dt), b_kn.to(dt)
+            rss = torch.bmm(a * a, bk * bk).sqrt()
         c = c3[lo:lo + chunk]
         bad = ~((c.to(dt) - ref).abs() <= tolerance_random(ref, rss))
         if bool(bad.any()):

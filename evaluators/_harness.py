@@ -38,8 +38,8 @@ import torch
 from populations import LaunchPlan, PlanError, Shape
 
 from ._builtin_kernels import EMPTY_KERNEL, NAIVE_GEMM, naive_plan
-from ._correctness import (Cascade, CheckFailed, Guarded, Operands, large_ragged, ragged_instances, recheck_sets,
-                           verify_sets, workspace_fill)
+from ._correctness import (FP64_LIMIT, Cascade, CheckFailed, Guarded, Operands, RotationReference, large_ragged, ragged_instances,
+                           recheck_sets, verify_sets, workspace_fill)
 from ._loader import get_loader, is_poisoning, nvrtc_cubin
 from ._provenance import sm_clock_mhz, static_provenance
 from ._lease import timing_lease
@@ -344,7 +344,9 @@ class GpuHandler:
                 large = large_ragged(shape, pitch, rng)
                 if large != shape:
                     instances.append(large)  # as large a grid as the claim, every tail partial
+            ragged_s = 0.0
             for inst in instances + [shape]:
+                t_inst = time.perf_counter()
                 try:
                     call, ws, _ = kernels.bind(inst)
                 except (PlanError, TensorMapError) as exc:
@@ -371,8 +373,12 @@ class GpuHandler:
                 res["checks"] += cas.checks
                 res["max_error"] = max(res["max_error"] or 0.0, cas.max_error)
                 del ops
+                if inst is not shape:
+                    ragged_s += time.perf_counter() - t_inst
             res["correctness_s"] = time.perf_counter() - t0
             res["phases"]["correctness"] = res["correctness_s"]
+            if instances:  # of which: the generic candidate's ragged instances (small and full-size)
+                res["phases"]["correctness_ragged"] = ragged_s
             if not self._timing_intact():
                 return {**res, "status": "incorrect", "correctness_s": res["correctness_s"],
                         "message": "wrote outside its buffers: the harness's cached timing inputs changed during the checks"}
@@ -547,7 +553,8 @@ class GpuHandler:
               else tb.bkn_all[:, :k_ * n_].view(n_sets, k_, n_))
         try:
             recheck_sets(a3, b3, cc_all[:, :m_ * n_].view(n_sets, m_, n_), shape.layout,
-                         lambda i: call(ptrs[i], w_all[i] if ws else None), self._sync, gen, call_all=replay)
+                         lambda i: call(ptrs[i], w_all[i] if ws else None), self._sync, gen, call_all=replay,
+                         base=tb.base_reference())
         except CheckFailed as exc:
             res["flags"].append(str(exc))
         clock("recheck")
@@ -762,7 +769,8 @@ class TimingBuffers:
         self._pristine = [t.clone() for t in self._inputs]
         self._flipped: set[int] = set()
         self._row_flips: list[torch.Tensor] = []
-        self._mk = (m, k)
+        self._mk, self._n = (m, k), n
+        self._reference: Optional[RotationReference] = None
 
     def pointers(self, layout: str, workspaces: torch.Tensor) -> list[dict[str, int]]:
         """Every set's A, B (as stored for ``layout``), C and workspace (row ``i`` of
@@ -806,9 +814,30 @@ class TimingBuffers:
         """Bit-exact comparison of the inputs with their pristine copy (after :meth:`unflip`), and
         every stack's canaries: False when a candidate wrote into them, in place (its own A or B)
         or by a far store (the other cached rotations are the harness's other large live
-        buffers, so they double as canaries)."""
-        return (not self._flipped and not self._row_flips and all(torch.equal(t, q) for t, q in zip(self._inputs, self._pristine))
-                and all(g.guards_intact() for g in self._guards))
+        buffers, so they double as canaries). Every comparison is queued first and read in one
+        synchronisation."""
+        if self._flipped or self._row_flips:
+            return False
+        changed = [(t != q).any() for t, q in zip(self._inputs, self._pristine)] + [g.guards_changed() for g in self._guards]
+        return not any(torch.stack(changed).tolist())
+
+    def base_reference(self) -> Optional[RotationReference]:
+        """The rotation's reference from its pristine copies (:class:`RotationReference`), made at
+        the first call and kept with the rotation, so that the recheck after timing does not
+        recompute every set's full product for every candidate; None when it would take more
+        than :data:`REFERENCE_CACHE_BYTES` (the recheck then computes full products)."""
+        if self._reference is None:
+            (m, k), n, sets = self._mk, self._n, self.n_sets
+            esize = 8 if m * n * k <= FP64_LIMIT else 4
+            if sets * m * n * esize > REFERENCE_CACHE_BYTES:
+                return None
+            self._reference = RotationReference(self._pristine[0].view(torch.float16).view(sets, m, k),
+                                                self._pristine[1].view(torch.float16).view(sets, n, k))
+        return self._reference
+
+
+#: Most bytes a rotation's cached reference (:meth:`TimingBuffers.base_reference`) may take.
+REFERENCE_CACHE_BYTES = 1 << 30
 
 
 def _event_time(fn: Callable[[], Any], reps: int) -> float:

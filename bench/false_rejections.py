@@ -1,0 +1,175 @@
+"""False rejections of the hardened evaluator (issue 18): honest kernels it must still pass.
+
+    python3 bench/false_rejections.py [--per-template 4] [--archive DIR [--top 10]] [--budget-s S]
+                                      [--json OUT.json]
+
+(a) **Seeds**: every seed of every template (``seed_population``, as ``evo run`` seeds a new
+shape: heuristic picks, then spread samples, ``--per-template`` per template) on the 48-shape
+LLM-layer sample (``bench/_llm_sample.py`` over ``llm_layers.csv``, as ``llm_layers_bench.py``
+picks it), through the real ``LocalPool``; statuses counted per template and per shape class.
+(b) **Archive elites** (``--archive``): the ``--top`` elites of every shape of an archive made
+by an earlier evaluator, re-evaluated now at their shape; statuses counted.
+
+Every status other than ``ok`` is a false rejection (honest kernels only go in): each is listed
+with its message. Shapes are submitted round-robin, and within a shape templates round-robin
+(every template's first seed before any second one), so a ``--budget-s`` cut (no new submissions
+after it) leaves every shape and template partly covered; what was not run is counted as such. Timing uses
+the device timer only (the host timers flag nothing); the memoisation pass runs for every
+candidate (no elite threshold), so a false memo flag would show. Exit status 0 only when every
+evaluation that ran is ``ok``.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+import _llm_sample as smp  # noqa: E402
+from populations import Archive, Candidate, Shape, load_templates  # noqa: E402
+
+_SHARED = ("../shared", str(HERE.parent.parent / "shared"), str(HERE.parent / "shared"),
+           str(HERE.parent / ".carry_shared"), str(HERE.parent.parent / ".carry_shared"))
+CSV_DEFAULTS = tuple(f"{d}/shapes/llm_layers.csv" for d in _SHARED)
+
+
+def seed_jobs(csv: Path, per_template: int, arch: str, seed: int = 0) -> list[tuple[str, Candidate, dict]]:
+    """(shape key, candidate, labels) for every seed of every template on the LLM-layer sample,
+    round-robin over shapes."""
+    from evo._cmd_seed import seed_population  # the engine's own seeding (not re-exported by evo)
+
+    rows = smp.sample(smp.candidate_pool(smp.read_rows(csv)))
+    templates = list(load_templates().values())
+    per_shape = []
+    for row in rows:
+        shape = Shape.parse(row.shape)
+        cands = seed_population(shape, templates, per_template, random.Random(seed), arch=arch)
+        by_template: dict[str, list[Candidate]] = defaultdict(list)
+        for c in cands:
+            by_template[c.template or "?"].append(c)
+        ordered = _round_robin(list(by_template.values()))  # every template's first seed, then its second, ...
+        per_shape.append([(row.shape, c, {"template": c.template or "?", "classes": list(row.classes),
+                                          "seed": (c.meta or {}).get("seed", "")}) for c in ordered])
+    return _round_robin(per_shape)
+
+
+def archive_jobs(path: str, top: int) -> list[tuple[str, Candidate, dict]]:
+    """(shape key, candidate at that shape alone, labels) for the ``top`` elites of every shape."""
+    per_shape = []
+    with Archive(path) as arch:
+        for shape in arch.shapes():
+            rows = []
+            for rank, el in enumerate(arch.elites(shape, top=top), 1):
+                if el.candidate is None:
+                    continue
+                cand = el.candidate if tuple(el.candidate.shapes) == (shape,) else el.candidate.derive(shapes=(shape,))
+                rows.append((str(shape), cand, {"template": cand.template or "?", "rank": rank,
+                                                "archived_speedup": round(el.fitness, 4)}))
+            per_shape.append(rows)
+    return _round_robin(per_shape)
+
+
+def _round_robin(groups: list[list]) -> list:
+    return [x for tier in itertools.zip_longest(*groups) for x in tier if x is not None]
+
+
+def run_jobs(pool: Any, jobs: list[tuple[str, Candidate, dict]], budget_s: float,
+             clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """Submit ``jobs`` (until ``budget_s`` has passed), wait, and count statuses."""
+    t0 = clock()
+    futures = []
+    for key, cand, labels in jobs:
+        if clock() - t0 > budget_s:
+            break
+        futures.append((key, cand, labels, pool.submit(cand)))
+    out: list[dict[str, Any]] = []
+    for key, cand, labels, fut in futures:
+        try:
+            evals = fut.result()
+            ev = next((e for e in evals if str(e.shape) == str(Shape.parse(key))), evals[0])
+            status, message, speedup = ev.status.value, ev.message, ev.speedup
+        except Exception as exc:  # the pool itself failed: counted, never hidden
+            status, message, speedup = "pool error", repr(exc), None
+        out.append({"shape": key, **labels, "knobs": dict(cand.knobs or {}), "status": status,
+                    "message": message[:300], "speedup": speedup})
+    return summarise(out, len(jobs), clock() - t0)
+
+
+def summarise(rows: list[dict[str, Any]], planned: int, wall_s: float) -> dict[str, Any]:
+    """Counts by status, template and class; every non-ok row kept whole."""
+    by_template: dict[str, Counter] = defaultdict(Counter)
+    by_class: dict[str, Counter] = defaultdict(Counter)
+    for r in rows:
+        by_template[r["template"]][r["status"]] += 1
+        for c in r.get("classes", ()):
+            by_class[c][r["status"]] += 1
+    statuses = Counter(r["status"] for r in rows)
+    return {"planned": planned, "ran": len(rows), "not_run": planned - len(rows), "wall_s": round(wall_s, 1),
+            "shapes": len({r["shape"] for r in rows}), "statuses": dict(statuses),
+            "false_rejections": len(rows) - statuses.get("ok", 0),
+            "by_template": {k: dict(v) for k, v in sorted(by_template.items())},
+            "by_class": {k: dict(v) for k, v in sorted(by_class.items())},
+            "not_ok": [r for r in rows if r["status"] != "ok"]}
+
+
+def _first(path: Optional[str], defaults: Iterable[str]) -> Path:
+    for p in ([path] if path else list(defaults)):
+        if Path(p).is_file():
+            return Path(p)
+    raise SystemExit(f"no shapes CSV at {path or ', '.join(defaults)}")
+
+
+def _print(name: str, part: dict[str, Any]) -> None:
+    print(f"{name}: {part['ran']} of {part['planned']} evaluated on {part['shapes']} shapes in {part['wall_s']} s; "
+          f"statuses {part['statuses']}; false rejections {part['false_rejections']}", flush=True)
+    for t, c in part["by_template"].items():
+        print(f"  {t:<12} {c}")
+    for r in part["not_ok"]:
+        print(f"  NOT OK {r['shape']} {r['template']} {r['knobs']}: {r['status']}: {r['message'][:200]}")
+
+
+def main(argv: Optional[list[str]] = None, pool_factory: Optional[Callable[..., Any]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--csv", default=None, help="llm_layers.csv (default: ../shared or the carried copy)")
+    ap.add_argument("--per-template", type=int, default=4, help="seeds per template and shape (evo run's default 4)")
+    ap.add_argument("--archive", default=None, help="archive whose elites are re-evaluated (part b)")
+    ap.add_argument("--top", type=int, default=10, help="elites per archived shape")
+    ap.add_argument("--skip-seeds", action="store_true", help="part (b) only")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="no new submissions after this many seconds, per part")
+    ap.add_argument("--compile-workers", type=int, default=min(12, os.cpu_count() or 4))
+    ap.add_argument("--json", default=None, help="write the summary here")
+    args = ap.parse_args(argv)
+    if pool_factory is None:
+        from evaluators import LocalPool
+
+        def pool_factory() -> Any:
+            return LocalPool(compile_workers=args.compile_workers, timers=("device",))
+    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                              "command": " ".join(["python3", "bench/false_rejections.py", *(argv or sys.argv[1:])])}
+    with pool_factory() as pool:
+        arch = getattr(pool, "arch", None) or "sm_90a"
+        if not args.skip_seeds:
+            report["seeds"] = run_jobs(pool, seed_jobs(_first(args.csv, CSV_DEFAULTS), args.per_template, arch),
+                                       args.budget_s)
+            _print("seeds", report["seeds"])
+        if args.archive:
+            report["archive"] = run_jobs(pool, archive_jobs(args.archive, args.top), args.budget_s)
+            _print("archive elites", report["archive"])
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+    bad = sum(report[p]["false_rejections"] for p in ("seeds", "archive") if p in report)
+    return 0 if bad == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

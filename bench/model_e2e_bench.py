@@ -24,7 +24,7 @@ Per model, unpatched then patched with the library (``evo.torch.patch``):
   prefill logits' largest difference relative to the largest logit.
 
 Writes ``e2e.json`` and ``e2e.md`` (one table row per model and batch, before/after) under
-``--out``. Exit 1 when smollm2's tokens differ after patching. (``--tiny`` checks the pipeline
+``--out``. Exit 1 when smollm2's tokens differ after patching or a model failed (its error is in the JSON). (``--tiny`` checks the pipeline
 only: its timings on a shared CPU mean nothing.)
 """
 from __future__ import annotations
@@ -401,18 +401,26 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         lib = load_library(args.library)
     rows = []
+    failed = []
     for name in args.models.split(","):
-        rows.append(run_model(name, lib, args, device))
+        try:
+            rows.append(run_model(name, lib, args, device))
+        except Exception as exc:  # one model's failure must not lose the others' rows (a device call is dear)
+            import traceback
+
+            traceback.print_exc()
+            failed.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            continue
         print(table(rows[-1:]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
             "library": args.library, "args": {k: str(v) for k, v in vars(args).items()}}
-    (args.out / "e2e.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (args.out / "e2e.json").write_text(json.dumps({"meta": meta, "rows": rows, "failed": failed}, indent=1))
     (args.out / "e2e.md").write_text(table(rows))
     bad = [r["model"] for r in rows if r["model"] == "smollm2" and not all(r["tokens_identical"].values())]
     if bad:
         print(f"tokens differ after patching: {bad}", file=sys.stderr)
-    return 1 if bad else 0
+    return 1 if bad or failed else 0
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ Per model, unpatched then patched with the library (``evo.torch.patch``):
   prefill logits' largest difference relative to the largest logit.
 
 Writes ``e2e.json`` and ``e2e.md`` (one table row per model and batch, before/after) under
-``--out``. Exit 1 when smollm2's tokens differ after patching or a model failed (its error is in the JSON). (``--tiny`` checks the pipeline
-only: its timings on a shared CPU mean nothing.)
+``--out``. Exit 1 when smollm2's tokens differ after patching or a model failed (its error is
+in the JSON). (``--tiny`` checks the pipeline only: its timings on a shared CPU mean nothing.)
 """
 from __future__ import annotations
 

@@ -13,13 +13,13 @@ GPU, every decode step replayed from a CUDA graph captured once per batch size.
 Per model, unpatched then patched with the library (``evo.torch.patch``):
 - decode tokens/s at each batch size: a ``--prompt``-token prefill, then ``--decode`` greedy
   steps, timed from the first step to the last token on the host;
-- the decode step's GPU kernels from the torch profiler over replays of the captured graph: time
-  per step, GEMM share, evo kernels per step (a patched model's graph holding evo's kernels is
-  then seen, not assumed), and evo_native's own count of evolved / fallback calls made while the
-  graph was captured;
+- the decode step's GPU kernels from the torch profiler over eager steps (the same kernels the
+  captured graph holds): time per step, GEMM share, evo kernels per step; and evo_native's own
+  count of evolved / fallback calls made while the decode graph was captured (so a patched
+  model's graph holding evo's kernels is seen, not assumed);
 - prefill ms at ``--prefill`` tokens, batch 1, logits of the last token only (median of 5): eager,
-  as ``generate`` runs it, and replayed from a CUDA graph (host overhead gone), each with its
-  kernel profile;
+  as ``generate`` runs it (with its kernel profile), and replayed from a CUDA graph (host
+  overhead gone);
 - checks: greedy decode tokens identical patched vs unpatched (required for smollm2), and the
   prefill logits' largest difference relative to the largest logit.
 
@@ -43,8 +43,9 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CONFIGS = ROOT / "tests" / "model_configs"
-#: kernel names counted as GEMMs in the profile: cuBLAS/cuBLASLt/CUTLASS families and evo's exported kernels
-GEMM_KERNEL = re.compile(r"gemm|gemv|xmma|cutlass|cublas|^sm90_|^sm80_|^ampere_|^evo_|splitk", re.I)
+#: kernel names counted as GEMMs in the profile: cuBLAS/cuBLASLt (nvjet: its Hopper kernels), CUTLASS
+#: families and evo's exported kernels
+GEMM_KERNEL = re.compile(r"gemm|gemv|xmma|nvjet|cutlass|cublas|^sm90_|^sm80_|^ampere_|^evo_|splitk", re.I)
 #: ... except attention kernels built from the same libraries (CUTLASS FMHA, flash, cuDNN SDPA)
 ATTENTION_KERNEL = re.compile(r"fmha|flash|attention|sdpa", re.I)
 
@@ -215,9 +216,9 @@ class Runner:
 def kernel_profile(fn: Any, calls: int, device: str) -> Optional[dict[str, Any]]:
     """GPU kernel time of one of the ``calls`` that ``fn`` makes, from the torch profiler (None on
     the CPU): ``total_us``, ``gemm_us`` (cuBLAS/CUTLASS/evo GEMMs), ``evo_us`` (evo's kernels),
-    ``gemm_share``, and per call the ``kernels`` and ``evo_kernels`` launched (a graph replay's
-    kernels are profiled like any others, so ``evo_kernels`` > 0 on a replay shows the patched
-    op's kernels are inside the graph)."""
+    ``gemm_share``, and per call the ``kernels`` and ``evo_kernels`` launched. ``fn`` runs eager
+    steps, never a graph replay (see :func:`prepare_profiler`); a decode step launches the same
+    kernels eagerly as its graph holds."""
     if device != "cuda":
         return None
     import torch
@@ -245,6 +246,28 @@ def kernel_profile(fn: Any, calls: int, device: str) -> Optional[dict[str, Any]]
         return None
     return {"total_us": total / calls, "gemm_us": gemm / calls, "evo_us": evo / calls, "gemm_share": gemm / total,
             "kernels": kernels / calls, "evo_kernels": evo_kernels / calls}
+
+
+def r_graphs(row: dict[str, Any]) -> str:
+    return "yes" if row["graphs"] else f"no: {row['graph_error']}"
+
+
+def prepare_profiler() -> None:
+    """Start the profiler's CUDA side once before any graph is captured. A graph captured before
+    the profiler first attached to CUDA and then replayed under the profiler runs corrupted
+    kernels (pytorch/pytorch#75504: an illegal address, here a device-side index assert in the
+    static cache's index_copy_); torch ships this workaround for it. The benchmark also never
+    replays a graph under the profiler: kernel profiles are taken on eager steps, which launch
+    the same kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        from torch.profiler._utils import _init_for_cuda_graphs
+    except ImportError:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+            pass
+    else:
+        _init_for_cuda_graphs()
 
 
 def _median_ms(fn: Any, sync: Any, reps: int = 5) -> float:
@@ -279,17 +302,14 @@ def measure(model: Any, tok: Any, args: argparse.Namespace, device: str) -> dict
         toks, secs = r.generate(prompt, args.decode)
         row = {"tokens_per_s": b * (args.decode - 1) / secs, "seconds": secs, "graphs": r.graphs,
                "graph_error": r.graph_error, "graph_calls": r.graph_calls}
-        if r.graphs:  # profile what the timed loop runs: replays of the captured step
-            row["profile"] = kernel_profile(lambda: [r.graph.replay() for _ in range(4)], 4, device)
-            row["profiled"] = "graph replay"
-        else:
-            eager = Runner(model, b, args.prompt + 8, False)
-            eager.prefill(prompt)
-            row["profile"] = kernel_profile(lambda: [eager.step(prompt[:, -1:], args.prompt + i) for i in range(4)], 4, device)
-            row["profiled"] = "eager steps"
+        del r  # its graph is never replayed again, in particular not under the profiler (see prepare_profiler)
+        eager = Runner(model, b, args.prompt + 8, False)
+        eager.prefill(prompt)
+        row["profile"] = kernel_profile(lambda: [eager.step(prompt[:, -1:], args.prompt + i) for i in range(4)], 4, device)
+        print(f"  {model.config.model_type} batch {b}: {row['tokens_per_s']:.1f} tokens/s (graphs={r_graphs(row)}, "
+              f"evolved/fallback calls in the graph {row['graph_calls']}), step kernels {row['profile']}", flush=True)
         out["decode"][b] = row
         out["tokens"][b] = toks.tolist()
-        del r
     long = torch.randint(0, vocab, (1, args.prefill), generator=gen).to(device)
     r = Runner(model, 1, args.prefill + 1, False)
     sync = r._sync
@@ -298,8 +318,9 @@ def measure(model: Any, tok: Any, args: argparse.Namespace, device: str) -> dict
     graph = r.prefill_graph(long) if args.graphs and device == "cuda" else None
     if graph is not None:
         pre["graph_ms"] = _median_ms(graph.replay, sync)
-        pre["graph_profile"] = kernel_profile(graph.replay, 1, device)
     pre["graph_error"] = r.graph_error
+    print(f"  prefill {args.prefill}: eager {pre['ms']:.2f} ms, graph {pre.get('graph_ms', float('nan')):.2f} ms "
+          f"{pre['graph_error']}, kernels {pre['profile']}", flush=True)
     out["prefill"] = pre
     del graph
     out["logits"] = r.prefill(ids.to(device), keep=0).float().cpu()
@@ -394,6 +415,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     elif not torch.cuda.is_available():
         raise SystemExit("no CUDA device: use --tiny for the CPU smoke test")
     lib = None
+    if device == "cuda":
+        prepare_profiler()
     if not args.tiny:
         if args.library is None:
             raise SystemExit("--library LIB is required (evo export ARCHIVE --out LIB)")

@@ -1,11 +1,14 @@
 """Device check of the native torch operators (evo.torch) over a small exported library.
 
     python bench/model_op_check.py --archive DIR --out OUT [--reps 300]
+    python bench/model_op_check.py --library LIB --out OUT [--reps 300]
 
 Steps, in one process: build and load ``torch.ops.evo_native`` (cached C++ build with the
-compiler here), export the archive twice over one library (``keep_slower``: every shape's best
-kernel, for timing the evolved path; the decision ``evo export`` would take by default,
-:func:`evo._export.choose_path`, is printed beside it), then per shape
+compiler here); with ``--archive``, export it over one library with ``keep_slower`` (every
+shape's best kernel, for timing the evolved path; the decision ``evo export`` would take by
+default, :func:`evo._export.choose_path`, is printed beside it); with ``--library``, take an
+export as it is (its shapes are exactly those whose library path is an evolved kernel); then
+per shape
 
 - correctness of ``evo_native.mm`` and ``evo_native.linear`` (with bias) against an fp32
   reference, eager, replayed from a CUDA graph, and compiled (``torch.compile``, inductor,
@@ -135,23 +138,14 @@ def check_shape(key: tuple[int, int, int, str], lib: Any, reps: int, compile_che
     return res
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--archive", type=Path, required=True)
-    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    p.add_argument("--work", type=Path, default=Path("/tmp/evo_op_check"))
-    p.add_argument("--reps", type=int, default=300)
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile check")
-    args = p.parse_args()
-    import torch
-
+def _library(args: argparse.Namespace) -> tuple[Any, dict[str, tuple[str, str]]]:
+    """(the library to time, shape -> (path the default export takes, why))."""
     from evo._export import _pick, choose_path, export, load_library
-    from evo.torch._ops import load_ops, register
     from populations import Archive
 
-    t0 = time.monotonic()
-    so = load_ops()
-    print(f"native ops: {so} (has_cuda={torch.ops.evo_native.has_cuda()}) in {time.monotonic() - t0:.1f} s", flush=True)
+    if args.library is not None:
+        manifest = json.loads((args.library / "manifest.json").read_text())
+        return load_library(args.library), {k: (v["path"], v["why"]) for k, v in manifest.get("paths", {}).items()}
     t0 = time.monotonic()
     manifest = export(args.archive, args.work / "lib", keep_slower=True)
     print(f"exported {len(manifest['kernels'])} kernels (keep_slower) in {time.monotonic() - t0:.1f} s", flush=True)
@@ -160,7 +154,27 @@ def main() -> int:
     for shape in archive.shapes():
         decisions[str(shape)] = choose_path(*_pick(archive, shape, manifest["arch"]))
         print(f"  default export: {shape}: {decisions[str(shape)][0]} ({decisions[str(shape)][1]})", flush=True)
-    lib = load_library(args.work / "lib")
+    return load_library(args.work / "lib"), decisions
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--archive", type=Path, help="an archive: exported here with keep_slower")
+    src.add_argument("--library", type=Path, help="an export (evo export ARCHIVE --out LIB), timed as it is")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    p.add_argument("--work", type=Path, default=Path("/tmp/evo_op_check"))
+    p.add_argument("--reps", type=int, default=300)
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile check")
+    args = p.parse_args()
+    import torch
+
+    from evo.torch._ops import load_ops, register
+
+    t0 = time.monotonic()
+    so = load_ops()
+    print(f"native ops: {so} (has_cuda={torch.ops.evo_native.has_cuda()}) in {time.monotonic() - t0:.1f} s", flush=True)
+    lib, decisions = _library(args)
     if not lib.active:
         print(f"library not usable here: {lib.reason}")
         return 1
@@ -179,7 +193,7 @@ def main() -> int:
               + " ".join(f"{a}={v:.1f}" for a, v in q.items()) + f"  ({time.monotonic() - t0:.0f} s)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(),
-           "reps": args.reps, "shapes": results}
+           "reps": args.reps, "library": str(args.library or args.work / "lib"), "shapes": results}
     (args.out / "op_check.json").write_text(json.dumps(doc, indent=1))
     return 0 if all(r["correct"] for r in results) else 1
 

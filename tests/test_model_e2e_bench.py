@@ -42,7 +42,8 @@ def test_tiny_mode_end_to_end(tmp_path: Path) -> None:
 def test_gemm_kernel_names() -> None:
     is_gemm = _bench().is_gemm
     for name in ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize64x64x64", "cutlass_80_tensorop_h16816gemm_128x64",
-                 "evo_1x4096x4096_TN_f32_hgemm_wgmma", "gemv2T_kernel_val<int, int, __half>", "ampere_fp16_s16816gemm"):
+                 "evo_1x4096x4096_TN_f32_hgemm_wgmma", "gemv2T_kernel_val<int, int, __half>", "ampere_fp16_s16816gemm",
+                 "nvjet_hsh_128x64_64x5_1x2_h_bz_coopA_TNN", "evo_gemv"):
         assert is_gemm(name), name
     for name in ("elementwise_kernel", "pytorch_flash::flash_fwd_kernel", "triton_poi_fused_add_0", "reduce_kernel",
                  "fmha_cutlassF_f16_aligned_64x64_rf_sm80", "cudnn_generated_fort_native_sdpa_sm90_knob_7"):

@@ -94,6 +94,19 @@ def test_dispatch_table(ops: object) -> None:
     assert _ops.registered().__class__ is InactiveLibrary
 
 
+def test_call_counts_are_cuda_calls_only(ops: object) -> None:
+    """call_counts() counts CUDA calls (evolved, fallback); CPU and Meta calls are not counted, and
+    reset_counts() zeroes them (the end-to-end bench reads them around a graph's capture)."""
+    from evo.torch import call_counts, reset_counts
+
+    reset_counts()
+    a, w = torch.randn(4, 8).half(), torch.randn(6, 8).half()
+    ops.linear(a, w)
+    ops.mm(a, w.t())
+    ops.linear(torch.empty(4, 8, dtype=torch.half, device="meta"), torch.empty(6, 8, dtype=torch.half, device="meta"))
+    assert call_counts() == (0, 0) and ops.call_counts() == [0, 0]
+
+
 def test_build_error_names_the_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_ops, "_LOADED", None)
     monkeypatch.setenv("CXX", "/nonexistent/c++")
@@ -114,6 +127,12 @@ def test_exported_kernels_through_the_op(tmp_path: Path, ops: object) -> None:
     if not lib.active:
         pytest.skip(f"library not usable here: {lib.reason}")
     assert ops.has_cuda() and register(lib) == len(lib.kernels)
+    from evo.torch import call_counts, reset_counts
+
+    reset_counts()
+    x = torch.randn(3, 7, device="cuda", dtype=torch.half)
+    ops.linear(x, torch.randn(5, 7, device="cuda", dtype=torch.half))  # no kernel for 3x5x7: a fallback
+    assert call_counts() == (0, 1)
     for (m, n, k, layout) in lib.kernels:
         a = torch.randn(m, k, device="cuda", dtype=torch.half)
         w = torch.randn(n, k, device="cuda", dtype=torch.half)
@@ -136,4 +155,5 @@ def test_exported_kernels_through_the_op(tmp_path: Path, ops: object) -> None:
             assert (static.float() - ref).abs().max().item() <= tol
             f = torch.compile(lambda x, ww: ops.linear(x, ww, None), fullgraph=True)
             assert (f(a, w).float() - ref).abs().max().item() <= tol
+    assert call_counts()[0] >= len(lib.kernels)  # every exported shape took its kernel at least once
     ops.clear_kernels()

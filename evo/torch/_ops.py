@@ -26,7 +26,8 @@ import threading
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["OpsBuildError", "SOURCE", "cache_dir", "build_command", "load_ops", "register", "registered"]
+__all__ = ["OpsBuildError", "SOURCE", "cache_dir", "build_command", "load_ops", "register", "registered",
+           "call_counts", "reset_counts"]
 
 SOURCE = Path(__file__).with_name("evo_ops.cpp")
 _LOCK = threading.Lock()
@@ -153,3 +154,22 @@ def register(library: Any) -> int:
 def registered() -> Any:
     """The library :func:`register` last filled the table from (None before)."""
     return _REGISTERED
+
+
+def call_counts() -> tuple[int, int]:
+    """(evolved, fallback): CUDA calls of the operators that ran an exported kernel, and that fell
+    back to cuBLAS, since :func:`reset_counts`. Counted when a call is made on the host, so the
+    counts taken around a CUDA graph's capture say what the graph holds (replays add nothing)."""
+    import torch
+
+    load_ops()
+    evolved, fallback = torch.ops.evo_native.call_counts()
+    return int(evolved), int(fallback)
+
+
+def reset_counts() -> None:
+    """Set :func:`call_counts` back to (0, 0)."""
+    import torch
+
+    load_ops()
+    torch.ops.evo_native.reset_counts()

@@ -14,17 +14,24 @@
 //
 // Built without EVO_WITH_CUDA (a CPU-only torch), the CUDA kernel is absent and every call
 // is the fallback; evo_native::has_cuda() says which build this is.
+//
+// call_counts() -> [evolved, fallback]: CUDA calls that launched an exported kernel and CUDA
+// calls that fell back to cuBLAS since reset_counts(). Counted on the host when the call is
+// made, so a CUDA graph's capture counts its launches once and its replays not at all: the
+// count taken around a capture is how many evolved GEMMs the graph holds.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <unordered_map>
+#include <vector>
 
 #ifdef EVO_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -48,6 +55,14 @@ inline uint64_t key_of(int64_t m, int64_t n, int64_t k, bool tn) {
 
 std::mutex table_mutex;
 std::unordered_map<uint64_t, Kernel> table;
+std::atomic<int64_t> n_evolved{0}, n_fallback{0};
+
+std::vector<int64_t> call_counts() { return {n_evolved.load(), n_fallback.load()}; }
+
+void reset_counts() {
+  n_evolved = 0;
+  n_fallback = 0;
+}
 
 void register_kernel(int64_t m, int64_t n, int64_t k, const std::string& layout, int64_t address,
                      int64_t workspace) {
@@ -113,6 +128,7 @@ void launch(const Kernel& kn, const at::Tensor& a, const at::Tensor& b, at::Tens
   int rc = kn.fn(a.data_ptr(), b.data_ptr(), c.data_ptr(), int(m), int(n), int(k),
                   kn.workspace ? ws.data_ptr() : nullptr, reinterpret_cast<void*>(stream));
   TORCH_CHECK(rc == 0, "evo_native: the exported kernel for ", m, "x", n, "x", k, " failed with code ", rc);
+  n_evolved.fetch_add(1, std::memory_order_relaxed);
 }
 
 at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
@@ -128,6 +144,7 @@ at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
       return c;
     }
   }
+  n_fallback.fetch_add(1, std::memory_order_relaxed);
   return mm_fallback(a, b);
 }
 
@@ -150,6 +167,7 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& w, const c10::opti
       return c;
     }
   }
+  n_fallback.fetch_add(1, std::memory_order_relaxed);
   return linear_fallback(x, w, bias);
 }
 #endif
@@ -189,6 +207,8 @@ TORCH_LIBRARY(evo_native, m) {
   m.def("clear_kernels() -> ()", &clear_kernels);
   m.def("kernel_count() -> int", &kernel_count);
   m.def("has_cuda() -> bool", &has_cuda);
+  m.def("call_counts() -> int[]", &call_counts);
+  m.def("reset_counts() -> ()", &reset_counts);
 }
 
 TORCH_LIBRARY_IMPL(evo_native, CPU, m) {

@@ -7,6 +7,9 @@
 shape: heuristic picks, then spread samples, ``--per-template`` per template) on the 48-shape
 LLM-layer sample (``bench/_llm_sample.py`` over ``llm_layers.csv``, as ``llm_layers_bench.py``
 picks it), through the real ``LocalPool``; statuses counted per template and per shape class.
+With ``--static`` (no GPU needed) part (a) instead runs every seed, all of them, through the
+evaluator's compile step only (source scan, NVRTC, the compiled-PTX scan), generic and
+specialised: the static half of "no false rejection", on a CPU machine.
 (b) **Archive elites** (``--archive``): the ``--top`` elites of every shape of an archive made
 by an earlier evaluator, re-evaluated now at their shape; statuses counted.
 
@@ -104,6 +107,33 @@ def run_jobs(pool: Any, jobs: list[tuple[str, Candidate, dict]], budget_s: float
     return summarise(out, len(jobs), clock() - t0)
 
 
+def static_jobs(jobs: list[tuple[str, Candidate, dict]], arch: str, cache_dir: Optional[str],
+                workers: int = 2) -> dict[str, Any]:
+    """Every job's candidate, generic and specialised to its shape, through ``compile_candidate``
+    (source scan, compile, compiled-output scan); a status other than ok is a false rejection."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from evaluators import compile_candidate
+    from populations import load_templates
+
+    templates = load_templates()
+    t0 = time.monotonic()
+
+    def one(job: tuple[str, Candidate, dict]) -> list[dict[str, Any]]:
+        key, cand, labels = job
+        rows = []
+        for spec in (False, True):
+            c = templates[cand.template].candidate(dict(cand.knobs), Shape.parse(key), specialize=True) if spec else cand
+            r = compile_candidate(c, arch, cache_dir=cache_dir)
+            rows.append({"shape": key, **labels, "specialised": spec, "knobs": dict(cand.knobs or {}),
+                         "status": r.status.value, "message": (r.message or "")[:300], "speedup": None})
+        return rows
+
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        out = [r for rows in ex.map(one, jobs) for r in rows]
+    return summarise(out, 2 * len(jobs), time.monotonic() - t0)
+
+
 def summarise(rows: list[dict[str, Any]], planned: int, wall_s: float) -> dict[str, Any]:
     """Counts by status, template and class; every non-ok row kept whole."""
     by_template: dict[str, Counter] = defaultdict(Counter)
@@ -146,8 +176,22 @@ def main(argv: Optional[list[str]] = None, pool_factory: Optional[Callable[..., 
     ap.add_argument("--skip-seeds", action="store_true", help="part (b) only")
     ap.add_argument("--budget-s", type=float, default=1e9, help="no new submissions after this many seconds, per part")
     ap.add_argument("--compile-workers", type=int, default=min(12, os.cpu_count() or 4))
+    ap.add_argument("--static", action="store_true", help="part (a) on the CPU: every seed through scan, compile and PTX scan")
+    ap.add_argument("--arch", default="sm_90a", help="with --static: the target architecture")
     ap.add_argument("--json", default=None, help="write the summary here")
     args = ap.parse_args(argv)
+    if args.static:
+        import tempfile
+        jobs = seed_jobs(_first(args.csv, CSV_DEFAULTS), args.per_template, args.arch)
+        with tempfile.TemporaryDirectory() as cache:
+            report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                      "command": " ".join(["python3", "bench/false_rejections.py", *(argv or sys.argv[1:])]),
+                      "static": static_jobs(jobs, args.arch, cache, workers=args.compile_workers)}
+        _print("static (scan + compile + PTX scan)", report["static"])
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+        return 0 if report["static"]["false_rejections"] == 0 else 1
     if pool_factory is None:
         from evaluators import LocalPool
 

@@ -96,3 +96,18 @@ def _seeds():
     shape = Shape.parse("64x64x64")
     t = load_templates()["sm80_mma"]
     return [t.candidate(k, shape) for k in t.heuristic(shape)[:1] + t.sample(__import__("random").Random(1), shape, 4)]
+
+
+def test_static_mode_compiles_every_seed_generic_and_specialised_and_counts_rejections(tmp_path):
+    """``--static`` on a CPU machine: each seed goes through the real compile step (scan, NVRTC,
+    PTX scan) twice; a seed the evaluator refuses shows up as a false rejection with its message."""
+    fr = _bench()
+    jobs = fr.seed_jobs(_csv(tmp_path), 1, "sm_90a")
+    key, cand, labels = next(j for j in jobs if j[1].template == "gemv")
+    broken = cand.derive(source=cand.source + "\n__device__ int evo_counter;\n")  # writable module state
+    out = fr.static_jobs([(key, cand, labels), (key, broken, labels)], "sm_90a", str(tmp_path / "cache"), workers=1)
+    assert out["planned"] == 4 and out["ran"] == 4
+    assert out["false_rejections"] == 1, out["not_ok"]  # the broken seed's generic copy; its
+    # specialised copy is rebuilt from the template's own source, which is honest
+    assert out["not_ok"][0]["specialised"] is False and out["not_ok"][0]["status"] != "ok"
+    assert out["not_ok"][0]["shape"] == key

@@ -1,4 +1,5 @@
-"""The decode families gemv (CUDA-core GEMV, family T) and swab (swap-AB mma.sync, family A).
+"""The decode families gemv (CUDA-core GEMV, family T), swab (swap-AB mma.sync, family A) and swpipe
+(swap-AB mma.sync with a cp.async weight pipeline and shared-memory tokens, family A).
 
 Knob space, plans at ragged shapes, first picks per shape class, refusals with reasons, and real
 compiles (evaluators' ``CompilePool``: static scan, NVRTC, ptxas resource policy) of every knob set
@@ -14,15 +15,17 @@ import pytest
 
 from populations import Shape, Template, load_templates
 
-DECODE = ("gemv", "swab")
+DECODE = ("gemv", "swab", "swpipe")
 # decode rows (M = 1, 8) and latency rows of llm_layers.csv, M = 16 and 2..4 variants, and ragged shapes
 SAMPLE = ["1x2304x768", "1x768x3072", "1x50257x768", "1x576x576", "1x49152x576", "1x896x896", "1x151936x896",
           "1x2304x2304", "1x9216x2304", "1x3072x3072", "1x4096x4096", "1x4096x14336", "1x128256x4096",
           "8x2304x768", "8x576x576", "8x3072x576", "8x4864x896", "8x3072x3072", "8x4096x4096", "8x4096x14336",
           "8x128256x4096", "8x960x576", "8x576x1536", "16x896x896", "16x4096x4096", "16x14336x4096", "64x576x576",
-          "64x768x768", "64x960x576", "2x2304x768", "3x4096x4096"]
-RAGGED = ["1x1x1", "3x77x9", "5x1000x1001", "7x33x4100", "13x129x520", "2x8191x17", "64x1x2049", "40x100x72"]
-FIRST = SAMPLE[::3] + RAGGED[:4]  # the quick compile test's shapes
+          "64x768x768", "64x960x576", "2x2304x768", "3x4096x4096", "16x6144x4096", "16x50257x768", "16x4096x14336",
+          "8x50257x768", "16x2304x2304", "12x3072x3072"]
+RAGGED = ["1x1x1", "3x77x9", "5x1000x1001", "7x33x4100", "13x129x520", "2x8191x17", "64x1x2049", "40x100x72",
+          "13x2049x1032", "5x1000x4100"]
+FIRST = SAMPLE[::3] + RAGGED[:4] + RAGGED[-2:]  # the quick compile test's shapes
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +44,14 @@ def test_metadata_and_applies(fams: dict[str, Template]) -> None:
     assert s.applicable(Shape.parse("8x4096x4096"), 90) and s.applicable(Shape.parse("16x128256x4096"), 80)
     assert s.applicable(Shape.parse("64x576x576"), 90) and not s.applicable(Shape.parse("64x4096x4096"), 90)
     assert not s.applicable(Shape.parse("1x4096x4096"), 90)  # one token: gemv's CUDA cores win
+    p = fams["swpipe"]
+    assert p.family == "A" and p.min_arch == 80 and p.layouts == ("TN",)
+    assert p.applicable(Shape.parse("16x4096x4096"), 90) and p.applicable(Shape.parse("2x2304x2304"), 80)
+    assert not p.applicable(Shape.parse("1x4096x4096"), 90) and not p.applicable(Shape.parse("32x4096x4096"), 90)
+    assert not p.applicable(Shape.parse("16x896x896"), 90)  # under 4 MB of weights: nothing to pipeline
+    big = Shape.parse("16x4096x5120")  # 160 KiB of tokens in one CTA: fine on sm_90, over sm_80's 163 KiB
+    assert not p.check({"NT": 2, "CLUSTER": 1}, big, 90)
+    assert any("163 KiB" in r for r in p.check({"NT": 2, "CLUSTER": 1}, big, 80))
     for t in fams.values():
         assert {"tiling", "loops", "splitk"} <= {k.axis for k in t.space.knobs.values()}
         assert "#include" not in t.source_text and "__device__ float" not in t.source_text
@@ -53,7 +64,7 @@ def test_plans_resolve_at_ragged_shapes(fams: dict[str, Template], name: str) ->
     rng = random.Random(5)
     rows, toks = ("ROWS", "TOK") if name == "gemv" else ("RT", "NT")
     per_row, per_tok = (1, 1) if name == "gemv" else (16, 8)
-    for text in RAGGED + SAMPLE[:6]:
+    for text in RAGGED + SAMPLE[:6] + SAMPLE[-6:]:
         shape = Shape.parse(text)
         if not t.applicable(shape, 90):
             continue
@@ -65,14 +76,20 @@ def test_plans_resolve_at_ragged_shapes(fams: dict[str, Template], name: str) ->
                 launches, ws = plan.resolve(shape)
                 assert ws == 0 and len(launches) == 1
                 (launch,) = launches
-                tiles = -(-shape.n // (per_row * knobs[rows])) * -(-shape.m // (per_tok * knobs[toks]))
+                tiles = -(-shape.n // (per_row * knobs[rows]))
+                tiles = -(-tiles // knobs.get("TPC", 1)) * -(-shape.m // (per_tok * knobs[toks]))
                 assert launch.grid == (tiles, 1, knobs["CLUSTER"]) and launch.block == (32 * knobs["WARPS"], 1, 1)
+                if name == "swpipe":  # weight stages plus the tokens of one cluster rank's K stages
+                    per = -(-(-(-shape.k // knobs["KT"])) // knobs["CLUSTER"])
+                    assert launch.smem == 2 * (knobs["STAGES"] * 16 * knobs["RT"] * (knobs["KT"] + 8)
+                                               + 8 * knobs["NT"] * (per * knobs["KT"] + 8))
 
 
 def test_cluster_is_compile_time_and_hopper_only(fams: dict[str, Template]) -> None:
     shape = Shape.parse("8x576x576")
-    for name, knobs in (("gemv", {"CLUSTER": 4}), ("swab", {"CLUSTER": 4})):
+    for name, knobs in (("gemv", {"CLUSTER": 4}), ("swab", {"CLUSTER": 4}), ("swpipe", {"CLUSTER": 4})):
         t = fams[name]
+        shape = Shape.parse("8x2304x2304" if name == "swpipe" else "8x576x576")
         source, plan = t.render(knobs, shape)
         assert "#define CLUSTER 4" in source.splitlines() and "__cluster_dims__(1, 1, CLUSTER)" in source
         assert plan.resolve(shape)[0][0].grid[2] == 4
@@ -113,7 +130,10 @@ REFUSED = [
     ("swab", {"RT": 4, "NT": 8, "U": 4}, None, "would spill"),
     ("swab", {"RT": 4, "NT": 8, "WARPS": 8, "U": 1}, None, "48 KiB"),
     ("swab", {"CLUSTER": 4}, "8x64x64", "at least one k32 step"),
-    ("swab", {"U": 3}, None, "not one of"),
+    ("swab", {"U": 5}, None, "not one of"),
+    ("swpipe", {"WARPS": 8, "RT": 1, "KT": 64}, None, "at least one k16 step"),
+    ("swpipe", {"NT": 2, "KT": 256, "STAGES": 8, "CLUSTER": 1}, "16x4096x14336", "227 KiB"),
+    ("swpipe", {"CLUSTER": 8, "KT": 256}, "8x4096x1024", "at least one K stage"),
 ]
 
 

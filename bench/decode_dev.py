@@ -54,7 +54,7 @@ NK = ["2304x768", "768x3072", "50257x768", "576x576", "3072x576", "49152x576", "
       "2304x2304", "9216x2304", "256000x2304", "3072x3072", "8192x3072", "4096x4096", "6144x4096", "14336x4096",
       "4096x14336", "28672x4096", "128256x4096"]
 NK16 = ["2304x768", "576x576", "896x896", "4864x896", "2304x2304", "3072x3072", "4096x4096", "14336x4096",
-        "4096x14336"]
+        "4096x14336", "1152x896", "6144x4096", "50257x768", "9216x3072"]  # the last 4: the LLM-layer sample's
 SHAPES = ([f"{m}x{nk}" for m in (1, 8) for nk in NK] + ["8x960x576", "8x576x1536", "1x960x576"]
           + ["4x4096x4096", "2x2304x768", "64x576x576", "64x768x768", "64x960x576", "64x2304x768", "32x4096x4096",
              "64x4096x4096"] + [f"16x{nk}" for nk in NK16])
@@ -146,7 +146,8 @@ def csv_shapes(path: str) -> list[str]:
 
 
 def variants(shape: Shape, templates: dict[str, Any], per_template: int, seed: int,
-             use_grid: bool = True, picks_only: bool = False, max_grid: int = 120) -> list[tuple[str, dict, str]]:
+             use_grid: bool = True, picks_only: bool = False, max_grid: int = 120,
+             n_picks: int = 4) -> list[tuple[str, dict, str]]:
     """(template, knobs, origin): the heuristic picks, then the pruned grid (``grid``) or a seeded
     sample of valid sets, dropping those the template refuses."""
     out: list[tuple[str, dict, str]] = []
@@ -155,7 +156,7 @@ def variants(shape: Shape, templates: dict[str, Any], per_template: int, seed: i
         if not t.applicable(shape, 90):
             continue
         seen: set[tuple] = set()
-        picks = [(k, f"heuristic{i}") for i, k in enumerate(t.heuristic(shape, 90)[:4])]
+        picks = [(k, f"heuristic{i}") for i, k in enumerate(t.heuristic(shape, 90)[:n_picks])]
         full = [k for k in grid(name, shape) if not t.check(dict(t.space.defaults(), **k), shape, 90)] if use_grid else []
         full = thin(full, max_grid)
         if picks_only:  # and each swab pick with the other K order (KMAP), to settle that knob
@@ -204,7 +205,7 @@ class Loaded:
         steps = []
         for ln in launches:
             fn = self.fns.get(ln.kernel) or self.fns.setdefault(ln.kernel, self.module.get_function(ln.kernel))
-            if ln.smem > max(48 * 1024, self.smem.get(ln.kernel, 0)):  # past 48 KiB: opt-in per function
+            if ln.smem > self.smem.get(ln.kernel, 0):  # dynamic + static past 48 KiB is opt-in per function
                 self.smem[ln.kernel] = ln.smem
                 try:
                     fn.max_dynamic_shared_size_bytes = ln.smem
@@ -238,10 +239,15 @@ def rotation(s: Shape, misalign: bool = False, min_sets: int = 2) -> list[tuple[
     return out
 
 
-def graph_us(sets: list, launch: Callable, reps: int = 15) -> float:
-    """Median GPU time per call (us): one CUDA graph of a launch on every set, replayed."""
+def graph_us(sets: list, launch: Callable, reps: int = 10, min_launches: int = 24) -> float:
+    """Median GPU time per call (us): one CUDA graph of a launch on every set (the set list repeated
+    to at least ``min_launches`` launches), replayed. Each timed replay is enqueued right behind an
+    untimed one, so the GPU never waits for the host to submit it: the start event lands when the
+    previous replay ends, not before the graph launch (with few sets per replay, that host-side
+    gap was counted as kernel time: up to several us per call on shapes of 2-6 sets)."""
     import torch
 
+    repeat = max(1, -(-min_launches // len(sets)))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -251,18 +257,20 @@ def graph_us(sets: list, launch: Callable, reps: int = 15) -> float:
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for a, w, c in sets:
-            launch(a, w, c)
+        for _ in range(repeat):
+            for a, w, c in sets:
+                launch(a, w, c)
     for _ in range(3):
         graph.replay()
     times = []
     for _ in range(reps):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        graph.replay()  # keeps the GPU busy while the timed replay is submitted
         e0.record()
         graph.replay()
         e1.record()
         e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / len(sets))
+        times.append(e0.elapsed_time(e1) * 1e3 / (len(sets) * repeat))
     del graph
     return statistics.median(times)
 
@@ -376,6 +384,7 @@ def main() -> int:
     p.add_argument("--csv", help="take the shapes from this CSV instead (see csv_shapes)")
     p.add_argument("--picks-only", action="store_true", help="time only the heuristic picks (evo seed's)")
     p.add_argument("--per-template", type=int, default=24)
+    p.add_argument("--picks", type=int, default=4, help="heuristic picks per template and shape (evo seed's first)")
     p.add_argument("--max-grid", type=int, default=120, help="grid knob sets per template and shape (stable subset)")
     p.add_argument("--floors", action="store_true", help="empty-kernel and streaming-read floors on weights >= 8 MB")
     p.add_argument("--budget-s", type=float, default=200.0, help="stop timing new shapes after this")
@@ -388,8 +397,8 @@ def main() -> int:
     templates = load_templates()
     shapes = [Shape.parse(x) for x in (csv_shapes(args.csv) if args.csv else args.shapes)]
     ragged = [Shape.parse(x) for x in RAGGED]
-    plan = {s: variants(s, templates, args.per_template, args.seed, picks_only=args.picks_only, max_grid=args.max_grid)
-            for s in shapes}
+    plan = {s: variants(s, templates, args.per_template, args.seed, picks_only=args.picks_only, max_grid=args.max_grid,
+                        n_picks=args.picks) for s in shapes}
     plan.update({s: variants(s, templates, 6, args.seed, use_grid=False) for s in ragged})
     cands = {(s, n, tuple(sorted(k.items()))): (templates[n].candidate(k, s), o) for s, vs in plan.items() for n, k, o in vs}
     compiled = compile_all([c for c, _ in cands.values()])
@@ -401,6 +410,9 @@ def main() -> int:
           f"{len(failed)} failed, {len(spills)} spill", flush=True)
     for f in failed[:10]:
         print("COMPILE FAIL", f, flush=True)
+    spilled = [(key[1], dict(key[2])) for key, (c, _) in cands.items() if c.source in spills]
+    for name, knobs in spilled[:8]:
+        print("SPILL", name, json.dumps(knobs, sort_keys=True), flush=True)
     if args.compile_only:
         return 1 if failed else 0
 

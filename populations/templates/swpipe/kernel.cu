@@ -5,7 +5,8 @@
 //   copied to shared memory once and stay there; the weights stream through STAGES shared-memory
 //   stages of 16 * RT rows x KT halves (16-byte cp.async.cg, KT / 8 consecutive threads per row:
 //   each warp reads contiguous row segments), so (STAGES - 1) stages of weight bytes are in flight
-//   per CTA from the first instruction with almost no registers. Fragments: ldmatrix from padded
+//   per CTA from the first instruction with almost no registers (the tokens ride along with the
+//   first tile's stages). Fragments: ldmatrix from padded
 //   rows (conflict-free). Each CTA walks TPC consecutive row tiles with one flattened pipeline, so
 //   the next tile's first stages load during this tile's epilogue and the tokens are reused TPC
 //   times. K: the WARPS / RT warps of one row tile split each stage's k16 steps (shared-memory
@@ -44,25 +45,30 @@ evo_swpipe(const unsigned short* __restrict__ A, const unsigned short* __restric
   const int ntile = min(TPC, tiles - t0);
   int s0, s1;  // this CTA's K stages
   dec_k_range((K + KT - 1) / KT, s0, s1);
-  const int nks = max(s1 - s0, 0), kbase = s0 * KT, kcols = nks * KT;
-  const int xpitch = kcols + 8;  // halves per shared token row (rows 16 bytes apart mod 128)
+  const int nks = max(s1 - s0, 0), kbase = s0 * KT;
+  const int xpitch = nks * KT + 8;  // halves per shared token row (rows 16 bytes apart mod 128)
   unsigned short* const ws = dsm;
   unsigned short* const xs = dsm + STAGES * STAGE_H;
   const bool vec = dec_vec16(A, B, K);
 
-  // tokens of [kbase, kbase + kcols), once (they join the first commit group)
-#pragma unroll
-  for (int j = 0; j < NTOK; ++j) {
-    const unsigned short* arow = A + (long long)min(m0 + j, M - 1) * K;
-    for (int c = tid * 8; c < kcols; c += THREADS * 8) swp_chunk(xs + j * xpitch + c, arow, kbase + c, K, vec);
-  }
-
-  // stage p = (tile lt, K stage lks) of the flattened walk, into buffer p % STAGES
+  // stage p = (tile lt, K stage lks) of the flattened walk, into buffer p % STAGES; during the first
+  // tile each stage also brings the tokens of its KT columns into the resident token rows (same commit
+  // group: no up-front token load to wait for), which later tiles reuse
   int lt = 0, lks = 0, lbuf = 0;
   const int total = ntile * nks;
   auto load_next = [&]() {
     const int n0 = (t0 + lt) * 16 * RT, k0 = kbase + lks * KT;
     unsigned short* const dst = ws + lbuf * STAGE_H;
+    if (lt == 0) {
+#pragma unroll
+      for (int i0 = 0; i0 < NTOK * KT / 8; i0 += THREADS) {
+        const int i = i0 + tid;
+        if ((NTOK * KT / 8) % THREADS == 0 || i < NTOK * KT / 8) {
+          const int j = i / (KT / 8), c = lks * KT + (i % (KT / 8)) * 8;
+          swp_chunk(xs + j * xpitch + c, A + (long long)min(m0 + j, M - 1) * K, kbase + c, K, vec);
+        }
+      }
+    }
 #pragma unroll
     for (int i0 = 0; i0 < WCHUNKS; i0 += THREADS) {
       const int i = i0 + tid;

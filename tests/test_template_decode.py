@@ -105,7 +105,9 @@ def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> N
     first = lambda t, text: t.heuristic(Shape.parse(text), 90)[0]  # noqa: E731
     # M = 1: one memory round trip per thread (THREADS * UNROLL * 8 >= K up to K = 4096)
     assert first(g, "1x576x576") == dict(g.space.defaults(), ROWS=2, TOK=1, WARPS=4, UNROLL=1)
-    assert first(g, "1x151936x896")["ROWS"] == 8
+    # N >= 6144 at K <= 1024: ROWS 4 (1x9728x896: ROWS 2 was 9% slower), ROWS 8 next on N >= 32768
+    assert first(g, "1x9728x896")["ROWS"] == first(g, "1x151936x896")["ROWS"] == 4
+    assert g.heuristic(Shape.parse("1x151936x896"), 90)[1]["ROWS"] == 8
     for text in ("1x2304x2304", "1x3072x3072", "1x4096x4096"):
         k = first(g, text)
         assert k["WARPS"] * 32 * k["UNROLL"] * 8 >= Shape.parse(text).k and k["CLUSTER"] == 1, (text, k)
@@ -121,6 +123,14 @@ def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> N
     # M 9..16 with large weights: both token tiles in one CTA
     assert first(s, "16x4096x4096")["NT"] == 2 and first(s, "16x4096x4096")["CLUSTER"] == 4
     assert first(s, "16x14336x4096")["CLUSTER"] == 1
+    # K = 576..768: 8 warps x 3 k32 steps cover K in one round trip, any N, tokens in cdiv(M, 8) tiles
+    for text in ("8x2304x768", "8x6144x768", "8x50257x768", "16x50257x768", "8x3072x576"):
+        k = first(s, text)
+        assert (k["U"], k["WARPS"], k["CLUSTER"]) == (3, 8, 1) and k["NT"] == -(-Shape.parse(text).m // 8), (text, k)
+    # the plain peer's launch shape (one step per warp, ping-pong, 8 warps) where it was measured best
+    for text in ("8x6144x4096", "16x6144x4096"):
+        k = first(s, text)
+        assert (k["U"], k["PIPE"], k["WARPS"], k["CLUSTER"]) == (1, 1, 8, 1), (text, k)
 
 
 REFUSED = [

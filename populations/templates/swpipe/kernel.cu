@@ -26,11 +26,39 @@
 #define WCHUNKS (2 * RT * KT)      // 16-byte chunks per weight stage
 #define OUTS (NT * 128)            // accumulator floats per warp (NT n8 tiles x 4 x 32 lanes)
 
-// 16 bytes of `row` at k into shared memory (address dst): cp.async (zeros past K), or with
-// 2-byte loads and a plain store where rows are not 16-byte aligned.
-__device__ __forceinline__ void swp_chunk(unsigned short* dst, const unsigned short* row, int k, int K, bool vec) {
-  if (vec) dec_cp16(dec_smem_addr(dst), row + (k < K ? k : 0), k < K ? 16 : 0);
-  else *reinterpret_cast<uint4*>(dst) = dec_ld_tail(row, k, K);
+// One pipeline stage into shared memory: the weight rows [n0, n0 + 16 * RT) at k0 (KT halves each, into
+// dst), and with tokens = true also the tokens' columns [kx, kx + KT) of this CTA's range (into xs at
+// column kx - kbase). VEC: 16-byte cp.async, zeros past K; otherwise 2-byte loads and plain stores
+// (K % 8 != 0 or misaligned operands). A template argument, so the two paths are separate code and
+// the fallback's registers never count at the fast path's program points.
+template <bool VEC>
+__device__ __forceinline__ void swp_stage(unsigned short* dst, unsigned short* xs, int xpitch, bool tokens,
+                                          const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+                                          int M, int N, int K, int m0, int n0, int k0, int kx, int kbase, int tid) {
+  if (tokens) {
+#pragma unroll
+    for (int i0 = 0; i0 < NTOK * KT / 8; i0 += THREADS) {
+      const int i = i0 + tid;
+      if ((NTOK * KT / 8) % THREADS == 0 || i < NTOK * KT / 8) {
+        const int j = i / (KT / 8), c = (i % (KT / 8)) * 8, k = kx + c;
+        const unsigned short* row = A + (long long)min(m0 + j, M - 1) * K;
+        unsigned short* to = xs + j * xpitch + (kx - kbase) + c;
+        if (VEC) dec_cp16(dec_smem_addr(to), row + (k < K ? k : 0), k < K ? 16 : 0);
+        else *reinterpret_cast<uint4*>(to) = dec_ld_tail(row, k, K);
+      }
+    }
+  }
+#pragma unroll
+  for (int i0 = 0; i0 < WCHUNKS; i0 += THREADS) {
+    const int i = i0 + tid;
+    if (WCHUNKS % THREADS == 0 || i < WCHUNKS) {
+      const int r = i / (KT / 8), c = (i % (KT / 8)) * 8, k = k0 + c;
+      const unsigned short* row = B + (long long)min(n0 + r, N - 1) * K;
+      unsigned short* to = dst + r * WPITCH + c;
+      if (VEC) dec_cp16(dec_smem_addr(to), row + (k < K ? k : 0), k < K ? 16 : 0);
+      else *reinterpret_cast<uint4*>(to) = dec_ld_tail(row, k, K);
+    }
+  }
 }
 
 extern "C" __global__ void DEC_CLUSTER_DIMS __launch_bounds__(THREADS)
@@ -59,29 +87,13 @@ evo_swpipe(const unsigned short* __restrict__ A, const unsigned short* __restric
   auto load_next = [&]() {
     const int n0 = (t0 + lt) * 16 * RT, k0 = kbase + lks * KT;
     unsigned short* const dst = ws + lbuf * STAGE_H;
-    if (lt == 0) {
-#pragma unroll
-      for (int i0 = 0; i0 < NTOK * KT / 8; i0 += THREADS) {
-        const int i = i0 + tid;
-        if ((NTOK * KT / 8) % THREADS == 0 || i < NTOK * KT / 8) {
-          const int j = i / (KT / 8), c = lks * KT + (i % (KT / 8)) * 8;
-          swp_chunk(xs + j * xpitch + c, A + (long long)min(m0 + j, M - 1) * K, kbase + c, K, vec);
-        }
-      }
-    }
-#pragma unroll
-    for (int i0 = 0; i0 < WCHUNKS; i0 += THREADS) {
-      const int i = i0 + tid;
-      if (WCHUNKS % THREADS == 0 || i < WCHUNKS) {
-        const int r = i / (KT / 8), c = (i % (KT / 8)) * 8;
-        swp_chunk(dst + r * WPITCH + c, B + (long long)min(n0 + r, N - 1) * K, k0 + c, K, vec);
-      }
-    }
+    if (vec) swp_stage<true>(dst, xs, xpitch, lt == 0, A, B, M, N, K, m0, n0, k0, k0, kbase, tid);
+    else swp_stage<false>(dst, xs, xpitch, lt == 0, A, B, M, N, K, m0, n0, k0, k0, kbase, tid);
     if (++lks == nks) { lks = 0; ++lt; }
     lbuf = lbuf + 1 == STAGES ? 0 : lbuf + 1;
   };
-#pragma unroll
-  for (int p = 0; p < STAGES - 1; ++p) {
+#pragma unroll 1
+  for (int p = 0; p < STAGES - 1; ++p) {  // rolled: one copy of the load code, fewer live registers
     if (p < total) load_next();
     dec_cp_commit();
   }

@@ -2,7 +2,7 @@
 against cuBLAS and the plain peer, in one process (issue 26).
 
     python bench/decode_dev.py [--shapes 1x4096x4096 ... | --csv ../.carry_shared/shapes/llm_layers.csv]
-                               [--picks-only] [--per-template 24] [--max-grid 120] [--budget-s 200]
+                               [--picks-only] [--picks 4] [--per-template 24] [--max-grid 120] [--budget-s 200]
                                [--floors] [--eval-shapes 1x4096x4096 ...] [--out DIR] [--compile-only]
 
 For every shape, each applicable decode template (gemv, swab, swpipe) contributes its heuristic picks

@@ -101,10 +101,12 @@ def grid(name: str, shape: Shape) -> list[dict]:
                             for cluster in (1, 2, 4, 8):
                                 ctas = cdiv(cdiv(n, 16 * rt), tpc) * cdiv(m, 8 * nt) * cluster
                                 flight = (stages - 1) * 16 * rt * kt * 2
-                                if 128 <= ctas <= 2112 and 12288 <= flight <= 98304 and cluster <= cdiv(k, kt):
+                                need = cdiv(cdiv(k, kt), cluster) * kt  # token columns per CTA
+                                xk = next((x for x in (512, 1024, 2048, 4096, 8192) if x >= need), None)
+                                if 128 <= ctas <= 2112 and 12288 <= flight <= 98304 and cluster <= cdiv(k, kt) and xk:
                                     for pf in (0, 1):
                                         out.append(dict(RT=rt, NT=nt, WARPS=warps, KT=kt, STAGES=stages, TPC=tpc,
-                                                        CLUSTER=cluster, L2PF=pf))
+                                                        CLUSTER=cluster, L2PF=pf, XK=xk))
     else:
         if m < 5:  # one or few tokens: gemv's CUDA cores
             return []

@@ -49,9 +49,14 @@ def test_metadata_and_applies(fams: dict[str, Template]) -> None:
     assert p.applicable(Shape.parse("16x4096x4096"), 90) and p.applicable(Shape.parse("2x2304x2304"), 80)
     assert not p.applicable(Shape.parse("1x4096x4096"), 90) and not p.applicable(Shape.parse("32x4096x4096"), 90)
     assert not p.applicable(Shape.parse("16x896x896"), 90)  # under 4 MB of weights: nothing to pipeline
-    big = Shape.parse("16x4096x5120")  # 160 KiB of tokens in one CTA: fine on sm_90, over sm_80's 163 KiB
-    assert not p.check({"NT": 2, "CLUSTER": 1}, big, 90)
-    assert any("163 KiB" in r for r in p.check({"NT": 2, "CLUSTER": 1}, big, 80))
+    big = dict(NT=2, XK=4096, STAGES=8, KT=256, CLUSTER=1)  # 194 KiB: fine on sm_90, over sm_80's 163 KiB
+    assert not p.check(big, Shape.parse("16x4096x4096"), 90)
+    assert any("163 KiB" in r for r in p.check(big, Shape.parse("16x4096x4096"), 80))
+    # the launch's shared memory is a function of the knobs alone (one size per compiled function)
+    k = p.heuristic(Shape.parse("16x4096x4096"), 90)[0]
+    sizes = {p.render(k, Shape.parse(f"16x4096x{kk}"))[1].resolve(Shape.parse(f"16x4096x{kk}"))[0][0].smem
+             for kk in (1000, 2048, 4096)}
+    assert len(sizes) == 1
     for t in fams.values():
         assert {"tiling", "loops", "splitk"} <= {k.axis for k in t.space.knobs.values()}
         assert "#include" not in t.source_text and "__device__ float" not in t.source_text
@@ -79,10 +84,11 @@ def test_plans_resolve_at_ragged_shapes(fams: dict[str, Template], name: str) ->
                 tiles = -(-shape.n // (per_row * knobs[rows]))
                 tiles = -(-tiles // knobs.get("TPC", 1)) * -(-shape.m // (per_tok * knobs[toks]))
                 assert launch.grid == (tiles, 1, knobs["CLUSTER"]) and launch.block == (32 * knobs["WARPS"], 1, 1)
-                if name == "swpipe":  # weight stages plus the tokens of one cluster rank's K stages
+                if name == "swpipe":  # weight stages plus a token buffer that holds one cluster rank's K stages
                     per = -(-(-(-shape.k // knobs["KT"])) // knobs["CLUSTER"])
+                    assert per * knobs["KT"] <= knobs["XK"]
                     assert launch.smem == 2 * (knobs["STAGES"] * 16 * knobs["RT"] * (knobs["KT"] + 8)
-                                               + 8 * knobs["NT"] * (per * knobs["KT"] + 8))
+                                               + 8 * knobs["NT"] * (knobs["XK"] + 8))
 
 
 def test_cluster_is_compile_time_and_hopper_only(fams: dict[str, Template]) -> None:
@@ -142,7 +148,9 @@ REFUSED = [
     ("swab", {"CLUSTER": 4}, "8x64x64", "at least one k32 step"),
     ("swab", {"U": 5}, None, "not one of"),
     ("swpipe", {"WARPS": 8, "RT": 1, "KT": 64}, None, "at least one k16 step"),
-    ("swpipe", {"NT": 2, "KT": 256, "STAGES": 8, "CLUSTER": 1}, "16x4096x14336", "227 KiB"),
+    ("swpipe", {"NT": 2, "KT": 256, "STAGES": 8, "XK": 8192}, None, "227 KiB"),
+    ("swpipe", {"NT": 2, "XK": 2048, "CLUSTER": 1}, "16x4096x4096", "token buffer"),
+    ("swpipe", {"NT": 1, "RT": 2, "WARPS": 8, "KT": 64, "STAGES": 3, "XK": 2048}, None, "opt-in"),
     ("swpipe", {"CLUSTER": 8, "KT": 256}, "8x4096x1024", "at least one K stage"),
 ]
 

@@ -13,7 +13,8 @@
 //   reduction), and on sm_90 the CLUSTER CTAs of a cluster split the K stages (distributed
 //   shared memory: one launch, no workspace).
 //   Grid: x = cdiv(cdiv(N, 16 * RT), TPC) * cdiv(M, 8 * NT) (token groups of one tile block
-//   adjacent), z = CLUSTER; dynamic shared memory SMEM (template.toml). Any M, N, K >= 1: edge
+//   adjacent), z = CLUSTER; dynamic shared memory SMEM (template.toml), a function of the knobs only
+//   (the token buffer holds XK columns), so one function serves every shape at one shared-memory size. Any M, N, K >= 1: edge
 //   rows/tokens are clamped loads whose sums are never stored, K past the end is zero-filled, and
 //   K % 8 != 0 or misaligned operands fill shared memory with 2-byte loads instead of cp.async.
 // Knobs arrive as #defines (template.toml; THREADS is derived there); preludes: mma_sync.cuh, decode.cuh.
@@ -74,7 +75,7 @@ evo_swpipe(const unsigned short* __restrict__ A, const unsigned short* __restric
   int s0, s1;  // this CTA's K stages
   dec_k_range((K + KT - 1) / KT, s0, s1);
   const int nks = max(s1 - s0, 0), kbase = s0 * KT;
-  const int xpitch = nks * KT + 8;  // halves per shared token row (rows 16 bytes apart mod 128)
+  const int xpitch = XK + 8;  // halves per shared token row (rows 16 bytes apart mod 128); nks * KT <= XK
   unsigned short* const ws = dsm;
   unsigned short* const xs = dsm + STAGES * STAGE_H;
   const bool vec = dec_vec16(A, B, K);

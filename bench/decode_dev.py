@@ -1,13 +1,15 @@
-"""Decode/latency kernel development on the GPU: knob sweeps of the gemv and swab templates against
-cuBLAS and the plain peer, in one process (issue 26).
+"""Decode/latency kernel development on the GPU: knob sweeps of the gemv, swab and swpipe templates
+against cuBLAS and the plain peer, in one process (issue 26).
 
     python bench/decode_dev.py [--shapes 1x4096x4096 ... | --csv ../.carry_shared/shapes/llm_layers.csv]
-                               [--picks-only] [--per-template 24] [--budget-s 200]
-                               [--eval-shapes 1x4096x4096 ...] [--out DIR] [--compile-only]
+                               [--picks-only] [--picks 4] [--per-template 24] [--max-grid 120] [--budget-s 200]
+                               [--floors] [--eval-shapes 1x4096x4096 ...] [--out DIR] [--compile-only]
 
-For every shape, each applicable decode template (gemv, swab) contributes its heuristic picks
+For every shape, each applicable decode template (gemv, swab, swpipe) contributes its heuristic picks
 (``evo seed``'s first picks, at most 4) plus, unless ``--picks-only``, a pruned grid of the knobs
-that matter (``grid``) or ``--per-template`` seeded valid samples. ``--csv`` takes the decode rows
+that matter (``grid``, at most ``--max-grid`` sets per template and shape, the same stable-hash
+subset wherever the grids agree, so sources are shared between shapes) or ``--per-template``
+seeded valid samples. ``--csv`` takes the decode rows
 (M <= 8) and the rows under 1e8 FLOP of a shapes CSV, and the M=8 rows of ``NK16`` again at M=16.
 Every distinct source is compiled once through the project's compile path (``CompilePool``:
 static scan, NVRTC, ptxas resource policy; sm_90a), loaded with cupy and launched from the
@@ -15,7 +17,10 @@ template's resolved plan. Each variant is checked against an fp32 torch referenc
 NaN first) and timed by CUDA-graph replay over rotating operand sets of more than 3x L2 (weights
 come from HBM, as in a model), beside torch.matmul(a, w.t()) (cuBLAS, TN) and the best launch
 configuration of the plain peer ``../.carry_shared/peers/plain_gemv.py`` (imported at run time,
-never part of the repository). Ragged shapes (``RAGGED``, one with a misaligned A) are checked for
+never part of the repository; its best configuration is timed again after evo's variants and the
+faster of the two timings kept, so the order of timing favours the peer, not evo). ``--floors``
+adds, per shape with weights >= 8 MB, an empty kernel's and a pure streaming read's time on the
+same bytes (bench/decode_floors.py): what launch and ramp-up cost, which no kernel avoids. Ragged shapes (``RAGGED``, one with a misaligned A) are checked for
 correctness only. Last, ``--eval-shapes`` run each template's first pick through the evaluator
 itself (``LocalPool``, device timer, hack checks) to confirm status ok and no flags.
 
@@ -43,18 +48,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from populations import Candidate, Shape, load_templates  # noqa: E402
 
 PEAK_FLOPS, PEAK_BW = 790e12, 4.3e12
-TEMPLATES = ("gemv", "swab")
+TEMPLATES = ("gemv", "swab", "swpipe")
 # decode rows of llm_layers.csv (N x K of each model's layers) at M = 1, 8, 16, and small/skinny shapes
 NK = ["2304x768", "768x3072", "50257x768", "576x576", "3072x576", "49152x576", "896x896", "4864x896", "151936x896",
       "2304x2304", "9216x2304", "256000x2304", "3072x3072", "8192x3072", "4096x4096", "6144x4096", "14336x4096",
       "4096x14336", "28672x4096", "128256x4096"]
 NK16 = ["2304x768", "576x576", "896x896", "4864x896", "2304x2304", "3072x3072", "4096x4096", "14336x4096",
-        "4096x14336"]
+        "4096x14336", "1152x896", "6144x4096", "50257x768", "9216x3072"]  # the last 4: the LLM-layer sample's
 SHAPES = ([f"{m}x{nk}" for m in (1, 8) for nk in NK] + ["8x960x576", "8x576x1536", "1x960x576"]
           + ["4x4096x4096", "2x2304x768", "64x576x576", "64x768x768", "64x960x576", "64x2304x768", "32x4096x4096",
              "64x4096x4096"] + [f"16x{nk}" for nk in NK16])
 RAGGED = ["1x1x1", "3x77x9", "5x1000x1001", "7x33x4100", "13x129x520", "2x8191x17", "64x1x2049", "40x100x72",
-          "1x4096x4104"]
+          "1x4096x4104", "13x2049x1032", "5x1000x4100", "16x4099x1000", "3x3000x2056"]  # the last 4: swpipe's
 MISALIGNED = "5x1000x1001"  # also run with A offset by one element (2-byte aligned)
 EVAL_SHAPES = ["1x4096x4096", "1x576x576", "8x4096x4096", "8x3072x3072", "8x2304x768", "16x896x896", "64x576x576",
                "5x1000x1001", "3x77x9"]
@@ -86,6 +91,22 @@ def grid(name: str, shape: Shape) -> list[dict]:
                         for pipe in ((0, 1) if iters > 1 else (0,)):
                             if iters <= 2 + 2 * pipe and ctas >= 100 and (cluster == 1 or iters == 1 or ctas < 2000):
                                 out.append(dict(ROWS=rows, TOK=tok, WARPS=warps, UNROLL=unroll, PIPE=pipe, CLUSTER=cluster))
+    elif name == "swpipe":
+        nt = 1 if m <= 8 else 2
+        for rt in (1, 2, 4):
+            for warps in (4, 8):
+                for kt in (64, 128, 256):
+                    for stages in (3, 4, 6, 8):
+                        for tpc in (1, 2, 4, 8):
+                            for cluster in (1, 2, 4, 8):
+                                ctas = cdiv(cdiv(n, 16 * rt), tpc) * cdiv(m, 8 * nt) * cluster
+                                flight = (stages - 1) * 16 * rt * kt * 2
+                                need = cdiv(cdiv(k, kt), cluster) * kt  # token columns per CTA
+                                xk = next((x for x in (512, 1024, 2048, 4096, 8192) if x >= need), None)
+                                if 128 <= ctas <= 2112 and 12288 <= flight <= 98304 and cluster <= cdiv(k, kt) and xk:
+                                    for pf in (0, 1):
+                                        out.append(dict(RT=rt, NT=nt, WARPS=warps, KT=kt, STAGES=stages, TPC=tpc,
+                                                        CLUSTER=cluster, L2PF=pf, XK=xk))
     else:
         if m < 5:  # one or few tokens: gemv's CUDA cores
             return []
@@ -93,7 +114,7 @@ def grid(name: str, shape: Shape) -> list[dict]:
         for rt in (1, 2, 4):
             for nt in nts:
                 for warps in (4, 8):
-                    for u in (1, 2, 4, 8):
+                    for u in (1, 2, 3, 4, 6, 8):
                         for cluster in (1, 2, 4, 8):
                             iters = cdiv(cdiv(cdiv(k, 32), cluster), warps * u)
                             ctas = cdiv(n, 16 * rt) * cdiv(m, 8 * nt) * cluster
@@ -101,6 +122,15 @@ def grid(name: str, shape: Shape) -> list[dict]:
                                 if iters <= 2 + 2 * pipe and ctas >= 100 and not (u == 8 and rt == 4):
                                     out.append(dict(RT=rt, NT=nt, WARPS=warps, U=u, PIPE=pipe, CLUSTER=cluster))
     return out
+
+
+def thin(sets: list[dict], cap: int) -> list[dict]:
+    """At most ``cap`` of ``sets``: those first in a stable hash order of their items, so two shapes
+    whose grids share knob sets keep the same ones (their sources compile once)."""
+    import hashlib
+
+    key = lambda k: hashlib.sha1(repr(sorted(k.items())).encode()).hexdigest()  # noqa: E731
+    return sorted(sets, key=key)[:cap] if len(sets) > cap else sets
 
 
 def csv_shapes(path: str) -> list[str]:
@@ -118,7 +148,8 @@ def csv_shapes(path: str) -> list[str]:
 
 
 def variants(shape: Shape, templates: dict[str, Any], per_template: int, seed: int,
-             use_grid: bool = True, picks_only: bool = False) -> list[tuple[str, dict, str]]:
+             use_grid: bool = True, picks_only: bool = False, max_grid: int = 120,
+             n_picks: int = 4) -> list[tuple[str, dict, str]]:
     """(template, knobs, origin): the heuristic picks, then the pruned grid (``grid``) or a seeded
     sample of valid sets, dropping those the template refuses."""
     out: list[tuple[str, dict, str]] = []
@@ -127,8 +158,9 @@ def variants(shape: Shape, templates: dict[str, Any], per_template: int, seed: i
         if not t.applicable(shape, 90):
             continue
         seen: set[tuple] = set()
-        picks = [(k, f"heuristic{i}") for i, k in enumerate(t.heuristic(shape, 90)[:4])]
-        full = grid(name, shape) if use_grid else []
+        picks = [(k, f"heuristic{i}") for i, k in enumerate(t.heuristic(shape, 90)[:n_picks])]
+        full = [k for k in grid(name, shape) if not t.check(dict(t.space.defaults(), **k), shape, 90)] if use_grid else []
+        full = thin(full, max_grid)
         if picks_only:  # and each swab pick with the other K order (KMAP), to settle that knob
             picks += [(dict(k, KMAP=1 - k["KMAP"]), "kmap") for k, _ in picks if name == "swab"]
         elif full:
@@ -164,6 +196,7 @@ class Loaded:
         path.write_bytes(cubin)
         self.module = cp.RawModule(path=str(path))
         self.fns: dict[str, Any] = {}
+        self.smem: dict[str, int] = {}  # dynamic shared memory each kernel was opened up to
 
     def launcher(self, cand: Candidate, shape: Shape) -> Callable[[Any, Any, Any], None]:
         import cupy as cp
@@ -174,6 +207,12 @@ class Loaded:
         steps = []
         for ln in launches:
             fn = self.fns.get(ln.kernel) or self.fns.setdefault(ln.kernel, self.module.get_function(ln.kernel))
+            if ln.smem > self.smem.get(ln.kernel, 0):  # dynamic + static past 48 KiB is opt-in per function
+                self.smem[ln.kernel] = ln.smem
+                try:
+                    fn.max_dynamic_shared_size_bytes = ln.smem
+                except AttributeError:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+                    cp.cuda.driver.funcSetAttribute(fn.ptr, 8, ln.smem)
             steps.append((fn, ln))
 
         def launch(a: Any, w: Any, c: Any) -> None:
@@ -202,10 +241,15 @@ def rotation(s: Shape, misalign: bool = False, min_sets: int = 2) -> list[tuple[
     return out
 
 
-def graph_us(sets: list, launch: Callable, reps: int = 15) -> float:
-    """Median GPU time per call (us): one CUDA graph of a launch on every set, replayed."""
+def graph_us(sets: list, launch: Callable, reps: int = 10, min_launches: int = 24) -> float:
+    """Median GPU time per call (us): one CUDA graph of a launch on every set (the set list repeated
+    to at least ``min_launches`` launches), replayed. Each timed replay is enqueued right behind an
+    untimed one, so the GPU never waits for the host to submit it: the start event lands when the
+    previous replay ends, not before the graph launch (with few sets per replay, that host-side
+    gap was counted as kernel time: up to several us per call on shapes of 2-6 sets)."""
     import torch
 
+    repeat = max(1, -(-min_launches // len(sets)))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -215,18 +259,20 @@ def graph_us(sets: list, launch: Callable, reps: int = 15) -> float:
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for a, w, c in sets:
-            launch(a, w, c)
+        for _ in range(repeat):
+            for a, w, c in sets:
+                launch(a, w, c)
     for _ in range(3):
         graph.replay()
     times = []
     for _ in range(reps):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        graph.replay()  # keeps the GPU busy while the timed replay is submitted
         e0.record()
         graph.replay()
         e1.record()
         e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / len(sets))
+        times.append(e0.elapsed_time(e1) * 1e3 / (len(sets) * repeat))
     del graph
     return statistics.median(times)
 
@@ -251,6 +297,17 @@ def rel_error(sets: list, launch: Callable, ref: Any) -> float:
     return float("inf") if not torch.isfinite(c).all() else err.item()
 
 
+def wrong_where(sets: list, ref: Any) -> str:
+    """Where set 0's C (after a wrong launch) is off: counts and the first bad (m, n)s, to debug."""
+    import torch
+
+    c, r = sets[0][2].float(), ref[0]
+    bad = ~torch.isfinite(c) | ((c - r).abs() > 0.05 * r.abs().max().clamp_min(1e-3))
+    idx = bad.nonzero()[:6].tolist()
+    return f"{int(bad.sum())} of {bad.numel()} bad, rows {int(bad.any(1).sum())}/{c.shape[0]}, " \
+           f"cols {int(bad.any(0).sum())}/{c.shape[1]}, first {idx}"
+
+
 def load_peer() -> Any:
     """The plain peer from the carried shared folder, or None when it is not there."""
     here = Path(__file__).resolve().parent.parent
@@ -265,13 +322,13 @@ def load_peer() -> Any:
     return None
 
 
-def peer_best(peer: Any, fns: dict, s: Shape, sets: list, ref: Any) -> tuple[float | None, str]:
-    """The peer's best launch configuration at this shape (its own config lists), us and label."""
+def peer_best(peer: Any, fns: dict, s: Shape, sets: list, ref: Any) -> tuple[float | None, str, Callable | None]:
+    """The peer's best launch configuration at this shape (its own config lists): us, label, launcher."""
     if peer is None or s.k % 8:
-        return None, ""
+        return None, "", None
     cands = [("gemv", s.m, r, wp) for r, wp in peer.CONFIGS if ("gemv", s.m, r, wp) in fns]
     cands += [("mma", (s.m + 7) // 8, r, wp) for r, wp in peer.MMA_CONFIGS]
-    best: tuple[float | None, str] = (None, "")
+    best: tuple[float | None, str, Callable | None] = (None, "", None)
     for kind, mm, r, wp in cands:
         fn = fns.get((kind, mm, r, wp))
         if fn is None:
@@ -281,7 +338,7 @@ def peer_best(peer: Any, fns: dict, s: Shape, sets: list, ref: Any) -> tuple[flo
             continue
         t = graph_us(sets, launch)
         if best[0] is None or t < best[0]:
-            best = (t, f"{kind[0]}{r},{wp}")
+            best = (t, f"{kind[0]}{r},{wp}", launch)
     return best
 
 
@@ -289,6 +346,19 @@ def cublas(a: Any, w: Any, c: Any) -> None:
     import torch
 
     torch.matmul(a, w.t(), out=c)
+
+
+def cublas_us(sets: list) -> tuple[float, str]:
+    """cuBLAS in the better of the two layouts: TN (a @ w.t(), nn.Linear's) and NN (a @ b with b =
+    w.t() stored K x N), each graph-replayed over the rotation; (us, layout)."""
+    import torch
+
+    t_tn = graph_us(sets, cublas)
+    nn_b = [w.t().contiguous() for _, w, _ in sets]
+    nn_sets = [(a, b, c) for (a, _, c), b in zip(sets, nn_b)]
+    t_nn = graph_us(nn_sets, lambda a, b, c: torch.matmul(a, b, out=c))
+    del nn_sets, nn_b
+    return (t_tn, "TN") if t_tn <= t_nn else (t_nn, "NN")
 
 
 def evaluator_check(shapes: list[Shape], templates: dict[str, Any]) -> int:
@@ -316,6 +386,9 @@ def main() -> int:
     p.add_argument("--csv", help="take the shapes from this CSV instead (see csv_shapes)")
     p.add_argument("--picks-only", action="store_true", help="time only the heuristic picks (evo seed's)")
     p.add_argument("--per-template", type=int, default=24)
+    p.add_argument("--picks", type=int, default=4, help="heuristic picks per template and shape (evo seed's first)")
+    p.add_argument("--max-grid", type=int, default=120, help="grid knob sets per template and shape (stable subset)")
+    p.add_argument("--floors", action="store_true", help="empty-kernel and streaming-read floors on weights >= 8 MB")
     p.add_argument("--budget-s", type=float, default=200.0, help="stop timing new shapes after this")
     p.add_argument("--eval-shapes", nargs="*", default=EVAL_SHAPES)
     p.add_argument("--seed", type=int, default=26)
@@ -326,7 +399,8 @@ def main() -> int:
     templates = load_templates()
     shapes = [Shape.parse(x) for x in (csv_shapes(args.csv) if args.csv else args.shapes)]
     ragged = [Shape.parse(x) for x in RAGGED]
-    plan = {s: variants(s, templates, args.per_template, args.seed, picks_only=args.picks_only) for s in shapes}
+    plan = {s: variants(s, templates, args.per_template, args.seed, picks_only=args.picks_only, max_grid=args.max_grid,
+                        n_picks=args.picks) for s in shapes}
     plan.update({s: variants(s, templates, 6, args.seed, use_grid=False) for s in ragged})
     cands = {(s, n, tuple(sorted(k.items()))): (templates[n].candidate(k, s), o) for s, vs in plan.items() for n, k, o in vs}
     compiled = compile_all([c for c, _ in cands.values()])
@@ -338,6 +412,9 @@ def main() -> int:
           f"{len(failed)} failed, {len(spills)} spill", flush=True)
     for f in failed[:10]:
         print("COMPILE FAIL", f, flush=True)
+    spilled = [(key[1], dict(key[2])) for key, (c, _) in cands.items() if c.source in spills]
+    for name, knobs in spilled[:8]:
+        print("SPILL", name, json.dumps(knobs, sort_keys=True), flush=True)
     if args.compile_only:
         return 1 if failed else 0
 
@@ -346,6 +423,12 @@ def main() -> int:
     peer = load_peer()
     peer_ms = sorted({s.m for s in shapes} & {1, 8, 16})  # the peer's own rows (its compile is one NVRTC call)
     peer_fns = peer.build(peer_ms) if peer is not None else {}
+    floors = None
+    if args.floors:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from decode_floors import Floors
+
+        floors = Floors()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp())
@@ -363,7 +446,7 @@ def main() -> int:
         launch = mod.launcher(cand, s)
         err = rel_error(sets, launch, ref)
         if not err < 2e-3:
-            wrong.append(f"{s}{tag} {name} {knobs}: rel err {err:.2e}")
+            wrong.append(f"{s}{tag} {name} {knobs}: rel err {err:.2e}; {wrong_where(sets, ref)}")
             return None
         return launch
 
@@ -388,17 +471,25 @@ def main() -> int:
         floor = roofline_us(s)
         sets = rotation(s)
         ref = reference(sets)
-        t_cb = graph_us(sets, cublas)
-        t_peer, peer_cfg = peer_best(peer, peer_fns, s, sets, ref) if s.m in peer_ms else (None, "")
+        t_cb, layout = cublas_us(sets)
+        t_peer, peer_cfg, peer_launch = peer_best(peer, peer_fns, s, sets, ref) if s.m in peer_ms else (None, "", None)
         rows = []
         for name, knobs, origin in plan[s]:
             launch = checked(s, name, knobs, sets, ref)
             if launch is not None:
                 rows.append({"template": name, "knobs": knobs, "origin": origin, "us": graph_us(sets, launch)})
+        peer_again = graph_us(sets, peer_launch) if peer_launch is not None else None
+        if peer_again is not None:
+            t_peer = min(t_peer, peer_again)
+        extra: dict[str, Any] = {}
+        if floors is not None and 2 * s.n * s.k >= 8e6:
+            extra["empty_us"] = floors.empty_us(sets, graph_us)
+            extra["read_us"], extra["read_cfg"] = floors.read_us(sets, graph_us)
         del sets, ref
         torch.cuda.empty_cache()
         rec = {"shape": str(s), "m": s.m, "n": s.n, "k": s.k, "weight_mb": 2 * s.n * s.k / 1e6, "floor_us": floor,
-               "cublas_us": t_cb, "peer_us": t_peer, "peer_cfg": peer_cfg, "variants": rows}
+               "cublas_us": t_cb, "cublas_layout": layout, "peer_us": t_peer, "peer_cfg": peer_cfg,
+               "peer_again_us": peer_again, **extra, "variants": rows}
         records.append(rec)
         (out / "decode_dev.json").write_text(json.dumps(records, indent=0))
         if not rows:
@@ -412,6 +503,10 @@ def main() -> int:
               f"{min(first) if first else float('nan'):7.2f} {best['us']:7.2f} {floor / best['us']:4.2f} "
               f"{t_cb / best['us']:5.2f} {xp} | {best['template']} {json.dumps(best['knobs'], sort_keys=True)}",
               flush=True)
+        per_t = {n: min(r["us"] for r in rows if r["template"] == n) for n in TEMPLATES if any(r["template"] == n for r in rows)}
+        fl = f"; empty {extra['empty_us']:.2f} read {extra['read_us']:.2f} us ({floor / extra['read_us']:.2f} roof)" \
+            if "read_us" in extra else ""
+        print(f"{'':>16}   per template " + " ".join(f"{n} {u:.2f}" for n, u in per_t.items()) + fl, flush=True)
     gm = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")  # noqa: E731
     timed = [r for r in records if r["variants"]]
     for label, sel in (("all", timed), ("M<=16", [r for r in timed if r["m"] <= 16]),

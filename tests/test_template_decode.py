@@ -1,4 +1,5 @@
-"""The decode families gemv (CUDA-core GEMV, family T) and swab (swap-AB mma.sync, family A).
+"""The decode families gemv (CUDA-core GEMV, family T), swab (swap-AB mma.sync, family A) and swpipe
+(swap-AB mma.sync with a cp.async weight pipeline and shared-memory tokens, family A).
 
 Knob space, plans at ragged shapes, first picks per shape class, refusals with reasons, and real
 compiles (evaluators' ``CompilePool``: static scan, NVRTC, ptxas resource policy) of every knob set
@@ -14,15 +15,17 @@ import pytest
 
 from populations import Shape, Template, load_templates
 
-DECODE = ("gemv", "swab")
+DECODE = ("gemv", "swab", "swpipe")
 # decode rows (M = 1, 8) and latency rows of llm_layers.csv, M = 16 and 2..4 variants, and ragged shapes
 SAMPLE = ["1x2304x768", "1x768x3072", "1x50257x768", "1x576x576", "1x49152x576", "1x896x896", "1x151936x896",
           "1x2304x2304", "1x9216x2304", "1x3072x3072", "1x4096x4096", "1x4096x14336", "1x128256x4096",
           "8x2304x768", "8x576x576", "8x3072x576", "8x4864x896", "8x3072x3072", "8x4096x4096", "8x4096x14336",
           "8x128256x4096", "8x960x576", "8x576x1536", "16x896x896", "16x4096x4096", "16x14336x4096", "64x576x576",
-          "64x768x768", "64x960x576", "2x2304x768", "3x4096x4096"]
-RAGGED = ["1x1x1", "3x77x9", "5x1000x1001", "7x33x4100", "13x129x520", "2x8191x17", "64x1x2049", "40x100x72"]
-FIRST = SAMPLE[::3] + RAGGED[:4]  # the quick compile test's shapes
+          "64x768x768", "64x960x576", "2x2304x768", "3x4096x4096", "16x6144x4096", "16x50257x768", "16x4096x14336",
+          "8x50257x768", "16x2304x2304", "12x3072x3072"]
+RAGGED = ["1x1x1", "3x77x9", "5x1000x1001", "7x33x4100", "13x129x520", "2x8191x17", "64x1x2049", "40x100x72",
+          "13x2049x1032", "5x1000x4100"]
+FIRST = SAMPLE[::3] + RAGGED[:4] + RAGGED[-2:]  # the quick compile test's shapes
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +44,19 @@ def test_metadata_and_applies(fams: dict[str, Template]) -> None:
     assert s.applicable(Shape.parse("8x4096x4096"), 90) and s.applicable(Shape.parse("16x128256x4096"), 80)
     assert s.applicable(Shape.parse("64x576x576"), 90) and not s.applicable(Shape.parse("64x4096x4096"), 90)
     assert not s.applicable(Shape.parse("1x4096x4096"), 90)  # one token: gemv's CUDA cores win
+    p = fams["swpipe"]
+    assert p.family == "A" and p.min_arch == 80 and p.layouts == ("TN",)
+    assert p.applicable(Shape.parse("16x4096x4096"), 90) and p.applicable(Shape.parse("2x2304x2304"), 80)
+    assert not p.applicable(Shape.parse("1x4096x4096"), 90) and not p.applicable(Shape.parse("32x4096x4096"), 90)
+    assert not p.applicable(Shape.parse("16x896x896"), 90)  # under 4 MB of weights: nothing to pipeline
+    big = dict(NT=2, XK=4096, STAGES=8, KT=256, CLUSTER=1)  # 194 KiB: fine on sm_90, over sm_80's 163 KiB
+    assert not p.check(big, Shape.parse("16x4096x4096"), 90)
+    assert any("163 KiB" in r for r in p.check(big, Shape.parse("16x4096x4096"), 80))
+    # the launch's shared memory is a function of the knobs alone (one size per compiled function)
+    k = p.heuristic(Shape.parse("16x4096x4096"), 90)[0]
+    sizes = {p.render(k, Shape.parse(f"16x4096x{kk}"))[1].resolve(Shape.parse(f"16x4096x{kk}"))[0][0].smem
+             for kk in (1000, 2048, 4096)}
+    assert len(sizes) == 1
     for t in fams.values():
         assert {"tiling", "loops", "splitk"} <= {k.axis for k in t.space.knobs.values()}
         assert "#include" not in t.source_text and "__device__ float" not in t.source_text
@@ -53,7 +69,7 @@ def test_plans_resolve_at_ragged_shapes(fams: dict[str, Template], name: str) ->
     rng = random.Random(5)
     rows, toks = ("ROWS", "TOK") if name == "gemv" else ("RT", "NT")
     per_row, per_tok = (1, 1) if name == "gemv" else (16, 8)
-    for text in RAGGED + SAMPLE[:6]:
+    for text in RAGGED + SAMPLE[:6] + SAMPLE[-6:]:
         shape = Shape.parse(text)
         if not t.applicable(shape, 90):
             continue
@@ -65,14 +81,21 @@ def test_plans_resolve_at_ragged_shapes(fams: dict[str, Template], name: str) ->
                 launches, ws = plan.resolve(shape)
                 assert ws == 0 and len(launches) == 1
                 (launch,) = launches
-                tiles = -(-shape.n // (per_row * knobs[rows])) * -(-shape.m // (per_tok * knobs[toks]))
+                tiles = -(-shape.n // (per_row * knobs[rows]))
+                tiles = -(-tiles // knobs.get("TPC", 1)) * -(-shape.m // (per_tok * knobs[toks]))
                 assert launch.grid == (tiles, 1, knobs["CLUSTER"]) and launch.block == (32 * knobs["WARPS"], 1, 1)
+                if name == "swpipe":  # weight stages plus a token buffer that holds one cluster rank's K stages
+                    per = -(-(-(-shape.k // knobs["KT"])) // knobs["CLUSTER"])
+                    assert per * knobs["KT"] <= knobs["XK"]
+                    assert launch.smem == 2 * (knobs["STAGES"] * 16 * knobs["RT"] * (knobs["KT"] + 8)
+                                               + 8 * knobs["NT"] * (knobs["XK"] + 8))
 
 
 def test_cluster_is_compile_time_and_hopper_only(fams: dict[str, Template]) -> None:
     shape = Shape.parse("8x576x576")
-    for name, knobs in (("gemv", {"CLUSTER": 4}), ("swab", {"CLUSTER": 4})):
+    for name, knobs in (("gemv", {"CLUSTER": 4}), ("swab", {"CLUSTER": 4}), ("swpipe", {"CLUSTER": 4})):
         t = fams[name]
+        shape = Shape.parse("8x2304x2304" if name == "swpipe" else "8x576x576")
         source, plan = t.render(knobs, shape)
         assert "#define CLUSTER 4" in source.splitlines() and "__cluster_dims__(1, 1, CLUSTER)" in source
         assert plan.resolve(shape)[0][0].grid[2] == 4
@@ -88,7 +111,9 @@ def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> N
     first = lambda t, text: t.heuristic(Shape.parse(text), 90)[0]  # noqa: E731
     # M = 1: one memory round trip per thread (THREADS * UNROLL * 8 >= K up to K = 4096)
     assert first(g, "1x576x576") == dict(g.space.defaults(), ROWS=2, TOK=1, WARPS=4, UNROLL=1)
-    assert first(g, "1x151936x896")["ROWS"] == 8
+    # N >= 6144 at K <= 1024: ROWS 4 (1x9728x896: ROWS 2 was 9% slower), ROWS 8 next on N >= 32768
+    assert first(g, "1x9728x896")["ROWS"] == first(g, "1x151936x896")["ROWS"] == 4
+    assert g.heuristic(Shape.parse("1x151936x896"), 90)[1]["ROWS"] == 8
     for text in ("1x2304x2304", "1x3072x3072", "1x4096x4096"):
         k = first(g, text)
         assert k["WARPS"] * 32 * k["UNROLL"] * 8 >= Shape.parse(text).k and k["CLUSTER"] == 1, (text, k)
@@ -104,6 +129,14 @@ def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> N
     # M 9..16 with large weights: both token tiles in one CTA
     assert first(s, "16x4096x4096")["NT"] == 2 and first(s, "16x4096x4096")["CLUSTER"] == 4
     assert first(s, "16x14336x4096")["CLUSTER"] == 1
+    # K = 576..768: 8 warps x 3 k32 steps cover K in one round trip, any N, tokens in cdiv(M, 8) tiles
+    for text in ("8x2304x768", "8x6144x768", "8x50257x768", "16x50257x768", "8x3072x576"):
+        k = first(s, text)
+        assert (k["U"], k["WARPS"], k["CLUSTER"]) == (3, 8, 1) and k["NT"] == -(-Shape.parse(text).m // 8), (text, k)
+    # the plain peer's launch shape (one step per warp, ping-pong, 8 warps) where it was measured best
+    for text in ("8x6144x4096", "16x6144x4096"):
+        k = first(s, text)
+        assert (k["U"], k["PIPE"], k["WARPS"], k["CLUSTER"]) == (1, 1, 8, 1), (text, k)
 
 
 REFUSED = [
@@ -113,7 +146,12 @@ REFUSED = [
     ("swab", {"RT": 4, "NT": 8, "U": 4}, None, "would spill"),
     ("swab", {"RT": 4, "NT": 8, "WARPS": 8, "U": 1}, None, "48 KiB"),
     ("swab", {"CLUSTER": 4}, "8x64x64", "at least one k32 step"),
-    ("swab", {"U": 3}, None, "not one of"),
+    ("swab", {"U": 5}, None, "not one of"),
+    ("swpipe", {"WARPS": 8, "RT": 1, "KT": 64}, None, "at least one k16 step"),
+    ("swpipe", {"NT": 2, "KT": 256, "STAGES": 8, "XK": 8192}, None, "227 KiB"),
+    ("swpipe", {"NT": 2, "XK": 2048, "CLUSTER": 1}, "16x4096x4096", "token buffer"),
+    ("swpipe", {"NT": 1, "RT": 2, "WARPS": 8, "KT": 64, "STAGES": 3, "XK": 2048}, None, "opt-in"),
+    ("swpipe", {"CLUSTER": 8, "KT": 256}, "8x4096x1024", "at least one K stage"),
 ]
 
 

@@ -94,3 +94,30 @@ __device__ __forceinline__ float dec_ld_peer(const float* local, unsigned int ra
   return v;
 }
 #endif
+
+// ---- shared-memory staging (swpipe): 16-byte cp.async with zero fill, ldmatrix fragments ----
+__device__ __forceinline__ unsigned int dec_smem_addr(const void* p) {
+  return (unsigned int)__cvta_generic_to_shared(p);
+}
+// Copy 16 bytes global -> shared without a register round trip; `bytes` = 0 writes zeros (K past
+// the end). The weights go L2-only (.cg); L2PF = 1 (a knob) asks L2 to fetch the 256-byte line around it.
+__device__ __forceinline__ void dec_cp16(unsigned int dst, const void* src, int bytes) {
+#if defined(L2PF) && L2PF
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void dec_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Wait until at most PENDING committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void dec_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory"); }
+// ldmatrix: four (x4) or two (x2) 8x8 b16 matrices, row addresses from lanes 0-31 (0-15 for x2).
+__device__ __forceinline__ void dec_ldsm4(unsigned int (&r)[4], unsigned int addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void dec_ldsm2(unsigned int (&r)[4], unsigned int addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr) : "memory");
+  r[2] = r[3] = 0u;
+}

@@ -21,21 +21,22 @@
 struct GemvFrag {
   uint4 w[UNROLL][ROWS], x[UNROLL][TOK];
 };
+template <bool VEC>
 __device__ __forceinline__ void gemv_load(GemvFrag& f, int c, int c1, const unsigned short* const (&brow)[ROWS],
-                                          const unsigned short* const (&arow)[TOK], int K, bool vec) {
+                                          const unsigned short* const (&arow)[TOK], int K) {
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
     const int cc = c + u * THREADS;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       if (cc >= c1) f.w[u][r] = make_uint4(0u, 0u, 0u, 0u);
-      else if (vec) f.w[u][r] = dec_ld_stream(brow[r] + cc * 8);
+      else if (VEC) f.w[u][r] = dec_ld_stream(brow[r] + cc * 8);
       else f.w[u][r] = dec_ld_tail(brow[r], cc * 8, K);
     }
 #pragma unroll
     for (int t = 0; t < TOK; ++t) {
       if (cc >= c1) f.x[u][t] = make_uint4(0u, 0u, 0u, 0u);
-      else if (vec) f.x[u][t] = dec_ld_keep(arow[t] + cc * 8);
+      else if (VEC) f.x[u][t] = dec_ld_keep(arow[t] + cc * 8);
       else f.x[u][t] = dec_ld_tail(arow[t], cc * 8, K);
     }
   }
@@ -71,6 +72,33 @@ __device__ __forceinline__ void gemv_fma(float (&acc)[ROWS][TOK], const GemvFrag
   }
 }
 
+// The K loop of one thread over chunks [c0 + tid, c1) with stride THREADS * UNROLL. VEC is a template
+// argument so the 16-byte path and the 2-byte fallback are separate loops: the fallback's registers
+// never count at the fast loop's program points (ptxas allocates for the worst point).
+template <bool VEC>
+__device__ __forceinline__ void gemv_mainloop(float (&acc)[ROWS][TOK], int c, int c1,
+                                              const unsigned short* const (&brow)[ROWS],
+                                              const unsigned short* const (&arow)[TOK], int K) {
+#if PIPE
+  // Ping-pong: the loads of the next iteration are in flight while this one's FMAs run.
+  const int stride = THREADS * UNROLL;
+  GemvFrag f0, f1;
+  gemv_load<VEC>(f0, c, c1, brow, arow, K);
+  for (; c < c1; c += 2 * stride) {
+    gemv_load<VEC>(f1, c + stride, c1, brow, arow, K);
+    gemv_fma(acc, f0);
+    gemv_load<VEC>(f0, c + 2 * stride, c1, brow, arow, K);
+    gemv_fma(acc, f1);
+  }
+#else
+  for (; c < c1; c += THREADS * UNROLL) {
+    GemvFrag f;
+    gemv_load<VEC>(f, c, c1, brow, arow, K);
+    gemv_fma(acc, f);
+  }
+#endif
+}
+
 extern "C" __global__ void DEC_CLUSTER_DIMS __launch_bounds__(THREADS)
 evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ C,
          int M_, int N_, int K_) {
@@ -96,24 +124,8 @@ evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict_
 #pragma unroll
     for (int t = 0; t < TOK; ++t) acc[r][t] = 0.f;
 
-#if PIPE
-  // Ping-pong: the loads of the next iteration are in flight while this one's FMAs run.
-  const int stride = THREADS * UNROLL;
-  GemvFrag f0, f1;
-  gemv_load(f0, c0 + tid, c1, brow, arow, K, vec);
-  for (int c = c0 + tid; c < c1; c += 2 * stride) {
-    gemv_load(f1, c + stride, c1, brow, arow, K, vec);
-    gemv_fma(acc, f0);
-    gemv_load(f0, c + 2 * stride, c1, brow, arow, K, vec);
-    gemv_fma(acc, f1);
-  }
-#else
-  for (int c = c0 + tid; c < c1; c += THREADS * UNROLL) {
-    GemvFrag f;
-    gemv_load(f, c, c1, brow, arow, K, vec);
-    gemv_fma(acc, f);
-  }
-#endif
+  if (vec) gemv_mainloop<true>(acc, c0 + tid, c1, brow, arow, K);
+  else gemv_mainloop<false>(acc, c0 + tid, c1, brow, arow, K);
 
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)

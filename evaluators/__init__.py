@@ -2,6 +2,7 @@
 
 Imports only ``populations``. Keep this file a plain list of re-exports.
 """
+from ._base import EvaluatorPool
 from ._cache import CubinCache, cache_key, default_cache_dir
 from ._compile import ARCHS, CompileResult, arch_for_capability, compile_candidate, default_backend
 from ._compile_pool import CompilePool
@@ -18,6 +19,7 @@ from ._tmap import ParamPack, TensorMapError, tmap_geometry
 from ._worker import DEFAULT_DEADLINES, WorkerSupervisor, WorkerUnavailable
 
 __all__ = [
+    "EvaluatorPool",
     "CubinCache", "cache_key", "default_cache_dir",
     "ARCHS", "CompileResult", "arch_for_capability", "compile_candidate", "default_backend",
     "CompilePool",

@@ -31,14 +31,15 @@ import threading
 import time
 import uuid
 from collections import deque
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from populations import Candidate, Evaluation, Status
 
-from ._pool import LocalPool, PoolStats
+from ._base import EvaluatorPool
+from ._pool_core import PoolCore, PoolItem, PoolStats
 from ._worker import DEFAULT_DEADLINES, HARNESS_TARGET, WorkerSupervisor, WorkerUnavailable
 
 __all__ = ["RayPool", "RayPoolStats", "RayUnavailable", "GpuEvaluator", "connect_ray"]
@@ -156,15 +157,6 @@ class RayPoolStats(PoolStats):
     compile_workers: set = field(default_factory=set)   # (node, pid) of the Ray workers that compiled
 
 
-@dataclass
-class _Item:
-    candidate: Candidate
-    future: Future
-    compiled: Any = None
-    attempts: int = 0
-    hints: dict = field(default_factory=dict)
-
-
 def _compile_task(fn: Callable[..., Any], candidate: Candidate, arch: str, timeout_s: float,
                   cache_dir: Any) -> tuple[Any, str, int]:
     """A Ray task body: compile one candidate; return the result and where it ran."""
@@ -173,7 +165,7 @@ def _compile_task(fn: Callable[..., Any], candidate: Candidate, arch: str, timeo
     return fn(candidate, arch, timeout_s=timeout_s, cache_dir=cache_dir), ray.util.get_node_ip_address(), os.getpid()
 
 
-class RayPool:
+class RayPool(EvaluatorPool):
     """Evaluate candidates on a Ray cluster's GPUs (see the module docstring).
 
     ``gpus``: how many GPU actors (an int, or a list whose length counts; None: every GPU the
@@ -181,17 +173,6 @@ class RayPool:
     ``num_gpus`` (tests on CPU-only clusters declare logical GPUs with ``ray.init(num_gpus=2)``).
     ``max_retries``: how many times a candidate whose actor died is tried again.
     """
-
-    # LocalPool's own code where the two pools agree: the records (one Evaluation per claimed
-    # shape), the arch wait, batch evaluation, finishing a future, and the compile step, whose
-    # ``self._compile_fn`` is here a Ray task and whose ``self._ready.put`` is the affinity queue.
-    _record = LocalPool._record
-    _evaluations = LocalPool._evaluations
-    arch = LocalPool.arch
-    evaluate = LocalPool.evaluate
-    _finish = LocalPool._finish
-    _compile = LocalPool._compile
-    _job_settings = LocalPool._job_settings
 
     def __init__(self, gpus: Optional[Sequence[int] | int] = None, compile_workers: int = 4, *,
                  address: Optional[str] = "auto", arch: Optional[str] = None, target: str = HARNESS_TARGET,
@@ -215,11 +196,14 @@ class RayPool:
                 "join GPU nodes with `ray start --address HEAD:6379`")
         self.gpus = list(range(count))  # actor slots; Ray decides which physical GPU each gets
         self.address = address
-        self._task_fn = self._job_settings(timers, qps, job_options, cache_dir, compile_timeout_s, compile_fn)
-        self._compile_fn = self._compile_on_ray
-        self._ready = SimpleNamespace(put=self._enqueue)
+        # the shared half (PoolCore) compiles through a Ray task that runs the real compile_fn
+        self._core = core = PoolCore("RayPool", timers=timers, qps=qps, job_options=job_options,
+                                     cache_dir=cache_dir, compile_timeout_s=compile_timeout_s, compile_fn=compile_fn,
+                                     slots=max_in_flight or (max(1, compile_workers) + 2 * count),
+                                     stats=RayPoolStats(), arch=arch)
+        self._task_fn, core.compile_fn = core.compile_fn, self._compile_on_ray
         self.max_retries = max_retries
-        self.stats = RayPoolStats()
+        self.stats: RayPoolStats = core.stats  # type: ignore[assignment]
         from ._provenance import code_version
 
         self.pool_id = uuid.uuid4().hex[:12]  # names this pool's worker pid files on every node
@@ -228,9 +212,9 @@ class RayPool:
         self.start_timeout_s = start_timeout_s or 3 * (d["startup"] + d["probe"]) + 60.0
         self._actor_cls = ray.remote(GpuEvaluator).options(num_gpus=gpu_per_actor, num_cpus=0, max_restarts=0)
         self._compile_remote = ray.remote(_compile_task).options(num_cpus=1, max_retries=2)
-        self._lock = threading.Lock()
+        self._lock = core.lock
         self._cv = threading.Condition(self._lock)
-        self._queues: list[deque[_Item]] = [deque() for _ in self.gpus]
+        self._queues: list[deque[PoolItem]] = [deque() for _ in self.gpus]
         self._affinity: dict[str, int] = {}
         self._serving = set(self.gpus)   # slots whose dispatcher still takes work with a working actor
         self._restarts_before = 0        # worker restarts counted by actors since replaced
@@ -238,31 +222,23 @@ class RayPool:
         self._running: dict[int, str] = {}   # slot -> id of the candidate its actor evaluates now
         self._views: dict[int, Any] = {}
         self._compile_pool = ThreadPoolExecutor(max(1, compile_workers), thread_name_prefix="evo-ray-compile")
-        self._slots = threading.BoundedSemaphore(max_in_flight or (max(1, compile_workers) + 2 * count))
-        self._closed = self._inputs_done = self._cancelled = False
-        self._arch = arch
-        self._arch_known = threading.Event()
-        if arch is not None:
-            self._arch_known.set()
+        self._inputs_done = False
         self._threads = [threading.Thread(target=self._dispatch, args=(slot,), name=f"evo-ray-gpu{slot}", daemon=True)
                          for slot in self.gpus]
         for t in self._threads:
             t.start()
 
     # -- public -------------------------------------------------------------------------
-    #: ``submit`` takes ``elite_threshold``, as LocalPool's does.
-    takes_elite_threshold = True
+    @property
+    def arch(self) -> str:
+        """The target arch: given, else the first actor's worker's (waits for it)."""
+        return self._core.arch
 
     def submit(self, candidate: Candidate, *, elite_threshold: Optional[float] = None) -> "Future[list[Evaluation]]":
         """Queue one candidate; blocks while the pool holds ``max_in_flight`` unfinished ones.
         ``elite_threshold``: as ``LocalPool.submit`` (below it the worker skips its memoisation pass)."""
-        if self._closed or self._cancelled:
-            raise RuntimeError("RayPool is closed" if self._closed else "RayPool was cancelled")
-        self._slots.acquire()
-        hints = {} if elite_threshold is None else {"elite_threshold": float(elite_threshold)}
-        item = _Item(candidate, Future(), hints=hints)
-        item.future.set_running_or_notify_cancel()
-        self._compile_pool.submit(self._compile, item)
+        item = self._core.admit(candidate, elite_threshold)
+        self._compile_pool.submit(self._core.compile, item, self._enqueue)
         return item.future
 
     def wait_ready(self, timeout: Optional[float] = None) -> bool:
@@ -300,19 +276,19 @@ class RayPool:
     def cancel_all(self) -> None:
         """Drop every candidate that has not reached a GPU actor (see ``LocalPool.cancel_all``)."""
         with self._cv:
-            self._cancelled = True
+            self._core.cancelled = True
             dropped = [item for q in self._queues for item in q]
             for q in self._queues:
                 q.clear()
             self._cv.notify_all()
         for item in dropped:
-            self._drop(item)
+            self._core.drop(item)
 
     def close(self) -> None:
         """Finish queued work (unless cancelled), then stop the actors and their worker children."""
-        if self._closed:
+        if self._core.closed:
             return
-        self._closed = True
+        self._core.closed = True
         self._compile_pool.shutdown(wait=True)
         with self._cv:
             self._inputs_done = True
@@ -328,19 +304,19 @@ class RayPool:
 
     # -- compiling --------------------------------------------------------------------------
     def _compile_on_ray(self, candidate: Candidate, arch: str, *, timeout_s: float, cache_dir: Any) -> Any:
-        """One compile as a Ray task (LocalPool._compile calls this); notes where it ran."""
+        """One compile as a Ray task (``PoolCore.compile`` calls this); notes where it ran."""
         res, node, pid = self._ray.get(self._compile_remote.remote(self._task_fn, candidate, arch, timeout_s, cache_dir))
         with self._lock:
             self.stats.compile_workers.add((node, pid))
         return res
 
     # -- queues with shape affinity -----------------------------------------------------------
-    def _enqueue(self, item: _Item, front: bool = False) -> None:
+    def _enqueue(self, item: PoolItem, front: bool = False) -> None:
         """Queue a compiled item on its shape's actor (assigned on first sight: the serving slot
         with the fewest shapes); dropped instead once the pool is cancelled."""
         key = str(item.candidate.shapes[0])
         with self._cv:
-            if not self._cancelled:
+            if not self._core.cancelled:
                 slot = self._affinity.get(key)
                 if slot is None or slot not in self._serving:
                     live = sorted(self._serving) or list(self.gpus)
@@ -352,9 +328,9 @@ class RayPool:
                 (self._queues[slot].appendleft if front else self._queues[slot].append)(item)
                 self._cv.notify_all()
                 return
-        self._drop(item)
+        self._core.drop(item)
 
-    def _take(self, slot: int) -> Optional[_Item]:
+    def _take(self, slot: int) -> Optional[PoolItem]:
         """The next item for ``slot``: its own queue first, else the oldest of the longest other
         queue; None (and the slot stops serving) once the pool is closed or cancelled and empty."""
         with self._cv:
@@ -362,12 +338,12 @@ class RayPool:
                 item = self._pop_locked(slot)
                 if item is not None:
                     return item
-                if self._inputs_done or self._cancelled:
+                if self._inputs_done or self._core.cancelled:
                     self._serving.discard(slot)
                     return None
                 self._cv.wait(0.5)
 
-    def _pop_locked(self, slot: Optional[int]) -> Optional[_Item]:
+    def _pop_locked(self, slot: Optional[int]) -> Optional[PoolItem]:
         if slot is not None and self._queues[slot]:
             return self._queues[slot].popleft()
         longest = max(self._queues, key=len)
@@ -381,8 +357,8 @@ class RayPool:
                 item = self._take(slot)
                 if item is None:
                     return
-                if self._cancelled:
-                    self._drop(item)
+                if self._core.cancelled:
+                    self._core.drop(item)
                     continue
                 down = self._run(slot, item)
             # this slot is gone for good: leave its work to the others, or fail it when none is left
@@ -390,19 +366,16 @@ class RayPool:
         finally:
             self._stop_actor(slot)
 
-    def _run(self, slot: int, item: _Item) -> Optional[str]:
+    def _run(self, slot: int, item: PoolItem) -> Optional[str]:
         """Evaluate ``item`` on ``slot``'s actor; returns why the slot is down, or None."""
-        ray = self._ray
-        cand, comp = item.candidate, item.compiled
-        job = {"cubin": comp.cubin, "plan": cand.plan.to_dict(), "shapes": [str(s) for s in cand.shapes],
-               "generic": cand.generic, "timers": list(self.timers), "qps": self.qps,
-               "candidate_id": cand.id, "meta": dict(cand.meta), **self.job_options, **item.hints}
+        ray, core = self._ray, self._core
+        job = core.job(item)
         item.attempts += 1
         t0 = time.monotonic()
+        core.job_started(t0)
         with self._lock:
             actor = self._actors[slot]
-            self.stats.first_job = self.stats.first_job or t0
-            self._running[slot] = cand.id
+            self._running[slot] = item.candidate.id
         try:
             out = ray.get(actor.run.remote(job))
         except ray.exceptions.RayActorError as exc:
@@ -415,36 +388,26 @@ class RayPool:
                     self.stats.retried += 1
                 self._enqueue(item, front=True)
             else:
-                self._finish(item, [self._record(cand, s, Status.RUNTIME_ERROR,
-                                                 f"{why} while evaluating this candidate (attempt {item.attempts} of "
-                                                 f"{self.max_retries + 1}); not retried again", compile=comp)
-                                    for s in cand.shapes])
+                core.fail(item, Status.RUNTIME_ERROR, f"{why} while evaluating this candidate (attempt "
+                                                      f"{item.attempts} of {self.max_retries + 1}); not retried again")
             return self._start_actor(slot)
         except WorkerUnavailable as exc:  # the actor's fresh worker failed its probes: try another actor
             with self._lock:
                 self._running.pop(slot, None)
-            self._finish(item, [self._record(cand, s, Status.RUNTIME_ERROR, f"GPU worker unavailable: {_short(exc)}",
-                                             compile=comp) for s in cand.shapes])
+            core.fail(item, Status.RUNTIME_ERROR, f"GPU worker unavailable: {_short(exc)}")
             return self._start_actor(slot)
         except Exception as exc:  # an actor-side bug must not strand the future
             out = {"result": {"status": "runtime_error", "message": f"evaluator error: {_short(exc)}"}, "pid": None}
-        t1 = time.monotonic()
+        core.job_ended(slot, t0, time.monotonic())
         with self._lock:
             self._running.pop(slot, None)
-            self.stats.gpu_busy_s[slot] = self.stats.gpu_busy_s.get(slot, 0.0) + (t1 - t0)
-            self.stats.last_job_end = t1
             view = self._views[slot]
             view.restarts = out.get("restarts", view.restarts)
             self.stats.restarts = self._restarts_before + sum(v.restarts for v in self._views.values())
         sup = SimpleNamespace(gpu=slot, pid=out.get("pid"),
                               info={**view.info, "provenance": {**view.info.get("provenance", {}),
                                                                 **view.where, "ray_attempt": item.attempts}})
-        try:
-            evals = self._evaluations(cand, comp, out["result"], sup)
-        except Exception as exc:
-            evals = [self._record(cand, s, Status.RUNTIME_ERROR, f"evaluator error reading the result: {exc!r}",
-                                  compile=comp) for s in cand.shapes]
-        self._finish(item, evals)
+        core.finish(item, core.evaluations(item, out["result"], sup))
         return None
 
     def _start_actor(self, slot: int) -> Optional[str]:
@@ -466,9 +429,8 @@ class RayPool:
             self._restarts_before += old.restarts if old is not None else 0
             self._actors[slot] = actor
             self._views[slot] = view
-            if self._arch is None and info.get("arch"):
-                self._arch = info["arch"]
-        self._arch_known.set()
+            self._core.set_arch(info.get("arch"))
+        self._core.arch_settled()
         return None
 
     def _retire(self, slot: int, why: str) -> None:
@@ -481,7 +443,7 @@ class RayPool:
             for key in [k for k, s in self._affinity.items() if s == slot]:
                 del self._affinity[key]
             if not self._serving:
-                self._arch_known.set()  # compiles waiting for an arch must not wait forever
+                self._core.arch_settled()  # compiles waiting for an arch must not wait forever
             self._cv.notify_all()
         for item in orphans:
             self._enqueue(item)
@@ -491,13 +453,11 @@ class RayPool:
                     return
                 item = self._pop_locked(None)
                 if item is None:
-                    if self._inputs_done or self._cancelled:
+                    if self._inputs_done or self._core.cancelled:
                         return
                     self._cv.wait(0.5)
                     continue
-            cand = item.candidate
-            self._finish(item, [self._record(cand, s, Status.RUNTIME_ERROR, f"GPU worker unavailable: {why}",
-                                             compile=item.compiled) for s in cand.shapes])
+            self._core.fail(item, Status.RUNTIME_ERROR, f"GPU worker unavailable: {why}")
 
     def _stop_actor(self, slot: int) -> None:
         with self._lock:
@@ -512,11 +472,6 @@ class RayPool:
             self._ray.kill(actor, no_restart=True)
         except Exception:
             pass
-
-    # -- futures ------------------------------------------------------------------------------
-    def _drop(self, item: _Item) -> None:
-        item.future.set_exception(CancelledError("RayPool.cancel_all() dropped this candidate"))
-        self._slots.release()
 
 
 def _short(exc: BaseException, limit: int = 400) -> str:

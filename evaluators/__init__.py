@@ -12,6 +12,7 @@ from ._lease import GpuLease, gpu_key
 from ._static import ScanResult, scan, scan_source
 # GPU side (issue 4): nothing here imports torch or initialises CUDA in the importing process.
 from ._loader import CudaError, LoaderUnavailable, get_loader
+from ._job import JOB_OPTIONS, Job, Result, ShapeResult
 from ._pool import PRECISE_JOB, LocalPool, PoolStats, gpu_arch, visible_gpus
 # Ray backend (issue 10): ray itself is imported only when a RayPool is made.
 from ._ray_pool import RayPool, RayPoolStats, RayUnavailable, connect_ray
@@ -28,6 +29,7 @@ __all__ = [
     "GpuLease", "gpu_key",
     "ScanResult", "scan", "scan_source",
     "CudaError", "LoaderUnavailable", "get_loader",
+    "JOB_OPTIONS", "Job", "Result", "ShapeResult",
     "PRECISE_JOB", "LocalPool", "PoolStats", "gpu_arch", "visible_gpus",
     "RayPool", "RayPoolStats", "RayUnavailable", "connect_ray",
     "ParamPack", "TensorMapError", "tmap_geometry",

@@ -187,16 +187,16 @@ class LocalPool(EvaluatorPool):
             if down is not None:
                 core.fail(item, Status.RUNTIME_ERROR, f"GPU worker unavailable: {down}")
                 continue
-            job = core.job(item)
+            job = core.job(item).to_wire()  # the process boundary: a Job becomes the worker's dict here
             t0 = time.monotonic()
             core.job_started(t0)
             try:
                 result = sup.run(job)
             except WorkerUnavailable as exc:
                 down = self._lost(str(exc))
-                result = {"status": "runtime_error", "message": f"GPU worker unavailable: {down}"}
+                result = {"status": Status.RUNTIME_ERROR, "message": f"GPU worker unavailable: {down}"}
             except Exception as exc:  # a supervisor bug must not strand the futures
-                result = {"status": "runtime_error", "message": f"evaluator error: {exc!r}"}
+                result = {"status": Status.RUNTIME_ERROR, "message": f"evaluator error: {exc!r}"}
             core.job_ended(sup.gpu, t0, time.monotonic())
             with core.lock:
                 self.stats.restarts = sum(s.restarts for s in self.supervisors)

@@ -17,6 +17,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from populations import Candidate, Evaluation, Shape, Status, TimerResult
 
+from ._job import JOB_OPTIONS, Job, Result
+
 __all__ = ["PoolCore", "PoolItem", "PoolStats"]
 
 
@@ -66,6 +68,9 @@ class PoolCore:
         self.timers = tuple(timers)
         self.qps = qps
         self.job_options = dict(job_options or {})
+        unknown = sorted(set(self.job_options) - set(JOB_OPTIONS))
+        if unknown:  # refused here, not in the worker after the first compile
+            raise TypeError(f"unknown job option(s) {unknown}; known: {sorted(JOB_OPTIONS)}")
         self.cache_dir = cache_dir
         self.compile_timeout_s = compile_timeout_s
         if compile_fn is None:
@@ -164,12 +169,12 @@ class PoolCore:
             return
         deliver(item)
 
-    def job(self, item: PoolItem) -> dict[str, Any]:
-        """The worker job for a compiled item (the harness documents its keys)."""
-        cand, comp = item.candidate, item.compiled
-        return {"cubin": comp.cubin, "plan": cand.plan.to_dict(), "shapes": [str(s) for s in cand.shapes],
-                "generic": cand.generic, "timers": list(self.timers), "qps": self.qps,
-                "candidate_id": cand.id, "meta": dict(cand.meta), **self.job_options, **item.hints}
+    def job(self, item: PoolItem) -> Job:
+        """The worker job for a compiled item: the pool's options, then the submit's hints."""
+        cand = item.candidate
+        job = Job(cubin=item.compiled.cubin, plan=cand.plan, shapes=tuple(cand.shapes), generic=cand.generic,
+                  timers=self.timers, qps=self.qps, candidate_id=cand.id, meta=dict(cand.meta))
+        return job.with_options({**self.job_options, **item.hints})
 
     # -- records ---------------------------------------------------------------------------
     def record(self, cand: Candidate, shape: Shape, status: Any, message: str, *, compile: Any = None,
@@ -181,38 +186,34 @@ class PoolCore:
                           arch=getattr(compile, "arch", "") or (self._arch or ""), **kw)
 
     def evaluations(self, item: PoolItem, result: Mapping[str, Any], worker: Any) -> list[Evaluation]:
-        """One Evaluation per claimed shape from a worker's result; ``worker`` is the one that
-        ran the job (``gpu``, ``pid``, ``info``); read errors become runtime errors."""
+        """One Evaluation per claimed shape from a worker's result (its wire dict); ``worker`` is
+        the one that ran the job (``gpu``, ``pid``, ``info``); read errors become runtime errors."""
         try:
-            return self._evaluations(item.candidate, item.compiled, result, worker)
+            return self._evaluations(item.candidate, item.compiled, Result.from_wire(result), worker)
         except Exception as exc:
             cand = item.candidate
             return [self.record(cand, s, Status.RUNTIME_ERROR, f"evaluator error reading the result: {exc!r}",
                                 compile=item.compiled) for s in cand.shapes]
 
-    def _evaluations(self, cand: Candidate, comp: Any, result: Mapping[str, Any], sup: Any) -> list[Evaluation]:
+    def _evaluations(self, cand: Candidate, comp: Any, result: Result, sup: Any) -> list[Evaluation]:
         base_prov = dict(sup.info.get("provenance", {}))
-        base_prov.update(gpu_index=sup.gpu, worker_pid=sup.pid, seed=result.get("seed"), load_s=result.get("load_s"))
-        done = {r["shape"]: r for r in result.get("shapes") or ()}
+        base_prov.update(gpu_index=sup.gpu, worker_pid=sup.pid, seed=result.seed, load_s=result.load_s)
         out = []
         for shape in cand.shapes:
-            r = done.get(str(shape))
+            r = result.shape(shape)
             if r is None:
-                status = result.get("status", "runtime_error")
-                if status == "ok":  # the job ended early at an earlier shape
-                    status, msg = "runtime_error", "not evaluated: the worker was lost at an earlier shape"
-                else:
-                    msg = result.get("message", "")
+                status, msg = result.status, result.message
+                if status is Status.OK:  # the job ended early at an earlier shape
+                    status, msg = Status.RUNTIME_ERROR, "not evaluated: the worker was lost at an earlier shape"
                 out.append(self.record(cand, shape, status, msg, compile=comp, provenance=base_prov))
                 continue
-            timers = {name: TimerResult(**t) for name, t in (r.get("timers") or {}).items()}
-            prov = {**base_prov, **(r.get("provenance") or {}), "checks": list(r.get("checks") or ()),
-                    "rotation_sets": r.get("rotation_sets"), "rotation_bytes": r.get("rotation_bytes"),
-                    "floor_s": r.get("floor_s"), "phases": r.get("phases"), "memo_check": r.get("memo_check")}
-            if r.get("device_rotations"):
-                prov["device_rotations"] = r["device_rotations"]
-            out.append(self.record(cand, shape, r["status"], r.get("message", ""), compile=comp, timers=timers,
-                                   flags=tuple(r.get("flags") or ()), max_error=r.get("max_error"),
-                                   correctness_s=float(r.get("correctness_s") or 0.0),
-                                   timing_s=float(r.get("timing_s") or 0.0), provenance=prov))
+            timers = {name: TimerResult(**t) for name, t in r.timers.items()}
+            prov = {**base_prov, **r.provenance, "checks": list(r.checks), "rotation_sets": r.rotation_sets,
+                    "rotation_bytes": r.rotation_bytes, "floor_s": r.floor_s, "phases": r.phases,
+                    "memo_check": r.memo_check}
+            if r.device_rotations:
+                prov["device_rotations"] = r.device_rotations
+            out.append(self.record(cand, shape, r.status, r.message, compile=comp, timers=timers, flags=r.flags,
+                                   max_error=r.max_error, correctness_s=r.correctness_s, timing_s=r.timing_s,
+                                   provenance=prov))
         return out

@@ -369,7 +369,7 @@ class RayPool(EvaluatorPool):
     def _run(self, slot: int, item: PoolItem) -> Optional[str]:
         """Evaluate ``item`` on ``slot``'s actor; returns why the slot is down, or None."""
         ray, core = self._ray, self._core
-        job = core.job(item)
+        job = core.job(item).to_wire()  # the process boundary: the actor's worker gets the dict
         item.attempts += 1
         t0 = time.monotonic()
         core.job_started(t0)
@@ -397,7 +397,7 @@ class RayPool(EvaluatorPool):
             core.fail(item, Status.RUNTIME_ERROR, f"GPU worker unavailable: {_short(exc)}")
             return self._start_actor(slot)
         except Exception as exc:  # an actor-side bug must not strand the future
-            out = {"result": {"status": "runtime_error", "message": f"evaluator error: {_short(exc)}"}, "pid": None}
+            out = {"result": {"status": Status.RUNTIME_ERROR, "message": f"evaluator error: {_short(exc)}"}, "pid": None}
         core.job_ended(slot, t0, time.monotonic())
         with self._lock:
             self._running.pop(slot, None)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import abc
 from concurrent.futures import Future
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from populations import Candidate, Evaluation
+from populations import Candidate, Evaluation, Shape
 
 __all__ = ["EvaluatorPool"]
 
@@ -57,6 +57,13 @@ class EvaluatorPool(abc.ABC):
         then shape order."""
         futures = [self.submit(c) for c in candidates]
         return [e for f in futures for e in f.result()]
+
+    def set_shape_weights(self, weights: Mapping[Shape, float]) -> None:
+        """The engine's allocation weights of its active shapes (headroom, ``evo/_budget.py``:
+        evaluations will split in proportion to them), sent before each fill. A pool with
+        several GPUs may place shapes by them (RayPool shards shapes across its actors so that
+        each gets an even share of the expected GPU time); results never depend on them. The
+        default ignores them: one queue feeding every GPU has nothing to place."""
 
     def cancel_all(self) -> None:
         """Drop the work that has not started (a run abandoning its in-flight candidates); their

@@ -12,14 +12,20 @@
   local isolation holds unchanged: the candidate runs in a spawned child process group with
   per-phase deadlines, a crash or hang kills the child, and the actor restarts and probes it.
 - A dead actor (its node lost, ``ray.kill``, out of memory) surfaces as ``RayActorError`` on the
-  driver: the actor is replaced (started and probed afresh) and its in-flight candidate is
-  retried once on whichever actor is free; a second loss marks it ``runtime_error`` with a
-  message saying so. A slot whose replacement cannot start stops taking work and leaves it to
-  the other actors, as LocalPool does with a GPU whose worker cannot start.
-- Shape affinity: each shape is assigned to one actor (the one with the fewest shapes), so a
-  population's candidates meet the same worker, whose timing buffers and cuBLAS arms for that
-  shape stay cached (the harness keeps the last two shapes). An idle actor steals the oldest
-  queued candidate of the busiest other actor, so affinity never leaves a GPU idle.
+  driver: its slot stops serving (its shapes and queue go to the other actors), its in-flight
+  candidate is retried once on another actor (a second loss marks it ``runtime_error`` with a
+  message saying so), and a replacement actor is created at once. Ray places it when a GPU is
+  free: at once after an actor kill, when the node rejoins after a node loss (capacity comes
+  back without a restart of the run); the slot waits for that up to ``reclaim_s`` (default: as
+  long as the pool is open). A slot whose actor cannot start its worker is gone for good and
+  leaves its work to the others, as LocalPool does with a GPU whose worker cannot start.
+- Shards by expected GPU time (issue 23): the engine sends its allocation weights (headroom,
+  :meth:`set_shape_weights`), and each shape gets one actor slot so that weight x measured job
+  seconds comes out even across the serving actors (``_shard.py``), sticky while that stays
+  within ``shard_slack``: a shape that keeps its actor keeps its timing buffers and cuBLAS arms
+  cached there (the harness keeps the last two shapes). An idle actor steals the oldest queued
+  candidate of the busiest other actor, so the shards never leave a GPU idle.
+- Only the driver writes the archive: actors and tasks return records and hold no archive path.
 
 ``ray`` is imported only when a RayPool is made; without it :class:`RayUnavailable` says what
 to install.
@@ -36,10 +42,11 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from populations import Candidate, Evaluation, Status
+from populations import Candidate, Evaluation, Shape, Status
 
 from ._base import EvaluatorPool
 from ._pool_core import PoolCore, PoolItem, PoolStats
+from ._shard import shape_loads, shard, slot_loads
 from ._worker import DEFAULT_DEADLINES, HARNESS_TARGET, WorkerSupervisor, WorkerUnavailable
 
 __all__ = ["RayPool", "RayPoolStats", "RayUnavailable", "GpuEvaluator", "connect_ray"]
@@ -108,12 +115,17 @@ class GpuEvaluator:
         self.pidfile = os.path.join(os.path.dirname(self.sup.log_path), f"ray-{pool_id}-slot{slot}.child")
         self._end_orphan()
 
+    def ping(self) -> bool:
+        """Answers once Ray has placed the actor (its GPU is held): placement, not start-up."""
+        return True
+
     def start(self) -> dict[str, Any]:
         info = self.sup.start()
         self._note_child()
         import ray
 
-        return {"info": info, "node": ray.util.get_node_ip_address(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        return {"info": info, "node": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
                 "actor_pid": os.getpid(), "pid": self.sup.pid}
 
     def run(self, job: Mapping[str, Any]) -> dict[str, Any]:
@@ -154,6 +166,8 @@ class RayPoolStats(PoolStats):
 
     actors_replaced: int = 0
     retried: int = 0
+    stolen: int = 0                 # items an idle actor took from another actor's queue
+    actor_events: list = field(default_factory=list)    # (unix time, slot, "up"|"lost"|"gone", node or why)
     compile_workers: set = field(default_factory=set)   # (node, pid) of the Ray workers that compiled
 
 
@@ -171,7 +185,10 @@ class RayPool(EvaluatorPool):
     ``gpus``: how many GPU actors (an int, or a list whose length counts; None: every GPU the
     cluster has). ``address``: see :func:`connect_ray`. ``gpu_per_actor`` is the actor's
     ``num_gpus`` (tests on CPU-only clusters declare logical GPUs with ``ray.init(num_gpus=2)``).
-    ``max_retries``: how many times a candidate whose actor died is tried again.
+    ``max_retries``: how many times a candidate whose actor died is tried again. ``reclaim_s``:
+    how long a slot whose actor died waits for a GPU to place its replacement on (None: while the
+    pool is open). ``shard_slack``: how far above the even share a shard may grow before a shape
+    moves to another actor.
     """
 
     def __init__(self, gpus: Optional[Sequence[int] | int] = None, compile_workers: int = 4, *,
@@ -182,6 +199,7 @@ class RayPool(EvaluatorPool):
                  compile_timeout_s: float = 60.0, compile_fn: Optional[Callable[..., Any]] = None,
                  job_options: Optional[Mapping[str, Any]] = None, gpu_per_actor: float = 1.0,
                  max_retries: int = 1, start_timeout_s: Optional[float] = None,
+                 reclaim_s: Optional[float] = None, shard_slack: float = 0.25,
                  init_options: Optional[Mapping[str, Any]] = None) -> None:
         ray = self._ray = connect_ray(address, **dict(init_options or {}))
         if gpus is None:
@@ -203,6 +221,8 @@ class RayPool(EvaluatorPool):
                                      stats=RayPoolStats(), arch=arch)
         self._task_fn, core.compile_fn = core.compile_fn, self._compile_on_ray
         self.max_retries = max_retries
+        self.reclaim_s = reclaim_s
+        self.shard_slack = shard_slack
         self.stats: RayPoolStats = core.stats  # type: ignore[assignment]
         from ._provenance import code_version
 
@@ -215,8 +235,12 @@ class RayPool(EvaluatorPool):
         self._lock = core.lock
         self._cv = threading.Condition(self._lock)
         self._queues: list[deque[PoolItem]] = [deque() for _ in self.gpus]
-        self._affinity: dict[str, int] = {}
-        self._serving = set(self.gpus)   # slots whose dispatcher still takes work with a working actor
+        self._affinity: dict[str, int] = {}   # shape -> slot (its shard)
+        self._weights: dict[str, float] = {}  # shape -> the engine's allocation weight
+        self._job_s: dict[str, float] = {}    # shape -> seconds a job takes on an actor (moving average)
+        self._loads: dict[str, float] = {}    # shape -> expected load, as last sharded
+        self._serving: set[int] = set()       # slots with a started actor, taking work
+        self._coming: set[int] = set(self.gpus)  # slots whose actor is being placed or started
         self._restarts_before = 0        # worker restarts counted by actors since replaced
         self._actors: dict[int, Any] = {}
         self._running: dict[int, str] = {}   # slot -> id of the candidate its actor evaluates now
@@ -242,13 +266,12 @@ class RayPool(EvaluatorPool):
         return item.future
 
     def wait_ready(self, timeout: Optional[float] = None) -> bool:
-        """Block until every actor has started (or given up); True when all are up."""
+        """Block until no actor is being placed or started; True when every slot serves."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._lock:
-                settled = all(s in self._views or s not in self._serving for s in self.gpus)
-                if settled:
-                    return len(self._views) == len(self.gpus) and self._serving == set(self.gpus)
+                if not self._coming:
+                    return self._serving == set(self.gpus)
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
@@ -269,9 +292,29 @@ class RayPool(EvaluatorPool):
             return {slot: dict(view.where) for slot, view in self._views.items() if slot in self._actors}
 
     def affinity(self) -> dict[str, int]:
-        """Shape -> the slot its candidates are queued on."""
+        """Shape -> the slot its candidates are queued on (its shard)."""
         with self._lock:
             return dict(self._affinity)
+
+    def serving(self) -> set[int]:
+        """The slots whose actor is up and taking work now."""
+        with self._lock:
+            return set(self._serving)
+
+    def shard_loads(self) -> dict[int, float]:
+        """Serving slot -> expected load of its shard (weight x job seconds, summed)."""
+        with self._lock:
+            return slot_loads(self._affinity, self._loads, sorted(self._serving))
+
+    def set_shape_weights(self, weights: Mapping[Shape, float]) -> None:
+        """The engine's allocation weights: re-shard when they changed (see the module docstring)."""
+        named = {str(s): float(w) for s, w in weights.items()}
+        with self._cv:
+            if named == self._weights:
+                return
+            self._weights = named
+            self._reshard_locked()
+            self._cv.notify_all()
 
     def cancel_all(self) -> None:
         """Drop every candidate that has not reached a GPU actor (see ``LocalPool.cancel_all``)."""
@@ -310,64 +353,99 @@ class RayPool(EvaluatorPool):
             self.stats.compile_workers.add((node, pid))
         return res
 
-    # -- queues with shape affinity -----------------------------------------------------------
+    # -- queues, shards and stealing -----------------------------------------------------------
+    def _live_locked(self) -> list[int]:
+        """Slots new work may be queued on: the serving ones; while none serves yet, those
+        starting (the first actors); else every slot (the items then wait or fail in _retire)."""
+        return sorted(self._serving) or sorted(self._coming) or list(self.gpus)
+
+    def _reshard_locked(self) -> None:
+        """Give every known shape a slot by expected GPU time (``_shard.shard``), sticky where
+        that stays even, and move queued items to their shape's new slot (order kept)."""
+        keys = set(self._affinity) | set(self._weights)
+        default = 0.0 if self._weights else 1.0  # with the engine's weights, an unnamed shape gets no new work
+        loads = shape_loads({k: self._weights.get(k, default) for k in keys}, self._job_s)
+        self._affinity = shard(loads, self._live_locked(), self._affinity, self.shard_slack)
+        self._loads = loads
+        moved: list[PoolItem] = []
+        for slot, q in enumerate(self._queues):
+            keep = [it for it in q if self._affinity.get(_key(it)) == slot]
+            if len(keep) != len(q):
+                moved.extend(it for it in q if self._affinity.get(_key(it)) != slot)
+                q.clear()
+                q.extend(keep)
+        for it in moved:
+            self._queues[self._slot_for_locked(_key(it))].append(it)
+
+    def _slot_for_locked(self, key: str) -> int:
+        """The slot of ``key``'s shape; a shape seen first (or whose slot left) goes to the live
+        slot with the least expected load."""
+        live = self._live_locked()
+        slot = self._affinity.get(key)
+        if slot is None or slot not in live:
+            have = slot_loads(self._affinity, self._loads, live)
+            counts = {s: 0 for s in live}
+            for s in self._affinity.values():
+                if s in counts:
+                    counts[s] += 1
+            slot = self._affinity[key] = min(live, key=lambda s: (have[s], counts[s], s))
+            self._loads.setdefault(key, 0.0)
+        return slot
+
     def _enqueue(self, item: PoolItem, front: bool = False) -> None:
-        """Queue a compiled item on its shape's actor (assigned on first sight: the serving slot
-        with the fewest shapes); dropped instead once the pool is cancelled."""
-        key = str(item.candidate.shapes[0])
+        """Queue a compiled item on its shape's slot; dropped instead once the pool is cancelled."""
         with self._cv:
             if not self._core.cancelled:
-                slot = self._affinity.get(key)
-                if slot is None or slot not in self._serving:
-                    live = sorted(self._serving) or list(self.gpus)
-                    load = {s: 0 for s in live}
-                    for s in self._affinity.values():
-                        if s in load:
-                            load[s] += 1
-                    slot = self._affinity[key] = min(live, key=lambda s: (load[s], s))
-                (self._queues[slot].appendleft if front else self._queues[slot].append)(item)
+                q = self._queues[self._slot_for_locked(_key(item))]
+                (q.appendleft if front else q.append)(item)
                 self._cv.notify_all()
                 return
         self._core.drop(item)
 
     def _take(self, slot: int) -> Optional[PoolItem]:
         """The next item for ``slot``: its own queue first, else the oldest of the longest other
-        queue; None (and the slot stops serving) once the pool is closed or cancelled and empty."""
+        queue (stealing: affinity never idles an actor); None (and the slot stops serving) once
+        the pool is closed or cancelled and nothing is queued."""
         with self._cv:
             while True:
-                item = self._pop_locked(slot)
-                if item is not None:
-                    return item
+                if self._queues[slot]:
+                    return self._queues[slot].popleft()
+                longest = max(self._queues, key=len)
+                if longest:
+                    self.stats.stolen += 1
+                    return longest.popleft()
                 if self._inputs_done or self._core.cancelled:
                     self._serving.discard(slot)
                     return None
                 self._cv.wait(0.5)
 
-    def _pop_locked(self, slot: Optional[int]) -> Optional[PoolItem]:
-        if slot is not None and self._queues[slot]:
-            return self._queues[slot].popleft()
-        longest = max(self._queues, key=len)
-        return longest.popleft() if longest else None
-
-    # -- one dispatcher thread per GPU actor -------------------------------------------------
+    # -- one dispatcher thread per GPU actor slot ----------------------------------------------
     def _dispatch(self, slot: int) -> None:
-        down = self._start_actor(slot)
+        """Start the slot's actor, feed it until it dies, start another (once capacity is there:
+        a node may have to come back first), until the pool closes or the slot is gone."""
         try:
-            while down is None:
-                item = self._take(slot)
-                if item is None:
+            lost = False
+            while True:
+                why = self._start_actor(slot, lost)
+                if why is not None:
+                    self._retire(slot, why)
                     return
-                if self._core.cancelled:
-                    self._core.drop(item)
-                    continue
-                down = self._run(slot, item)
-            # this slot is gone for good: leave its work to the others, or fail it when none is left
-            self._retire(slot, down)
+                while True:
+                    item = self._take(slot)
+                    if item is None:
+                        return
+                    if self._core.cancelled:
+                        self._core.drop(item)
+                        continue
+                    if not self._run(slot, item):
+                        lost = True
+                        break
         finally:
             self._stop_actor(slot)
 
-    def _run(self, slot: int, item: PoolItem) -> Optional[str]:
-        """Evaluate ``item`` on ``slot``'s actor; returns why the slot is down, or None."""
+    def _run(self, slot: int, item: PoolItem) -> bool:
+        """Evaluate ``item`` on ``slot``'s actor; False when the actor is lost (the item is then
+        queued again on another slot, or marked when out of retries)."""
         ray, core = self._ray, self._core
         job = core.job(item).to_wire()  # the process boundary: the actor's worker gets the dict
         item.attempts += 1
@@ -379,9 +457,7 @@ class RayPool(EvaluatorPool):
         try:
             out = ray.get(actor.run.remote(job))
         except ray.exceptions.RayActorError as exc:
-            with self._lock:
-                self._running.pop(slot, None)
-                self.stats.actors_replaced += 1
+            self._leave(slot, f"died ({type(exc).__name__})")
             why = f"GPU evaluator actor {slot} died ({type(exc).__name__})"
             if item.attempts <= self.max_retries:
                 with self._lock:
@@ -390,17 +466,20 @@ class RayPool(EvaluatorPool):
             else:
                 core.fail(item, Status.RUNTIME_ERROR, f"{why} while evaluating this candidate (attempt "
                                                       f"{item.attempts} of {self.max_retries + 1}); not retried again")
-            return self._start_actor(slot)
+            return False
         except WorkerUnavailable as exc:  # the actor's fresh worker failed its probes: try another actor
-            with self._lock:
-                self._running.pop(slot, None)
+            self._leave(slot, "its worker failed its probes")
             core.fail(item, Status.RUNTIME_ERROR, f"GPU worker unavailable: {_short(exc)}")
-            return self._start_actor(slot)
+            return False
         except Exception as exc:  # an actor-side bug must not strand the future
             out = {"result": {"status": Status.RUNTIME_ERROR, "message": f"evaluator error: {_short(exc)}"}, "pid": None}
-        core.job_ended(slot, t0, time.monotonic())
+        t1 = time.monotonic()
+        core.job_ended(slot, t0, t1)
         with self._lock:
             self._running.pop(slot, None)
+            key = _key(item)
+            old = self._job_s.get(key)
+            self._job_s[key] = (t1 - t0) if old is None else 0.8 * old + 0.2 * (t1 - t0)
             view = self._views[slot]
             view.restarts = out.get("restarts", view.restarts)
             self.stats.restarts = self._restarts_before + sum(v.restarts for v in self._views.values())
@@ -408,50 +487,83 @@ class RayPool(EvaluatorPool):
                               info={**view.info, "provenance": {**view.info.get("provenance", {}),
                                                                 **view.where, "ray_attempt": item.attempts}})
         core.finish(item, core.evaluations(item, out["result"], sup))
-        return None
+        return True
 
-    def _start_actor(self, slot: int) -> Optional[str]:
-        """Create and start ``slot``'s actor (worker start and probe included); returns why it
-        failed, or None."""
+    # -- actor lifecycle -------------------------------------------------------------------------
+    def _start_actor(self, slot: int, lost: bool) -> Optional[str]:
+        """Create ``slot``'s actor, wait until Ray places it, start and probe its worker; returns
+        why that failed, or None (the slot then serves). Placement waits ``start_timeout_s`` for
+        the first actor; a replacement (``lost``) waits ``reclaim_s`` (None: while the pool is
+        open), since the GPU it needs may come back only with its node."""
         ray = self._ray
         self._stop_actor(slot)
+        with self._cv:
+            self._coming.add(slot)
         actor = self._actor_cls.remote(self.pool_id, slot, *self._actor_args)
+        placed = actor.ping.remote()
+        limit = self.reclaim_s if lost else self.start_timeout_s
+        t0 = time.monotonic()
+        while not ray.wait([placed], timeout=0.5)[0]:
+            waited = time.monotonic() - t0
+            with self._lock:
+                closing = self._core.cancelled or (self._inputs_done and not any(self._queues))
+            if closing or (limit is not None and waited > limit):
+                ray.kill(actor, no_restart=True)
+                return (f"GPU evaluator actor {slot} was not placed: "
+                        f"{'the pool closed' if closing else f'no GPU free for {waited:.0f} s'}")
         try:
+            ray.get(placed)
             ready = ray.get(actor.start.remote(), timeout=self.start_timeout_s)
         except Exception as exc:  # WorkerUnavailable inside the actor, a timeout, a lost node
             ray.kill(actor, no_restart=True)
             return f"GPU evaluator actor {slot} could not start: {_short(exc)}"
         info = dict(ready["info"])
-        view = SimpleNamespace(info=info, restarts=0, where={"ray_node": ready["node"], "ray_gpu_ids": ready["gpu_ids"],
+        view = SimpleNamespace(info=info, restarts=0, where={"ray_node": ready["node"], "ray_node_id": ready["node_id"],
+                                                              "ray_gpu_ids": ready["gpu_ids"],
                                                               "ray_actor_pid": ready["actor_pid"], "ray_slot": slot})
-        with self._lock:
+        with self._cv:
             old = self._views.get(slot)
             self._restarts_before += old.restarts if old is not None else 0
             self._actors[slot] = actor
             self._views[slot] = view
             self._core.set_arch(info.get("arch"))
+            self._coming.discard(slot)
+            self._serving.add(slot)
+            self.stats.actor_events.append((time.time(), slot, "up", ready["node_id"]))
+            self._reshard_locked()
+            self._cv.notify_all()
         self._core.arch_settled()
         return None
 
+    def _leave(self, slot: int, why: str) -> None:
+        """``slot``'s actor is lost: it stops serving (a replacement is being started) and its
+        shapes and queue go to the serving slots."""
+        with self._cv:
+            self._running.pop(slot, None)
+            self.stats.actors_replaced += 1
+            self.stats.actor_events.append((time.time(), slot, "lost", why))
+            self._serving.discard(slot)
+            self._coming.add(slot)
+            self._reshard_locked()
+            self._cv.notify_all()
+
     def _retire(self, slot: int, why: str) -> None:
-        """``slot`` is gone: hand its queue (and shapes) to the serving slots, or, when none is
-        left, fail every queued item (as LocalPool does once no GPU worker runs)."""
+        """``slot`` is gone for good: its shapes and queue go to the others, or, when no slot
+        serves or is starting, every queued item fails (as LocalPool once no GPU worker runs)."""
         with self._cv:
             self._serving.discard(slot)
-            orphans = list(self._queues[slot])
-            self._queues[slot].clear()
-            for key in [k for k, s in self._affinity.items() if s == slot]:
-                del self._affinity[key]
-            if not self._serving:
+            self._coming.discard(slot)
+            self.stats.actor_events.append((time.time(), slot, "gone", why))
+            self._reshard_locked()
+            if not self._serving and not self._coming:
                 self._core.arch_settled()  # compiles waiting for an arch must not wait forever
             self._cv.notify_all()
-        for item in orphans:
-            self._enqueue(item)
         while True:
             with self._cv:
-                if self._serving:
+                if self._serving or self._coming:
                     return
-                item = self._pop_locked(None)
+                longest = max(self._queues, key=len)
+                item = longest.popleft() if longest else None
                 if item is None:
                     if self._inputs_done or self._core.cancelled:
                         return
@@ -472,6 +584,11 @@ class RayPool(EvaluatorPool):
             self._ray.kill(actor, no_restart=True)
         except Exception:
             pass
+
+
+def _key(item: PoolItem) -> str:
+    """The shape a queued item is sharded by: the first it claims."""
+    return str(item.candidate.shapes[0])
 
 
 def _short(exc: BaseException, limit: int = 400) -> str:

@@ -8,7 +8,8 @@ wait on a compile) and proposes a new one each time a result arrives:
 1. pick an active shape by headroom (``_budget.shape_weights`` / ``pick_shape``: weighted fair
    sharing of the evaluations, finished + in flight, by each shape's distance from its roofline;
    a shape at >= 0.9 of it, or stalled, yields its slots; with ``[allocation] enabled = false``
-   the shape with the fewest evaluations),
+   the shape with the fewest evaluations); the pool is told the weights before each fill
+   (``set_shape_weights``: RayPool shards shapes across its GPU actors by them),
 2. take its next queued candidate (transferred elites of nearby shapes, then the templates'
    heuristic picks and spread-out samples of ``evo seed``, or candidates that a killed run or
    ``evo seed`` left unevaluated), or else draw parents from its population and ask
@@ -351,6 +352,9 @@ class Engine:
         A shape whose operators come back empty (failures, duplicates) ``MAX_MISSES`` times in
         a row is left alone until the next fill; when every shape is, nothing is submitted."""
         misses: Counter = Counter()
+        if len(self.inflight) < self.max_inflight and self._active():
+            # where the evaluations will go, so that a pool of several GPUs can shard by it
+            self.pool.set_shape_weights(self.weights(self._active()))
         while len(self.inflight) < self.max_inflight:
             left = self.budget.remaining_evals(len(self.inflight))
             if left is not None and left <= 0:

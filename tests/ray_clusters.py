@@ -7,9 +7,10 @@ Workers import this checkout and ``tests/`` (where the GPU handler test doubles 
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 #: GCS notices a killed raylet within ~2 s instead of Ray's default ~30 s
@@ -59,3 +60,14 @@ def gpu_nodes(ray: Any, nodes: int = 2, num_cpus: int = 2) -> Iterator[Any]:
 def add_gpu_node(cluster: Any) -> Any:
     """One more raylet with one logical GPU and no CPU (compiles stay on the head)."""
     return cluster.add_node(num_cpus=0, num_gpus=1, object_store_memory=100 << 20)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something true (returned), or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")

@@ -21,7 +21,7 @@ ray = pytest.importorskip("ray", reason="the Ray fault tests need ray (pip insta
 pytest.importorskip("evaluators._compile")
 
 from populations import Archive, ArchiveLockedError, Shape, Status, load_templates  # noqa: E402
-from ray_clusters import add_gpu_node, gpu_nodes  # noqa: E402
+from ray_clusters import add_gpu_node, gpu_nodes, wait_for  # noqa: E402
 
 S1, S2 = Shape.parse("64x64x64"), Shape.parse("32x32x4096")
 DEADLINES = {"startup": 60.0, "probe": 20.0, "load": 10.0, "correctness": 10.0, "timing": 10.0}
@@ -53,16 +53,6 @@ def _node_of(cluster, pool, slot: int):
     found = [n for n in cluster.list_all_nodes() if n.node_id == node_id]
     assert len(found) == 1 and not found[0].head, (node_id, [n.node_id for n in cluster.list_all_nodes()])
     return found[0]
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def _committed(path: Path, shapes) -> set[tuple[str, str]]:
@@ -102,22 +92,22 @@ def test_a_node_killed_mid_run_loses_no_committed_record_and_its_capacity_comes_
 
         def faults() -> None:
             try:
-                seen["before"] = _wait(lambda: _at_least(3, _committed(path, shapes)), 180,
+                seen["before"] = wait_for(lambda: _at_least(3, _committed(path, shapes)), 180,
                                        "three committed evaluations")
                 seen["writer"] = ray.get(ray.remote(_try_to_write).options(num_cpus=1).remote(str(path)), timeout=60)
                 victim = _node_of(cluster, pool, 1)
                 seen["victim"] = victim.node_id
                 cluster.remove_node(victim, allow_graceful=False)  # the raylet and everything under it
-                _wait(lambda: 1 not in pool.serving(), 60, "the pool to notice the lost node")
+                wait_for(lambda: 1 not in pool.serving(), 60, "the pool to notice the lost node")
                 seen["lost_at"] = _committed(path, shapes)
                 done = pool.stats.evaluated
-                _wait(lambda: pool.stats.evaluated >= done + 3, 120, "the run going on with one GPU")
+                wait_for(lambda: pool.stats.evaluated >= done + 3, 120, "the run going on with one GPU")
                 t_add = time.monotonic()
                 seen["new_node"] = add_gpu_node(cluster).node_id
-                _wait(lambda: pool.serving() == {0, 1}, 120, "the replacement actor on the returned node")
+                wait_for(lambda: pool.serving() == {0, 1}, 120, "the replacement actor on the returned node")
                 seen["reclaim_s"] = time.monotonic() - t_add
                 done = pool.stats.evaluated
-                _wait(lambda: pool.stats.evaluated >= done + 6, 120, "evaluations after the reclaim")
+                wait_for(lambda: pool.stats.evaluated >= done + 6, 120, "evaluations after the reclaim")
             except BaseException as exc:  # reported by the assertions below
                 seen["error"] = repr(exc)
             finally:
@@ -159,10 +149,10 @@ def test_a_slot_whose_gpu_does_not_come_back_gives_its_work_to_the_others(cluste
     with _pool(tmp_path, cache, reclaim_s=2.0, delay_s=0.6) as pool:
         assert pool.wait_ready(timeout=120)
         futures = [pool.submit(c) for c in cands]
-        _wait(lambda: pool.running().get(1), 120, "a candidate on actor 1")
+        wait_for(lambda: pool.running().get(1), 120, "a candidate on actor 1")
         cluster.remove_node(_node_of(cluster, pool, 1), allow_graceful=False)
         evals = [e for f in futures for e in f.result(timeout=180)]
-        _wait(lambda: any(e[2] == "gone" for e in pool.stats.actor_events), 60, "slot 1 to give up")
+        wait_for(lambda: any(e[2] == "gone" for e in pool.stats.actor_events), 60, "slot 1 to give up")
         events = list(pool.stats.actor_events)
         affinity = pool.affinity()
     add_gpu_node(cluster)  # leave the module's cluster as it was

@@ -22,6 +22,7 @@ pytest.importorskip("evaluators._compile")
 
 from fake_gpu_worker import FakeGpuHandler  # noqa: E402
 from populations import Archive, Shape, Status, load_templates  # noqa: E402
+from ray_clusters import wait_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 S1, S2, S4 = (Shape.parse(s) for s in ("64x64x64", "128x64x32", "32x32x4096"))
@@ -82,16 +83,6 @@ def make_pool(tmp_path: Path, cache: Path, gpus: int = 2, delay_s: float = 0.0, 
     return RayPool(gpus=gpus, compile_workers=2, target=SLOW, worker_options={"delay_s": delay_s},
                    deadlines=DEADLINES, log_dir=str(tmp_path / "logs"), cache_dir=str(cache),
                    arch="sm_90a", **kw)
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_compiles_run_as_ray_tasks_in_parallel_and_shapes_spread_over_actors(cluster, cache, tmp_path):

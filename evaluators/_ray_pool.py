@@ -14,7 +14,8 @@
 - A dead actor (its node lost, ``ray.kill``, out of memory) surfaces as ``RayActorError`` on the
   driver: its slot stops serving (its shapes and queue go to the other actors), its in-flight
   candidate is retried once on another actor (a second loss marks it ``runtime_error`` with a
-  message saying so), and a replacement actor is created at once. Ray places it when a GPU is
+  message saying so), and a replacement actor is created at once (an idle actor is pinged every
+  ``IDLE_CHECK_S``, so a lost node is noticed without work sent there). Ray places it when a GPU is
   free: at once after an actor kill, when the node rejoins after a node loss (capacity comes
   back without a restart of the run); the slot waits for that up to ``reclaim_s`` (default: as
   long as the pool is open). A slot whose actor cannot start its worker is gone for good and
@@ -32,7 +33,6 @@ to install.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -47,118 +47,10 @@ from populations import Candidate, Evaluation, Shape, Status
 from ._base import EvaluatorPool
 from ._pool_core import PoolCore, PoolItem, PoolStats
 from ._shard import shape_loads, shard, slot_loads
-from ._worker import DEFAULT_DEADLINES, HARNESS_TARGET, WorkerSupervisor, WorkerUnavailable
+from ._ray_actor import GpuEvaluator, RayUnavailable, compile_task, connect_ray
+from ._worker import DEFAULT_DEADLINES, HARNESS_TARGET, WorkerUnavailable
 
 __all__ = ["RayPool", "RayPoolStats", "RayUnavailable", "GpuEvaluator", "connect_ray"]
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where `evaluators` lives
-
-
-class RayUnavailable(ImportError):
-    """Ray is not installed, or the cluster named cannot be reached."""
-
-
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise RayUnavailable("the Ray evaluator pool needs the ray package: "
-                             "python -m pip install -e '.[ray]' (or pip install 'ray>=2.40')") from exc
-    return ray
-
-
-def connect_ray(address: Optional[str] = "auto", **init_options: Any) -> Any:
-    """Connect this process to Ray and return the ``ray`` module.
-
-    ``address``: ``"auto"`` joins the cluster running on this machine (``ray start --head``, or
-    ``$RAY_ADDRESS``) and starts a single-machine one when none runs; ``"local"`` (or None)
-    always starts a fresh one here; anything else (``HOST:PORT``, ``ray://HOST:10001``) must be a
-    running cluster. Nothing happens when Ray is already initialised (a caller's own ``ray.init``).
-    Workers get this checkout on ``PYTHONPATH`` so they import the same ``evaluators``.
-    """
-    ray = _import_ray()
-    if ray.is_initialized():
-        return ray
-    paths = [_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _ROOT]
-    options = {"runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}}, **init_options}
-    # A cluster started here holds only small objects (cubins, results): 1 GiB of object store,
-    # not Ray's default 30% of RAM, which a container's /dev/shm rarely has.
-    local = {"object_store_memory": 1 << 30, **options}
-    if address in (None, "", "local"):
-        ray.init(**local)
-    elif address == "auto":
-        try:
-            ray.init(address="auto", **options)
-        except ConnectionError:
-            ray.init(**local)
-    else:
-        try:
-            ray.init(address=address, **options)
-        except ConnectionError as exc:
-            raise RayUnavailable(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
-    return ray
-
-
-class GpuEvaluator:
-    """The body of one GPU actor: a :class:`WorkerSupervisor` whose spawned child runs candidates.
-
-    Ray gives the actor one GPU through ``CUDA_VISIBLE_DEVICES``; the supervisor's GPU 0 is that
-    one. The child's pid is written next to its log, named by the pool and the slot, so that a
-    replacement actor of the same pool on the same node can end a child its killed predecessor
-    left behind (a hung kernel holding the GPU); another pool's children are never touched.
-    """
-
-    def __init__(self, pool_id: str, slot: int, target: str, options: Mapping[str, Any], log_dir: Optional[str],
-                 deadlines: Optional[Mapping[str, float]]) -> None:
-        self.slot = slot
-        self.sup = WorkerSupervisor(0, target=target, options=options, log_dir=log_dir, deadlines=deadlines)
-        self.pidfile = os.path.join(os.path.dirname(self.sup.log_path), f"ray-{pool_id}-slot{slot}.child")
-        self._end_orphan()
-
-    def ping(self) -> bool:
-        """Answers once Ray has placed the actor (its GPU is held): placement, not start-up."""
-        return True
-
-    def start(self) -> dict[str, Any]:
-        info = self.sup.start()
-        self._note_child()
-        import ray
-
-        return {"info": info, "node": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-                "actor_pid": os.getpid(), "pid": self.sup.pid}
-
-    def run(self, job: Mapping[str, Any]) -> dict[str, Any]:
-        result = self.sup.run(job)
-        self._note_child()  # a crash restarts the child: keep the pid file current
-        return {"result": result, "pid": self.sup.pid, "restarts": self.sup.restarts, "info": self.sup.info}
-
-    def close(self) -> None:
-        self.sup.close()
-        try:
-            os.unlink(self.pidfile)
-        except OSError:
-            pass
-
-    def _note_child(self) -> None:
-        if self.sup.pid is not None:
-            with open(self.pidfile, "w") as fh:
-                fh.write(str(self.sup.pid))
-
-    def _end_orphan(self) -> None:
-        """Kill the process group of a worker child whose actor died without closing it."""
-        import signal
-
-        try:
-            with open(self.pidfile) as fh:
-                pid = int(fh.read().strip())
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if b"evaluators._worker" not in fh.read():
-                    return  # the pid was reused by something else: leave it alone
-            os.killpg(pid, signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
-
 
 @dataclass
 class RayPoolStats(PoolStats):
@@ -171,12 +63,7 @@ class RayPoolStats(PoolStats):
     compile_workers: set = field(default_factory=set)   # (node, pid) of the Ray workers that compiled
 
 
-def _compile_task(fn: Callable[..., Any], candidate: Candidate, arch: str, timeout_s: float,
-                  cache_dir: Any) -> tuple[Any, str, int]:
-    """A Ray task body: compile one candidate; return the result and where it ran."""
-    import ray
-
-    return fn(candidate, arch, timeout_s=timeout_s, cache_dir=cache_dir), ray.util.get_node_ip_address(), os.getpid()
+_IDLE = object()  # RayPool._take: nothing to do for a while
 
 
 class RayPool(EvaluatorPool):
@@ -190,6 +77,9 @@ class RayPool(EvaluatorPool):
     pool is open). ``shard_slack``: how far above the even share a shard may grow before a shape
     moves to another actor.
     """
+
+    #: Seconds an actor may sit idle before its dispatcher checks that it is still alive.
+    IDLE_CHECK_S = 2.0
 
     def __init__(self, gpus: Optional[Sequence[int] | int] = None, compile_workers: int = 4, *,
                  address: Optional[str] = "auto", arch: Optional[str] = None, target: str = HARNESS_TARGET,
@@ -231,7 +121,7 @@ class RayPool(EvaluatorPool):
         d = {**DEFAULT_DEADLINES, **(deadlines or {})}
         self.start_timeout_s = start_timeout_s or 3 * (d["startup"] + d["probe"]) + 60.0
         self._actor_cls = ray.remote(GpuEvaluator).options(num_gpus=gpu_per_actor, num_cpus=0, max_restarts=0)
-        self._compile_remote = ray.remote(_compile_task).options(num_cpus=1, max_retries=2)
+        self._compile_remote = ray.remote(compile_task).options(num_cpus=1, max_retries=2)
         self._lock = core.lock
         self._cv = threading.Condition(self._lock)
         self._queues: list[deque[PoolItem]] = [deque() for _ in self.gpus]
@@ -241,6 +131,7 @@ class RayPool(EvaluatorPool):
         self._loads: dict[str, float] = {}    # shape -> expected load, as last sharded
         self._serving: set[int] = set()       # slots with a started actor, taking work
         self._coming: set[int] = set(self.gpus)  # slots whose actor is being placed or started
+        self._first: set[int] = set(self.gpus)   # slots that have not served yet (their first start)
         self._restarts_before = 0        # worker restarts counted by actors since replaced
         self._actors: dict[int, Any] = {}
         self._running: dict[int, str] = {}   # slot -> id of the candidate its actor evaluates now
@@ -355,9 +246,10 @@ class RayPool(EvaluatorPool):
 
     # -- queues, shards and stealing -----------------------------------------------------------
     def _live_locked(self) -> list[int]:
-        """Slots new work may be queued on: the serving ones; while none serves yet, those
-        starting (the first actors); else every slot (the items then wait or fail in _retire)."""
-        return sorted(self._serving) or sorted(self._coming) or list(self.gpus)
+        """Slots new work may be queued on: the serving ones and those starting their first actor
+        (the pool's start-up: each gets its shard at once); else the ones whose replacement is
+        coming; else every slot (the items then wait or fail in _retire)."""
+        return sorted(self._serving | self._first) or sorted(self._coming) or list(self.gpus)
 
     def _reshard_locked(self) -> None:
         """Give every known shape a slot by expected GPU time (``_shard.shard``), sticky where
@@ -402,10 +294,12 @@ class RayPool(EvaluatorPool):
                 return
         self._core.drop(item)
 
-    def _take(self, slot: int) -> Optional[PoolItem]:
+    def _take(self, slot: int) -> Any:
         """The next item for ``slot``: its own queue first, else the oldest of the longest other
-        queue (stealing: affinity never idles an actor); None (and the slot stops serving) once
-        the pool is closed or cancelled and nothing is queued."""
+        queue (stealing: affinity never idles an actor); ``_IDLE`` after ``IDLE_CHECK_S`` with
+        nothing to do (the dispatcher then checks its actor is alive); None (and the slot stops
+        serving) once the pool is closed or cancelled and nothing is queued."""
+        idle_until = time.monotonic() + self.IDLE_CHECK_S
         with self._cv:
             while True:
                 if self._queues[slot]:
@@ -417,6 +311,8 @@ class RayPool(EvaluatorPool):
                 if self._inputs_done or self._core.cancelled:
                     self._serving.discard(slot)
                     return None
+                if time.monotonic() >= idle_until:
+                    return _IDLE
                 self._cv.wait(0.5)
 
     # -- one dispatcher thread per GPU actor slot ----------------------------------------------
@@ -434,6 +330,12 @@ class RayPool(EvaluatorPool):
                     item = self._take(slot)
                     if item is None:
                         return
+                    if item is _IDLE:
+                        if self._alive(slot):
+                            continue
+                        self._leave(slot, "found dead while idle (its node lost?)")
+                        lost = True
+                        break
                     if self._core.cancelled:
                         self._core.drop(item)
                         continue
@@ -490,6 +392,21 @@ class RayPool(EvaluatorPool):
         return True
 
     # -- actor lifecycle -------------------------------------------------------------------------
+    def _alive(self, slot: int) -> bool:
+        """An idle actor answers a ping at once; False when Ray says it is dead (a lost node
+        would otherwise keep its shard until the next job sent there failed)."""
+        with self._lock:
+            actor = self._actors.get(slot)
+        if actor is None:
+            return False
+        try:
+            self._ray.get(actor.ping.remote(), timeout=30)
+        except self._ray.exceptions.RayActorError:
+            return False
+        except Exception:  # slow, not known dead: leave it to the next job
+            pass
+        return True
+
     def _start_actor(self, slot: int, lost: bool) -> Optional[str]:
         """Create ``slot``'s actor, wait until Ray places it, start and probe its worker; returns
         why that failed, or None (the slot then serves). Placement waits ``start_timeout_s`` for
@@ -528,6 +445,7 @@ class RayPool(EvaluatorPool):
             self._views[slot] = view
             self._core.set_arch(info.get("arch"))
             self._coming.discard(slot)
+            self._first.discard(slot)
             self._serving.add(slot)
             self.stats.actor_events.append((time.time(), slot, "up", ready["node_id"]))
             self._reshard_locked()
@@ -553,6 +471,7 @@ class RayPool(EvaluatorPool):
         with self._cv:
             self._serving.discard(slot)
             self._coming.discard(slot)
+            self._first.discard(slot)
             self.stats.actor_events.append((time.time(), slot, "gone", why))
             self._reshard_locked()
             if not self._serving and not self._coming:

@@ -160,3 +160,24 @@ def test_a_slot_whose_gpu_does_not_come_back_gives_its_work_to_the_others(cluste
     assert [e[2] for e in events if e[1] == 1][-2:] == ["lost", "gone"], events
     assert "no GPU free" in events[-1][3]
     assert set(affinity.values()) == {0}  # both shapes now on the slot that serves
+
+
+def test_an_idle_actor_lost_with_its_node_is_noticed_and_replaced_when_the_node_returns(cluster, cache, tmp_path):
+    with _pool(tmp_path, cache) as pool:
+        assert pool.wait_ready(timeout=120)  # no work at all: only the idle check can notice
+        cluster.remove_node(_node_of(cluster, pool, 1), allow_graceful=False)
+        wait_for(lambda: pool.serving() == {0}, 30, "the idle slot's loss to be noticed")
+        t_add = time.monotonic()
+        node = add_gpu_node(cluster).node_id
+        wait_for(lambda: pool.serving() == {0, 1}, RECLAIM_S, "the replacement on the returned node")
+        reclaim_s = time.monotonic() - t_add
+        assert pool.placement()[1]["ray_node_id"] == node
+        evals = pool.evaluate(_naive_pair())
+    assert reclaim_s <= RECLAIM_S and all(e.status is Status.OK for e in evals)
+    assert [e[2] for e in pool.stats.actor_events if e[1] == 1] == ["up", "lost", "up"]
+
+
+def _naive_pair() -> list:
+    from evaluators._builtin_kernels import naive_candidate
+
+    return [naive_candidate((S1,), tile=4), naive_candidate((S2,), tile=8)]

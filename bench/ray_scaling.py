@@ -37,7 +37,8 @@ actors (fewer shapes each): the default two shapes measure parallelism only.
 
 Prints one line per leg, and writes ``ray_scaling.json`` and ``ray_scaling.csv`` under
 ``--out`` (default: $OUT or .) after every leg. Exits 1 when a leg fails or evaluates nothing,
-or a fault leg loses a committed record; 2 on bad input; a missed target is reported, not an
+or a fault leg loses a committed record (or leaves a candidate unevaluated that the engine did
+not abandon at the end of its budget); 2 on bad input; a missed target is reported, not an
 error.
 """
 from __future__ import annotations
@@ -427,7 +428,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             continue
         rows.append(row)
         faults = row.get("faults") or {}
-        if row["evaluations"] == 0 or faults.get("committed_lost") or faults.get("unevaluated"):
+        # a fault leg fails on a lost committed record, or a candidate left unevaluated that the
+        # engine did not abandon itself (in flight when the budget's drain ran out)
+        if row["evaluations"] == 0 or faults.get("committed_lost") or \
+                faults.get("unevaluated", 0) > row.get("lost_in_flight", 0):
             failed.append(leg)
         write(rows, summarise(rows), args)  # after every leg: a later failure keeps the earlier figures
     summary = summarise(rows)

@@ -411,29 +411,38 @@ class RayPool(EvaluatorPool):
         """Create ``slot``'s actor, wait until Ray places it, start and probe its worker; returns
         why that failed, or None (the slot then serves). Placement waits ``start_timeout_s`` for
         the first actor; a replacement (``lost``) waits ``reclaim_s`` (None: while the pool is
-        open), since the GPU it needs may come back only with its node."""
+        open), since the GPU it needs may come back only with its node. An actor that dies while
+        starting (its node lost again) is replaced within the same wait; one whose worker cannot
+        start (``WorkerUnavailable``, a start-up timeout) ends the slot."""
         ray = self._ray
         self._stop_actor(slot)
         with self._cv:
             self._coming.add(slot)
-        actor = self._actor_cls.remote(self.pool_id, slot, *self._actor_args)
-        placed = actor.ping.remote()
         limit = self.reclaim_s if lost else self.start_timeout_s
         t0 = time.monotonic()
-        while not ray.wait([placed], timeout=0.5)[0]:
-            waited = time.monotonic() - t0
-            with self._lock:
-                closing = self._core.cancelled or (self._inputs_done and not any(self._queues))
-            if closing or (limit is not None and waited > limit):
+        while True:
+            actor = self._actor_cls.remote(self.pool_id, slot, *self._actor_args)
+            placed = actor.ping.remote()
+            while not ray.wait([placed], timeout=0.5)[0]:
+                waited = time.monotonic() - t0
+                with self._lock:
+                    closing = self._core.cancelled or (self._inputs_done and not any(self._queues))
+                if closing or (limit is not None and waited > limit):
+                    ray.kill(actor, no_restart=True)
+                    return (f"GPU evaluator actor {slot} was not placed: "
+                            f"{'the pool closed' if closing else f'no GPU free for {waited:.0f} s'}")
+            try:
+                ray.get(placed)
+                ready = ray.get(actor.start.remote(), timeout=self.start_timeout_s)
+                break
+            except ray.exceptions.RayActorError as exc:  # died while starting: its node went again
+                with self._lock:
+                    self.stats.actor_events.append((time.time(), slot, "lost", f"while starting ({type(exc).__name__})"))
+                if limit is not None and time.monotonic() - t0 > limit:
+                    return f"GPU evaluator actor {slot} could not start: {_short(exc)}"
+            except Exception as exc:  # WorkerUnavailable inside the actor, a start-up timeout
                 ray.kill(actor, no_restart=True)
-                return (f"GPU evaluator actor {slot} was not placed: "
-                        f"{'the pool closed' if closing else f'no GPU free for {waited:.0f} s'}")
-        try:
-            ray.get(placed)
-            ready = ray.get(actor.start.remote(), timeout=self.start_timeout_s)
-        except Exception as exc:  # WorkerUnavailable inside the actor, a timeout, a lost node
-            ray.kill(actor, no_restart=True)
-            return f"GPU evaluator actor {slot} could not start: {_short(exc)}"
+                return f"GPU evaluator actor {slot} could not start: {_short(exc)}"
         info = dict(ready["info"])
         view = SimpleNamespace(info=info, restarts=0, where={"ray_node": ready["node"], "ray_node_id": ready["node_id"],
                                                               "ray_gpu_ids": ready["gpu_ids"],

@@ -42,19 +42,21 @@ def test_leg_names_and_the_issue23_shape_list() -> None:
 
 @pytest.mark.slow
 def test_fault_and_two_node_legs_lose_nothing_and_get_their_actors_back(tmp_path, capfd) -> None:
-    code = _bench().main(["--seconds", "40", "--warmup", "4", "--legs", "fault1,nodefault2",
+    code = _bench().main(["--seconds", "50", "--warmup", "4", "--legs", "fault1,nodefault2",
                           "--shapes", "64x64x64,128x64x32", "--compile-workers", "2", "--num-gpus", "2",
-                          "--kill-every", "14", "--node-down", "3", "--recovery-window", "6",
+                          "--kill-every", "20", "--node-down", "3", "--recovery-window", "6",
                           "--worker-target", "test_ray_pool:make_slow_handler",
                           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
-    out = capfd.readouterr().out
-    assert code == 0, out[-3000:]
+    captured = capfd.readouterr()  # the legs' processes write to the inherited stdout and stderr
+    out = captured.out
+    assert code == 0, out[-3000:] + "\n--- stderr ---\n" + captured.err[-4000:]
     legs = {r["leg"]: r for r in json.loads((tmp_path / "out" / "ray_scaling.json").read_text())["legs"]}
     assert set(legs) == {"fault1", "nodefault2"}
     for row in legs.values():
         faults = row["faults"]
-        assert len(faults["faults"]) >= 2 and not faults["errors"]
-        assert faults["committed_lost"] == 0 and faults["unevaluated"] == 0
-        assert all(f["replaced_s"] is not None for f in faults["faults"][:-1])  # each came back (the last may not have yet)
-        assert row["evaluations"] > 0 and row["actors_replaced"] >= 2
+        assert len(faults["faults"]) >= 2 and not faults["errors"], row
+        assert faults["committed_lost"] == 0, row
+        assert faults["unevaluated"] <= row["lost_in_flight"], row  # only what the engine abandoned at its end
+        assert all(f["replaced_s"] is not None for f in faults["faults"][:-1]), row  # each came back (not yet: the last)
+        assert row["evaluations"] > 0 and row["actors_replaced"] >= 2, row
     assert "(2 node(s))" in out

@@ -2,6 +2,7 @@
 
 Imports only ``populations``. Keep this file a plain list of re-exports.
 """
+from ._base import EvaluatorPool
 from ._cache import CubinCache, cache_key, default_cache_dir
 from ._compile import ARCHS, CompileResult, arch_for_capability, compile_candidate, default_backend
 from ._compile_pool import CompilePool
@@ -11,6 +12,7 @@ from ._lease import GpuLease, gpu_key
 from ._static import ScanResult, scan, scan_source
 # GPU side (issue 4): nothing here imports torch or initialises CUDA in the importing process.
 from ._loader import CudaError, LoaderUnavailable, get_loader
+from ._job import JOB_OPTIONS, Job, Result, ShapeResult
 from ._pool import PRECISE_JOB, LocalPool, PoolStats, gpu_arch, visible_gpus
 # Ray backend (issue 10): ray itself is imported only when a RayPool is made.
 from ._ray_pool import RayPool, RayPoolStats, RayUnavailable, connect_ray
@@ -18,6 +20,7 @@ from ._tmap import ParamPack, TensorMapError, tmap_geometry
 from ._worker import DEFAULT_DEADLINES, WorkerSupervisor, WorkerUnavailable
 
 __all__ = [
+    "EvaluatorPool",
     "CubinCache", "cache_key", "default_cache_dir",
     "ARCHS", "CompileResult", "arch_for_capability", "compile_candidate", "default_backend",
     "CompilePool",
@@ -26,6 +29,7 @@ __all__ = [
     "GpuLease", "gpu_key",
     "ScanResult", "scan", "scan_source",
     "CudaError", "LoaderUnavailable", "get_loader",
+    "JOB_OPTIONS", "Job", "Result", "ShapeResult",
     "PRECISE_JOB", "LocalPool", "PoolStats", "gpu_arch", "visible_gpus",
     "RayPool", "RayPoolStats", "RayUnavailable", "connect_ray",
     "ParamPack", "TensorMapError", "tmap_geometry",

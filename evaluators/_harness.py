@@ -4,7 +4,8 @@ Runs inside the worker process started by :mod:`evaluators._worker` (one per GPU
 sees is ``cuda:0``). Buffers and the stream are torch's; kernels go through the loader of
 :mod:`evaluators._loader` with parameters packed by :mod:`evaluators._tmap`.
 
-A job is ``{"cubin", "plan", "shapes", "generic", "timers", "seed", "qps"}`` plus optional
+A job is the wire form of :class:`evaluators._job.Job` (checked with ``Job.from_wire`` on
+arrival): ``{"cubin", "plan", "shapes", "generic", "timers", "seed", "qps"}`` plus optional
 ``elite_threshold`` (the memoisation timing pass runs only when the device speedup reaches it:
 below it the candidate cannot become an elite, so a memo would buy it nothing; absent or None:
 always), ``memo_check`` (False: never) and ``rotations`` (time the device timer on that many
@@ -35,11 +36,12 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from populations import LaunchPlan, PlanError, Shape
+from populations import LaunchPlan, PlanError, Shape, Status
 
 from ._builtin_kernels import EMPTY_KERNEL, NAIVE_GEMM, naive_plan
 from ._correctness import (FP64_LIMIT, Cascade, CheckFailed, Guarded, Operands, RotationReference, large_ragged, ragged_instances,
                            recheck_sets, verify_sets, workspace_fill)
+from ._job import Job
 from ._loader import get_loader, is_poisoning, nvrtc_cubin
 from ._provenance import sm_clock_mhz, static_provenance
 from ._lease import timing_lease
@@ -213,7 +215,7 @@ class GpuHandler:
         self._probe_kernels = CandidateKernels(self.loader, nvrtc_cubin(NAIVE_GEMM, self.arch), naive_plan(), self.tmaps)
         self.ceilings = self._measure_ceilings() if self.options.get("measure_ceilings", True) else {}
         probe = self._probe()  # also the warm-up: module load, launches, graph capture, cuBLAS handles
-        if probe["status"] != "ok":
+        if probe["status"] != Status.OK:
             raise RuntimeError(f"start-up probe failed: {probe['message']}")
         self.provenance.update(ceilings=self.ceilings)
 
@@ -271,9 +273,9 @@ class GpuHandler:
                 torch.matmul(ops.A.data, ops.B.data.t())
             g.replay()
             torch.cuda.synchronize()
-            return {"status": "ok", "message": "probe passed", "threads": thread_count()}
+            return {"status": Status.OK, "message": "probe passed", "threads": thread_count()}
         except Exception as exc:  # a failed probe: the supervisor restarts us
-            return {"status": "runtime_error", "message": f"probe failed: {exc!r}", "fatal": True}
+            return {"status": Status.RUNTIME_ERROR, "message": f"probe failed: {exc!r}", "fatal": True}
 
     def _sync(self) -> None:
         err = self.loader.synchronize()
@@ -289,6 +291,7 @@ class GpuHandler:
         phase("load")
         t0 = time.perf_counter()
         try:
+            Job.from_wire(job)  # the pool's Job, checked on this side of the boundary (an unknown key is refused)
             plan = LaunchPlan.from_dict(job["plan"])
             kernels = CandidateKernels(self.loader, job["cubin"], plan, self.tmaps)
         except Exception as exc:
@@ -314,20 +317,20 @@ class GpuHandler:
         threads_after = thread_count()
         if threads_after > threads_before:
             for r in results:
-                if r["status"] in ("ok", "flagged"):
-                    r["status"] = "flagged"
+                if r["status"] in (Status.OK, Status.FLAGGED):
+                    r["status"] = Status.FLAGGED
                     r["flags"].append(f"host thread count changed during the run ({threads_before} -> {threads_after})")
         fatal = any(r.get("fatal") for r in results)
         self._last_busy = time.perf_counter()
-        return {"status": "ok", "message": "", "shapes": results, "load_s": load_s, "seed": seed, "fatal": fatal}
+        return {"status": Status.OK, "message": "", "shapes": results, "load_s": load_s, "seed": seed, "fatal": fatal}
 
     def _failure(self, exc: BaseException, where: str) -> dict[str, Any]:
         poisoned = is_poisoning(exc) or self.loader.synchronize() is not None
-        return {"status": "runtime_error", "message": f"{where}: {exc}", "fatal": poisoned}
+        return {"status": Status.RUNTIME_ERROR, "message": f"{where}: {exc}", "fatal": poisoned}
 
     def _one_shape(self, kernels: CandidateKernels, shape: Shape, job: Mapping[str, Any],
                    phase: Callable[[str], None], rng: random.Random) -> dict[str, Any]:
-        res: dict[str, Any] = {"shape": str(shape), "status": "ok", "message": "", "flags": [], "timers": {},
+        res: dict[str, Any] = {"shape": str(shape), "status": Status.OK, "message": "", "flags": [], "timers": {},
                                "max_error": None, "correctness_s": 0.0, "timing_s": 0.0, "checks": [],
                                "phases": {}}
         phase("correctness")
@@ -350,7 +353,7 @@ class GpuHandler:
                 try:
                     call, ws, _ = kernels.bind(inst)
                 except (PlanError, TensorMapError) as exc:
-                    return {**res, "status": "rejected", "message": f"plan does not resolve for {inst}: {exc}"}
+                    return {**res, "status": Status.REJECTED, "message": f"plan does not resolve for {inst}: {exc}"}
                 alloc = self._allocator()
                 ops = Operands.allocate(inst, ws, kernels.plan.zero_workspace, self.device, gen,
                                         getattr(self, "guard_bytes", GUARD_BYTES), alloc.bytes, movable=True)
@@ -368,7 +371,7 @@ class GpuHandler:
                             cas.cancellation()
                 except CheckFailed as exc:
                     where = "" if inst is shape else f" on ragged instance {inst.m}x{inst.n}x{inst.k}"
-                    return {**res, "status": "incorrect", "message": f"{exc}{where}", "max_error": exc.max_error,
+                    return {**res, "status": Status.INCORRECT, "message": f"{exc}{where}", "max_error": exc.max_error,
                             "checks": cas.checks, "correctness_s": time.perf_counter() - t0}
                 res["checks"] += cas.checks
                 res["max_error"] = max(res["max_error"] or 0.0, cas.max_error)
@@ -380,7 +383,7 @@ class GpuHandler:
             if instances:  # of which: the generic candidate's ragged instances (small and full-size)
                 res["phases"]["correctness_ragged"] = ragged_s
             if not self._timing_intact():
-                return {**res, "status": "incorrect", "correctness_s": res["correctness_s"],
+                return {**res, "status": Status.INCORRECT, "correctness_s": res["correctness_s"],
                         "message": "wrote outside its buffers: the harness's cached timing inputs changed during the checks"}
             phase("timing")
             stage = "timing"
@@ -390,7 +393,7 @@ class GpuHandler:
                 self._time(call, ws, kernels.plan.zero_workspace, shape, job, rng, gen, res)
             res["timing_s"] = time.perf_counter() - t1
         except CheckFailed as exc:  # outputs wrong after timing
-            res["status"], res["message"] = "flagged", str(exc)
+            res["status"], res["message"] = Status.FLAGGED, str(exc)
             res["flags"].append(str(exc))
         except Exception as exc:
             fail = self._failure(exc, stage)
@@ -428,7 +431,7 @@ class GpuHandler:
         for key, other in list(self._timing_cache.items()):
             if other is tb:
                 del self._timing_cache[key]
-        res["status"] = "incorrect"
+        res["status"] = Status.INCORRECT
         res["message"] = f"modified input {when}: the timing rotation's A/B differ from their pristine copy"
         res["timers"] = {}
 
@@ -567,7 +570,7 @@ class GpuHandler:
             res["flags"].append("wrote outside its buffers during timing: another cached rotation's inputs changed")
         clock("intact")
         if res["flags"]:
-            res["status"] = "flagged"
+            res["status"] = Status.FLAGGED
             res["message"] = "; ".join(res["flags"])
         self._last_busy = time.perf_counter()
         res["rotation_sets"] = n_sets

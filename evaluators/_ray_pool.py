@@ -12,140 +12,45 @@
   local isolation holds unchanged: the candidate runs in a spawned child process group with
   per-phase deadlines, a crash or hang kills the child, and the actor restarts and probes it.
 - A dead actor (its node lost, ``ray.kill``, out of memory) surfaces as ``RayActorError`` on the
-  driver: the actor is replaced (started and probed afresh) and its in-flight candidate is
-  retried once on whichever actor is free; a second loss marks it ``runtime_error`` with a
-  message saying so. A slot whose replacement cannot start stops taking work and leaves it to
-  the other actors, as LocalPool does with a GPU whose worker cannot start.
-- Shape affinity: each shape is assigned to one actor (the one with the fewest shapes), so a
-  population's candidates meet the same worker, whose timing buffers and cuBLAS arms for that
-  shape stay cached (the harness keeps the last two shapes). An idle actor steals the oldest
-  queued candidate of the busiest other actor, so affinity never leaves a GPU idle.
+  driver: its slot stops serving (its shapes and queue go to the other actors), its in-flight
+  candidate is retried once on another actor (a second loss marks it ``runtime_error`` with a
+  message saying so), and a replacement actor is created at once (an idle actor is pinged every
+  ``IDLE_CHECK_S``, so a lost node is noticed without work sent there). Ray places it when a GPU is
+  free: at once after an actor kill, when the node rejoins after a node loss (capacity comes
+  back without a restart of the run); the slot waits for that up to ``reclaim_s`` (default: as
+  long as the pool is open). A slot whose actor cannot start its worker is gone for good and
+  leaves its work to the others, as LocalPool does with a GPU whose worker cannot start.
+- Shards by expected GPU time (issue 23): the engine sends its allocation weights (headroom,
+  :meth:`set_shape_weights`), and each shape gets one actor slot so that weight x measured job
+  seconds comes out even across the serving actors (``_shard.py``), sticky while that stays
+  within ``shard_slack``: a shape that keeps its actor keeps its timing buffers and cuBLAS arms
+  cached there (the harness keeps the last two shapes). An idle actor steals the oldest queued
+  candidate of the busiest other actor, so the shards never leave a GPU idle.
+- Only the driver writes the archive: actors and tasks return records and hold no archive path.
 
 ``ray`` is imported only when a RayPool is made; without it :class:`RayUnavailable` says what
 to install.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
 from collections import deque
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from populations import Candidate, Evaluation, Status
+from populations import Candidate, Evaluation, Shape, Status
 
-from ._pool import LocalPool, PoolStats
-from ._worker import DEFAULT_DEADLINES, HARNESS_TARGET, WorkerSupervisor, WorkerUnavailable
+from ._base import EvaluatorPool
+from ._pool_core import PoolCore, PoolItem, PoolStats
+from ._shard import shape_loads, shard, slot_loads
+from ._ray_actor import GpuEvaluator, RayUnavailable, compile_task, connect_ray
+from ._worker import DEFAULT_DEADLINES, HARNESS_TARGET, WorkerUnavailable
 
 __all__ = ["RayPool", "RayPoolStats", "RayUnavailable", "GpuEvaluator", "connect_ray"]
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where `evaluators` lives
-
-
-class RayUnavailable(ImportError):
-    """Ray is not installed, or the cluster named cannot be reached."""
-
-
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise RayUnavailable("the Ray evaluator pool needs the ray package: "
-                             "python -m pip install -e '.[ray]' (or pip install 'ray>=2.40')") from exc
-    return ray
-
-
-def connect_ray(address: Optional[str] = "auto", **init_options: Any) -> Any:
-    """Connect this process to Ray and return the ``ray`` module.
-
-    ``address``: ``"auto"`` joins the cluster running on this machine (``ray start --head``, or
-    ``$RAY_ADDRESS``) and starts a single-machine one when none runs; ``"local"`` (or None)
-    always starts a fresh one here; anything else (``HOST:PORT``, ``ray://HOST:10001``) must be a
-    running cluster. Nothing happens when Ray is already initialised (a caller's own ``ray.init``).
-    Workers get this checkout on ``PYTHONPATH`` so they import the same ``evaluators``.
-    """
-    ray = _import_ray()
-    if ray.is_initialized():
-        return ray
-    paths = [_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _ROOT]
-    options = {"runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}}, **init_options}
-    # A cluster started here holds only small objects (cubins, results): 1 GiB of object store,
-    # not Ray's default 30% of RAM, which a container's /dev/shm rarely has.
-    local = {"object_store_memory": 1 << 30, **options}
-    if address in (None, "", "local"):
-        ray.init(**local)
-    elif address == "auto":
-        try:
-            ray.init(address="auto", **options)
-        except ConnectionError:
-            ray.init(**local)
-    else:
-        try:
-            ray.init(address=address, **options)
-        except ConnectionError as exc:
-            raise RayUnavailable(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
-    return ray
-
-
-class GpuEvaluator:
-    """The body of one GPU actor: a :class:`WorkerSupervisor` whose spawned child runs candidates.
-
-    Ray gives the actor one GPU through ``CUDA_VISIBLE_DEVICES``; the supervisor's GPU 0 is that
-    one. The child's pid is written next to its log, named by the pool and the slot, so that a
-    replacement actor of the same pool on the same node can end a child its killed predecessor
-    left behind (a hung kernel holding the GPU); another pool's children are never touched.
-    """
-
-    def __init__(self, pool_id: str, slot: int, target: str, options: Mapping[str, Any], log_dir: Optional[str],
-                 deadlines: Optional[Mapping[str, float]]) -> None:
-        self.slot = slot
-        self.sup = WorkerSupervisor(0, target=target, options=options, log_dir=log_dir, deadlines=deadlines)
-        self.pidfile = os.path.join(os.path.dirname(self.sup.log_path), f"ray-{pool_id}-slot{slot}.child")
-        self._end_orphan()
-
-    def start(self) -> dict[str, Any]:
-        info = self.sup.start()
-        self._note_child()
-        import ray
-
-        return {"info": info, "node": ray.util.get_node_ip_address(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-                "actor_pid": os.getpid(), "pid": self.sup.pid}
-
-    def run(self, job: Mapping[str, Any]) -> dict[str, Any]:
-        result = self.sup.run(job)
-        self._note_child()  # a crash restarts the child: keep the pid file current
-        return {"result": result, "pid": self.sup.pid, "restarts": self.sup.restarts, "info": self.sup.info}
-
-    def close(self) -> None:
-        self.sup.close()
-        try:
-            os.unlink(self.pidfile)
-        except OSError:
-            pass
-
-    def _note_child(self) -> None:
-        if self.sup.pid is not None:
-            with open(self.pidfile, "w") as fh:
-                fh.write(str(self.sup.pid))
-
-    def _end_orphan(self) -> None:
-        """Kill the process group of a worker child whose actor died without closing it."""
-        import signal
-
-        try:
-            with open(self.pidfile) as fh:
-                pid = int(fh.read().strip())
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if b"evaluators._worker" not in fh.read():
-                    return  # the pid was reused by something else: leave it alone
-            os.killpg(pid, signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
-
 
 @dataclass
 class RayPoolStats(PoolStats):
@@ -153,45 +58,28 @@ class RayPoolStats(PoolStats):
 
     actors_replaced: int = 0
     retried: int = 0
+    stolen: int = 0                 # items an idle actor took from another actor's queue
+    actor_events: list = field(default_factory=list)    # (unix time, slot, "up"|"lost"|"gone", node or why)
     compile_workers: set = field(default_factory=set)   # (node, pid) of the Ray workers that compiled
 
 
-@dataclass
-class _Item:
-    candidate: Candidate
-    future: Future
-    compiled: Any = None
-    attempts: int = 0
-    hints: dict = field(default_factory=dict)
+_IDLE = object()  # RayPool._take: nothing to do for a while
 
 
-def _compile_task(fn: Callable[..., Any], candidate: Candidate, arch: str, timeout_s: float,
-                  cache_dir: Any) -> tuple[Any, str, int]:
-    """A Ray task body: compile one candidate; return the result and where it ran."""
-    import ray
-
-    return fn(candidate, arch, timeout_s=timeout_s, cache_dir=cache_dir), ray.util.get_node_ip_address(), os.getpid()
-
-
-class RayPool:
+class RayPool(EvaluatorPool):
     """Evaluate candidates on a Ray cluster's GPUs (see the module docstring).
 
     ``gpus``: how many GPU actors (an int, or a list whose length counts; None: every GPU the
     cluster has). ``address``: see :func:`connect_ray`. ``gpu_per_actor`` is the actor's
     ``num_gpus`` (tests on CPU-only clusters declare logical GPUs with ``ray.init(num_gpus=2)``).
-    ``max_retries``: how many times a candidate whose actor died is tried again.
+    ``max_retries``: how many times a candidate whose actor died is tried again. ``reclaim_s``:
+    how long a slot whose actor died waits for a GPU to place its replacement on (None: while the
+    pool is open). ``shard_slack``: how far above the even share a shard may grow before a shape
+    moves to another actor.
     """
 
-    # LocalPool's own code where the two pools agree: the records (one Evaluation per claimed
-    # shape), the arch wait, batch evaluation, finishing a future, and the compile step, whose
-    # ``self._compile_fn`` is here a Ray task and whose ``self._ready.put`` is the affinity queue.
-    _record = LocalPool._record
-    _evaluations = LocalPool._evaluations
-    arch = LocalPool.arch
-    evaluate = LocalPool.evaluate
-    _finish = LocalPool._finish
-    _compile = LocalPool._compile
-    _job_settings = LocalPool._job_settings
+    #: Seconds an actor may sit idle before its dispatcher checks that it is still alive.
+    IDLE_CHECK_S = 2.0
 
     def __init__(self, gpus: Optional[Sequence[int] | int] = None, compile_workers: int = 4, *,
                  address: Optional[str] = "auto", arch: Optional[str] = None, target: str = HARNESS_TARGET,
@@ -201,6 +89,7 @@ class RayPool:
                  compile_timeout_s: float = 60.0, compile_fn: Optional[Callable[..., Any]] = None,
                  job_options: Optional[Mapping[str, Any]] = None, gpu_per_actor: float = 1.0,
                  max_retries: int = 1, start_timeout_s: Optional[float] = None,
+                 reclaim_s: Optional[float] = None, shard_slack: float = 0.25,
                  init_options: Optional[Mapping[str, Any]] = None) -> None:
         ray = self._ray = connect_ray(address, **dict(init_options or {}))
         if gpus is None:
@@ -215,11 +104,16 @@ class RayPool:
                 "join GPU nodes with `ray start --address HEAD:6379`")
         self.gpus = list(range(count))  # actor slots; Ray decides which physical GPU each gets
         self.address = address
-        self._task_fn = self._job_settings(timers, qps, job_options, cache_dir, compile_timeout_s, compile_fn)
-        self._compile_fn = self._compile_on_ray
-        self._ready = SimpleNamespace(put=self._enqueue)
+        # the shared half (PoolCore) compiles through a Ray task that runs the real compile_fn
+        self._core = core = PoolCore("RayPool", timers=timers, qps=qps, job_options=job_options,
+                                     cache_dir=cache_dir, compile_timeout_s=compile_timeout_s, compile_fn=compile_fn,
+                                     slots=max_in_flight or (max(1, compile_workers) + 2 * count),
+                                     stats=RayPoolStats(), arch=arch)
+        self._task_fn, core.compile_fn = core.compile_fn, self._compile_on_ray
         self.max_retries = max_retries
-        self.stats = RayPoolStats()
+        self.reclaim_s = reclaim_s
+        self.shard_slack = shard_slack
+        self.stats: RayPoolStats = core.stats  # type: ignore[assignment]
         from ._provenance import code_version
 
         self.pool_id = uuid.uuid4().hex[:12]  # names this pool's worker pid files on every node
@@ -227,52 +121,48 @@ class RayPool:
         d = {**DEFAULT_DEADLINES, **(deadlines or {})}
         self.start_timeout_s = start_timeout_s or 3 * (d["startup"] + d["probe"]) + 60.0
         self._actor_cls = ray.remote(GpuEvaluator).options(num_gpus=gpu_per_actor, num_cpus=0, max_restarts=0)
-        self._compile_remote = ray.remote(_compile_task).options(num_cpus=1, max_retries=2)
-        self._lock = threading.Lock()
+        self._compile_remote = ray.remote(compile_task).options(num_cpus=1, max_retries=2)
+        self._lock = core.lock
         self._cv = threading.Condition(self._lock)
-        self._queues: list[deque[_Item]] = [deque() for _ in self.gpus]
-        self._affinity: dict[str, int] = {}
-        self._serving = set(self.gpus)   # slots whose dispatcher still takes work with a working actor
+        self._queues: list[deque[PoolItem]] = [deque() for _ in self.gpus]
+        self._affinity: dict[str, int] = {}   # shape -> slot (its shard)
+        self._weights: dict[str, float] = {}  # shape -> the engine's allocation weight
+        self._job_s: dict[str, float] = {}    # shape -> seconds a job takes on an actor (moving average)
+        self._loads: dict[str, float] = {}    # shape -> expected load, as last sharded
+        self._serving: set[int] = set()       # slots with a started actor, taking work
+        self._coming: set[int] = set(self.gpus)  # slots whose actor is being placed or started
+        self._first: set[int] = set(self.gpus)   # slots that have not served yet (their first start)
         self._restarts_before = 0        # worker restarts counted by actors since replaced
         self._actors: dict[int, Any] = {}
         self._running: dict[int, str] = {}   # slot -> id of the candidate its actor evaluates now
         self._views: dict[int, Any] = {}
         self._compile_pool = ThreadPoolExecutor(max(1, compile_workers), thread_name_prefix="evo-ray-compile")
-        self._slots = threading.BoundedSemaphore(max_in_flight or (max(1, compile_workers) + 2 * count))
-        self._closed = self._inputs_done = self._cancelled = False
-        self._arch = arch
-        self._arch_known = threading.Event()
-        if arch is not None:
-            self._arch_known.set()
+        self._inputs_done = False
         self._threads = [threading.Thread(target=self._dispatch, args=(slot,), name=f"evo-ray-gpu{slot}", daemon=True)
                          for slot in self.gpus]
         for t in self._threads:
             t.start()
 
     # -- public -------------------------------------------------------------------------
-    #: ``submit`` takes ``elite_threshold``, as LocalPool's does.
-    takes_elite_threshold = True
+    @property
+    def arch(self) -> str:
+        """The target arch: given, else the first actor's worker's (waits for it)."""
+        return self._core.arch
 
     def submit(self, candidate: Candidate, *, elite_threshold: Optional[float] = None) -> "Future[list[Evaluation]]":
         """Queue one candidate; blocks while the pool holds ``max_in_flight`` unfinished ones.
         ``elite_threshold``: as ``LocalPool.submit`` (below it the worker skips its memoisation pass)."""
-        if self._closed or self._cancelled:
-            raise RuntimeError("RayPool is closed" if self._closed else "RayPool was cancelled")
-        self._slots.acquire()
-        hints = {} if elite_threshold is None else {"elite_threshold": float(elite_threshold)}
-        item = _Item(candidate, Future(), hints=hints)
-        item.future.set_running_or_notify_cancel()
-        self._compile_pool.submit(self._compile, item)
+        item = self._core.admit(candidate, elite_threshold)
+        self._compile_pool.submit(self._core.compile, item, self._enqueue)
         return item.future
 
     def wait_ready(self, timeout: Optional[float] = None) -> bool:
-        """Block until every actor has started (or given up); True when all are up."""
+        """Block until no actor is being placed or started; True when every slot serves."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._lock:
-                settled = all(s in self._views or s not in self._serving for s in self.gpus)
-                if settled:
-                    return len(self._views) == len(self.gpus) and self._serving == set(self.gpus)
+                if not self._coming:
+                    return self._serving == set(self.gpus)
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
@@ -293,26 +183,46 @@ class RayPool:
             return {slot: dict(view.where) for slot, view in self._views.items() if slot in self._actors}
 
     def affinity(self) -> dict[str, int]:
-        """Shape -> the slot its candidates are queued on."""
+        """Shape -> the slot its candidates are queued on (its shard)."""
         with self._lock:
             return dict(self._affinity)
+
+    def serving(self) -> set[int]:
+        """The slots whose actor is up and taking work now."""
+        with self._lock:
+            return set(self._serving)
+
+    def shard_loads(self) -> dict[int, float]:
+        """Serving slot -> expected load of its shard (weight x job seconds, summed)."""
+        with self._lock:
+            return slot_loads(self._affinity, self._loads, sorted(self._serving))
+
+    def set_shape_weights(self, weights: Mapping[Shape, float]) -> None:
+        """The engine's allocation weights: re-shard when they changed (see the module docstring)."""
+        named = {str(s): float(w) for s, w in weights.items()}
+        with self._cv:
+            if named == self._weights:
+                return
+            self._weights = named
+            self._reshard_locked()
+            self._cv.notify_all()
 
     def cancel_all(self) -> None:
         """Drop every candidate that has not reached a GPU actor (see ``LocalPool.cancel_all``)."""
         with self._cv:
-            self._cancelled = True
+            self._core.cancelled = True
             dropped = [item for q in self._queues for item in q]
             for q in self._queues:
                 q.clear()
             self._cv.notify_all()
         for item in dropped:
-            self._drop(item)
+            self._core.drop(item)
 
     def close(self) -> None:
         """Finish queued work (unless cancelled), then stop the actors and their worker children."""
-        if self._closed:
+        if self._core.closed:
             return
-        self._closed = True
+        self._core.closed = True
         self._compile_pool.shutdown(wait=True)
         with self._cv:
             self._inputs_done = True
@@ -328,176 +238,266 @@ class RayPool:
 
     # -- compiling --------------------------------------------------------------------------
     def _compile_on_ray(self, candidate: Candidate, arch: str, *, timeout_s: float, cache_dir: Any) -> Any:
-        """One compile as a Ray task (LocalPool._compile calls this); notes where it ran."""
+        """One compile as a Ray task (``PoolCore.compile`` calls this); notes where it ran."""
         res, node, pid = self._ray.get(self._compile_remote.remote(self._task_fn, candidate, arch, timeout_s, cache_dir))
         with self._lock:
             self.stats.compile_workers.add((node, pid))
         return res
 
-    # -- queues with shape affinity -----------------------------------------------------------
-    def _enqueue(self, item: _Item, front: bool = False) -> None:
-        """Queue a compiled item on its shape's actor (assigned on first sight: the serving slot
-        with the fewest shapes); dropped instead once the pool is cancelled."""
-        key = str(item.candidate.shapes[0])
+    # -- queues, shards and stealing -----------------------------------------------------------
+    def _live_locked(self) -> list[int]:
+        """Slots new work may be queued on: the serving ones and those starting their first actor
+        (the pool's start-up: each gets its shard at once); else the ones whose replacement is
+        coming; else every slot (the items then wait or fail in _retire)."""
+        return sorted(self._serving | self._first) or sorted(self._coming) or list(self.gpus)
+
+    def _reshard_locked(self) -> None:
+        """Give every known shape a slot by expected GPU time (``_shard.shard``), sticky where
+        that stays even, and move queued items to their shape's new slot (order kept)."""
+        keys = set(self._affinity) | set(self._weights)
+        default = 0.0 if self._weights else 1.0  # with the engine's weights, an unnamed shape gets no new work
+        loads = shape_loads({k: self._weights.get(k, default) for k in keys}, self._job_s)
+        self._affinity = shard(loads, self._live_locked(), self._affinity, self.shard_slack)
+        self._loads = loads
+        moved: list[PoolItem] = []
+        for slot, q in enumerate(self._queues):
+            keep = [it for it in q if self._affinity.get(_key(it)) == slot]
+            if len(keep) != len(q):
+                moved.extend(it for it in q if self._affinity.get(_key(it)) != slot)
+                q.clear()
+                q.extend(keep)
+        for it in moved:
+            self._queues[self._slot_for_locked(_key(it))].append(it)
+
+    def _slot_for_locked(self, key: str) -> int:
+        """The slot of ``key``'s shape; a shape seen first (or whose slot left) goes to the live
+        slot with the least expected load."""
+        live = self._live_locked()
+        slot = self._affinity.get(key)
+        if slot is None or slot not in live:
+            have = slot_loads(self._affinity, self._loads, live)
+            counts = {s: 0 for s in live}
+            for s in self._affinity.values():
+                if s in counts:
+                    counts[s] += 1
+            slot = self._affinity[key] = min(live, key=lambda s: (have[s], counts[s], s))
+            self._loads.setdefault(key, 0.0)
+        return slot
+
+    def _enqueue(self, item: PoolItem, front: bool = False) -> None:
+        """Queue a compiled item on its shape's slot; dropped instead once the pool is cancelled."""
         with self._cv:
-            if not self._cancelled:
-                slot = self._affinity.get(key)
-                if slot is None or slot not in self._serving:
-                    live = sorted(self._serving) or list(self.gpus)
-                    load = {s: 0 for s in live}
-                    for s in self._affinity.values():
-                        if s in load:
-                            load[s] += 1
-                    slot = self._affinity[key] = min(live, key=lambda s: (load[s], s))
-                (self._queues[slot].appendleft if front else self._queues[slot].append)(item)
+            if not self._core.cancelled:
+                q = self._queues[self._slot_for_locked(_key(item))]
+                (q.appendleft if front else q.append)(item)
                 self._cv.notify_all()
                 return
-        self._drop(item)
+        self._core.drop(item)
 
-    def _take(self, slot: int) -> Optional[_Item]:
+    def _take(self, slot: int) -> Any:
         """The next item for ``slot``: its own queue first, else the oldest of the longest other
-        queue; None (and the slot stops serving) once the pool is closed or cancelled and empty."""
+        queue (stealing: affinity never idles an actor); ``_IDLE`` after ``IDLE_CHECK_S`` with
+        nothing to do (the dispatcher then checks its actor is alive); None (and the slot stops
+        serving) once the pool is closed or cancelled and nothing is queued."""
+        idle_until = time.monotonic() + self.IDLE_CHECK_S
         with self._cv:
             while True:
-                item = self._pop_locked(slot)
-                if item is not None:
-                    return item
-                if self._inputs_done or self._cancelled:
+                if self._queues[slot]:
+                    return self._queues[slot].popleft()
+                longest = max(self._queues, key=len)
+                if longest:
+                    self.stats.stolen += 1
+                    return longest.popleft()
+                if self._inputs_done or self._core.cancelled:
                     self._serving.discard(slot)
                     return None
+                if time.monotonic() >= idle_until:
+                    return _IDLE
                 self._cv.wait(0.5)
 
-    def _pop_locked(self, slot: Optional[int]) -> Optional[_Item]:
-        if slot is not None and self._queues[slot]:
-            return self._queues[slot].popleft()
-        longest = max(self._queues, key=len)
-        return longest.popleft() if longest else None
-
-    # -- one dispatcher thread per GPU actor -------------------------------------------------
+    # -- one dispatcher thread per GPU actor slot ----------------------------------------------
     def _dispatch(self, slot: int) -> None:
-        down = self._start_actor(slot)
+        """Start the slot's actor, feed it until it dies, start another (once capacity is there:
+        a node may have to come back first), until the pool closes or the slot is gone."""
         try:
-            while down is None:
-                item = self._take(slot)
-                if item is None:
+            lost = False
+            while True:
+                why = self._start_actor(slot, lost)
+                if why is not None:
+                    self._retire(slot, why)
                     return
-                if self._cancelled:
-                    self._drop(item)
-                    continue
-                down = self._run(slot, item)
-            # this slot is gone for good: leave its work to the others, or fail it when none is left
-            self._retire(slot, down)
+                while True:
+                    item = self._take(slot)
+                    if item is None:
+                        return
+                    if item is _IDLE:
+                        if self._alive(slot):
+                            continue
+                        self._leave(slot, "found dead while idle (its node lost?)")
+                        lost = True
+                        break
+                    if self._core.cancelled:
+                        self._core.drop(item)
+                        continue
+                    if not self._run(slot, item):
+                        lost = True
+                        break
         finally:
             self._stop_actor(slot)
 
-    def _run(self, slot: int, item: _Item) -> Optional[str]:
-        """Evaluate ``item`` on ``slot``'s actor; returns why the slot is down, or None."""
-        ray = self._ray
-        cand, comp = item.candidate, item.compiled
-        job = {"cubin": comp.cubin, "plan": cand.plan.to_dict(), "shapes": [str(s) for s in cand.shapes],
-               "generic": cand.generic, "timers": list(self.timers), "qps": self.qps,
-               "candidate_id": cand.id, "meta": dict(cand.meta), **self.job_options, **item.hints}
+    def _run(self, slot: int, item: PoolItem) -> bool:
+        """Evaluate ``item`` on ``slot``'s actor; False when the actor is lost (the item is then
+        queued again on another slot, or marked when out of retries)."""
+        ray, core = self._ray, self._core
+        job = core.job(item).to_wire()  # the process boundary: the actor's worker gets the dict
         item.attempts += 1
         t0 = time.monotonic()
+        core.job_started(t0)
         with self._lock:
             actor = self._actors[slot]
-            self.stats.first_job = self.stats.first_job or t0
-            self._running[slot] = cand.id
+            self._running[slot] = item.candidate.id
         try:
             out = ray.get(actor.run.remote(job))
         except ray.exceptions.RayActorError as exc:
-            with self._lock:
-                self._running.pop(slot, None)
-                self.stats.actors_replaced += 1
+            self._leave(slot, f"died ({type(exc).__name__})")
             why = f"GPU evaluator actor {slot} died ({type(exc).__name__})"
             if item.attempts <= self.max_retries:
                 with self._lock:
                     self.stats.retried += 1
                 self._enqueue(item, front=True)
             else:
-                self._finish(item, [self._record(cand, s, Status.RUNTIME_ERROR,
-                                                 f"{why} while evaluating this candidate (attempt {item.attempts} of "
-                                                 f"{self.max_retries + 1}); not retried again", compile=comp)
-                                    for s in cand.shapes])
-            return self._start_actor(slot)
+                core.fail(item, Status.RUNTIME_ERROR, f"{why} while evaluating this candidate (attempt "
+                                                      f"{item.attempts} of {self.max_retries + 1}); not retried again")
+            return False
         except WorkerUnavailable as exc:  # the actor's fresh worker failed its probes: try another actor
-            with self._lock:
-                self._running.pop(slot, None)
-            self._finish(item, [self._record(cand, s, Status.RUNTIME_ERROR, f"GPU worker unavailable: {_short(exc)}",
-                                             compile=comp) for s in cand.shapes])
-            return self._start_actor(slot)
+            self._leave(slot, "its worker failed its probes")
+            core.fail(item, Status.RUNTIME_ERROR, f"GPU worker unavailable: {_short(exc)}")
+            return False
         except Exception as exc:  # an actor-side bug must not strand the future
-            out = {"result": {"status": "runtime_error", "message": f"evaluator error: {_short(exc)}"}, "pid": None}
+            out = {"result": {"status": Status.RUNTIME_ERROR, "message": f"evaluator error: {_short(exc)}"}, "pid": None}
         t1 = time.monotonic()
+        core.job_ended(slot, t0, t1)
         with self._lock:
             self._running.pop(slot, None)
-            self.stats.gpu_busy_s[slot] = self.stats.gpu_busy_s.get(slot, 0.0) + (t1 - t0)
-            self.stats.last_job_end = t1
+            key = _key(item)
+            old = self._job_s.get(key)
+            self._job_s[key] = (t1 - t0) if old is None else 0.8 * old + 0.2 * (t1 - t0)
             view = self._views[slot]
             view.restarts = out.get("restarts", view.restarts)
             self.stats.restarts = self._restarts_before + sum(v.restarts for v in self._views.values())
         sup = SimpleNamespace(gpu=slot, pid=out.get("pid"),
                               info={**view.info, "provenance": {**view.info.get("provenance", {}),
                                                                 **view.where, "ray_attempt": item.attempts}})
-        try:
-            evals = self._evaluations(cand, comp, out["result"], sup)
-        except Exception as exc:
-            evals = [self._record(cand, s, Status.RUNTIME_ERROR, f"evaluator error reading the result: {exc!r}",
-                                  compile=comp) for s in cand.shapes]
-        self._finish(item, evals)
-        return None
+        core.finish(item, core.evaluations(item, out["result"], sup))
+        return True
 
-    def _start_actor(self, slot: int) -> Optional[str]:
-        """Create and start ``slot``'s actor (worker start and probe included); returns why it
-        failed, or None."""
+    # -- actor lifecycle -------------------------------------------------------------------------
+    def _alive(self, slot: int) -> bool:
+        """An idle actor answers a ping at once; False when Ray says it is dead (a lost node
+        would otherwise keep its shard until the next job sent there failed)."""
+        with self._lock:
+            actor = self._actors.get(slot)
+        if actor is None:
+            return False
+        try:
+            self._ray.get(actor.ping.remote(), timeout=30)
+        except self._ray.exceptions.RayActorError:
+            return False
+        except Exception:  # slow, not known dead: leave it to the next job
+            pass
+        return True
+
+    def _start_actor(self, slot: int, lost: bool) -> Optional[str]:
+        """Create ``slot``'s actor, wait until Ray places it, start and probe its worker; returns
+        why that failed, or None (the slot then serves). Placement waits ``start_timeout_s`` for
+        the first actor; a replacement (``lost``) waits ``reclaim_s`` (None: while the pool is
+        open), since the GPU it needs may come back only with its node. An actor that dies while
+        starting (its node lost again) is replaced within the same wait; one whose worker cannot
+        start (``WorkerUnavailable``, a start-up timeout) ends the slot."""
         ray = self._ray
         self._stop_actor(slot)
-        actor = self._actor_cls.remote(self.pool_id, slot, *self._actor_args)
-        try:
-            ready = ray.get(actor.start.remote(), timeout=self.start_timeout_s)
-        except Exception as exc:  # WorkerUnavailable inside the actor, a timeout, a lost node
-            ray.kill(actor, no_restart=True)
-            return f"GPU evaluator actor {slot} could not start: {_short(exc)}"
+        with self._cv:
+            self._coming.add(slot)
+        limit = self.reclaim_s if lost else self.start_timeout_s
+        t0 = time.monotonic()
+        while True:
+            actor = self._actor_cls.remote(self.pool_id, slot, *self._actor_args)
+            placed = actor.ping.remote()
+            while not ray.wait([placed], timeout=0.5)[0]:
+                waited = time.monotonic() - t0
+                with self._lock:
+                    closing = self._core.cancelled or (self._inputs_done and not any(self._queues))
+                if closing or (limit is not None and waited > limit):
+                    ray.kill(actor, no_restart=True)
+                    return (f"GPU evaluator actor {slot} was not placed: "
+                            f"{'the pool closed' if closing else f'no GPU free for {waited:.0f} s'}")
+            try:
+                ray.get(placed)
+                ready = ray.get(actor.start.remote(), timeout=self.start_timeout_s)
+                break
+            except ray.exceptions.RayActorError as exc:  # died while starting: its node went again
+                with self._lock:
+                    self.stats.actor_events.append((time.time(), slot, "lost", f"while starting ({type(exc).__name__})"))
+                if limit is not None and time.monotonic() - t0 > limit:
+                    return f"GPU evaluator actor {slot} could not start: {_short(exc)}"
+            except Exception as exc:  # WorkerUnavailable inside the actor, a start-up timeout
+                ray.kill(actor, no_restart=True)
+                return f"GPU evaluator actor {slot} could not start: {_short(exc)}"
         info = dict(ready["info"])
-        view = SimpleNamespace(info=info, restarts=0, where={"ray_node": ready["node"], "ray_gpu_ids": ready["gpu_ids"],
+        view = SimpleNamespace(info=info, restarts=0, where={"ray_node": ready["node"], "ray_node_id": ready["node_id"],
+                                                              "ray_gpu_ids": ready["gpu_ids"],
                                                               "ray_actor_pid": ready["actor_pid"], "ray_slot": slot})
-        with self._lock:
+        with self._cv:
             old = self._views.get(slot)
             self._restarts_before += old.restarts if old is not None else 0
             self._actors[slot] = actor
             self._views[slot] = view
-            if self._arch is None and info.get("arch"):
-                self._arch = info["arch"]
-        self._arch_known.set()
+            self._core.set_arch(info.get("arch"))
+            self._coming.discard(slot)
+            self._first.discard(slot)
+            self._serving.add(slot)
+            self.stats.actor_events.append((time.time(), slot, "up", ready["node_id"]))
+            self._reshard_locked()
+            self._cv.notify_all()
+        self._core.arch_settled()
         return None
 
+    def _leave(self, slot: int, why: str) -> None:
+        """``slot``'s actor is lost: it stops serving (a replacement is being started) and its
+        shapes and queue go to the serving slots."""
+        with self._cv:
+            self._running.pop(slot, None)
+            self.stats.actors_replaced += 1
+            self.stats.actor_events.append((time.time(), slot, "lost", why))
+            self._serving.discard(slot)
+            self._coming.add(slot)
+            self._reshard_locked()
+            self._cv.notify_all()
+
     def _retire(self, slot: int, why: str) -> None:
-        """``slot`` is gone: hand its queue (and shapes) to the serving slots, or, when none is
-        left, fail every queued item (as LocalPool does once no GPU worker runs)."""
+        """``slot`` is gone for good: its shapes and queue go to the others, or, when no slot
+        serves or is starting, every queued item fails (as LocalPool once no GPU worker runs)."""
         with self._cv:
             self._serving.discard(slot)
-            orphans = list(self._queues[slot])
-            self._queues[slot].clear()
-            for key in [k for k, s in self._affinity.items() if s == slot]:
-                del self._affinity[key]
-            if not self._serving:
-                self._arch_known.set()  # compiles waiting for an arch must not wait forever
+            self._coming.discard(slot)
+            self._first.discard(slot)
+            self.stats.actor_events.append((time.time(), slot, "gone", why))
+            self._reshard_locked()
+            if not self._serving and not self._coming:
+                self._core.arch_settled()  # compiles waiting for an arch must not wait forever
             self._cv.notify_all()
-        for item in orphans:
-            self._enqueue(item)
         while True:
             with self._cv:
-                if self._serving:
+                if self._serving or self._coming:
                     return
-                item = self._pop_locked(None)
+                longest = max(self._queues, key=len)
+                item = longest.popleft() if longest else None
                 if item is None:
-                    if self._inputs_done or self._cancelled:
+                    if self._inputs_done or self._core.cancelled:
                         return
                     self._cv.wait(0.5)
                     continue
-            cand = item.candidate
-            self._finish(item, [self._record(cand, s, Status.RUNTIME_ERROR, f"GPU worker unavailable: {why}",
-                                             compile=item.compiled) for s in cand.shapes])
+            self._core.fail(item, Status.RUNTIME_ERROR, f"GPU worker unavailable: {why}")
 
     def _stop_actor(self, slot: int) -> None:
         with self._lock:
@@ -513,10 +513,10 @@ class RayPool:
         except Exception:
             pass
 
-    # -- futures ------------------------------------------------------------------------------
-    def _drop(self, item: _Item) -> None:
-        item.future.set_exception(CancelledError("RayPool.cancel_all() dropped this candidate"))
-        self._slots.release()
+
+def _key(item: PoolItem) -> str:
+    """The shape a queued item is sharded by: the first it claims."""
+    return str(item.candidate.shapes[0])
 
 
 def _short(exc: BaseException, limit: int = 400) -> str:

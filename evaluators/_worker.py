@@ -46,6 +46,8 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Mapping, Optional
 
+from populations import Status
+
 __all__ = ["WorkerSupervisor", "WorkerUnavailable", "DEFAULT_DEADLINES", "HARNESS_TARGET", "worker_env"]
 
 HARNESS_TARGET = "evaluators._harness:make_handler"
@@ -130,7 +132,7 @@ class WorkerSupervisor:
                 self._spawn()
                 if self.probe_enabled:
                     res = self._exchange("probe", {}, first_phase="probe")
-                    if res.get("status") != "ok":
+                    if res.get("status") != Status.OK:
                         last = f"health probe failed: {res.get('message', '')}"
                         continue
                     self.probes_passed += 1
@@ -168,7 +170,7 @@ class WorkerSupervisor:
         try:
             result = self._exchange("job", job, first_phase="load")
         except WorkerUnavailable as exc:  # died while starting the job: treat like any death
-            result = {"status": "runtime_error", "message": str(exc), "fatal": True}
+            result = {"status": Status.RUNTIME_ERROR, "message": str(exc), "fatal": True}
         if result.get("fatal") or not self.alive():
             self.restarts += 1
             self.start()
@@ -189,7 +191,7 @@ class WorkerSupervisor:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._kill()
-                return {"status": "timeout", "fatal": True, "phase": phase, "shapes": partials,
+                return {"status": Status.TIMEOUT, "fatal": True, "phase": phase, "shapes": partials,
                         "message": f"{phase} phase overran its {deadlines.get(phase, 60.0):g} s deadline; "
                                    f"worker killed (SIGKILL to its process group)"}
             try:
@@ -265,7 +267,7 @@ class WorkerSupervisor:
         message = f"worker {how} during the {phase} phase" + (f": {why}" if why else "")
         if tail:
             message += f"; log tail: {tail}"
-        return {"status": "runtime_error", "fatal": True, "phase": phase, "message": message, "exit_code": code}
+        return {"status": Status.RUNTIME_ERROR, "fatal": True, "phase": phase, "message": message, "exit_code": code}
 
     def _reap(self, grace: float) -> Optional[int]:
         """Wait a little for the worker to exit by itself, then kill its group; return its exit code."""
@@ -356,7 +358,7 @@ def serve(conn: Connection, handler: Any) -> int:
         try:
             result = handler.handle(kind, job, phase)
         except Exception as exc:  # the handler's own bug: report it, keep serving
-            result = {"status": "runtime_error", "message": f"harness error: {exc!r}\n{traceback.format_exc()}"}
+            result = {"status": Status.RUNTIME_ERROR, "message": f"harness error: {exc!r}\n{traceback.format_exc()}"}
         conn.send(("result", job_id, result))
         if result.get("fatal"):
             sys.stdout.flush()

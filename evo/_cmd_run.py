@@ -13,11 +13,14 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ._cmd_args import (EXIT_INTERRUPTED, SHAPE_HELP, SHAPE_METAVAR, UsageError, add_archive,
                         add_gpus, add_json, archive_of, fail, open_writer, parse_gpus, resolve_arch)
 from ._config import ConfigError, PoolConfig, RunConfig, load_config, merge
+
+if TYPE_CHECKING:  # evaluators is imported when a pool is made, not at start-up
+    from evaluators import EvaluatorPool
 
 __all__ = ["add_parser", "run", "config_from_args", "make_pool", "make_operators", "expand_operators", "ALIASES"]
 
@@ -256,14 +259,12 @@ def _remove_fresh(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _close_pool(pool: Any, abandon: bool) -> None:
+def _close_pool(pool: "EvaluatorPool", abandon: bool) -> None:
     """Close the pool; when in-flight work was abandoned, first ask it to drop that work
-    (``cancel_all()``, where the pool has one) so closing does not wait for it."""
-    if abandon and callable(getattr(pool, "cancel_all", None)):
+    (``cancel_all()``) so closing does not wait for it."""
+    if abandon:
         pool.cancel_all()
-    close = getattr(pool, "close", None)
-    if callable(close):
-        close()
+    pool.close()
 
 
 def _rl_updater(cfg: RunConfig, operators: dict[str, Any], templates: Any, events: Any, progress: Any) -> Any:
@@ -278,13 +279,13 @@ def _rl_updater(cfg: RunConfig, operators: dict[str, Any], templates: Any, event
                                                              seed=cfg.seed))
 
 
-def _place_llm(args: argparse.Namespace, cfg: RunConfig, pool: Any, operators: dict[str, Any], events: Any,
+def _place_llm(args: argparse.Namespace, cfg: RunConfig, pool: "EvaluatorPool", operators: dict[str, Any], events: Any,
                progress: Any) -> Any:
     """Report where the LLM runs (event ``llm_placement``) and hand a co-located model the GPU
     lease (evo/_llm_placement.py); returns the lease, or None."""
     from ._llm_placement import llm_placement, place_llm
 
-    gpus = list(cfg.pool.gpus) or [int(g) for g in (getattr(pool, "gpus", None) or [0]) if isinstance(g, int)]
+    gpus = list(cfg.pool.gpus) or [int(g) for g in (pool.gpus or [0]) if isinstance(g, int)]
     placement = llm_placement(operators, gpus, getattr(args, "llm_device", None))
     lease = place_llm(operators, placement)
     if placement.where != "none":

@@ -8,7 +8,8 @@ wait on a compile) and proposes a new one each time a result arrives:
 1. pick an active shape by headroom (``_budget.shape_weights`` / ``pick_shape``: weighted fair
    sharing of the evaluations, finished + in flight, by each shape's distance from its roofline;
    a shape at >= 0.9 of it, or stalled, yields its slots; with ``[allocation] enabled = false``
-   the shape with the fewest evaluations),
+   the shape with the fewest evaluations); the pool is told the weights before each fill
+   (``set_shape_weights``: RayPool shards shapes across its GPU actors by them),
 2. take its next queued candidate (transferred elites of nearby shapes, then the templates'
    heuristic picks and spread-out samples of ``evo seed``, or candidates that a killed run or
    ``evo seed`` left unevaluated), or else draw parents from its population and ask
@@ -42,7 +43,7 @@ import time
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from populations import Archive, Calibration, Candidate, Evaluation, Shape, Status, Template, attainable_frac, roofline_frac
 from populations import DISQUALIFYING
@@ -57,13 +58,10 @@ from ._progress import EventLog, Progress
 from ._selection import Population
 from ._transfer import transfer_candidates
 
-__all__ = ["Engine", "EvaluatorPool", "RunResult", "OperatorChooser", "pool_gpus"]
+if TYPE_CHECKING:  # the engine needs only the interface; evaluators is imported where a pool is made
+    from evaluators import EvaluatorPool
 
-
-class EvaluatorPool(Protocol):
-    """What the engine needs of an evaluator pool (evaluators.LocalPool, or a test double)."""
-
-    def submit(self, candidate: Candidate) -> "Future[list[Evaluation]]": ...
+__all__ = ["Engine", "RunResult", "OperatorChooser", "pool_gpus"]
 
 
 @dataclass
@@ -116,9 +114,9 @@ class OperatorChooser:
             self.improved[name] += 1
 
 
-def pool_gpus(pool: Any, config: RunConfig) -> int:
+def pool_gpus(pool: "EvaluatorPool", config: RunConfig) -> int:
     """How many GPUs the pool times on: the configured list, else what the pool says it has."""
-    return len(config.pool.gpus) or len(getattr(pool, "gpus", None) or ()) or 1
+    return len(config.pool.gpus) or len(pool.gpus) or 1
 
 
 class Engine:
@@ -131,7 +129,7 @@ class Engine:
     #: Seconds a stopping run waits for cancelled asynchronous proposals to return.
     PROPOSAL_GRACE_S = 15.0
 
-    def __init__(self, config: RunConfig, archive: Archive, pool: EvaluatorPool,
+    def __init__(self, config: RunConfig, archive: Archive, pool: "EvaluatorPool",
                  operators: Mapping[str, Any], templates: Mapping[str, Template], *,
                  events: EventLog, progress: Optional[Progress] = None,
                  clock: Callable[[], float] = time.monotonic, calibration: Optional[Calibration] = None) -> None:
@@ -145,7 +143,7 @@ class Engine:
         self.clock = clock
         arch = config.pool.arch
         #: the target GPU: configured, else what the pool reports (LocalPool asks nvidia-smi)
-        self.arch = str(getattr(pool, "arch", None) or "sm_90a") if arch == "auto" else arch
+        self.arch = str(pool.arch or "sm_90a") if arch == "auto" else arch
         self.max_inflight = config.pool.inflight(pool_gpus(pool, config))
         self.rng = random.Random(config.seed)
         self.budget = Budget(config.budget_s, config.gpu_seconds, config.max_evals, config.max_tokens, clock=clock)
@@ -293,9 +291,7 @@ class Engine:
         self.events.emit("abandon", None, reason=reason, lost=lost,
                          candidates=[j.candidate.id for j in self.inflight.values()])
         self.inflight.clear()
-        cancel = getattr(self.pool, "cancel_all", None)
-        if callable(cancel):
-            cancel()
+        self.pool.cancel_all()
 
     # -- start-up: rebuild from the archive, queue seeds ---------------------------------------
     def _prepare(self) -> None:
@@ -356,6 +352,9 @@ class Engine:
         A shape whose operators come back empty (failures, duplicates) ``MAX_MISSES`` times in
         a row is left alone until the next fill; when every shape is, nothing is submitted."""
         misses: Counter = Counter()
+        if len(self.inflight) < self.max_inflight and self._active():
+            # where the evaluations will go, so that a pool of several GPUs can shard by it
+            self.pool.set_shape_weights(self.weights(self._active()))
         while len(self.inflight) < self.max_inflight:
             left = self.budget.remaining_evals(len(self.inflight))
             if left is not None and left <= 0:
@@ -538,8 +537,7 @@ class Engine:
 
     def _submit(self, cand: Candidate, shape: Shape, op: str) -> None:
         self.archive.add(cand)
-        thr = self._elite_threshold(shape) if getattr(self.pool, "takes_elite_threshold", False) else None
-        fut = self.pool.submit(cand, elite_threshold=thr) if thr is not None else self.pool.submit(cand)
+        fut = self.pool.submit(cand, elite_threshold=self._elite_threshold(shape))
         self.inflight[fut] = _Job(cand, shape, op, self.clock())
         self.known[shape].add(cand.id)
         self.events.emit("proposal", shape, candidate=cand.id, operator=op, template=cand.template,

@@ -19,6 +19,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional
 
+from evaluators import EvaluatorPool
 from populations import Candidate, Evaluation, KernelStats, Shape, Status, TimerResult
 
 __all__ = ["FakeEvaluatorPool", "synthetic_fitness"]
@@ -47,9 +48,10 @@ def synthetic_fitness(candidate: Candidate, shape: Shape) -> float:
     return 0.2 + 1.4 * math.exp(-0.15 * dist)
 
 
-class FakeEvaluatorPool:
+class FakeEvaluatorPool(EvaluatorPool):
     """See the module docstring. Shares are fractions of candidates (by id): ``fail`` compile
-    errors, ``incorrect``, ``crash`` runtime errors, ``raise_`` futures that raise."""
+    errors, ``incorrect``, ``crash`` runtime errors, ``raise_`` futures that raise. It takes
+    ``elite_threshold`` and ignores it; it has no GPUs and no arch (the base's defaults)."""
 
     def __init__(self, config: Any = None, *, delay_s: Optional[float] = None, gpu_s: Optional[float] = None,
                  fail: Optional[float] = None, incorrect: Optional[float] = None, crash: Optional[float] = None,
@@ -63,26 +65,27 @@ class FakeEvaluatorPool:
         self.raise_ = raise_ if raise_ is not None else float(env.get("EVO_FAKE_RAISE", "0.01"))
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fake-pool")
         self._cancel = threading.Event()
+        self._closed = False
         self.submitted: list[str] = []
         self.completed = 0
         self.max_inflight = 0
         self._inflight = 0
         self._lock = threading.Lock()
 
-    def submit(self, candidate: Candidate) -> "Future[list[Evaluation]]":
+    def submit(self, candidate: Candidate, *, elite_threshold: Optional[float] = None) -> "Future[list[Evaluation]]":
+        if self._closed or self._cancel.is_set():
+            raise RuntimeError("FakeEvaluatorPool is closed" if self._closed else "FakeEvaluatorPool was cancelled")
         with self._lock:
             self.submitted.append(candidate.id)
             self._inflight += 1
             self.max_inflight = max(self.max_inflight, self._inflight)
         return self._executor.submit(self._evaluate, candidate)
 
-    def evaluate(self, candidates: list[Candidate]) -> list[Evaluation]:
-        return [e for f in [self.submit(c) for c in candidates] for e in f.result()]
-
     def cancel_all(self) -> None:
         self._cancel.set()
 
     def close(self) -> None:
+        self._closed = True
         self._cancel.set()
         self._executor.shutdown(wait=False, cancel_futures=True)
 

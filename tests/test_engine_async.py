@@ -61,7 +61,7 @@ class _TimedPool(FakeEvaluatorPool):
 
     def submit(self, candidate, **kw):  # type: ignore[no-untyped-def]
         self.times.append(time.monotonic())
-        return super().submit(candidate)
+        return super().submit(candidate, **kw)
 
 
 def _run(tmp_path: Path, slow: _SlowLLM, **limits):  # type: ignore[no-untyped-def]

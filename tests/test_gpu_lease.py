@@ -18,6 +18,7 @@ import pytest
 
 from evaluators._lease import GpuLease, gpu_key, timing_lease
 from evo._llm_placement import device_index, llm_placement, place_llm
+from operators.llm import Completion, LLMBackend
 
 
 class GpuDouble:
@@ -215,11 +216,10 @@ class RecordingGate:
         return one()
 
 
-class ServerDouble:
+class ServerDouble(LLMBackend):
     """Stands for an OpenAI-compatible server (a boundary we do not own): a fixed answer."""
 
     def complete(self, messages, **kwargs):
-        from operators.llm import Completion
         time.sleep(0.01)
         return Completion('{"BM": 64}', 10, 5, 0.25, "served", kwargs.get("temperature", 0.0))
 

@@ -113,7 +113,7 @@ def test_reading_a_result_does_not_hold_up_the_next_job(tmp_path):
         p.evaluate(batch)  # compiles cached: the jobs below are ready at once
         sup = p.supervisors[0]
         starts, read = [], []
-        run, evaluations = sup.run, p._evaluations
+        run, evaluations = sup.run, p._core.evaluations
 
         def timed_run(job):
             starts.append(time.monotonic())
@@ -123,7 +123,7 @@ def test_reading_a_result_does_not_hold_up_the_next_job(tmp_path):
             time.sleep(1.0)
             read.append(time.monotonic())
             return evaluations(*a)
-        sup.run, p._evaluations = timed_run, slow_read
+        sup.run, p._core.evaluations = timed_run, slow_read
         evals = p.evaluate(batch)
     assert [e.status for e in evals] == [Status.OK] * 3 and len(starts) == 3
     assert starts[1] < read[0] and starts[2] < read[1]  # sent before the previous result was read

@@ -22,6 +22,7 @@ pytest.importorskip("evaluators._compile")
 
 from fake_gpu_worker import FakeGpuHandler  # noqa: E402
 from populations import Archive, Shape, Status, load_templates  # noqa: E402
+from ray_clusters import wait_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 S1, S2, S4 = (Shape.parse(s) for s in ("64x64x64", "128x64x32", "32x32x4096"))
@@ -82,16 +83,6 @@ def make_pool(tmp_path: Path, cache: Path, gpus: int = 2, delay_s: float = 0.0, 
     return RayPool(gpus=gpus, compile_workers=2, target=SLOW, worker_options={"delay_s": delay_s},
                    deadlines=DEADLINES, log_dir=str(tmp_path / "logs"), cache_dir=str(cache),
                    arch="sm_90a", **kw)
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_compiles_run_as_ray_tasks_in_parallel_and_shapes_spread_over_actors(cluster, cache, tmp_path):
@@ -241,10 +232,11 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_the_scaling_benchmark_runs_both_legs_and_writes_its_figures(cluster, tmp_path, capsys):
-    """bench/ray_scaling.py end to end on the module's cluster with the GPU-handler test double
-    (its figures mean nothing here, compiles bound them; the lead runs it on two H200s). Slow:
-    ~80 s, most of it compiling from a cold cache on two busy cores."""
+def test_the_scaling_benchmark_runs_both_legs_and_writes_its_figures(tmp_path, capfd):
+    """bench/ray_scaling.py end to end, each leg in its own process with its own local cluster
+    (two logical GPUs), with the GPU-handler test double (its figures mean nothing here,
+    compiles bound them; the lead runs it on H200s). Slow: ~80 s, most of it compiling from a
+    cold cache on two busy cores."""
     import importlib.util
     import json
 
@@ -252,9 +244,9 @@ def test_the_scaling_benchmark_runs_both_legs_and_writes_its_figures(cluster, tm
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     code = bench.main(["--seconds", "6", "--warmup", "12", "--legs", "ray1,ray2", "--shapes", "64x64x64,128x64x32",
-                       "--compile-workers", "2", "--worker-target", SLOW, "--out", str(tmp_path / "out"),
+                       "--compile-workers", "2", "--num-gpus", "2", "--worker-target", SLOW, "--out", str(tmp_path / "out"),
                        "--work", str(tmp_path / "work")])
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out  # the legs' processes write to the inherited stdout
     assert code == 0, out[-3000:]
     report = json.loads((tmp_path / "out" / "ray_scaling.json").read_text())
     assert [r["leg"] for r in report["legs"]] == ["ray1", "ray2"]

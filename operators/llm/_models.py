@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from ._base import LLMBackend
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -127,12 +129,12 @@ def resolve_model(name: str, files: Sequence[Union[str, Path]] = (), **overrides
     return replace(spec, **overrides) if overrides else spec
 
 
-_BACKENDS: dict[ModelSpec, Any] = {}
+_BACKENDS: dict[ModelSpec, LLMBackend] = {}
 _FAILED: dict[ModelSpec, Exception] = {}
 _LOCK = threading.Lock()
 
 
-def get_backend(spec: ModelSpec) -> Any:
+def get_backend(spec: ModelSpec) -> LLMBackend:
     """The backend serving ``spec``, built once per process (loading a model takes tens of seconds).
     A model that failed to load fails again at once (the same exception), not after another load."""
     with _LOCK:
@@ -150,7 +152,7 @@ def get_backend(spec: ModelSpec) -> Any:
         return backend
 
 
-def _build(spec: ModelSpec) -> Any:
+def _build(spec: ModelSpec) -> LLMBackend:
     if spec.backend == "openai":
         from ._openai import OpenAIBackend
         return OpenAIBackend(spec)

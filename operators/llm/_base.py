@@ -1,0 +1,98 @@
+"""The LLM backend interface: chat messages in, one :class:`Completion` out.
+
+An :class:`LLMBackend` serves one model: in-process ``transformers`` (our own sampling loop,
+grammar-constrained, gated per forward pass), an OpenAI-compatible HTTP server, or in-process
+vLLM. The LLM operators and the RL loop see only this interface; which backend serves a model is
+data (``operators/llm/models.toml``, :func:`~operators.llm.get_backend`).
+
+A backend never raises for a failed generation: a timeout, a refused request, a cancelled call
+or an engine error is a Completion with ``error`` set and no text, counted by the caller like
+any other outcome. ``tests/test_llm_conformance.py`` runs this contract over every backend.
+"""
+from __future__ import annotations
+
+import abc
+import random
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
+
+__all__ = ["Completion", "LLMBackend", "Gate", "Choices"]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One answer with its accounting."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    model: str
+    temperature: float
+    finished: bool = True  # False when max_new_tokens cut it off or a grammar hit a dead end
+    adapter: str = ""  # the LoRA adapter version that answered (evo.rl); "" for the base model
+    error: str = ""  # why there is no answer (a timeout, an HTTP error, a garbage reply); "" when there is one
+    gpu_s: float = 0.0  # seconds the model ran on a GPU for this answer (device-synchronised forward passes)
+
+
+class Gate(Protocol):
+    """A device lease generation takes per slice (evaluators' GpuLease: no timed region on the
+    GPU overlaps a slice; evo hands one to the LLM operators when the model shares a timing GPU)."""
+
+    def slice(self, sync: Optional[Any] = None, cancel: Optional[threading.Event] = None) -> Any: ...
+
+
+class Choices(Protocol):
+    """A grammar as successive choices: ``options()`` lists the prefix-free strings allowed next
+    (empty when finished or stuck), ``choose(s)`` records one. A grammar may also offer
+    ``json_schema()``, which backends that cannot step a grammar hand to their server."""
+
+    done: bool
+
+    def options(self) -> list[str]: ...
+
+    def choose(self, option: str) -> None: ...
+
+
+class LLMBackend(abc.ABC):
+    """Base class of LLM backends (see the module docstring)."""
+
+    #: The model's name as Completions and candidates record it.
+    name: str = ""
+    #: The version name of the LoRA adapter in use (:meth:`load_adapter`); "" for the base model.
+    adapter: str = ""
+    #: True when :meth:`complete` honours ``cancel`` and ``gate`` itself, between decoding steps
+    #: (the in-process transformers loop). False: it ignores them, and the caller checks
+    #: ``cancel`` before a request and holds one ``gate`` slice around the whole request.
+    steps_under_gate: bool = False
+
+    @abc.abstractmethod
+    def complete(self, messages: list[dict[str, str]], *, rng: random.Random, temperature: float = 0.7,
+                 max_new_tokens: int = 256, prefix: str = "", grammar: Optional[Choices] = None,
+                 cancel: Optional[threading.Event] = None, gate: Optional[Gate] = None) -> Completion:
+        """An answer to ``messages``, drawing any randomness from ``rng`` (the same seed gives the
+        same answer where the backend can promise it). ``prefix``: the answer's start (a backend
+        that cannot continue a prefix sends the messages alone). ``grammar``: decode under it
+        (step by step, or through its ``json_schema()``, or not at all: the caller validates the
+        answer anyway). ``cancel``/``gate``: see :attr:`steps_under_gate`."""
+
+    def load_adapter(self, folder: Any, name: str) -> None:
+        """Answer with the peft LoRA adapter in ``folder`` (recorded as ``name``) from the next
+        completion on; ``folder=None`` goes back to the base model. The default refuses: a
+        backend that cannot switch adapters says so rather than answering with the old weights."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load LoRA adapters")
+
+    # -- for implementations -----------------------------------------------------------------
+    def failure(self, error: str, seconds: float, temperature: float, prompt_tokens: int = 0,
+                gpu_s: float = 0.0) -> Completion:
+        """The Completion of a call that produced no answer, ``error`` saying why."""
+        return Completion(text="", prompt_tokens=prompt_tokens, completion_tokens=0, seconds=seconds,
+                          model=self.name, temperature=temperature, finished=False, error=error, gpu_s=gpu_s)
+
+    @staticmethod
+    def json_schema(grammar: Any) -> Optional[dict]:
+        """The grammar's JSON schema, for a backend whose server decodes under one; None when the
+        grammar offers none (or there is no grammar)."""
+        schema_of = getattr(grammar, "json_schema", None)
+        return schema_of() if callable(schema_of) else None

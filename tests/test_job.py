@@ -1,0 +1,56 @@
+"""The worker contract's types (evaluators.Job, Result): typed in the parent, dicts on the wire."""
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+from evaluators import JOB_OPTIONS, PRECISE_JOB, Job, LocalPool, Result
+from evaluators._builtin_kernels import naive_candidate
+from populations import Shape, Status
+
+S1, S2 = Shape.parse("64x64x64:TN"), Shape.parse("128x64x32:TN")
+
+
+def _job(**options) -> Job:
+    cand = naive_candidate((S1, S2))
+    return Job(cubin=b"\x7fELF", plan=cand.plan, shapes=cand.shapes, candidate_id=cand.id,
+               meta={"fake": "ok"}).with_options(options)
+
+
+def test_a_job_survives_the_wire_and_leaves_unset_options_out():
+    job = _job(elite_threshold=1.25, **PRECISE_JOB)
+    wire = job.to_wire()
+    assert wire["shapes"] == [str(S1), str(S2)] and wire["plan"] == job.plan.to_dict()
+    assert wire["elite_threshold"] == 1.25 and wire["rotations"] == 3
+    assert "memo_check" not in wire and "seed" not in wire  # None: the harness's own default
+    back = Job.from_wire(pickle.loads(pickle.dumps(wire)))
+    assert back == job
+
+
+def test_an_unknown_or_missing_key_is_refused_on_both_sides(tmp_path):
+    with pytest.raises(TypeError, match="budget_sec"):
+        _job(budget_sec=0.2)
+    with pytest.raises(TypeError, match="unknown"):
+        Job.from_wire({**_job().to_wire(), "rotatoins": 2})
+    with pytest.raises(TypeError, match="missing"):
+        Job.from_wire({"plan": {}, "shapes": []})
+    with pytest.raises(TypeError, match="budget_sec"):  # at the pool's construction, before any compile
+        LocalPool(gpus=[0], target="fake_gpu_worker:make_handler", log_dir=str(tmp_path),
+                  job_options={"budget_sec": 0.2})
+    assert "elite_threshold" in JOB_OPTIONS and "cubin" not in JOB_OPTIONS
+
+
+def test_a_result_reads_statuses_as_the_enum_and_keeps_the_wire_strings():
+    wire = {"status": "timeout", "message": "timing phase overran", "fatal": True, "phase": "timing",
+            "shapes": [{"shape": str(S1), "status": "ok", "timers": {}, "flags": [], "checks": ["smoke"],
+                        "correctness_s": 0.1, "new_key": 7}]}
+    res = Result.from_wire(wire)
+    assert res.status is Status.TIMEOUT and res.fatal and res.phase == "timing"
+    first = res.shape(S1)
+    assert first is not None and first.status is Status.OK and first.checks == ("smoke",)
+    assert first.extra == {"new_key": 7}  # a key this parent does not read is kept, not lost silently
+    assert res.shape(S2) is None
+    assert json.dumps({"status": Status.FLAGGED}) == '{"status": "flagged"}'  # a str enum: same wire form
+    assert Result.from_wire({}).status is Status.RUNTIME_ERROR

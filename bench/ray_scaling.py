@@ -88,7 +88,7 @@ def make_pool(kind: str, gpus: int, args: argparse.Namespace, cache: str) -> Any
 
 def run_leg(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """One leg: a pool, the engine for ``args.seconds`` once the pool is up; the leg's figures."""
-    from evo._cmd_run import expand_operators, make_operators
+    from evo._orchestrate import expand_operators, make_operators
     from evo._config import merge
     from evo._engine import Engine
     from evo._progress import EVENTS_FILE, EventLog, Progress, read_events

@@ -51,7 +51,7 @@ from operators import OperatorContext, ParentView
 from ._budget import Budget, Convergence, gpu_seconds, pick_shape, shape_weights
 from ._opbandit import OperatorBandit, child_gain
 from ._calibration import load_calibration
-from ._cmd_seed import seed_population
+from ._seeding import seed_population
 from ._config import RunConfig
 from ._progress import EventLog, Progress
 from ._selection import Population

@@ -92,7 +92,7 @@ def test_config_section_and_validation() -> None:
 
 
 def test_the_engine_feeds_the_bandit_and_charges_the_llms_gpu_seconds(tmp_path) -> None:
-    from evo._cmd_run import expand_operators, make_operators
+    from evo._orchestrate import expand_operators, make_operators
     from evo._engine import Engine
     from evo._opbandit import OperatorBandit
     from evo._progress import EVENTS_FILE, EventLog, read_events

@@ -31,12 +31,13 @@ import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+from evaluators import EvaluatorPool  # noqa: E402
 from populations import Archive, Candidate, Evaluation, Shape, Status, TimerResult, load_templates  # noqa: E402
 
 import seed_bench  # noqa: E402
@@ -46,17 +47,21 @@ def _unit(text: str) -> float:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2 ** 64
 
 
-class CompileOnlyPool:
+class CompileOnlyPool(EvaluatorPool):
     """Test double for ``evaluators.LocalPool`` on a machine without a GPU: real compiles, made-up
     ``ok`` results (speedup 0.6-1.2 from the candidate id and shape; provenance says so)."""
 
     def __init__(self, config: Any = None, workers: int = 2, arch: str = "sm_90a") -> None:
-        self.arch = arch
+        self._arch = arch
         self.gpus = [0]
         self._ex = ThreadPoolExecutor(max(1, getattr(config, "compile_workers", workers) or workers))
         self.compiled: Counter = Counter()
 
-    def submit(self, candidate: Candidate) -> "Future[list[Evaluation]]":
+    @property
+    def arch(self) -> str:
+        return self._arch
+
+    def submit(self, candidate: Candidate, *, elite_threshold: Optional[float] = None) -> "Future[list[Evaluation]]":
         return self._ex.submit(self._evaluate, candidate)
 
     def _evaluate(self, candidate: Candidate) -> list[Evaluation]:
@@ -97,10 +102,12 @@ def seed_archive(path: Path, shapes: list[Shape], workers: int) -> Counter:
 
 
 def evo_run(archive: Path, shapes: list[Shape], seconds: int, workers: int, log: Path) -> int:
-    cmd = [sys.executable, "-m", "evo", "run", *[a for s in shapes for a in ("--shape", str(s))], "--archive",
+    # evo run in a child with the double as its pool, handed over through the library (no flag does that)
+    launch = ("import sys, _grid_cpu_check as g; from evo.cli import main; "
+              "sys.exit(main(sys.argv[1:], pool_factory=g.CompileOnlyPool))")
+    cmd = [sys.executable, "-c", launch, "run", *[a for s in shapes for a in ("--shape", str(s))], "--archive",
            str(archive), "--budget", f"{seconds}s", "--operators", "knob:3,optuna:1", "--compile-workers", str(workers),
-           "--converge-window", "12", "--converge-threshold", "0.01", "--progress", "plain",
-           "--pool", "_grid_cpu_check:CompileOnlyPool"]
+           "--converge-window", "12", "--converge-threshold", "0.01", "--progress", "plain"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
     with open(log, "a") as fh:
         return subprocess.run(cmd, cwd=HERE.parent, env=env, stdout=fh, stderr=subprocess.STDOUT,

@@ -9,12 +9,17 @@
 #                pre-hardening checkout) the elites of an archive that tree's evo run made (bench/false_rejections.py)
 #   profile      the GPU worker under cProfile for PROFILE_N candidates at 4096^3: where the time goes
 #   llm-layers   issue 26's benchmark: evolve a sample of llm_layers.csv, export, re-time (bench/llm_layers_bench.py)
-#   e2e          issue 19's end-to-end model benchmark (bench/model_e2e_device.sh)
+#   e2e          issue 19's end-to-end model benchmark (bench/model_e2e_device.sh; E2E_CALL=1 or 2, the
+#                smollm2 wheel needs a second call: see that script)
+#   rl-check     issue 8's learning check with the GPU evaluator in the loop (bench/rl_learning_check.py;
+#                needs the llm wheels on PYTHONPATH)
+#   ray-scaling  issue 10's Ray pool, 1 GPU against 2 (bench/ray_scaling.py; a 2-GPU machine, ray installed)
 # Knobs (environment): EVOLVE (llm-layers evolve budget, default 2m), TIME_MAX (llm-layers time stage
 # cap in s, default 240), N (throughput candidates per shape, default 200), REDTEAM_S (red-team submit
 # budget, default 150), MODELS / BUDGET (e2e), GPU_TESTS_ARGS (extra pytest arguments), PER_TEMPLATE / FR_S
 # (false-rejections seeds per template, default 4; submit budget per part in s, default 150), OLD_RUN_S /
-# OLD_SHAPES (the old tree's evo run), PROFILE_N (default 16). The shapes CSV and the plain peer come from shared/ or a
+# OLD_SHAPES (the old tree's evo run), PROFILE_N (default 16), RL_MIN (rl-check minutes, default 8), RAY_S
+# (seconds per ray-scaling leg, default 80). The shapes CSV and the plain peer come from shared/ or a
 # carried .carry_shared/ in the checkout (never committed).
 set -u
 : "${OUT:?OUT must name the folder for logs}"
@@ -60,8 +65,15 @@ for part in "$@"; do
       --time-max-seconds "${TIME_MAX:-240}" > "$OUT/llm_layers.log" 2>&1
     echo "rc=$?"; tail -n 40 "$OUT/llm_layers.log" | cut -c1-300 ;;
   e2e)
-    bash bench/model_e2e_device.sh; echo "rc=$?" ;;
-  *) echo "unknown part: $part (gpu-tests, redteam, throughput, false-rejections, profile, llm-layers, e2e)" >&2; exit 2 ;;
+    bash bench/model_e2e_device.sh "${E2E_CALL:-1}"; echo "rc=$?" ;;
+  rl-check)
+    timeout $(( ${RL_MIN:-8} * 60 + 60 )) python3 bench/rl_learning_check.py --evaluator gpu --gpus 0 \
+      --out "$OUT/rl" --max-minutes "${RL_MIN:-8}" > "$OUT/rl_check.log" 2>&1
+    echo "rc=$?"; tail -n 12 "$OUT/rl_check.log" | cut -c1-400 ;;
+  ray-scaling)
+    timeout 540 python3 bench/ray_scaling.py --seconds "${RAY_S:-80}" --out "$OUT/ray" > "$OUT/ray_scaling.log" 2>&1
+    echo "rc=$?"; tail -n 12 "$OUT/ray_scaling.log" | cut -c1-400 ;;
+  *) echo "unknown part: $part (gpu-tests, redteam, throughput, false-rejections, profile, llm-layers, e2e, rl-check, ray-scaling)" >&2; exit 2 ;;
   esac
 done
 log "done"

@@ -109,8 +109,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--restore", type=Path, help="before the stages, unpack such a tar.gz into an empty work folder")
     p.add_argument("--list", action="store_true", help="print the sample, its classes and waves; no GPU")
     p.add_argument("--summarize", type=Path, metavar="JSON", help="only rebuild summary.md/json and the plot")
-    # Test-only: evo run's own test-only --pool (module:factory), e.g. fake_pool:FakeEvaluatorPool.
-    p.add_argument("--evo-pool", help=argparse.SUPPRESS)
+    # Test-only: the module run as `python -m MODULE run ...` instead of evo (tests: fake_evo, evo with
+    # the stand-in pool given through the library).
+    p.add_argument("--evo-module", default="evo", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     if not stages or set(stages) - set(STAGES):
@@ -221,12 +222,10 @@ def stage_evolve(run: Run) -> bool:
             continue
         config = run.work / "run.toml"  # plain progress every 30 s: 48 shapes a line each every 5 s is a flood
         config.write_text('progress_interval = "30s"\n')
-        cmd = [sys.executable, "-m", "evo", "run", "--archive", str(run.archive), "--budget", f"{budget:.0f}s",
+        cmd = [sys.executable, "-m", args.evo_module, "run", "--archive", str(run.archive), "--budget", f"{budget:.0f}s",
                "--operators", args.operators, "--progress", "plain", "--seed", str(args.seed), "--config", str(config)]
         if seeds is not None:
             cmd += ["--seeds-per-template", str(seeds)]
-        if args.evo_pool:
-            cmd += ["--pool", args.evo_pool]
         for r in rows:
             cmd += ["--shape", r.shape]
         run.log(f"evolve {name}: {len(rows)} shapes, {budget:.0f} s of evolution")

@@ -77,12 +77,13 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--llm-device", default="cpu", help="cpu, or cuda[:N] (co-located with the timers: leased)")
     p.add_argument("--llm-threads", type=int, default=0)
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: stand-in pool, two shapes, tiny budgets")
-    p.add_argument("--evo-pool", help=argparse.SUPPRESS)  # test-only: evo run's --pool
+    # test-only: the module run as `python -m MODULE run ...` (fake_evo: evo with the stand-in pool)
+    p.add_argument("--evo-module", default="evo", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.seed_list = [int(s) for s in str(args.seeds).split(",") if s.strip()]
     args.arm_list = [a.strip() for a in args.arms.split(",") if a.strip()]
     if args.tiny:
-        args.evo_pool = args.evo_pool or "fake_pool:FakeEvaluatorPool"
+        args.evo_module = "fake_evo" if args.evo_module == "evo" else args.evo_module
         if args.arms == ",".join(ARMS):
             args.arm_list = list(TINY_ARMS)
     unknown = [a for a in args.arm_list if a not in ARMS]
@@ -130,7 +131,7 @@ def run_command(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[
     ops, extra = ARMS[arm]
     if args.tiny and arm == "bandit":
         ops = "knob:1,optuna:1"  # the smoke test loads no model
-    cmd = [sys.executable, "-m", "evo", "run", "--archive", str(archive), "--operators", ops, "--seed", str(seed),
+    cmd = [sys.executable, "-m", args.evo_module, "run", "--archive", str(archive), "--operators", ops, "--seed", str(seed),
            "--progress", "plain", "--gpu-seconds", f"{args.gpu_seconds:g}",
            "--budget", f"{args.wall_cap or 4 * args.gpu_seconds:g}"]
     for s in shapes:
@@ -143,8 +144,6 @@ def run_command(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[
     cmd += [x.replace("{adapter}", adapter) for x in extra]
     if arm == "bandit" and adapter:
         cmd += ["--llm-adapter", adapter]
-    if args.evo_pool:
-        cmd += ["--pool", args.evo_pool]
     return cmd
 
 

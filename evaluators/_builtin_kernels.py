@@ -5,7 +5,7 @@ No ``#include``: fp16 conversions are inline PTX, so NVRTC needs no toolkit head
 """
 from __future__ import annotations
 
-from populations import Candidate, LaunchPlan, Shape
+from populations import Candidate, LaunchPlan, Shape, Status
 
 __all__ = ["NAIVE_GEMM", "naive_plan", "naive_candidate", "BUGS", "EMPTY_KERNEL"]
 
@@ -84,14 +84,14 @@ extern "C" __global__ void evo_cached_gemm(const unsigned short* __restrict__ A,
 EMPTY_KERNEL = "evo_empty"
 
 #: bug macro -> the status the evaluator must give it
-BUGS = {
-    "EVO_BUG_FP16_ACC": "incorrect",
-    "EVO_BUG_SKIP_LAST_K": "incorrect",
-    "EVO_BUG_OOB_WRITE": "incorrect",
-    "EVO_BUG_MODIFY_INPUT": "incorrect",
-    "EVO_BUG_ILLEGAL": "runtime_error",
-    "EVO_BUG_HANG": "timeout",
-    "EVO_BUG_WS_CACHE": "flagged",  # passes correctness; the after-timing recheck exposes it
+BUGS: dict[str, Status] = {
+    "EVO_BUG_FP16_ACC": Status.INCORRECT,
+    "EVO_BUG_SKIP_LAST_K": Status.INCORRECT,
+    "EVO_BUG_OOB_WRITE": Status.INCORRECT,
+    "EVO_BUG_MODIFY_INPUT": Status.INCORRECT,
+    "EVO_BUG_ILLEGAL": Status.RUNTIME_ERROR,
+    "EVO_BUG_HANG": Status.TIMEOUT,
+    "EVO_BUG_WS_CACHE": Status.FLAGGED,  # passes correctness; the after-timing recheck exposes it
 }
 
 

@@ -4,7 +4,7 @@
 cuFuncSetAttribute for > 48 KiB of dynamic shared memory, cuLaunchKernel on the caller's
 stream with the ``void**`` parameter array of a :class:`evaluators._tmap.ParamPack`).
 ``PycudaLoader`` does the same through pycuda where ``import pycuda.driver`` works (the device
-image lacks it; it builds from its sdist there: ``bench/device_pycuda_build.sh``), launching
+image lacks it; it builds from its sdist there: ``bench/pycuda_wheel_build.sh``), launching
 with the pack's parameter block (``CU_LAUNCH_PARAM_BUFFER_POINTER``, pycuda's raw launch).
 :func:`get_loader` picks one. Every driver call is checked; a failing one raises
 :class:`CudaError` with the error's name and string, and :attr:`CudaError.poisons` says whether

@@ -88,7 +88,6 @@ class LocalPool(EvaluatorPool):
                               compile_timeout_s=compile_timeout_s, compile_fn=compile_fn,
                               slots=max_in_flight or (max(1, compile_workers) + 2 * len(self.gpus)),
                               stats=PoolStats(), arch=arch)
-        self.stats = self._core.stats
         self._compile_pool = ThreadPoolExecutor(max(1, compile_workers), thread_name_prefix="evo-compile")
         self._ready: "queue.Queue[Optional[PoolItem]]" = queue.Queue()
         self._alive = len(self.gpus)
@@ -108,6 +107,16 @@ class LocalPool(EvaluatorPool):
             t.start()
 
     # -- public -------------------------------------------------------------------------
+    @property
+    def stats(self) -> PoolStats:
+        """Where the time went (busy seconds per GPU, compiles, restarts); assign a fresh
+        ``PoolStats()`` to start counting again (a benchmark's measured phase)."""
+        return self._core.stats
+
+    @stats.setter
+    def stats(self, value: PoolStats) -> None:
+        self._core.stats = value
+
     @property
     def arch(self) -> str:
         """The target arch: given, else nvidia-smi's, else the first worker's (waits for it)."""

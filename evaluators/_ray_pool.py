@@ -113,7 +113,6 @@ class RayPool(EvaluatorPool):
         self.max_retries = max_retries
         self.reclaim_s = reclaim_s
         self.shard_slack = shard_slack
-        self.stats: RayPoolStats = core.stats  # type: ignore[assignment]
         from ._provenance import code_version
 
         self.pool_id = uuid.uuid4().hex[:12]  # names this pool's worker pid files on every node
@@ -144,6 +143,15 @@ class RayPool(EvaluatorPool):
             t.start()
 
     # -- public -------------------------------------------------------------------------
+    @property
+    def stats(self) -> RayPoolStats:
+        """PoolStats plus the Ray counts; assignable, as LocalPool's."""
+        return self._core.stats  # type: ignore[return-value]
+
+    @stats.setter
+    def stats(self, value: RayPoolStats) -> None:
+        self._core.stats = value
+
     @property
     def arch(self) -> str:
         """The target arch: given, else the first actor's worker's (waits for it)."""

@@ -180,7 +180,7 @@ class ParamPack:
         ``layout``: each argument's (offset, size) as the driver reports them for the kernel
         (``cuFuncGetParamInfo``). It must be used where known: on the H200 with CUDA 13 an sm_90a
         kernel with tensor maps by value had its first parameter at offset 48, and a block laid
-        out from 0 left C unwritten at small shapes (``bench/dev_pycuda_launch.py``). Without
+        out from 0 left C unwritten at small shapes (``bench/pycuda_launch_check.py``). Without
         it: in order, each at its natural alignment (pointers 8, ints 4, tensor maps 64)."""
         layout = self.natural_layout() if layout is None else layout
         self.check_layout(layout)

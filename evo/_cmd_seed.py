@@ -13,21 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from populations import ArchiveError, Candidate, Shape, ShapeError, Template, TemplateError, load_templates
-from populations import KnobSpace, knob_key
+from populations import ArchiveError, Candidate, Shape, ShapeError, TemplateError, load_templates
 
 from ._cmd_args import (UsageError, add_archive, add_arch, add_json, add_shapes, archive_of, fail,
                         open_writer, resolve_arch)
+from ._orchestrate import seed_shapes, write_seeds
 
-__all__ = ["add_parser", "run", "seed_population", "knob_distance", "spread"]
-
-#: How many valid samples to draw per wanted diverse pick before choosing the spread subset.
-POOL_FACTOR = 12
-
+__all__ = ["add_parser", "run"]
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("seed", help="seed an archive with template candidates for some shapes",
@@ -41,72 +36,6 @@ def add_parser(subparsers: Any) -> None:
     add_arch(p)
     p.add_argument("--dry-run", action="store_true", help="print the candidates' knobs, write nothing")
     add_json(p, "the candidates per shape")
-
-
-def knob_distance(space: KnobSpace, a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
-    """Distance between two knob sets: per axis, the mean per-knob distance (ordered numeric
-    domains by index distance over the domain's span, others 0/1), summed over axes, so every
-    axis (tiling, loops, padding, swizzle, split-K, epilogue, ...) weighs the same."""
-    per_axis: dict[str, list[float]] = {}
-    for name, knob in space.knobs.items():
-        va, vb = a.get(name, knob.default), b.get(name, knob.default)
-        if knob.kind == "int" and len(knob.values) > 1:
-            order = sorted(knob.values)
-            d = abs(order.index(va) - order.index(vb)) / (len(order) - 1)
-        else:
-            d = 0.0 if va == vb else 1.0
-        per_axis.setdefault(knob.axis, []).append(d)
-    return sum(sum(ds) / len(ds) for ds in per_axis.values())
-
-
-def spread(space: KnobSpace, pool: Sequence[Mapping[str, Any]], n: int,
-           chosen: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
-    """Greedy farthest-point choice of ``n`` knob sets from ``pool``, far from ``chosen`` and each other."""
-    picked: list[dict[str, Any]] = []
-    anchors = list(chosen)
-    rest = [dict(k) for k in pool]
-    if not anchors and rest:
-        picked.append(rest.pop(0))
-        anchors.append(picked[-1])
-    best = [min((knob_distance(space, k, a) for a in anchors), default=0.0) for k in rest]
-    while rest and len(picked) < n:
-        i = max(range(len(rest)), key=best.__getitem__)
-        choice = rest.pop(i)
-        best.pop(i)
-        picked.append(choice)
-        best = [min(d, knob_distance(space, k, choice)) for d, k in zip(best, rest)]
-    return picked
-
-
-def seed_population(shape: Shape, templates: Sequence[Template], per_template: int, rng: random.Random, *,
-                    arch: str = "sm_90a", specialize: bool = False) -> list[Candidate]:
-    """Heuristic picks, then spread-out valid samples, for every template applicable to ``shape``."""
-    out: list[Candidate] = []
-    seen: set[str] = set()
-    for t in sorted(templates, key=lambda t: t.name):
-        if not t.applicable(shape, arch):
-            continue
-        heur = t.heuristic(shape, arch)[:per_template]
-        want = per_template - len(heur)
-        samples: list[dict[str, Any]] = []
-        if want > 0:
-            keys = {knob_key(k) for k in heur}
-            pool = [k for k in t.sample(rng, shape, POOL_FACTOR * want, arch) if knob_key(t.space.complete(k)) not in keys]
-            samples = spread(t.space, pool, want, heur)
-        for origin, knob_sets in (("heuristic", heur), ("sample", samples)):
-            for knobs in knob_sets:
-                cand = t.candidate(knobs, shape, specialize, operator="seed", meta={"seed": origin})
-                if cand.id not in seen:
-                    seen.add(cand.id)
-                    out.append(cand)
-    return out
-
-
-def coverage(templates: Sequence[Template]) -> str:
-    """What the templates cover, for the message of a shape none applies to."""
-    return "; ".join(f"{t.name}: {'/'.join(t.layouts)}, {'/'.join(t.contracts)}"
-                     + (f", needs {'/'.join(t.arch_features)}" if t.arch_features else "")
-                     for t in sorted(templates, key=lambda t: t.name))
 
 
 def _seed(args: argparse.Namespace) -> tuple[str, dict[Shape, list[Candidate]]]:
@@ -126,16 +55,11 @@ def _seed(args: argparse.Namespace) -> tuple[str, dict[Shape, list[Candidate]]]:
         if unknown:
             raise UsageError(f"unknown template(s) {unknown}; known: {sorted(templates)}")
         templates = {n: templates[n] for n in names}
-    rng = random.Random(args.seed)
     try:
-        per_shape = {s: seed_population(s, list(templates.values()), args.per_template, rng,
-                                        arch=arch, specialize=args.specialize) for s in shapes}
-    except TemplateError as exc:
+        per_shape = seed_shapes(shapes, templates, args.per_template, seed=args.seed, arch=arch,
+                                specialize=args.specialize)
+    except (TemplateError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    empty = [str(s) for s, cands in per_shape.items() if not cands]
-    if empty:
-        raise UsageError(f"no template covers {', '.join(empty)} on {arch}, so nothing was written; "
-                         f"templates cover {coverage(list(templates.values()))}")
     return path or "", per_shape
 
 
@@ -147,10 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.dry_run:
         try:
             with open_writer("seed", path) as archive:
-                for cands in per_shape.values():
-                    for c in cands:
-                        archive.add(c)
-                archive.commit()
+                write_seeds(archive, per_shape)
         except ArchiveError as exc:
             return fail("seed", exc)
     if args.json:

@@ -107,7 +107,6 @@ class SelectionConfig:
 class PoolConfig:
     """The evaluator pool (evaluators.LocalPool, or RayPool with ``ray``) and how much work is kept in flight."""
 
-    kind: str = "local"               # local | a test-only double (docs/run.md)
     gpus: list[int] = field(default_factory=list)  # empty: every visible GPU
     compile_workers: int = 4
     max_inflight: int = 0             # 0: 2 x GPUs + compile workers
@@ -204,8 +203,6 @@ class RunConfig:
             raise ConfigError("pool: compile_workers >= 1; max_inflight, drain_s and max_consecutive_errors >= 0")
         if p.loader not in ("driver", "pycuda"):
             raise ConfigError(f"pool.loader: 'driver' or 'pycuda', got {p.loader!r}")
-        if p.ray and p.kind != "local":
-            raise ConfigError(f"pool.ray: runs the Ray pool; it cannot be combined with pool.kind {p.kind!r}")
         r = self.rl
         if r.every < 0 or r.steps < 1 or r.group_size < 2 or r.window < 1 or not r.lr > 0 or not r.wait_s >= 0:
             raise ConfigError("rl: every >= 0, steps >= 1, group_size >= 2, window >= 1, lr > 0, wait_s >= 0")

@@ -47,12 +47,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from populations import Archive, Calibration, Candidate, Evaluation, Shape, Status, Template, attainable_frac, roofline_frac
 from populations import DISQUALIFYING
-from operators import OperatorContext, ParentView
+from operators import Operator, OperatorContext, ParentView
 
 from ._budget import Budget, Convergence, gpu_seconds, pick_shape, shape_weights
 from ._opbandit import OperatorBandit, child_gain
 from ._calibration import load_calibration
-from ._cmd_seed import seed_population
+from ._seeding import seed_population
 from ._config import RunConfig
 from ._progress import EventLog, Progress
 from ._selection import Population
@@ -130,7 +130,7 @@ class Engine:
     PROPOSAL_GRACE_S = 15.0
 
     def __init__(self, config: RunConfig, archive: Archive, pool: "EvaluatorPool",
-                 operators: Mapping[str, Any], templates: Mapping[str, Template], *,
+                 operators: Mapping[str, Operator], templates: Mapping[str, Template], *,
                  events: EventLog, progress: Optional[Progress] = None,
                  clock: Callable[[], float] = time.monotonic, calibration: Optional[Calibration] = None) -> None:
         self.config = config
@@ -237,7 +237,7 @@ class Engine:
                              best=result.best, budget=result.budget, duplicates=self.duplicates,
                              proposal_failures={f"{op}: {why}": n for (op, why), n in self.failures.items()},
                              models={name: {m: dict(c) for m, c in op.outcomes.items()}
-                                     for name, op in self.operators.items() if isinstance(getattr(op, "outcomes", None), dict)},
+                                     for name, op in self.operators.items() if op.outcomes is not None},
                              bandit=self.chooser.summary() if isinstance(self.chooser, OperatorBandit) else None)
         return result
 
@@ -420,9 +420,9 @@ class Engine:
             op = self.operators[name]
             if name in self.switched_off:
                 continue
-            if getattr(op, "arity", 0) > 0 and not len(self.pops[shape]):
+            if op.arity > 0 and not len(self.pops[shape]):
                 continue  # nothing to mutate yet (seeds still in flight, or all failed)
-            if getattr(op, "asynchronous", False):
+            if op.asynchronous:
                 self._propose_async(name, shape)  # its answer joins the queue later
                 continue
             context = OperatorContext(history=self.history[shape], templates=self.templates, arch=self.arch)
@@ -440,7 +440,7 @@ class Engine:
         has ``concurrency`` calls running or one for this shape."""
         op = self.operators[name]
         running = [s for n, s in self.proposing.values() if n == name]
-        if shape in running or len(running) >= max(1, int(getattr(op, "concurrency", 1) or 1)):
+        if shape in running or len(running) >= max(1, int(op.concurrency or 1)):
             return
         context = OperatorContext(history=self.history[shape], templates=self.templates, arch=self.arch)
         parents = self._parents(op, shape)
@@ -466,9 +466,7 @@ class Engine:
         if not self.proposing:
             return
         for name in {n for n, _ in self.proposing.values()}:
-            cancel = getattr(self.operators[name], "cancel", None)
-            if callable(cancel):
-                cancel()
+            self.operators[name].cancel()
         wait(list(self.proposing), timeout=self.PROPOSAL_GRACE_S)
         self.proposing.clear()
 
@@ -486,9 +484,9 @@ class Engine:
             self.duplicates += len(accepted) - len(fresh)
             self.queue[shape].extend((c, name) for c in fresh)
 
-    def _parents(self, op: Any, shape: Shape) -> list[ParentView]:
+    def _parents(self, op: Operator, shape: Shape) -> list[ParentView]:
         sel = self.config.selection
-        arity = getattr(op, "arity", sel.parents)
+        arity = op.arity
         members = self.pops[shape].select(self.rng, arity, sel.method, tournament_size=sel.tournament_size,
                                           alpha=sel.power_alpha) if arity > 0 else []
         return [ParentView(m.candidate, m.evaluation) for m in members]
@@ -497,14 +495,13 @@ class Engine:
         """The candidates among operator ``name``'s proposals; failures are counted, not fatal, and
         tokens charged (all the operator spent, failed calls included, where it can say)."""
         op = self.operators[name]
-        take = getattr(op, "take_tokens", None)
-        tokens = take() if callable(take) else sum(int(p.candidate.meta.get("tokens", 0) or 0)
-                                                    for p in proposals if p.candidate is not None)
+        counted = op.take_tokens()
+        tokens = counted if counted is not None else sum(int(p.candidate.meta.get("tokens", 0) or 0)
+                                                         for p in proposals if p.candidate is not None)
         if tokens > 0:
             self.token_spenders.add(name)
             self.budget.charge_tokens(tokens)
-        take_gpu = getattr(op, "take_gpu_seconds", None)
-        llm_gpu_s = float(take_gpu()) if callable(take_gpu) else 0.0
+        llm_gpu_s = float(op.take_gpu_seconds())
         if llm_gpu_s > 0:  # the model ran on a GPU: GPU budget, and its operator's cost
             self.budget.charge_gpu(llm_gpu_s)
             if isinstance(self.chooser, OperatorBandit):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 #: sub-command -> module; the order is the order of ``evo --help``.
 COMMANDS = {
@@ -60,14 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, **library: Any) -> int:
+    """Run one command line. ``library``: keyword arguments for the sub-command's ``run`` that no
+    flag can give, for programs embedding the command line (``evo run`` takes ``pool_factory``,
+    the evaluator pool to use; the tests give it their stand-in pool)."""
     from ._cmd_args import EXIT_BAD_INPUT, EXIT_INTERRUPTED, UsageError, fail
 
     parser = build_parser()
     args = parser.parse_args(argv)
     mod = importlib.import_module(COMMANDS[args.command])
     try:
-        return int(mod.run(args) or 0)  # type: ignore[attr-defined]
+        return int(mod.run(args, **library) or 0)  # type: ignore[attr-defined]
     except KeyboardInterrupt:
         print("evo: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -127,11 +127,32 @@ class Operator(abc.ABC):
     """Base of every proposal operator.
 
     Subclasses set ``name`` and ``arity`` (1: mutation, 2: crossover, 0: samplers that need
-    only history) and implement :meth:`_propose`. The engine calls :meth:`propose`.
+    only history) and implement :meth:`_propose`. The engine calls :meth:`propose`; the other
+    members below have defaults that fit an operator answering at once from the CPU.
     """
 
     name: str = "operator"
     arity: int = 1
+    #: True: a call takes seconds (a model), so the engine runs :meth:`propose` on a thread.
+    asynchronous: bool = False
+    #: How many :meth:`propose` calls of an asynchronous operator may run at once.
+    concurrency: int = 1
+    #: Per-model outcome counts for operators that call models (the run's ``stop`` event
+    #: reports them); None for the others.
+    outcomes: Optional[Mapping[str, Mapping[str, Any]]] = None
+
+    def cancel(self) -> None:
+        """Ask running :meth:`propose` calls to return soon (a stopping run). Default: nothing to stop."""
+
+    def take_tokens(self) -> Optional[int]:
+        """Model tokens spent since the last call, failed calls included (the run's token budget).
+        Default None: the operator does not count them, and the engine sums the ``tokens`` its
+        candidates record in ``meta``."""
+        return None
+
+    def take_gpu_seconds(self) -> float:
+        """Seconds a model of this operator ran on a GPU since the last call. Default 0.0."""
+        return 0.0
 
     def propose(self, parents: Sequence[ParentView], shape: Shape, rng: random.Random, n: int,
                 context: Optional[OperatorContext] = None) -> list[Proposal]:

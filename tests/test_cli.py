@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 import archive_fixture
+from fake_pool import FakeEvaluatorPool
 from evo.cli import build_parser, main
 from populations import Archive, Candidate, Evaluation, Launch, LaunchPlan, Shape, Status, TimerResult
 from populations._log import FRAME_MAGIC, KIND_EVALUATION
 
 ROOT = Path(__file__).resolve().parents[1]
-POOL = "fake_pool:FakeEvaluatorPool"
 S1, S2 = Shape(128, 256, 64), Shape(64, 64, 64)
 PLAN = LaunchPlan(launches=(Launch("k", ("cdiv(N, 128)", "cdiv(M, 128)", 1), (256, 1, 1), ("A", "B", "C", "M", "N", "K")),))
 
@@ -43,9 +43,12 @@ def small(root: Path, n: int = 4) -> Path:
     return root
 
 
-def evo(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+def evo(capsys: pytest.CaptureFixture[str], *argv: object, real_pool: bool = False) -> tuple[int, str, str]:
+    """The command line in this process; ``evo run`` gets the stand-in pool through the library
+    (``main(argv, pool_factory=...)``) unless ``real_pool``."""
+    library = {"pool_factory": FakeEvaluatorPool} if argv[:1] == ("run",) and not real_pool else {}
     try:
-        code = main([str(a) for a in argv])
+        code = main([str(a) for a in argv], **library)
     except SystemExit as exc:  # argparse's own usage errors
         code = int(exc.code or 0)
     out, err = capsys.readouterr()
@@ -105,7 +108,7 @@ def test_damage_is_isolated_per_shape_and_record(damage: str, tmp_path: Path, ca
     assert str(log) in err and "Traceback" not in err
     # seed and run go on with the healthy shape (and a bad record is skipped, not fatal)
     assert evo(capsys, "seed", root, "--shape", S2, "--per-template", "1", "--arch", "sm_80")[0] == 0
-    code, out, err = evo(capsys, "run", root, "--shape", S2, "--pool", POOL, "--max-evals", "2", "--progress", "none")
+    code, out, err = evo(capsys, "run", root, "--shape", S2, "--max-evals", "2", "--progress", "none")
     assert code == 0, err
     if damage != "bad_record":  # appending to the damaged shape is refused with what to do
         code, _, err = evo(capsys, "seed", root, "--shape", S1, "--per-template", "1", "--arch", "sm_80")
@@ -140,7 +143,7 @@ def test_inspect_summary_decodes_no_candidate(tmp_path: Path, monkeypatch: pytes
 # -- bad input --------------------------------------------------------------------------------------
 def test_non_utf8_toml_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "run.toml").write_bytes(b'shapes = ["64x64x64"]\narchive = "\xff\xfe"\n')
-    code, out, err = evo(capsys, "run", "--config", tmp_path / "run.toml", "--pool", POOL)
+    code, out, err = evo(capsys, "run", "--config", tmp_path / "run.toml")
     assert code == 2 and "run.toml is not UTF-8" in err and err.count("\n") == 1
     assert os.listdir(tmp_path) == ["run.toml"]
 
@@ -149,7 +152,7 @@ def test_non_utf8_toml_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_archive_under_a_file_or_proc(where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "f").write_text("x")
     path = tmp_path / "f" / "a" if where == "file" else Path("/proc/evo-test/a")
-    for argv in (["seed", path, "--shape", S1, "--arch", "sm_80"], ["run", path, "--shape", S1, "--pool", POOL],
+    for argv in (["seed", path, "--shape", S1, "--arch", "sm_80"], ["run", path, "--shape", S1],
                  ["inspect", path]):
         code, out, err = evo(capsys, *argv)
         assert code == 2 and str(path) in err and err.count("\n") == 1 and "Traceback" not in err
@@ -183,7 +186,7 @@ def test_seed_nothing_covered_fails_and_writes_nothing(tmp_path: Path, capsys: p
 def test_run_without_gpu_creates_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    code, out, err = evo(capsys, "run", tmp_path / "a", "--shape", "64x64x64", "--max-evals", "1")
+    code, out, err = evo(capsys, "run", tmp_path / "a", "--shape", "64x64x64", "--max-evals", "1", real_pool=True)
     assert code == 2 and "no NVIDIA GPU is visible" in err and err.count("\n") == 1
     assert not (tmp_path / "a").exists()
 
@@ -192,7 +195,7 @@ def test_run_without_gpu_creates_nothing(tmp_path: Path, capsys: pytest.CaptureF
 def test_empty_archive_path_is_an_error(command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    extra = {"run": ["--shape", "64x64x64", "--pool", POOL], "seed": ["--shape", "64x64x64"], "export": ["--out", "o"],
+    extra = {"run": ["--shape", "64x64x64"], "seed": ["--shape", "64x64x64"], "export": ["--out", "o"],
              "report": ["--out", "o"], "propose": ["--shape", "64x64x64"]}.get(command, [])
     code, out, err = evo(capsys, command, "--archive", "", *extra)
     assert code == 2 and "empty" in err and os.listdir(tmp_path) == []
@@ -315,7 +318,7 @@ def test_v1_logs_keep_plain_candidate_keys(tmp_path: Path) -> None:
 
 
 def test_run_json_is_the_only_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = evo(capsys, "run", tmp_path / "a", "--shape", "64x64x64", "--pool", POOL, "--max-evals", "3",
+    code, out, err = evo(capsys, "run", tmp_path / "a", "--shape", "64x64x64", "--max-evals", "3",
                          "--progress", "plain", "--json")
     doc = json.loads(out)
     assert code == 0 and doc["format"] == "evo-run/1" and doc["evaluations"] == 3 and doc["reason"] == "evals"

@@ -13,10 +13,10 @@ from typing import Callable
 
 import pytest
 
+from fake_pool import FakeEvaluatorPool
 from evo.cli import main
 from populations import Archive, Candidate, Evaluation, Launch, LaunchPlan, Shape, Status, TimerResult
 
-POOL = "fake_pool:FakeEvaluatorPool"
 S = Shape(128, 256, 64)
 PLAN = LaunchPlan(launches=(Launch("k", ("cdiv(N, 128)", "cdiv(M, 128)", 1), (256, 1, 1), ("A", "B", "C", "M", "N", "K")),))
 
@@ -87,8 +87,9 @@ def _snapshot(root: Path) -> set[str]:
 
 
 def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
+    """The command line in this process; ``evo run`` gets the stand-in pool through the library."""
     try:
-        code = main(argv)
+        code = main(argv, **({"pool_factory": FakeEvaluatorPool} if argv[:1] == ["run"] else {}))
     except SystemExit as exc:  # argparse usage errors: exit 2 and a usage line, also no traceback
         code = int(exc.code or 0)
     out, err = capsys.readouterr()
@@ -109,7 +110,7 @@ def test_bad_toml(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str])
     cfg = tmp_path / "run.toml"
     cfg.write_bytes(TOML[case])
     before = _snapshot(tmp_path)
-    code, out, err = _run(capsys, ["run", "--config", str(cfg), "--pool", POOL, "--max-evals", "1"])
+    code, out, err = _run(capsys, ["run", "--config", str(cfg), "--max-evals", "1"])
     want_needle = "run.toml" if case in ("not_utf8", "latin1_comment", "binary", "syntax", "unknown_key",
                                          "pool_not_table") else ""
     _check(code, err, 2, "run", want_needle)
@@ -122,7 +123,7 @@ def test_bad_shape(command: str, shape: str, tmp_path: Path, capsys: pytest.Capt
     root = _archive(tmp_path / "a")
     (tmp_path / "k.cu").write_text('/* evo-plan: {"launches": [{"kernel": "k", "grid": [1, 1, 1], "block": [32, 1, 1], '
                                    '"args": ["A", "B", "C", "M", "N", "K"]}]} */\nextern "C" __global__ void k() {}\n')
-    argv = {"seed": ["seed", str(root)], "run": ["run", str(root), "--pool", POOL, "--max-evals", "1"],
+    argv = {"seed": ["seed", str(root)], "run": ["run", str(root), "--max-evals", "1"],
             "inspect": ["inspect", str(root)], "eval": ["eval", str(tmp_path / "k.cu")],
             "propose": ["propose", str(root), "--operator", "knob_mutation"]}[command] + [f"--shape={shape}"]  # the = form: "-1x2x3" is a value, not an option
     before = _snapshot(tmp_path)
@@ -148,7 +149,7 @@ def test_bad_archive_path(command: str, path: str, tmp_path: Path, capsys: pytes
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "mine.txt").write_text("keep")
     p = BAD_PATHS[path](tmp_path)
-    rest = {"seed": ["--shape", "64x64x64", "--arch", "sm_80"], "run": ["--shape", "64x64x64", "--pool", POOL],
+    rest = {"seed": ["--shape", "64x64x64", "--arch", "sm_80"], "run": ["--shape", "64x64x64"],
             "export": ["--out", str(tmp_path / "out")], "report": ["--out", str(tmp_path / "out")],
             "propose": ["--shape", "64x64x64"], "rl export": ["--out", str(tmp_path / "out.jsonl")]}.get(command, [])
     before = _snapshot(tmp_path)

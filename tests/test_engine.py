@@ -16,7 +16,7 @@ from typing import Any, Optional
 import pytest
 
 from evo._budget import Budget, Convergence
-from evo._cmd_run import expand_operators, make_operators
+from evo._orchestrate import expand_operators, make_operators
 from evo._config import merge
 from evo._engine import Engine, RunResult
 from evo._progress import EVENTS_FILE, EventLog, read_events

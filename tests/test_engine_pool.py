@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from evo._cmd_run import expand_operators, make_operators
+from evo._orchestrate import expand_operators, make_operators
 from evo._config import merge
 from evo._engine import Engine
 from evo._progress import EVENTS_FILE, EventLog, read_events

@@ -20,20 +20,21 @@ pytestmark = pytest.mark.skipif("llm" not in available_operators(),
 def test_run_with_knob_optuna_and_llm_then_shares(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture) -> None:
     from evo.cli import main
+    from fake_pool import FakeEvaluatorPool
     from operators.llm import load_backend
     load_backend().pieces  # the model and its vocabulary once per session (tens of seconds), before the run's clock
     monkeypatch.setenv("EVO_FAKE_DELAY_S", "0.05")
     archive = tmp_path / "a"
-    common = ["--archive", str(archive), "--pool", "fake_pool:FakeEvaluatorPool", "--llm-device", "cpu",
+    common = ["--archive", str(archive), "--llm-device", "cpu",
               "--model", "smollm2-135m", "--progress", "none"]
     # the three together (how fast the model answers on a busy 2-core machine is not this test's concern)
     code = main(["run", "--shape", "64x128x64", "--shape", "128x256x64:NN", "--operators", "knob:1,optuna:1,llm:2",
-                 "--budget", "10s", *common])
+                 "--budget", "10s", *common], pool_factory=FakeEvaluatorPool)
     out = capsys.readouterr().out
     assert code == 0 and "stopped (wall)" in out, out
     # resumed with the LLM alone: the run waits for its answer until one is evaluated
     code = main(["run", "--shape", "64x128x64", "--shape", "128x256x64:NN", "--operators", "llm",
-                 "--max-evals", "1", *common])
+                 "--max-evals", "1", *common], pool_factory=FakeEvaluatorPool)
     out = capsys.readouterr().out
     assert code == 0 and "stopped (evals)" in out, out
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -54,5 +55,5 @@ def test_run_with_knob_optuna_and_llm_then_shares(tmp_path: Path, monkeypatch: p
     assert run["calls"] >= 1 and run["tokens"] > 0 and run["evaluated"] == 1
     assert run["compiled"] >= run["passed"] >= run.get("improved", 0)
     code = main(["run", "--shape", "64x128x64", "--archive", str(tmp_path / "b"), "--operators", "llm",
-                 "--model", "openai:m", "--pool", "fake_pool:FakeEvaluatorPool"])
+                 "--model", "openai:m"], pool_factory=FakeEvaluatorPool)
     assert code == 2 and "openai:MODEL@URL" in capsys.readouterr().err

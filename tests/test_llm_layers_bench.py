@@ -141,7 +141,7 @@ def test_evolve_stage_through_evo_run_transfers_to_the_second_wave(csv_path: Pat
     work = tmp_path / "w"
     assert bench.main(["--csv", str(csv_path), "--work", str(work), "--out", str(tmp_path / "o"), "--stages", "evolve",
                        "--budget", "8s", "--total", "10", "--per-class", "1", "--anchors", "3",
-                       "--evo-pool", "fake_pool:FakeEvaluatorPool"]) == 0
+                       "--evo-module", "fake_evo"]) == 0
     from evo._progress import read_events
     from populations import Archive
 

@@ -1,7 +1,7 @@
 """The pycuda loader. On CPU against a test double of ``pycuda.driver`` (a boundary we don't own:
 pycuda builds from source only and needs a driver): the parameter block it launches with, the
 streams it may launch on, and its errors named as the driver names them. GPU-marked, where
-pycuda is installed (the device, from ``bench/device_pycuda_build.sh``'s wheel): the evaluator
+pycuda is installed (the device, from ``bench/pycuda_wheel_build.sh``'s wheel): the evaluator
 runs with ``loader="pycuda"`` and gives the statuses the driver loader gives."""
 from __future__ import annotations
 

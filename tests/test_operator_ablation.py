@@ -46,7 +46,7 @@ def test_device_arm_commands(tmp_path: Path) -> None:
     cmd = ab.run_command(args, "knob+llm_adapter", 2, shapes, tmp_path / "a")
     assert cmd[cmd.index("--operators") + 1] == "knob:1,llm:1" and cmd[cmd.index("--llm-adapter") + 1] == str(adapter)
     assert cmd[cmd.index("--llm-device") + 1] == "cuda" and cmd[cmd.index("--gpu-seconds") + 1] == "90"
-    assert "--pool" not in cmd and cmd[cmd.index("--seed") + 1] == "2"
+    assert cmd[1:3] == ["-m", "evo"] and cmd[cmd.index("--seed") + 1] == "2"
     bandit = ab.run_command(args, "bandit", 0, shapes, tmp_path / "b")
     assert "--operator-bandit" in bandit and "--llm-adapter" in bandit and "llm" in bandit[bandit.index("--operators") + 1]
     assert "--llm-device" not in ab.run_command(args, "knob", 0, shapes, tmp_path / "c")

@@ -92,15 +92,15 @@ def test_config_section_and_validation() -> None:
 
 
 def test_the_engine_feeds_the_bandit_and_charges_the_llms_gpu_seconds(tmp_path) -> None:
-    from evo._cmd_run import expand_operators, make_operators
+    from evo._orchestrate import expand_operators, make_operators
     from evo._engine import Engine
     from evo._opbandit import OperatorBandit
     from evo._progress import EVENTS_FILE, EventLog, read_events
     from fake_pool import FakeEvaluatorPool
-    from operators import get_operator
+    from operators import Operator, get_operator
     from populations import Archive, load_templates
 
-    class ModelOnGpuDouble:
+    class ModelOnGpuDouble(Operator):
         """Knob mutation standing in for an LLM operator whose model spends 0.25 GPU-s a call
         (the GPU is the boundary here): only the accounting hook matters."""
 
@@ -111,12 +111,9 @@ def test_the_engine_feeds_the_bandit_and_charges_the_llms_gpu_seconds(tmp_path) 
             self.inner = get_operator("knob_mutation")
             self.calls = 0
 
-        def propose(self, *args, **kwargs):
+        def _propose(self, parents, shape, rng, n, context):  # type: ignore[no-untyped-def]
             self.calls += 1
-            return self.inner.propose(*args, **kwargs)
-
-        def tell(self, candidate, evaluation) -> None:
-            pass
+            return self.inner.propose(parents, shape, rng, n, context)
 
         def take_gpu_seconds(self) -> float:
             return 0.25

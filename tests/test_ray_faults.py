@@ -75,7 +75,7 @@ def _try_to_write(path: str) -> str:
 
 
 def test_a_node_killed_mid_run_loses_no_committed_record_and_its_capacity_comes_back(cluster, cache, tmp_path):
-    from evo._cmd_run import expand_operators, make_operators
+    from evo._orchestrate import expand_operators, make_operators
     from evo._config import merge
     from evo._engine import Engine
     from evo._progress import EVENTS_FILE, EventLog

@@ -151,7 +151,7 @@ def test_the_engine_sends_its_headroom_and_the_actors_share_the_shapes_that_have
     """A at 0.95 of its attainable time (saturated: it yields after its first results), B and C
     far from theirs: the engine's weights reach the pool, B and C end up on different actors,
     and both actors stay busy."""
-    from evo._cmd_run import expand_operators, make_operators
+    from evo._orchestrate import expand_operators, make_operators
     from evo._config import merge
     from evo._engine import Engine
     from evo._progress import EVENTS_FILE, EventLog

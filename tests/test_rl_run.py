@@ -2,7 +2,8 @@
 the transformers backend): the engine runs the ``llm`` operator, the RL updater trains adapter v1
 on the archive's LLM-made candidates during the run, switches the operator to it, and a resumed
 run's candidates record that version. The evaluator pool is the test double
-``fake_pool:FakeEvaluatorPool`` (tests/fake_pool.py: synthetic fitness, no GPU on this machine);
+``fake_pool.FakeEvaluatorPool`` (tests/fake_pool.py: synthetic fitness, no GPU on this machine),
+given to ``evo run`` through the library (``main(argv, pool_factory=...)``);
 everything else (engine, archive, operator, model, GRPO, peft, hot reload) is real.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ def test_rl_every_trains_v1_in_the_run_and_the_operator_answers_with_it(tmp_path
                                                                         capsys: pytest.CaptureFixture) -> None:
     pytest.importorskip("peft")
     from evo.cli import main
+    from fake_pool import FakeEvaluatorPool
     from operators.llm import load_backend
     from populations import Archive, Shape
 
@@ -34,14 +36,16 @@ def test_rl_every_trains_v1_in_the_run_and_the_operator_answers_with_it(tmp_path
     # one GRPO step of two samples per update (plus the group's replayed completions and demos);
     # at the end of the run, wait for an update in progress instead of abandoning it
     config.write_text("[rl]\nsteps = 1\ngroup_size = 2\nwait_s = 900\n")
-    common = ["--shape", shape, "--archive", str(archive), "--pool", "fake_pool:FakeEvaluatorPool",
+    common = ["--shape", shape, "--archive", str(archive),
               "--llm-device", "cpu", "--progress", "none", "--config", str(config)]
     try:
         # seeds and a few knob children first (fast), so the LLM has template parents to edit
-        assert main(["run", *common, "--operators", "knob", "--max-evals", "6", "--seeds-per-template", "1"]) == 0
+        assert main(["run", *common, "--operators", "knob", "--max-evals", "6", "--seeds-per-template", "1"],
+                    pool_factory=FakeEvaluatorPool) == 0
         # the LLM alone; after its first evaluation the updater starts round 1 (the archive now has an
         # LLM knob-edit row), and the run's end waits for it: v1 is trained and switched in this run
-        code = main(["run", *common, "--operators", "llm", "--max-evals", "1", "--rl-every", "1"])
+        code = main(["run", *common, "--operators", "llm", "--max-evals", "1", "--rl-every", "1"],
+                    pool_factory=FakeEvaluatorPool)
         out = capsys.readouterr().out
         assert code == 0, out
         manifest = json.loads((archive / "adapters" / "v1" / "evo-adapter.json").read_text())
@@ -57,7 +61,8 @@ def test_rl_every_trains_v1_in_the_run_and_the_operator_answers_with_it(tmp_path
         # resumed: the updater switches to the newest adapter before the first proposal; the new
         # LLM candidates record v1
         backend.load_adapter(None, "")  # as a fresh process would start: the base model
-        code = main(["run", *common, "--operators", "llm", "--max-evals", "1", "--rl-every", "1000"])
+        code = main(["run", *common, "--operators", "llm", "--max-evals", "1", "--rl-every", "1000"],
+                    pool_factory=FakeEvaluatorPool)
         assert code == 0, capsys.readouterr().out
         with Archive(archive) as a:
             llm = sorted((c for c in a.candidates(Shape.parse(shape)) if c.model), key=lambda c: c.created)

@@ -15,7 +15,7 @@ import pytest
 
 from evo._budget import headroom, pick_shape, shape_weights
 from evo._calibration import cache_path, current, ensure_calibration, load_calibration
-from evo._cmd_run import expand_operators, make_operators
+from evo._orchestrate import expand_operators, make_operators
 from evo._config import ConfigError, merge
 from evo._engine import Engine
 from evo._progress import EVENTS_FILE, EventLog, read_events

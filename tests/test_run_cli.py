@@ -1,8 +1,9 @@
 """``evo run`` as a user runs it: real subprocesses, real signals, the archive read back after.
 
-The evaluator pool is the test double ``fake_pool.FakeEvaluatorPool`` chosen with the test-only
-``--pool fake_pool:FakeEvaluatorPool``; ``EVO_FAKE_DELAY_S`` slows its evaluations down so that
-signals land while work is in flight.
+The evaluator pool is the test double ``fake_pool.FakeEvaluatorPool``, given to ``evo run``
+through the library (``python -m fake_evo run ...`` in a child, ``main(argv, pool_factory=...)``
+in this process: no command-line flag exists for it); ``EVO_FAKE_DELAY_S`` slows its evaluations
+down so that signals land while work is in flight.
 """
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ from typing import Any, Callable
 
 import pytest
 
+from fake_pool import FakeEvaluatorPool
 from evo.cli import main
 from evo._progress import EVENTS_FILE, Progress, read_events
 from populations import Shape
 from populations import Archive
 
 ROOT = Path(__file__).resolve().parents[1]
-POOL = "fake_pool:FakeEvaluatorPool"
 SHAPES = ["--shape", "4096x4096x4096", "--shape", "64x128x64"]
 
 
@@ -38,7 +39,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _start(archive: Path, *args: str, **env: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "evo", "run", *SHAPES, "--archive", str(archive), "--pool", POOL,
+    cmd = [sys.executable, "-m", "fake_evo", "run", *SHAPES, "--archive", str(archive),
            "--progress", "plain", *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -85,8 +86,8 @@ def test_config_file_with_flag_override(tmp_path: Path) -> None:
         'shapes = ["256x256x256"]\narchive = "arch"\nmax_evals = 50\nseed = 7\n'
         'operators = { knob_mutation = 2, knob_random = 1 }\n'
         '[selection]\nmethod = "power"\npower_alpha = 2.0\n[pool]\nmax_inflight = 3\n')
-    cmd = [sys.executable, "-m", "evo", "run", "--config", str(tmp_path / "run.toml"), "--max-evals", "7",
-           "--pool", POOL, "--progress", "none"]
+    cmd = [sys.executable, "-m", "fake_evo", "run", "--config", str(tmp_path / "run.toml"), "--max-evals", "7",
+           "--progress", "none"]
     done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     archive = tmp_path / "arch"  # relative to the config file, not the working directory
@@ -132,7 +133,7 @@ def test_second_sigint_abandons_in_flight_work_and_resume_recovers_it(tmp_path: 
     assert stop["event"] == "stop" and stop["reason"] == "abandoned" and stop["lost"] == 4
     orphans = {c for cands, _ in _archived(archive).values() for c in cands}
     assert len(orphans) == 4  # committed, unevaluated: the archive stays consistent
-    done = subprocess.run([sys.executable, "-m", "evo", "run", *SHAPES, "--archive", str(archive), "--pool", POOL,
+    done = subprocess.run([sys.executable, "-m", "fake_evo", "run", *SHAPES, "--archive", str(archive),
                            "--progress", "none", "--max-evals", "6"], cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -168,7 +169,7 @@ def test_sigkill_loses_at_most_the_in_flight_work_and_resume_continues(tmp_path:
     assert evaluated <= proposed and len(proposed - evaluated) <= 6
     before = sum(len(ev) for _, ev in state.values())
     assert before >= 14
-    done = subprocess.run([sys.executable, "-m", "evo", "run", *SHAPES, "--archive", str(archive), "--pool", POOL,
+    done = subprocess.run([sys.executable, "-m", "fake_evo", "run", *SHAPES, "--archive", str(archive),
                            "--progress", "none", "--max-evals", "10"], cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -191,12 +192,11 @@ BAD = [
     (["--shape", "64x64x64", "--archive", "{a}", "--max-evals", "0"], "max_evals"),
     (["--shape", "64x64x64", "--shape", "64x64x64:TN", "--archive", "{a}"], "listed twice"),
     (["--shape", "64x64x64", "--archive", "{a}", "--gpus", "0,x"], "--gpus"),
-    (["--shape", "64x64x64", "--archive", "{a}", "--pool", "nowhere:Pool"], "cannot load"),
     (["--shape", "64x64x64", "--archive", "{a}", "--config", "{d}/missing.toml"], "does not exist"),
     (["--config", "{d}/bad.toml"], "unknown key(s) ['budgett']"),
     (["--config", "{d}/badsel.toml"], "selection.method"),
     (["--config", "{d}/broken.toml"], "not readable TOML"),
-    (["--shape", "64x64x64", "--archive", "{d}/notarchive", "--pool", POOL], "not an evo archive"),
+    (["--shape", "64x64x64", "--archive", "{d}/notarchive"], "not an evo archive"),
 ]
 
 
@@ -210,7 +210,7 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path: Path, capsys: pytest.C
     (tmp_path / "notarchive" / "data.txt").write_text("mine")
     argv = [a.format(a=tmp_path / "arch", d=tmp_path) for a in argv]
     try:
-        rc = main(["run", *argv])
+        rc = main(["run", *argv], pool_factory=FakeEvaluatorPool)
     except SystemExit as exc:  # argparse's own errors
         rc = exc.code
     err = capsys.readouterr().err
@@ -220,7 +220,7 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path: Path, capsys: pytest.C
 
 def test_a_second_writer_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with Archive(tmp_path / "a", "w"):
-        rc = main(["run", "--shape", "64x64x64", "--archive", str(tmp_path / "a"), "--pool", POOL])
+        rc = main(["run", "--shape", "64x64x64", "--archive", str(tmp_path / "a")], pool_factory=FakeEvaluatorPool)
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1
     # the holder (pid, host, since when) and what to do
@@ -255,8 +255,8 @@ def test_evo_seed_then_evo_run_evaluates_the_seeded_population(tmp_path: Path) -
     with Archive(archive, "r") as ar:
         seeded = set(ar.candidate_ids("64x64x64"))
     assert seeded
-    rc = main(["run", "--shape", "64x64x64", "--archive", archive, "--pool", POOL, "--progress", "none",
-               "--max-evals", str(len(seeded))])
+    rc = main(["run", "--shape", "64x64x64", "--archive", archive, "--progress", "none",
+               "--max-evals", str(len(seeded))], pool_factory=FakeEvaluatorPool)
     assert rc == 0
     proposals = [e for e in _events(tmp_path / "a") if e["event"] == "proposal"]
     assert {e["candidate"] for e in proposals} == seeded and {e["operator"] for e in proposals} == {"archived"}
@@ -267,10 +267,10 @@ def test_pool_loader_is_checked_and_reaches_the_workers(tmp_path: Path, capsys: 
     """``pool.loader`` picks how GPU workers launch kernels; a name that is neither loader is a
     config error (exit 2), and the chosen one is handed to the pool's workers."""
     (tmp_path / "run.toml").write_text('shapes = ["64x64x64"]\narchive = "a"\n[pool]\nloader = "opencl"\n')
-    assert main(["run", "--config", str(tmp_path / "run.toml"), "--pool", POOL]) == 2
+    assert main(["run", "--config", str(tmp_path / "run.toml")], pool_factory=FakeEvaluatorPool) == 2
     assert "pool.loader: 'driver' or 'pycuda', got 'opencl'" in capsys.readouterr().err
     import evaluators
-    from evo._cmd_run import make_pool
+    from evo._orchestrate import make_pool
     from evo._config import PoolConfig
 
     seen = {}
@@ -281,3 +281,14 @@ def test_pool_loader_is_checked_and_reaches_the_workers(tmp_path: Path, capsys: 
     monkeypatch.setattr(evaluators, "LocalPool", Recording)
     make_pool(PoolConfig(loader="pycuda"))
     assert seen["worker_options"] == {"loader": "pycuda"}
+
+
+def test_a_pool_that_cannot_start_is_one_line_and_leaves_no_archive(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    def broken(config):  # type: ignore[no-untyped-def]
+        raise OSError("no worker could start (test double)")
+
+    rc = main(["run", "--shape", "64x64x64", "--archive", str(tmp_path / "a")], pool_factory=broken)
+    err = capsys.readouterr().err
+    assert rc == 2 and "cannot start the evaluator pool: OSError: no worker could start" in err
+    assert err.count("\n") == 1 and not (tmp_path / "a").exists()

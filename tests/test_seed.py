@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evo._cmd_seed import knob_distance, seed_population, spread
+from evo._seeding import knob_distance, seed_population, spread
 from populations import Archive, Shape, load_templates
 
 ROOT = Path(__file__).resolve().parents[1]

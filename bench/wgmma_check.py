@@ -1,6 +1,6 @@
 """Device-side check and timing of the sm90_wgmma template (family B) against torch.matmul.
 
-Run on an H200: ``PYTHONUNBUFFERED=1 python3 bench/dev_wgmma.py --out $OUT``.
+Run on an H200: ``PYTHONUNBUFFERED=1 python3 bench/wgmma_check.py --out $OUT``.
 
 What it does, in child processes so that a trapped or hung kernel costs one job, not the run:
 1. correctness: each knob variant x layout x ragged shape, compiled with NVRTC for sm_90a (a
@@ -10,7 +10,7 @@ What it does, in child processes so that a trapped or hung kernel costs one job,
    NaN first; relative Frobenius error against a float32 reference must be < 1e-2;
 2. timing: CUDA-graph replays of back-to-back launches over rotating buffer sets larger than
    2 x the 60 MB L2, median over many replays, paired with torch.matmul on the same buffers.
-It prints a compact table last and writes ``dev_wgmma.json`` and ``dev_wgmma.log`` under --out.
+It prints a compact table last and writes ``wgmma_check.json`` and ``wgmma_check.log`` under --out.
 
 This is a development bench with its own minimal launcher; the evaluators' GPU worker is the
 harness of record.
@@ -382,7 +382,7 @@ def main() -> int:
     variants = args.variants.split(",") if args.variants else list(VARIANTS)
     nn = args.nn_variants.split(",") if args.nn_variants else []
     t_start = time.time()
-    with open(out / "dev_wgmma.log", "w") as log:
+    with open(out / "wgmma_check.log", "w") as log:
         checks = [{"kind": "check", "variant": v, "layout": "TN"} for v in variants]
         checks += [{"kind": "check", "variant": v, "layout": "NN"} for v in nn]
         checks += [{"kind": "check", "variant": v + "+swap", "layout": "NN"} for v in nn[:1]]
@@ -396,7 +396,7 @@ def main() -> int:
                 if vs:
                     timing += run_jobs([{"kind": "time", "variants": vs, "layout": layout}], log, timeout=170)
     summary = {"checks": results, "timing": timing, "seconds": time.time() - t_start}
-    (out / "dev_wgmma.json").write_text(json.dumps(summary, indent=1))
+    (out / "wgmma_check.json").write_text(json.dumps(summary, indent=1))
     print_table(results, timing)
     return 0
 

@@ -1,7 +1,7 @@
 """Debugging bench (device): does a kernel with tensor maps by value run the same when its
 arguments come as a ``void**`` array and as one parameter block (pycuda's only way)?
 
-    python bench/dev_pycuda_launch.py [--shape 256x384x512:TN] [--template sm90_wgmma]
+    python bench/pycuda_launch_check.py [--shape 256x384x512:TN] [--template sm90_wgmma]
 
 Launches the template's heuristic pick four ways on the same operands: DriverLoader (void**),
 cuda.bindings with ``extra`` = the pack's parameter block (bytes object, then a 64-byte

@@ -1,6 +1,6 @@
 """Split-K check and sweep: correctness and device-time speedup of split-K candidates (issue 3).
 
-    python bench/dev_splitk.py [--shapes 64x64x16384 ...] [--budget-s 150] [--out DIR]
+    python bench/splitk_sweep.py [--shapes 64x64x16384 ...] [--budget-s 150] [--out DIR]
                                [--compile-only]
 
 For every shape, each applicable template contributes its heuristic picks (``evo seed``'s first
@@ -83,7 +83,7 @@ def main() -> int:
     try:
         shapes = [Shape.parse(s) for s in args.shapes]
     except ShapeError as exc:
-        print(f"dev_splitk: {exc}", file=sys.stderr)
+        print(f"splitk_sweep: {exc}", file=sys.stderr)
         return 2
     templates = load_templates()
     if args.compile_only:

@@ -3,7 +3,7 @@
 
 Run on the GPU machine from the repository root::
 
-    PYTHONUNBUFFERED=1 python3 bench/dev_check_templates.py --out "$OUT"
+    PYTHONUNBUFFERED=1 python3 bench/template_check.py --out "$OUT"
 
 1. Build (CPU, parallel NVRTC processes, before any CUDA context exists): for each template and
    layout, the heuristic picks of every check shape plus seeded random samples, generic and

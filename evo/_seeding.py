@@ -1,0 +1,85 @@
+"""First populations from templates: heuristic picks, then valid samples spread far apart.
+
+:func:`seed_population` is what ``evo seed`` writes and what the engine queues for a shape new
+to an archive that transfer could not fill: per applicable template, its cuBLAS-like heuristic
+picks first (tile by shape, split-K for small M·N with large K), then valid random samples
+chosen to be far apart in the knob space (greedy farthest-point over per-axis distances,
+:func:`knob_distance`), de-duplicated, each a Candidate with operator ``seed``.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Mapping, Sequence
+
+from populations import Candidate, KnobSpace, Shape, Template, knob_key
+
+__all__ = ["seed_population", "knob_distance", "spread", "coverage", "POOL_FACTOR"]
+
+#: How many valid samples to draw per wanted diverse pick before choosing the spread subset.
+POOL_FACTOR = 12
+
+
+def knob_distance(space: KnobSpace, a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
+    """Distance between two knob sets: per axis, the mean per-knob distance (ordered numeric
+    domains by index distance over the domain's span, others 0/1), summed over axes, so every
+    axis (tiling, loops, padding, swizzle, split-K, epilogue, ...) weighs the same."""
+    per_axis: dict[str, list[float]] = {}
+    for name, knob in space.knobs.items():
+        va, vb = a.get(name, knob.default), b.get(name, knob.default)
+        if knob.kind == "int" and len(knob.values) > 1:
+            order = sorted(knob.values)
+            d = abs(order.index(va) - order.index(vb)) / (len(order) - 1)
+        else:
+            d = 0.0 if va == vb else 1.0
+        per_axis.setdefault(knob.axis, []).append(d)
+    return sum(sum(ds) / len(ds) for ds in per_axis.values())
+
+
+def spread(space: KnobSpace, pool: Sequence[Mapping[str, Any]], n: int,
+           chosen: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Greedy farthest-point choice of ``n`` knob sets from ``pool``, far from ``chosen`` and each other."""
+    picked: list[dict[str, Any]] = []
+    anchors = list(chosen)
+    rest = [dict(k) for k in pool]
+    if not anchors and rest:
+        picked.append(rest.pop(0))
+        anchors.append(picked[-1])
+    best = [min((knob_distance(space, k, a) for a in anchors), default=0.0) for k in rest]
+    while rest and len(picked) < n:
+        i = max(range(len(rest)), key=best.__getitem__)
+        choice = rest.pop(i)
+        best.pop(i)
+        picked.append(choice)
+        best = [min(d, knob_distance(space, k, choice)) for d, k in zip(best, rest)]
+    return picked
+
+
+def seed_population(shape: Shape, templates: Sequence[Template], per_template: int, rng: random.Random, *,
+                    arch: str = "sm_90a", specialize: bool = False) -> list[Candidate]:
+    """Heuristic picks, then spread-out valid samples, for every template applicable to ``shape``."""
+    out: list[Candidate] = []
+    seen: set[str] = set()
+    for t in sorted(templates, key=lambda t: t.name):
+        if not t.applicable(shape, arch):
+            continue
+        heur = t.heuristic(shape, arch)[:per_template]
+        want = per_template - len(heur)
+        samples: list[dict[str, Any]] = []
+        if want > 0:
+            keys = {knob_key(k) for k in heur}
+            pool = [k for k in t.sample(rng, shape, POOL_FACTOR * want, arch) if knob_key(t.space.complete(k)) not in keys]
+            samples = spread(t.space, pool, want, heur)
+        for origin, knob_sets in (("heuristic", heur), ("sample", samples)):
+            for knobs in knob_sets:
+                cand = t.candidate(knobs, shape, specialize, operator="seed", meta={"seed": origin})
+                if cand.id not in seen:
+                    seen.add(cand.id)
+                    out.append(cand)
+    return out
+
+
+def coverage(templates: Sequence[Template]) -> str:
+    """What the templates cover, for the message of a shape none applies to."""
+    return "; ".join(f"{t.name}: {'/'.join(t.layouts)}, {'/'.join(t.contracts)}"
+                     + (f", needs {'/'.join(t.arch_features)}" if t.arch_features else "")
+                     for t in sorted(templates, key=lambda t: t.name))

@@ -130,6 +130,7 @@ KERNEL = 'extern "C" __global__ void evo_gemm(const void* A, const void* B, void
 SHAPE = Shape(1000, 768, 512)           # ragged M, K deep enough for split-K
 SMALL = Shape(64, 96, 80, "NN")        # tiny applies; SPLIT_K * BK <= 80 rules much out
 DECODE = Shape(8, 768, 512)            # the TN-only decode families (gemv, swab) apply
+WEIGHTS = Shape(16, 2048, 2048)        # swpipe too: its decode rows stream >= 8 MB of weights
 
 
 def write_template(root: Path, toml: str) -> Template:
@@ -252,7 +253,7 @@ def test_conformance_real_templates(name: str, templates: dict[str, Template]) -
     real = [t for t in templates.values() if t.name not in ("synth", "other")]
     assert real, "no seed template loaded"
     for t in real:
-        shape = next(s for s in (SHAPE, SMALL, DECODE) if t.applicable(s))
+        shape = next(s for s in (SHAPE, SMALL, DECODE, WEIGHTS) if t.applicable(s))
         hist = history_for(t, shape, 6, seed=3, fail_every=3)
         context = OperatorContext(hist, {t.name: t}, arch=90)
         fit = [ParentView(c, e) for c, e in hist if e.fitness]

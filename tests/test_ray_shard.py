@@ -133,7 +133,10 @@ def test_shapes_are_sharded_by_weight_and_resharded_when_the_weights_move(cluste
     assert sorted(busy) == [0, 1] and min(busy.values()) > 0.4 * max(busy.values()), busy  # both actors worked
     assert {slot for shape, slot in ran if shape == str(A)} >= {first[str(A)]}
     assert second[str(B)] != second[str(C)], second
-    assert second[str(B)] == first[str(B)]  # the sticky half: B kept its actor (and its buffers)
+    # sticky: A, yielding, keeps its actor (and its buffers); of B and C, which shared an actor,
+    # the one measured heavier keeps it (which one that is depends on the measured job seconds;
+    # the rule itself is unit-tested on shard() above)
+    assert second[str(A)] == first[str(A)], (first, second)
     assert max(loads.values()) == pytest.approx(min(loads.values()), rel=0.5), loads
 
 

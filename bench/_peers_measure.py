@@ -7,11 +7,11 @@ user-facing path, which allocates C).
 
 Correctness: fresh uniform(-1, 1) inputs from an unseeded generator, C poisoned with NaN, one
 call, compared elementwise with an fp32 reference (TF32 off) within the evaluator's K-aware
-tolerance (``evaluators._correctness.tolerance_random``). The evolved kernel is timed only if it
+tolerance (``evaluators.correctness._correctness.tolerance_random``). The evolved kernel is timed only if it
 passes; a peer that fails is dropped from timing with the reason in the row.
 
-Timing: the evaluator's own timers (``evaluators._timers``) over the evaluator's rotation
-buffers (``evaluators._harness.TimingBuffers``: more than 2x L2 of input sets, so ``device``
+Timing: the evaluator's own timers (``evaluators.run._timers``) over the evaluator's rotation
+buffers (``evaluators.run._harness.TimingBuffers``: more than 2x L2 of input sets, so ``device``
 is cold-L2) with the same perturbation (one sign flip of A per call, outside the timed window),
 all arms interleaved in random order in one process: ``device`` (CUDA-graph replays), ``offline``
 (sync, call, sync) and ``server`` (offline with exponential gaps at ``qps``).
@@ -25,10 +25,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from evaluators._correctness import tolerance_random
-from evaluators._harness import TimingBuffers
-from evaluators._loader import is_poisoning
-from evaluators._timers import Arm, device_timer, host_timer
+from evaluators.correctness._correctness import tolerance_random
+from evaluators.run._harness import TimingBuffers
+from evaluators.run._loader import is_poisoning
+from evaluators.run._timers import Arm, device_timer, host_timer
 from populations import Shape
 
 from _peers_evolved import EvolvedKernel

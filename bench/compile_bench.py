@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from populations import Candidate, Shape, load_templates  # noqa: E402
 from evaluators import CompilePool, compile_candidate  # noqa: E402
-from evaluators._backends import flags_for  # noqa: E402
-from evaluators._isolate import _nvrtc_compile  # noqa: E402
-from evaluators._toolkit import nvrtc_library  # noqa: E402
+from evaluators.compile._backends import flags_for  # noqa: E402
+from evaluators.compile._isolate import _nvrtc_compile  # noqa: E402
+from evaluators.compile._toolkit import nvrtc_library  # noqa: E402
 
 SHAPES = (Shape(4096, 4096, 4096), Shape(64, 4096, 4096), Shape(333, 517, 129, "NN"), Shape(8, 8192, 1024))
 
@@ -96,7 +96,7 @@ def paired_overhead(cands: list[Candidate], arch: str) -> str:
     server, and in a freshly spawned child; plus the static scan alone.
     """
     from evaluators import scan
-    from evaluators._isolate import run_compile_isolated
+    from evaluators.compile._isolate import run_compile_isolated
 
     flags, lib = flags_for("nvrtc", arch), nvrtc_library()
     modes = {

@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from evaluators import LocalPool, PoolStats  # noqa: E402
-from evaluators._builtin_kernels import naive_candidate  # noqa: E402
+from evaluators.run._builtin_kernels import naive_candidate  # noqa: E402
 from populations import Candidate, Shape, Status  # noqa: E402
 
 
@@ -246,8 +246,8 @@ def host_microbench(n_sets: int = 4096, candidates: int = 5) -> dict[str, Any]:
 
     import torch
 
-    import evaluators._harness as h
-    import evaluators._tmap as tm
+    import evaluators.run._harness as h
+    import evaluators.run._tmap as tm
     from populations import load_templates
 
     class Driver:  # test double of the driver loader

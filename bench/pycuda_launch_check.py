@@ -26,9 +26,9 @@ def main() -> int:
     import torch
     from cuda.bindings import driver as drv
 
-    from evaluators._compile import compile_candidate
-    from evaluators._loader import DriverLoader, get_loader
-    from evaluators._tmap import ParamPack, TmapCache
+    from evaluators.compile._compile import compile_candidate
+    from evaluators.run._loader import DriverLoader, get_loader
+    from evaluators.run._tmap import ParamPack, TmapCache
     from populations import Shape, load_templates
 
     torch.cuda.init()

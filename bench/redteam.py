@@ -92,7 +92,7 @@ def run_redteam(*, rounds: int = 2, every: int = 8, only: Optional[list[str]] = 
 
     ``rotations``: the device timer runs on that many rotations (the cached one and fresh ones, as
     the precise preset does), so that attacks idle on rotations after the first meet the checks."""
-    from evaluators._pool import LocalPool
+    from evaluators.pools._pool import LocalPool
 
     cases = load_corpus()
     if only:

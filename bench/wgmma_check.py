@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from populations import Shape  # noqa: E402
 from populations._template import load_template  # noqa: E402
-from evaluators._loader import nvrtc_cubin  # noqa: E402
+from evaluators.run._loader import nvrtc_cubin  # noqa: E402
 
 TEMPLATE_DIR = ROOT / "populations" / "templates" / "sm90_wgmma"
 L2_BYTES = 60 * 2**20

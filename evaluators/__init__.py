@@ -1,23 +1,23 @@
 """Evaluators: static scan, compile pool, GPU workers, correctness and timing.
 
 Imports only ``populations``. Keep this file a plain list of re-exports.
+
+Subpackages by concern: ``static`` (source scan), ``compile`` (compile child, cache, pool),
+``run`` (GPU worker, harness, loaders, timers), ``correctness`` (the cascade, worker-side),
+``pools`` (``LocalPool``, ``RayPool``). The contract between pool and worker, ``Job`` and
+``Result``, and the code provenance sit at the top.
 """
-from ._base import EvaluatorPool
-from ._cache import CubinCache, cache_key, default_cache_dir
-from ._compile import ARCHS, CompileResult, arch_for_capability, compile_candidate, default_backend
-from ._compile_pool import CompilePool
-from ._ptxas import parse_ptxas
-from ._provenance import code_version
-from ._lease import GpuLease, gpu_key
-from ._static import ScanResult, scan, scan_source
-# GPU side (issue 4): nothing here imports torch or initialises CUDA in the importing process.
-from ._loader import CudaError, LoaderUnavailable, get_loader
 from ._job import JOB_OPTIONS, Job, Result, ShapeResult
-from ._pool import PRECISE_JOB, LocalPool, PoolStats, gpu_arch, visible_gpus
+from ._provenance import code_version
+from .static import ScanResult, scan, scan_source
+from .compile import (ARCHS, CompilePool, CompileResult, CubinCache, arch_for_capability, cache_key,
+                      compile_candidate, default_backend, default_cache_dir, parse_ptxas)
+# GPU side (issue 4): nothing here imports torch or initialises CUDA in the importing process.
+from .run import (DEFAULT_DEADLINES, CudaError, GpuLease, LoaderUnavailable, ParamPack, TensorMapError,
+                  WorkerSupervisor, WorkerUnavailable, get_loader, gpu_key, tmap_geometry)
 # Ray backend (issue 10): ray itself is imported only when a RayPool is made.
-from ._ray_pool import RayPool, RayPoolStats, RayUnavailable, connect_ray
-from ._tmap import ParamPack, TensorMapError, tmap_geometry
-from ._worker import DEFAULT_DEADLINES, WorkerSupervisor, WorkerUnavailable
+from .pools import (PRECISE_JOB, EvaluatorPool, LocalPool, PoolStats, RayPool, RayPoolStats, RayUnavailable,
+                    connect_ray, gpu_arch, visible_gpus)
 
 __all__ = [
     "EvaluatorPool",

@@ -27,7 +27,7 @@ class Job:
     """One candidate for a GPU worker: the compiled code, its plan and claims, and how to time it.
 
     The options after ``meta`` default to None, meaning "the harness's default" (documented in
-    ``evaluators/_harness.py``); they are left out of the wire form when None."""
+    ``evaluators/run/_harness.py``); they are left out of the wire form when None."""
 
     cubin: bytes
     plan: LaunchPlan

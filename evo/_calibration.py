@@ -7,7 +7,7 @@ calibration for this machine's GPU and writes it to ``ARCHIVE/calibration.json``
    kernel replaced the memcpy in ``copy_bw``: older files, ``notes["copy_kernel"]`` missing, are
    measured again where a GPU is present);
 2. else the per-device cache (``$EVO_CALIBRATION_DIR`` or ``~/.cache/evo/calibration/<gpu>.json``);
-3. else a fresh measurement by ``python -m evaluators._calibrate`` in a child process (about
+3. else a fresh measurement by ``python -m evaluators.run._calibrate`` in a child process (about
    10 s; this process never initialises CUDA, so compile children can still be forked), which
    also fills the cache;
 4. else (no GPU, or measuring failed) the documented H200 figures, not written anywhere, so
@@ -68,7 +68,7 @@ def load_calibration(archive_dir: Union[str, os.PathLike, None]) -> Calibration:
 def _measure(timeout_s: float) -> Calibration:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    out = subprocess.run([sys.executable, "-m", "evaluators._calibrate"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "evaluators.run._calibrate"], capture_output=True, text=True,
                          timeout=timeout_s, env=env, cwd=str(REPO))
     if out.returncode != 0:
         tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]

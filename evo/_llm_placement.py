@@ -3,7 +3,7 @@
 ``--llm-device`` says where the model runs: ``cpu`` (in-process transformers on the CPU: the GPU
 is the timers' alone), ``cuda[:N]`` (in-process transformers on GPU N, or a local server / vLLM
 declared to run there). When GPU N is one of the pool's GPUs the model is *co-located*: every
-LLM operator gets that GPU's :class:`evaluators._lease.GpuLease` as its ``gate``, so generation
+LLM operator gets that GPU's :class:`evaluators.run._lease.GpuLease` as its ``gate``, so generation
 runs only between timed regions (one forward pass, or one server request, per slice) and the
 timers never see its kernels. On a GPU outside the pool it is *separate*: no lease is needed,
 its GPU seconds are still counted. Without ``--llm-device`` the models' own devices decide
@@ -59,7 +59,7 @@ def device_index(device: str) -> Optional[int]:
 def llm_placement(operators: Mapping[str, Any], pool_gpus: Sequence[int], llm_device: Optional[str] = None,
                   key_of: Optional[Callable[[int], str]] = None) -> LlmPlacement:
     """Where ``operators``' models run (see the module docstring); ``key_of`` names a GPU's lease
-    (default: ``evaluators._lease.gpu_key``)."""
+    (default: ``evaluators.run._lease.gpu_key``)."""
     llms = [op for name, op in operators.items() if hasattr(op, "gate") and hasattr(op, "models")]
     if not llms:
         return LlmPlacement("none", pool_gpus=tuple(pool_gpus))

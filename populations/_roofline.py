@@ -15,7 +15,7 @@ Two ceilings, on purpose:
   of its limit and soak up budget that a 4096-wide decode shape could use.
 
 A :class:`Calibration` carries the four device figures (measured once per device by
-``evaluators._calibrate``, stored beside an archive as ``calibration.json``);
+``evaluators.run._calibrate``, stored beside an archive as ``calibration.json``);
 :data:`H200_DEFAULTS` are the documented H200 figures used when nothing was measured.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ import pytest
 from populations import Candidate, Launch, LaunchPlan, Shape, Status, TensorMapSpec
 from evaluators import (CompilePool, CubinCache, arch_for_capability, compile_candidate, default_backend,
                         parse_ptxas)
-from evaluators._toolkit import nvcc_path, nvrtc_available
+from evaluators.compile._toolkit import nvcc_path, nvrtc_available
 
 pytestmark = pytest.mark.skipif(not nvrtc_available() or nvcc_path() is None, reason="needs NVRTC and nvcc")
 
@@ -269,8 +269,8 @@ def test_pool_two_workers(tmp_path: Path) -> None:
 
 def test_child_without_library_path_uses_the_bindings() -> None:
     """Where the parent cannot locate libnvrtc, the child compiles through cuda.bindings.nvrtc."""
-    from evaluators._backends import flags_for
-    from evaluators._isolate import run_compile_isolated
+    from evaluators.compile._backends import flags_for
+    from evaluators.compile._isolate import run_compile_isolated
 
     out = run_compile_isolated("nvrtc", MMA, flags_for("nvrtc", "sm_80"), timeout_s=60, library=None)
     assert out.ok and out.cubin[:4] == b"\x7fELF" and "Used" in out.log
@@ -283,10 +283,10 @@ def test_fork_server_concurrency_and_restart() -> None:
     """Threads share one fork server; if it dies, the next compile restarts it (or spawns)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from evaluators import _zygote
-    from evaluators._backends import flags_for
-    from evaluators._isolate import run_compile_isolated
-    from evaluators._toolkit import nvrtc_library
+    from evaluators.compile import _zygote
+    from evaluators.compile._backends import flags_for
+    from evaluators.compile._isolate import run_compile_isolated
+    from evaluators.compile._toolkit import nvrtc_library
 
     flags, lib = flags_for("nvrtc", "sm_80"), nvrtc_library()
     sources = [MMA.replace("evo_mma", f"evo_mma{i}") for i in range(4)]
@@ -303,7 +303,7 @@ def test_fork_server_concurrency_and_restart() -> None:
 
 
 def test_cache_prune_keeps_recent_entries(tmp_path: Path) -> None:
-    from evaluators._cache import CacheEntry
+    from evaluators.compile._cache import CacheEntry
 
     cache = CubinCache(tmp_path)
     for i in range(5):
@@ -334,7 +334,7 @@ def test_pool_survives_a_killed_worker(tmp_path: Path) -> None:
 
 def test_scan_verdicts_are_remembered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A second compile of the same candidate (a cache hit) does not scan again; another arch does."""
-    import evaluators._compile as comp
+    import evaluators.compile._compile as comp
 
     calls = []
     real = comp.scan

@@ -13,7 +13,7 @@ from evo._progress import EVENTS_FILE, EventLog, read_events
 from populations import Shape, Status, load_templates
 from populations import Archive
 
-pytest.importorskip("evaluators._compile")
+pytest.importorskip("evaluators.compile._compile")
 from evaluators import LocalPool  # noqa: E402
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from evaluators import LocalPool
-from evaluators._builtin_kernels import naive_candidate
+from evaluators.run._builtin_kernels import naive_candidate
 from populations import Shape
 
 ROOT = Path(__file__).resolve().parents[1]

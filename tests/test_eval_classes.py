@@ -1,6 +1,6 @@
 """Issue 18 on the CPU: the evaluator closes whole classes of cheating, not cases.
 
-- Compiled output: the PTX scan (:mod:`evaluators._ptxscan`) on PTX text for every rule, and on
+- Compiled output: the PTX scan (:mod:`evaluators.compile._ptxscan`) on PTX text for every rule, and on
   real NVRTC compiles of spellings the source scan cannot see.
 - No false rejections: template seeds still compile and pass every scan.
 - Bounded parsers: each CPU-side attack (unterminated literals, macro bombs, nested plan
@@ -110,7 +110,7 @@ def test_compiled_output_scan_sees_what_the_source_scan_cannot(snippet: str, wor
 
 def test_nvcc_backend_scans_its_ptx_too(tmp_path: Path) -> None:
     """nvcc keeps its intermediate PTX (--keep) for the same scan."""
-    from evaluators._toolkit import nvcc_path
+    from evaluators.compile._toolkit import nvcc_path
 
     if not nvcc_path():
         pytest.skip("nvcc not found")
@@ -173,7 +173,7 @@ def test_nested_plan_expressions_are_plan_errors(expr: str) -> None:
 
 
 def test_claimed_shapes_are_capped() -> None:
-    from evaluators._static import MAX_CLAIMED_SHAPES
+    from evaluators.static._static import MAX_CLAIMED_SHAPES
 
     shapes = tuple(Shape(8 * (i + 1), 64, 64, "TN") for i in range(MAX_CLAIMED_SHAPES + 1))
     verdict = evaluators.scan(cand(KERNEL, shapes))
@@ -182,7 +182,7 @@ def test_claimed_shapes_are_capped() -> None:
 
 
 def test_a_failure_inside_the_scan_is_a_rejection(monkeypatch: pytest.MonkeyPatch) -> None:
-    from evaluators import _static
+    from evaluators.static import _static
 
     def boom(*_a: object, **_k: object) -> None:
         raise RecursionError("maximum recursion depth exceeded")
@@ -211,11 +211,11 @@ class _Rotation:
         self._row_flips: list = []
 
     def flip_rows(self, gen) -> None:
-        from evaluators._harness import TimingBuffers
+        from evaluators.run._harness import TimingBuffers
         TimingBuffers.flip_rows(self, gen)  # type: ignore[arg-type]
 
     def unflip(self) -> None:
-        from evaluators._harness import TimingBuffers
+        from evaluators.run._harness import TimingBuffers
         TimingBuffers.unflip(self)  # type: ignore[arg-type]
 
 
@@ -236,7 +236,7 @@ class _GraphDouble:
 
 
 def _timed(stale_after: int | None, replays: int = 5, shape: Shape = Shape(64, 48, 96, "TN")) -> None:
-    from evaluators import _harness
+    from evaluators.run import _harness
 
     rot = _Rotation(3, shape)
     ws = torch.zeros(3, 256, dtype=torch.uint8)
@@ -254,7 +254,7 @@ def test_an_honest_timed_replay_passes() -> None:
 
 
 def test_a_kernel_idle_when_timed_is_caught_naming_the_call() -> None:
-    from evaluators._correctness import CheckFailed
+    from evaluators.correctness._correctness import CheckFailed
 
     with pytest.raises(CheckFailed, match="timed calls verified: timed replays: rotation set . is wrong on a replay"):
         _timed(stale_after=1)
@@ -266,7 +266,8 @@ def test_perturbation_changes_every_row_at_random_columns_and_refills_the_worksp
     """Every row of every set's A changes in exactly one element (so every output changes and no
     kept output is reusable), at columns that differ between calls; the workspace gets bytes from
     the checked calls' set; unflip restores the inputs bit for bit."""
-    from evaluators import _correctness, _harness
+    from evaluators.correctness import _correctness
+    from evaluators.run import _harness
 
     shape = Shape(64, 48, 96, "TN")
     rot = _Rotation(2, shape)
@@ -290,7 +291,7 @@ def test_perturbation_changes_every_row_at_random_columns_and_refills_the_worksp
 
 
 def test_large_ragged_instance_keeps_the_grid_and_cuts_every_tail() -> None:
-    from evaluators._correctness import large_ragged
+    from evaluators.correctness._correctness import large_ragged
 
     rng = random.Random(0)
     for _ in range(50):

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from evaluators._tmap import TMAP_BYTES, ParamPack, TensorMapError, TmapCache, tmap_geometry
+from evaluators.run._tmap import TMAP_BYTES, ParamPack, TensorMapError, TmapCache, tmap_geometry
 from populations import LaunchPlan, Shape, TensorMapSpec
 
 torch = pytest.importorskip("torch")
@@ -114,7 +114,7 @@ class _Loader:
 
 
 def test_bound_calls_launch_every_set_with_its_own_pointers_and_maps(monkeypatch):
-    import evaluators._harness as h
+    import evaluators.run._harness as h
 
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0x5000 + index, raising=False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -152,7 +152,7 @@ def test_bound_calls_launch_every_set_with_its_own_pointers_and_maps(monkeypatch
 def test_driver_launcher_binds_the_launch_and_raises_the_drivers_error():
     from cuda.bindings import driver as real
 
-    from evaluators._loader import CudaError, DriverLoader
+    from evaluators.run._loader import CudaError, DriverLoader
 
     seen: list[tuple] = []
     codes = [real.CUresult.CUDA_SUCCESS, real.CUresult.CUDA_SUCCESS, real.CUresult.CUDA_ERROR_INVALID_VALUE]
@@ -177,7 +177,7 @@ def test_driver_launcher_binds_the_launch_and_raises_the_drivers_error():
 def test_bind_rejects_a_plan_whose_arguments_do_not_fit_the_kernel(monkeypatch):
     """The driver's parameter layout (a test double here) against the plan: an int where the
     kernel takes a pointer, or one argument too many, is a PlanError at bind, not a launch."""
-    import evaluators._harness as h
+    import evaluators.run._harness as h
     from populations import PlanError
 
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)

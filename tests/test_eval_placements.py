@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from evaluators._correctness import PLACEMENT_ALIGN, Cascade, CheckFailed, Guarded, Operands  # noqa: E402
+from evaluators.correctness._correctness import PLACEMENT_ALIGN, Cascade, CheckFailed, Guarded, Operands  # noqa: E402
 from populations import Shape  # noqa: E402
 
 _keep: list = []
@@ -89,7 +89,7 @@ def test_moving_the_window_keeps_canaries_around_it():
 
 
 def test_timing_rotation_puts_inputs_on_2mib_boundaries_and_outputs_elsewhere(monkeypatch):
-    import evaluators._harness as h
+    import evaluators.run._harness as h
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (8 << 30, 16 << 30))
 

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from evaluators import _correctness as cm  # noqa: E402
-from evaluators._correctness import (Cascade, CheckFailed, Operands, RotationReference, recheck_sets,  # noqa: E402
+from evaluators.correctness import _correctness as cm  # noqa: E402
+from evaluators.correctness._correctness import (Cascade, CheckFailed, Operands, RotationReference, recheck_sets,  # noqa: E402
                                      verify_sets)
 from populations import Shape  # noqa: E402
 
@@ -91,7 +91,7 @@ def test_verify_sets_with_base_names_the_set_and_element():
 
 
 def test_timing_buffers_reference_comes_from_the_pristine_copy_once(monkeypatch):
-    import evaluators._harness as h
+    import evaluators.run._harness as h
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (8 << 30, 16 << 30))
     shape = Shape(20, 24, 32, "TN")

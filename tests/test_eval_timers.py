@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from evaluators._timers import SETTLE_MHZ, SETTLE_READ_S, Arm, _settle, host_timer  # noqa: E402
+from evaluators.run._timers import SETTLE_MHZ, SETTLE_READ_S, Arm, _settle, host_timer  # noqa: E402
 
 
 def _clock(readings):

@@ -8,9 +8,9 @@ import ctypes
 
 import pytest
 
-from evaluators._builtin_kernels import BUGS, naive_candidate, naive_plan
-from evaluators._loader import LoaderUnavailable, get_loader
-from evaluators._tmap import ParamPack, TensorMapError, tmap_geometry
+from evaluators.run._builtin_kernels import BUGS, naive_candidate, naive_plan
+from evaluators.run._loader import LoaderUnavailable, get_loader
+from evaluators.run._tmap import ParamPack, TensorMapError, tmap_geometry
 from populations import Shape, Status, TensorMapSpec
 
 
@@ -76,7 +76,7 @@ def test_evo_eval_reads_the_plan_from_a_leading_comment(tmp_path):
 # -- CPU: tolerances and the cascade with Python stand-ins for kernels ------------------------------
 try:  # torch is the gpu extra's; without it these tests skip one by one (the ones above still run)
     import torch
-    from evaluators._correctness import (Cascade, Operands, ragged_instances, reference,
+    from evaluators.correctness._correctness import (Cascade, Operands, ragged_instances, reference,
                                          tolerance_exact, tolerance_random, ulp16)
 except ImportError:
     torch = None
@@ -225,7 +225,7 @@ def _set_product(a3, b3, c3, i, layout):
 @needs_torch
 @pytest.mark.parametrize("layout", ["TN", "NN"])
 def test_recheck_after_timing_passes_an_honest_kernel_and_restores_a(layout):
-    from evaluators._correctness import recheck_sets
+    from evaluators.correctness._correctness import recheck_sets
 
     a3, b3, c3, g = _rotation(layout=layout)
     before, b_before = a3.clone(), b3.clone()
@@ -235,7 +235,7 @@ def test_recheck_after_timing_passes_an_honest_kernel_and_restores_a(layout):
 
 @needs_torch
 def test_recheck_after_timing_catches_state_kept_across_calls():
-    from evaluators._correctness import CheckFailed, recheck_sets
+    from evaluators.correctness._correctness import CheckFailed, recheck_sets
 
     a3, b3, c3, g = _rotation()
     for i in range(len(a3)):  # the timed calls
@@ -265,7 +265,7 @@ def test_recheck_after_timing_catches_state_kept_across_calls():
 
 @needs_torch
 def test_recheck_catches_prepacked_b_and_strided_content_hashes():
-    from evaluators._correctness import CheckFailed, recheck_sets
+    from evaluators.correctness._correctness import CheckFailed, recheck_sets
 
     a3, b3, c3, g = _rotation()
     packed = {}
@@ -300,7 +300,7 @@ def test_recheck_catches_prepacked_b_and_strided_content_hashes():
 
 @needs_torch
 def test_recheck_catches_a_kernel_that_zeroes_its_inputs_when_warm():
-    from evaluators._correctness import CheckFailed, recheck_sets
+    from evaluators.correctness._correctness import CheckFailed, recheck_sets
 
     a3, b3, c3, g = _rotation()
     warm = set()
@@ -398,7 +398,7 @@ def test_device_timer_queues_the_cached_arms_warm_up_before_capturing():
 
     import torch
 
-    from evaluators._timers import Arm, device_timer
+    from evaluators.run._timers import Arm, device_timer
 
     n_sets, m, n, k = 64, 64, 128, 64
     a = torch.randn(n_sets, m, k, device="cuda", dtype=torch.float16)
@@ -424,7 +424,7 @@ def test_device_timer_queues_the_cached_arms_warm_up_before_capturing():
 # -- CPU: timer statistics, rotation sizing, the physical floor, the CLI's error paths -------------
 @needs_torch
 def test_median_ci_uses_order_statistics():
-    from evaluators._timers import median_ci
+    from evaluators.run._timers import median_ci
 
     st = median_ci([5.0, 1.0, 3.0, 2.0, 4.0, 100.0, 3.5, 2.5, 3.2, 2.8, 3.1])
     assert st.median == 3.1 and st.samples == 11
@@ -434,7 +434,7 @@ def test_median_ci_uses_order_statistics():
 
 @needs_torch
 def test_rotation_exceeds_twice_the_l2():
-    from evaluators._timers import rotation_sets
+    from evaluators.run._timers import rotation_sets
 
     l2 = 60 << 20
     for set_bytes in (40960, 3 << 20, 96 << 20):
@@ -446,7 +446,7 @@ def test_rotation_exceeds_twice_the_l2():
 
 @needs_torch
 def test_physical_floor_takes_the_largest_bound():
-    from evaluators._harness import DEFAULT_CEILINGS, HEADROOM, physical_floor
+    from evaluators.run._harness import DEFAULT_CEILINGS, HEADROOM, physical_floor
 
     big, tiny = Shape.parse("8192x8192x8192"), Shape.parse("16x16x16")
     assert physical_floor(big, DEFAULT_CEILINGS) == pytest.approx(big.flops / (790e12 * HEADROOM["flops"]))
@@ -495,8 +495,8 @@ def test_evo_eval_times_precisely_unless_quick(tmp_path, capsys):
 def _cpu_harness(monkeypatch):
     """A GpuHandler without CUDA: CPU tensors, timers that just call every arm (test doubles of the
     CUDA graph/event timers, the boundary we cannot cross here)."""
-    import evaluators._harness as h
-    from evaluators._timers import TimerStats
+    import evaluators.run._harness as h
+    from evaluators.run._timers import TimerStats
 
     class OneRotation:  # what the real timer keeps: a graph whose replay calls every set once
         def __init__(self, arm):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluators._lease import GpuLease, gpu_key, timing_lease
+from evaluators.run._lease import GpuLease, gpu_key, timing_lease
 from evo._llm_placement import device_index, llm_placement, place_llm
 from operators.llm import Completion, LLMBackend
 
@@ -120,7 +120,7 @@ def test_timing_never_waits_past_its_bound(lease: GpuLease, tmp_path: Path) -> N
 
 def test_the_lease_holds_across_processes(tmp_path: Path) -> None:
     """A timed region in another process (the GPU worker) holds generation here off."""
-    code = ("import sys, time; from evaluators._lease import GpuLease\n"
+    code = ("import sys, time; from evaluators.run._lease import GpuLease\n"
             f"with GpuLease('test-gpu', {str(tmp_path)!r}).timed():\n"
             "    print('in', flush=True); time.sleep(0.5)\n")
     root = Path(__file__).resolve().parents[1]
@@ -264,7 +264,7 @@ def test_gpu_generation_load_stays_out_of_the_timed_regions(tmp_path: Path, monk
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
     from evaluators import LocalPool
-    from evaluators._builtin_kernels import naive_candidate
+    from evaluators.run._builtin_kernels import naive_candidate
     from populations import Shape, Status
 
     monkeypatch.setenv("EVO_GPU_LEASE_DIR", str(tmp_path / "lease"))

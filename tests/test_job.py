@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from evaluators import JOB_OPTIONS, PRECISE_JOB, Job, LocalPool, Result
-from evaluators._builtin_kernels import naive_candidate
+from evaluators.run._builtin_kernels import naive_candidate
 from populations import Shape, Status
 
 S1, S2 = Shape.parse("64x64x64:TN"), Shape.parse("128x64x32:TN")

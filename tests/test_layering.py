@@ -63,7 +63,7 @@ def test_other_packages_are_used_through_their_public_names(package: str) -> Non
 
 def test_the_private_reach_check_can_fail(tmp_path: Path) -> None:
     src = tmp_path / "m.py"
-    src.write_text("from populations._archive import LOCK\nimport evaluators._lease\nfrom evo import cli\n"
+    src.write_text("from populations._archive import LOCK\nimport evaluators.run._lease\nfrom evo import cli\n"
                    "from operators import _base\n")
-    assert _private_reaches(src, "evo") == ["evaluators._lease", "operators._base", "populations._archive"]
-    assert _private_reaches(src, "populations") == ["evaluators._lease", "operators._base"]
+    assert _private_reaches(src, "evo") == ["evaluators.run._lease", "operators._base", "populations._archive"]
+    assert _private_reaches(src, "populations") == ["evaluators.run._lease", "operators._base"]

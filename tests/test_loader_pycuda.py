@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from evaluators._loader import CudaError, LoaderUnavailable, PycudaLoader
-from evaluators._tmap import ParamPack
+from evaluators.run._loader import CudaError, LoaderUnavailable, PycudaLoader
+from evaluators.run._tmap import ParamPack
 
 
 def test_param_buffer_is_the_kernels_parameter_block():
@@ -164,7 +164,7 @@ def _pycuda_or_skip():
 def test_evaluator_with_the_pycuda_loader_gives_the_driver_loaders_statuses(tmp_path):
     _pycuda_or_skip()
     from evaluators import LocalPool
-    from evaluators._builtin_kernels import naive_candidate
+    from evaluators.run._builtin_kernels import naive_candidate
     from populations import Shape, Status, load_templates
 
     shape = Shape.parse("256x384x512:TN")

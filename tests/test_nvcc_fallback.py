@@ -12,7 +12,7 @@ import pytest
 
 from populations import Candidate, Shape, Status, load_templates
 from evaluators import compile_candidate
-from evaluators._toolkit import nvcc_path
+from evaluators.compile._toolkit import nvcc_path
 
 pytestmark = pytest.mark.skipif(nvcc_path() is None, reason="needs nvcc")
 

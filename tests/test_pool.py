@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from evaluators._builtin_kernels import naive_candidate
-from evaluators._pool import LocalPool
+from evaluators.run._builtin_kernels import naive_candidate
+from evaluators.pools._pool import LocalPool
 from populations import Shape, Status
 
-pytest.importorskip("evaluators._compile")
+pytest.importorskip("evaluators.compile._compile")
 
 FAKE = "fake_gpu_worker:make_handler"
 S1, S2 = Shape.parse("64x64x64:TN"), Shape.parse("128x64x32:TN")

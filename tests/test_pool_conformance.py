@@ -26,13 +26,13 @@ DEADLINES = {"startup": 60.0, "probe": 20.0, "load": 10.0, "correctness": 10.0, 
 
 
 def _candidates(n: int, shapes: tuple[Shape, ...] = (S1,)) -> list[Any]:
-    from evaluators._builtin_kernels import naive_candidate
+    from evaluators.run._builtin_kernels import naive_candidate
 
     return [naive_candidate(shapes, tile=t) for t in (4, 8, 16, 32, 64)[:n]]
 
 
 def _local(tmp_path: Path) -> EvaluatorPool:
-    pytest.importorskip("evaluators._compile")
+    pytest.importorskip("evaluators.compile._compile")
     return LocalPool(gpus=[0], compile_workers=2, target=FAKE, log_dir=str(tmp_path), deadlines=DEADLINES,
                      cache_dir=str(tmp_path / "cache"))
 
@@ -47,7 +47,7 @@ def _fake(tmp_path: Path) -> EvaluatorPool:
 def ray_cluster() -> Iterator[Any]:
     """A local Ray cluster for the module (two CPUs, two logical GPUs); skipped without ray."""
     ray = pytest.importorskip("ray", reason="the RayPool leg needs ray (pip install -e '.[dev]' installs it)")
-    pytest.importorskip("evaluators._compile")
+    pytest.importorskip("evaluators.compile._compile")
     if ray.is_initialized():
         ray.shutdown()
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,

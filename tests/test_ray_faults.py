@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray fault tests need ray (pip install -e '.[dev]' installs it)")
-pytest.importorskip("evaluators._compile")
+pytest.importorskip("evaluators.compile._compile")
 
 from populations import Archive, ArchiveLockedError, Shape, Status, load_templates  # noqa: E402
 from ray_clusters import add_gpu_node, gpu_nodes, wait_for  # noqa: E402
@@ -143,7 +143,7 @@ def test_a_node_killed_mid_run_loses_no_committed_record_and_its_capacity_comes_
 
 
 def test_a_slot_whose_gpu_does_not_come_back_gives_its_work_to_the_others(cluster, cache, tmp_path):
-    from evaluators._builtin_kernels import naive_candidate
+    from evaluators.run._builtin_kernels import naive_candidate
 
     cands = [naive_candidate(((S1, S2)[i % 2],), tile=t) for i, t in enumerate((1, 2, 4, 8, 16, 32))]
     with _pool(tmp_path, cache, reclaim_s=2.0, delay_s=0.6) as pool:
@@ -178,6 +178,6 @@ def test_an_idle_actor_lost_with_its_node_is_noticed_and_replaced_when_the_node_
 
 
 def _naive_pair() -> list:
-    from evaluators._builtin_kernels import naive_candidate
+    from evaluators.run._builtin_kernels import naive_candidate
 
     return [naive_candidate((S1,), tile=4), naive_candidate((S2,), tile=8)]

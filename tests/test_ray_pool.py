@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray pool tests need ray (pip install -e '.[dev]' installs it)")
-pytest.importorskip("evaluators._compile")
+pytest.importorskip("evaluators.compile._compile")
 
 from fake_gpu_worker import FakeGpuHandler  # noqa: E402
 from populations import Archive, Shape, Status, load_templates  # noqa: E402

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("ray", reason="the Ray benchmark legs need ray")
-pytest.importorskip("evaluators._compile")
+pytest.importorskip("evaluators.compile._compile")
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluators._shard import shape_loads, shard, slot_loads
+from evaluators.pools._shard import shape_loads, shard, slot_loads
 
 
 # -- the arithmetic (no Ray) -----------------------------------------------------------------
@@ -59,7 +59,7 @@ def test_loads_are_weight_times_job_seconds_with_the_mean_for_an_untimed_shape()
 
 # -- RayPool on a real local cluster ------------------------------------------------------------
 ray = pytest.importorskip("ray", reason="the Ray sharding tests need ray (pip install -e '.[dev]' installs it)")
-pytest.importorskip("evaluators._compile")
+pytest.importorskip("evaluators.compile._compile")
 
 from fake_gpu_worker import FakeGpuHandler  # noqa: E402
 from populations import Archive, Shape, Status, attainable_time, load_templates  # noqa: E402
@@ -111,7 +111,7 @@ def _pool(tmp_path: Path, cache: Path, **options):
 
 
 def _naive(shape: Shape, n: int) -> list:
-    from evaluators._builtin_kernels import naive_candidate
+    from evaluators.run._builtin_kernels import naive_candidate
 
     return [naive_candidate((shape,), tile=t) for t in (1, 2, 4, 8, 16, 32)[:n]]
 

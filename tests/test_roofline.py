@@ -2,7 +2,7 @@
 allocation by headroom (pure functions), and the engine spending its slots where the headroom is.
 
 The evaluator pool is the test double ``fake_pool.FakeEvaluatorPool`` (no GPU here); the GPU
-measurement itself (``evaluators._calibrate``) is replaced by a named stand-in measurer.
+measurement itself (``evaluators.run._calibrate``) is replaced by a named stand-in measurer.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_calibration_file_round_trips_and_bad_files_read_as_none(tmp_path: Path)
 
 # -- the per-device cache -----------------------------------------------------------------------
 def _stand_in_measurer(calls: list, device: str = "NVIDIA H200"):
-    """Test double for ``evaluators._calibrate`` in its child process (no GPU on this machine)."""
+    """Test double for ``evaluators.run._calibrate`` in its child process (no GPU on this machine)."""
     def measure(timeout_s: float) -> Calibration:
         calls.append(timeout_s)
         return Calibration(7.7e14, 4.5e12, 4.3e12, 1.2e-6, device=device, source="measured", date="now",
@@ -226,7 +226,7 @@ def test_inspect_and_report_show_the_roofline_fraction(tmp_path: Path) -> None:
 @pytest.mark.gpu
 def test_calibration_measures_plausible_ceilings() -> None:
     """On a GPU: the four figures are of the right order (H200: ~790 TFLOP/s, ~4.5 / 4.3 TB/s, ~1-2 us)."""
-    from evaluators._calibrate import measure
+    from evaluators.run._calibrate import measure
 
     cal = measure(reps=3)
     assert cal.source == "measured" and cal.device

@@ -1,4 +1,4 @@
-"""Static scan verdicts (evaluators._static): a table of sources that must pass or be refused."""
+"""Static scan verdicts (evaluators.static._static): a table of sources that must pass or be refused."""
 from __future__ import annotations
 
 import pytest

@@ -20,7 +20,7 @@ import pytest
 from populations import Shape
 from populations._knobs import TemplateError
 from populations._template import TEMPLATES_DIR, load_template
-from evaluators._loader import nvrtc_cubin
+from evaluators.run._loader import nvrtc_cubin
 
 FOLDER = TEMPLATES_DIR / "sm90_wgmma"
 BIG = Shape(4096, 4096, 4096, "TN", "f32")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from evaluators._worker import WorkerSupervisor, WorkerUnavailable
+from evaluators.run._worker import WorkerSupervisor, WorkerUnavailable
 
 FAKE = "fake_gpu_worker:make_handler"
 
@@ -122,7 +122,7 @@ def test_worker_exits_when_its_supervisor_is_killed(tmp_path):
 
     here = os.path.dirname(os.path.abspath(__file__))
     code = (f"import sys, time; sys.path[:0] = [{os.path.dirname(here)!r}, {here!r}]\n"
-            "from evaluators._worker import WorkerSupervisor\n"
+            "from evaluators.run._worker import WorkerSupervisor\n"
             f"sup = WorkerSupervisor(gpu=None, target={FAKE!r}, log_dir={str(tmp_path)!r},\n"
             "                        deadlines={'correctness': 600.0, 'timing': 600.0})\n"
             "sup.start(); print(sup.pid, flush=True)\n"

@@ -19,7 +19,7 @@ device (``cpu`` on the GPU machine, so timing has the GPU alone). :meth:`take_to
 the engine every token spent, failed calls included, for the ``--max-tokens`` budget, and
 :meth:`take_gpu_seconds` the seconds the model ran on a GPU (its cost for the operator bandit).
 
-``gate`` (issue 25): a device lease (``evaluators._lease.GpuLease``) that evo passes when the
+``gate`` (issue 25): a device lease (``evaluators.run._lease.GpuLease``) that evo passes when the
 model shares a GPU with the timing workers (``--llm-device`` names one of the pool's GPUs). An
 in-process transformers model then runs each forward pass as one slice of it; other backends
 (a local server, in-process vLLM) hold one slice per request. ``gpu_device`` says the model

@@ -4,7 +4,7 @@ One worker process per GPU runs the harness (load, correctness, timing) for one 
 A candidate kernel can hang the GPU, poison the CUDA context or kill its process, so the
 worker is disposable and the parent never touches CUDA:
 
-- The worker is a fresh interpreter (``python -m evaluators._worker``; the ``spawn`` semantics:
+- The worker is a fresh interpreter (``python -m evaluators.run._worker``; the ``spawn`` semantics:
   nothing is inherited from the parent's memory, so no fork after CUDA init can happen), started
   with ``start_new_session=True`` so that it and anything it starts form one process group that
   one ``killpg(SIGKILL)`` ends. ``multiprocessing``'s spawn context cannot give a new session or
@@ -27,7 +27,7 @@ Message protocol (tuples): parent -> child ``("job", id, dict)``, ``("probe", id
 The worker's behaviour is a *handler* named by ``target`` (``"module:factory"``); the factory
 gets the options dict and returns an object with ``info() -> dict`` and
 ``handle(kind, job, phase) -> dict``; ``phase(name)`` announces a phase and
-``phase("partial", shape_result)`` reports a finished shape early. The real one is :func:`evaluators._harness.make_handler`;
+``phase("partial", shape_result)`` reports a finished shape early. The real one is :func:`evaluators.run._harness.make_handler`;
 tests use a fake one that crashes on demand.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ from populations import Status
 
 __all__ = ["WorkerSupervisor", "WorkerUnavailable", "DEFAULT_DEADLINES", "HARNESS_TARGET", "worker_env"]
 
-HARNESS_TARGET = "evaluators._harness:make_handler"
+HARNESS_TARGET = "evaluators.run._harness:make_handler"
 #: Seconds each phase may take before the worker is killed. ``startup`` covers importing torch,
 #: creating the context and measuring the ceilings; jobs may scale the GPU phases for big shapes.
 DEFAULT_DEADLINES: dict[str, float] = {
@@ -76,7 +76,7 @@ def worker_env(gpu: Optional[int], extra: Optional[Mapping[str, str]] = None) ->
     if gpu is not None:
         visible = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
         env["CUDA_VISIBLE_DEVICES"] = visible[gpu] if gpu < len(visible) else str(gpu)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where `evaluators` lives
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where `evaluators` lives
     paths = [root] + [p for p in sys.path if p and os.path.isdir(p) and p != root]
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))
@@ -222,7 +222,7 @@ class WorkerSupervisor:
         parent_sock, child_sock = socket.socketpair()
         log = open(self.log_path, "ab", buffering=0)
         log.write(f"\n=== worker start {time.strftime('%Y-%m-%d %H:%M:%S')} gpu={self.gpu} target={self.target}\n".encode())
-        cmd = [sys.executable, "-c", "import sys; from evaluators._worker import main; sys.exit(main())",
+        cmd = [sys.executable, "-c", "import sys; from evaluators.run._worker import main; sys.exit(main())",
                "--fd", str(child_sock.fileno()),
                "--target", self.target, "--options", repr(self.options), "--parent", str(os.getpid())]
         try:

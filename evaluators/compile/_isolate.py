@@ -3,7 +3,7 @@
 Why a child per compile: a compiler can hang (template or unroll bombs), eat all memory or
 crash; none of that may take down the caller (the engine, a pool worker, a GPU worker).
 
-How: by default the child is forked from a warm fork server (:mod:`evaluators._zygote`), else
+How: by default the child is forked from a warm fork server (:mod:`evaluators.compile._zygote`), else
 (``$EVO_COMPILE_ZYGOTE=0``, or the server cannot start) the parent starts ``python <this
 file>`` (a fresh interpreter, never a fork of the caller, so it is safe from a process that
 has initialised CUDA) and pickles the request to its stdin. Either way the child leads its own
@@ -57,7 +57,7 @@ def run_compile_isolated(backend: str, source: str, flags: tuple[str, ...], *, t
     """Compile in a child; never raises for compiler trouble, reports it in the outcome.
 
     ``zygote`` (default: on unless ``$EVO_COMPILE_ZYGOTE=0``) forks the child from a warm fork
-    server (:mod:`evaluators._zygote`); otherwise, or when the server cannot start, a fresh
+    server (:mod:`evaluators.compile._zygote`); otherwise, or when the server cannot start, a fresh
     interpreter is spawned per compile.
     """
     request = {"backend": backend, "source": source, "flags": list(flags), "mem_mb": mem_mb, "nvcc": nvcc,
@@ -243,7 +243,7 @@ def _nvcc_compile(source: str, flags: list[str], nvcc: str | None) -> tuple[bool
 
 def compile_request(req: dict) -> tuple[bool, bytes, str]:
     """In the child: cap the address space, compile, scan the PTX the compiler produced
-    (:func:`evaluators._ptxscan.scan_ptx`; a refusal is a failed result whose log starts with
+    (:func:`evaluators.compile._ptxscan.scan_ptx`; a refusal is a failed result whose log starts with
     ``REJECT_MARK``, no PTX at all is one too), map exceptions to a failed result."""
     import resource
 

@@ -1,8 +1,8 @@
 """The GPU worker's handler: load a cubin, check it, time it, flag it (cascade steps 3-6).
 
-Runs inside the worker process started by :mod:`evaluators._worker` (one per GPU, the GPU it
+Runs inside the worker process started by :mod:`evaluators.run._worker` (one per GPU, the GPU it
 sees is ``cuda:0``). Buffers and the stream are torch's; kernels go through the loader of
-:mod:`evaluators._loader` with parameters packed by :mod:`evaluators._tmap`.
+:mod:`evaluators.run._loader` with parameters packed by :mod:`evaluators.run._tmap`.
 
 A job is the wire form of :class:`evaluators._job.Job` (checked with ``Job.from_wire`` on
 arrival): ``{"cubin", "plan", "shapes", "generic", "timers", "seed", "qps"}`` plus optional
@@ -13,12 +13,12 @@ freshly allocated rotations and report the median of their medians, with each on
 ``host_timers`` (``"elites"``, the default: the offline and server timers run only where the
 device speedup reaches ``elite_threshold``; ``"always"``),
 ``rounds``, ``budget_s``, ``max_rounds``, ``settle_s``, ``settle_min_s`` and ``prewarm`` tune the
-device timer (see :func:`evaluators._timers.device_timer`; ``evaluators.PRECISE_JOB`` is the preset for
+device timer (see :func:`evaluators.run._timers.device_timer`; ``evaluators.PRECISE_JOB`` is the preset for
 a measurement that must repeat across worker starts). The
 result has ``status``/``message`` for the job and one dict per shape (status, message,
 max_error, flags, timers, correctness_s, timing_s, phases (seconds per step), provenance).
 
-Buffers a candidate can reach come from :mod:`evaluators._vmm` (worker option ``buffers``:
+Buffers a candidate can reach come from :mod:`evaluators.run._vmm` (worker option ``buffers``:
 ``"vmm"``, the default, VA reservations with 2 GiB unmapped gaps, so far stores fault (verified
 on the H200: `oob_write_far` and the placement cheats caught, red team with no holes); ``"torch"``,
 plain allocations with 64 MiB canaries; the default can be overridden by ``EVO_EVAL_BUFFERS``).
@@ -39,11 +39,11 @@ import torch
 from populations import LaunchPlan, PlanError, Shape, Status
 
 from ._builtin_kernels import EMPTY_KERNEL, NAIVE_GEMM, naive_plan
-from ._correctness import (FP64_LIMIT, Cascade, CheckFailed, Guarded, Operands, RotationReference, large_ragged, ragged_instances,
+from ..correctness._correctness import (FP64_LIMIT, Cascade, CheckFailed, Guarded, Operands, RotationReference, large_ragged, ragged_instances,
                            recheck_sets, verify_sets, workspace_fill)
-from ._job import Job
+from .._job import Job
 from ._loader import get_loader, is_poisoning, nvrtc_cubin
-from ._provenance import sm_clock_mhz, static_provenance
+from .._provenance import sm_clock_mhz, static_provenance
 from ._lease import timing_lease
 from ._timers import Arm, device_timer, host_timer, rotation_sets
 from ._tmap import ParamPack, TensorMapError, TmapCache
@@ -188,7 +188,7 @@ def _raw_stream_getter() -> Callable[[], int]:
 
 
 class GpuHandler:
-    """The real worker handler (see :mod:`evaluators._worker` for the protocol)."""
+    """The real worker handler (see :mod:`evaluators.run._worker` for the protocol)."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.options = dict(options)
@@ -622,7 +622,7 @@ def _perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Ten
     (:meth:`TimingBuffers.flip_rows`; a fixed stride is a pattern a kernel can recognise from its
     inputs, and a single changed element left most of C reusable), and a non-zeroed workspace is
     refilled with a byte drawn as for the checked calls
-    (:func:`evaluators._correctness.workspace_fill`), so that nothing a kernel leaves there
+    (:func:`evaluators.correctness._correctness.workspace_fill`), so that nothing a kernel leaves there
     survives to the next call or tells timing from checking."""
     gen = torch.Generator(device=tb.a_all.device).manual_seed(rng.getrandbits(62))
 

@@ -17,7 +17,7 @@ node that the driver may run on a copy engine rather than the SMs. It was once s
 difference, nothing uses it. ``notes["copy_kernel"] == "sm"`` marks a calibration whose
 ``copy_bw`` is the SM kernel's (``evo._calibration`` measures again over older ones).
 
-Run ``python -m evaluators._calibrate [--out FILE]`` in a process of its own (``evo`` does,
+Run ``python -m evaluators.run._calibrate [--out FILE]`` in a process of its own (``evo`` does,
 so that its own process never initialises CUDA); it prints the ``evo-calibration/1`` JSON.
 The arithmetic that uses these figures lives in ``populations._roofline``.
 """
@@ -157,7 +157,7 @@ def measure(device: int = 0, *, reps: int = 7) -> Calibration:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m evaluators._calibrate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m evaluators.run._calibrate", description=__doc__.splitlines()[0])
     p.add_argument("--out", help="also write the JSON here (a file, or a directory for calibration.json)")
     p.add_argument("--device", type=int, default=0)
     args = p.parse_args(argv)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from populations import Candidate, Evaluation, Shape, Status, TimerResult
 
-from ._job import JOB_OPTIONS, Job, Result
+from .._job import JOB_OPTIONS, Job, Result
 
 __all__ = ["PoolCore", "PoolItem", "PoolStats"]
 
@@ -74,7 +74,7 @@ class PoolCore:
         self.cache_dir = cache_dir
         self.compile_timeout_s = compile_timeout_s
         if compile_fn is None:
-            from ._compile import compile_candidate as compile_fn  # noqa: N813
+            from ..compile import compile_candidate as compile_fn  # noqa: N813
         self.compile_fn: Callable[..., Any] = compile_fn
         self.stats = stats
         self.lock = threading.Lock()   # guards stats (and, in RayPool, its queues)

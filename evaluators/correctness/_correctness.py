@@ -94,7 +94,7 @@ class Guarded:
     """A matrix (or workspace) with canary bands of random bits before and after it.
 
     ``alloc(nbytes)`` (default ``torch.empty``) may return more bytes than asked for (a whole
-    VA-reserved block, :mod:`evaluators._vmm`): the upper canary then runs to the block's end, so
+    VA-reserved block, :mod:`evaluators.run._vmm`): the upper canary then runs to the block's end, so
     every mapped byte around the data is checked and the unmapped gaps beyond fault.
 
     With ``movable`` the block has room to move the data window (:meth:`place`): at an address

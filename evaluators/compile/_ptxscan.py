@@ -1,6 +1,6 @@
 """Judge what the compiler produced: scan a candidate's PTX for time sources and writable module state.
 
-Why PTX and not only the source: the source scan (:mod:`evaluators._static`) sees spellings,
+Why PTX and not only the source: the source scan (:mod:`evaluators.static._static`) sees spellings,
 and a spelling can hide (a clock read built by macros, a string split across inline-asm
 operands, a const table written through a cast, a static local, a string literal stored into).
 The PTX is what ptxas turns into SASS: every inline-asm string appears in it verbatim (ptxas
@@ -24,7 +24,7 @@ read is named, every module-scope variable is declared. So whatever the source l
 
 Comments are removed first (``//`` to the end of the line, ``/* */``), so text in a comment is
 neither a finding nor a hiding place. The scan is a few linear regular-expression passes, and
-it runs in the compile child (:mod:`evaluators._isolate`), under its deadline and memory cap.
+it runs in the compile child (:mod:`evaluators.compile._isolate`), under its deadline and memory cap.
 This file imports only the standard library (the child and the fork server load it as a
 top-level module).
 """

@@ -48,7 +48,7 @@ from ._base import EvaluatorPool
 from ._pool_core import PoolCore, PoolItem, PoolStats
 from ._shard import shape_loads, shard, slot_loads
 from ._ray_actor import GpuEvaluator, RayUnavailable, compile_task, connect_ray
-from ._worker import DEFAULT_DEADLINES, HARNESS_TARGET, WorkerUnavailable
+from ..run import DEFAULT_DEADLINES, HARNESS_TARGET, WorkerUnavailable
 
 __all__ = ["RayPool", "RayPoolStats", "RayUnavailable", "GpuEvaluator", "connect_ray"]
 
@@ -113,7 +113,7 @@ class RayPool(EvaluatorPool):
         self.max_retries = max_retries
         self.reclaim_s = reclaim_s
         self.shard_slack = shard_slack
-        from ._provenance import code_version
+        from .._provenance import code_version
 
         self.pool_id = uuid.uuid4().hex[:12]  # names this pool's worker pid files on every node
         self._actor_args = (target, {"evo_version": code_version(), **(worker_options or {})}, log_dir, deadlines)

@@ -2,7 +2,7 @@
 
 ``DriverLoader`` uses ``cuda.bindings.driver`` (cuModuleLoadData, cuModuleGetFunction,
 cuFuncSetAttribute for > 48 KiB of dynamic shared memory, cuLaunchKernel on the caller's
-stream with the ``void**`` parameter array of a :class:`evaluators._tmap.ParamPack`).
+stream with the ``void**`` parameter array of a :class:`evaluators.run._tmap.ParamPack`).
 ``PycudaLoader`` does the same through pycuda where ``import pycuda.driver`` works (the device
 image lacks it; it builds from its sdist there: ``bench/pycuda_wheel_build.sh``), launching
 with the pack's parameter block (``CU_LAUNCH_PARAM_BUFFER_POINTER``, pycuda's raw launch).
@@ -63,7 +63,7 @@ class Kernel(Protocol):
 
 
 class Params(Protocol):
-    """A kernel's arguments (:class:`evaluators._tmap.ParamPack`)."""
+    """A kernel's arguments (:class:`evaluators.run._tmap.ParamPack`)."""
 
     address: int  # the void** array
 

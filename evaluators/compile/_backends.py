@@ -1,6 +1,6 @@
 """Compiler flags for the two back ends. Flags are part of the cache key, so order is fixed.
 
-The compile itself runs in :mod:`evaluators._isolate`'s child process.
+The compile itself runs in :mod:`evaluators.compile._isolate`'s child process.
 """
 from __future__ import annotations
 

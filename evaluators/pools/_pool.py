@@ -26,7 +26,7 @@ from populations import Candidate, Evaluation, Status
 
 from ._base import EvaluatorPool
 from ._pool_core import PoolCore, PoolItem, PoolStats
-from ._worker import HARNESS_TARGET, WorkerSupervisor, WorkerUnavailable
+from ..run import HARNESS_TARGET, WorkerSupervisor, WorkerUnavailable
 
 __all__ = ["LocalPool", "PoolStats", "visible_gpus", "gpu_arch", "PRECISE_JOB"]
 
@@ -91,7 +91,7 @@ class LocalPool(EvaluatorPool):
         self._compile_pool = ThreadPoolExecutor(max(1, compile_workers), thread_name_prefix="evo-compile")
         self._ready: "queue.Queue[Optional[PoolItem]]" = queue.Queue()
         self._alive = len(self.gpus)
-        from ._provenance import code_version
+        from .._provenance import code_version
 
         worker_options = {"evo_version": code_version(), **(worker_options or {})}
         self.supervisors = [WorkerSupervisor(g, target=target, options=worker_options, log_dir=log_dir,

@@ -4,7 +4,7 @@ The compile step of the evaluation cascade (docs/design.md, section 4). Everythi
 on CPUs and never touches a GPU. Statuses (``populations.Status``):
 
 - ``REJECTED``: the static scan refused the source or plan, the compiled-output scan
-  (:mod:`evaluators._ptxscan`, in the compile child) refused the PTX the compiler produced
+  (:mod:`evaluators.compile._ptxscan`, in the compile child) refused the PTX the compiler produced
   (time sources, writable module state, calls out of the module), or the candidate needs sm_90a
   (tensor maps, or ``meta["arch_features"]`` naming ``sm_90a``) and the target is ``sm_80``.
 - ``COMPILE_ERROR``: the compiler said no (the log is the message), the compile ran past its
@@ -13,13 +13,13 @@ on CPUs and never touches a GPU. Statuses (``populations.Status``):
   shared memory above the arch's per-block limit, or more than 64 Ki registers per block.
 - ``OK``: ``cubin`` and per-kernel ``KernelStats`` (registers, spills, smem, stack, cmem).
 
-Compiler verdicts (success or a compile error) are cached on disk (:mod:`evaluators._cache`);
+Compiler verdicts (success or a compile error) are cached on disk (:mod:`evaluators.compile._cache`);
 timeouts and memory failures are not. The resource policy runs on every call, cached or not,
 so changing it needs no cache flush. ``telemetry`` carries the scan's telemetry (``scan``),
 the original compile seconds (``compile_s``) and, for failures without a compiler verdict,
 ``failure`` ("timeout", "oom", "crash") and ``child_pid`` (the killed process group).
 Back end: ``backend=`` or ``$EVO_COMPILE_BACKEND``, else NVRTC where importable, else nvcc.
-Isolation: :mod:`evaluators._isolate` (``$EVO_COMPILE_ZYGOTE=0`` spawns instead of forking
+Isolation: :mod:`evaluators.compile._isolate` (``$EVO_COMPILE_ZYGOTE=0`` spawns instead of forking
 from the warm server).
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ._backends import flags_for
 from ._isolate import DEFAULT_MEM_MB, run_compile_isolated
 from ._ptxas import parse_ptxas, resource_problems
 from ._ptxscan import PTX_SCAN_VERSION, REJECT_MARK
-from ._static import ScanResult, scan, smoke_shapes
+from ..static import ScanResult, scan, smoke_shapes
 from ._toolkit import BACKENDS, nvcc_path, nvrtc_available, nvrtc_library, toolkit_version
 
 __all__ = ["CompileResult", "compile_candidate", "arch_for_capability", "default_backend",

@@ -11,11 +11,11 @@ from typing import Any, Callable, Mapping, Optional
 
 from populations import Candidate
 
-from ._worker import WorkerSupervisor
+from ..run import WorkerSupervisor
 
 __all__ = ["RayUnavailable", "GpuEvaluator", "connect_ray", "import_ray", "compile_task"]
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where `evaluators` lives
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where `evaluators` lives
 
 
 class RayUnavailable(ImportError):
@@ -117,7 +117,7 @@ class GpuEvaluator:
             with open(self.pidfile) as fh:
                 pid = int(fh.read().strip())
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if b"evaluators._worker" not in fh.read():
+                if b"evaluators.run._worker" not in fh.read():
                     return  # the pid was reused by something else: leave it alone
             os.killpg(pid, signal.SIGKILL)
         except (OSError, ValueError):

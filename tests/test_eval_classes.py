@@ -20,7 +20,7 @@ import pytest
 from populations import Candidate, LaunchPlan, PlanError, Shape, Status
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "evaluators"))
+sys.path.insert(0, str(ROOT / "evaluators" / "compile"))
 import _ptxscan  # noqa: E402  (the compile child loads it the same way: a top-level, stdlib-only module)
 
 KERNEL = 'extern "C" __global__ void k(float* c, int n) { if (threadIdx.x < n) c[threadIdx.x] = 1.f; }\n'

@@ -24,8 +24,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from populations import Candidate, Evaluation, Status
 
-from ._base import EvaluatorPool
-from ._pool_core import PoolCore, PoolItem, PoolStats
+from ._pool_core import CorePool, PoolCore, PoolItem, PoolStats
 from ..run import HARNESS_TARGET, WorkerSupervisor, WorkerUnavailable
 
 __all__ = ["LocalPool", "PoolStats", "visible_gpus", "gpu_arch", "PRECISE_JOB"]
@@ -65,7 +64,7 @@ def gpu_arch(gpu: int = 0) -> Optional[str]:
     return "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
 
 
-class LocalPool(EvaluatorPool):
+class LocalPool(CorePool):
     """Evaluate candidates on this machine's GPUs (see the module docstring)."""
 
     def __init__(self, gpus: Optional[Sequence[int] | int] = None, compile_workers: int = 4, *,
@@ -107,21 +106,6 @@ class LocalPool(EvaluatorPool):
             t.start()
 
     # -- public -------------------------------------------------------------------------
-    @property
-    def stats(self) -> PoolStats:
-        """Where the time went (busy seconds per GPU, compiles, restarts); assign a fresh
-        ``PoolStats()`` to start counting again (a benchmark's measured phase)."""
-        return self._core.stats
-
-    @stats.setter
-    def stats(self, value: PoolStats) -> None:
-        self._core.stats = value
-
-    @property
-    def arch(self) -> str:
-        """The target arch: given, else nvidia-smi's, else the first worker's (waits for it)."""
-        return self._core.arch
-
     def submit(self, candidate: Candidate, *, elite_threshold: Optional[float] = None) -> "Future[list[Evaluation]]":
         """Queue one candidate; blocks while the pool holds ``max_in_flight`` unfinished ones.
 

@@ -18,8 +18,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from populations import Candidate, Evaluation, Shape, Status, TimerResult
 
 from .._job import JOB_OPTIONS, Job, Result
+from ._base import EvaluatorPool
 
-__all__ = ["PoolCore", "PoolItem", "PoolStats"]
+__all__ = ["CorePool", "PoolCore", "PoolItem", "PoolStats"]
 
 
 @dataclass
@@ -217,3 +218,25 @@ class PoolCore:
                                    max_error=r.max_error, correctness_s=r.correctness_s, timing_s=r.timing_s,
                                    provenance=prov))
         return out
+
+
+class CorePool(EvaluatorPool):
+    """An EvaluatorPool built on a :class:`PoolCore` (``self._core``): the properties that only
+    forward to the core, written once for LocalPool and RayPool."""
+
+    _core: PoolCore
+
+    @property
+    def stats(self) -> PoolStats:
+        """Where the time went (busy seconds per GPU, compiles, restarts; RayPool adds its Ray
+        counts); assign a fresh stats record to start counting again (a benchmark's measured phase)."""
+        return self._core.stats
+
+    @stats.setter
+    def stats(self, value: PoolStats) -> None:
+        self._core.stats = value
+
+    @property
+    def arch(self) -> str:
+        """The target arch: given, else nvidia-smi's (LocalPool), else the first worker's (waits for it)."""
+        return self._core.arch

@@ -44,8 +44,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from populations import Candidate, Evaluation, Shape, Status
 
-from ._base import EvaluatorPool
-from ._pool_core import PoolCore, PoolItem, PoolStats
+from ._pool_core import CorePool, PoolCore, PoolItem, PoolStats
 from ._shard import shape_loads, shard, slot_loads
 from ._ray_actor import GpuEvaluator, RayUnavailable, compile_task, connect_ray
 from ..run import DEFAULT_DEADLINES, HARNESS_TARGET, WorkerUnavailable
@@ -66,7 +65,7 @@ class RayPoolStats(PoolStats):
 _IDLE = object()  # RayPool._take: nothing to do for a while
 
 
-class RayPool(EvaluatorPool):
+class RayPool(CorePool):
     """Evaluate candidates on a Ray cluster's GPUs (see the module docstring).
 
     ``gpus``: how many GPU actors (an int, or a list whose length counts; None: every GPU the
@@ -143,20 +142,6 @@ class RayPool(EvaluatorPool):
             t.start()
 
     # -- public -------------------------------------------------------------------------
-    @property
-    def stats(self) -> RayPoolStats:
-        """PoolStats plus the Ray counts; assignable, as LocalPool's."""
-        return self._core.stats  # type: ignore[return-value]
-
-    @stats.setter
-    def stats(self, value: RayPoolStats) -> None:
-        self._core.stats = value
-
-    @property
-    def arch(self) -> str:
-        """The target arch: given, else the first actor's worker's (waits for it)."""
-        return self._core.arch
-
     def submit(self, candidate: Candidate, *, elite_threshold: Optional[float] = None) -> "Future[list[Evaluation]]":
         """Queue one candidate; blocks while the pool holds ``max_in_flight`` unfinished ones.
         ``elite_threshold``: as ``LocalPool.submit`` (below it the worker skips its memoisation pass)."""

@@ -5,7 +5,7 @@ constants; the bench calls it through ctypes with pre-bound device pointers, the
 host path the ``offline`` and ``server`` timers reward). From an archive the bench exports first
 (into a work directory, not the output directory). Where the export fails, skips a shape, or
 cannot be loaded on this GPU, the shape's elite is compiled (NVRTC, ``compile_candidate``) and
-launched the way the evaluator does (``evaluators.run._harness.CandidateKernels``: cuda-python
+launched the way the evaluator does (``evaluators.run._kernels.CandidateKernels``: cuda-python
 ``cuLaunchKernel`` per launch); ``path`` says which, and why, and goes into the CSV.
 
 Shape selection (:func:`evolved_shapes`) needs no GPU; :meth:`Evolved.prepare` exports and
@@ -219,7 +219,7 @@ _LOADER: list[Any] = []
 
 def _evaluator_binder(cand: Candidate, cubin: bytes, shape: Shape) -> Callable[[Any, Any, Any, Any], Callable[[], None]]:
     from evaluators import get_loader
-    from evaluators.run._harness import CandidateKernels
+    from evaluators.run._kernels import CandidateKernels
 
     if not _LOADER:
         _LOADER.append(get_loader("driver"))

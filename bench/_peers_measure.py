@@ -11,7 +11,7 @@ tolerance (``evaluators.correctness._correctness.tolerance_random``). The evolve
 passes; a peer that fails is dropped from timing with the reason in the row.
 
 Timing: the evaluator's own timers (``evaluators.run._timers``) over the evaluator's rotation
-buffers (``evaluators.run._harness.TimingBuffers``: more than 2x L2 of input sets, so ``device``
+buffers (``evaluators.run._rotation.TimingBuffers``: more than 2x L2 of input sets, so ``device``
 is cold-L2) with the same perturbation (one sign flip of A per call, outside the timed window),
 all arms interleaved in random order in one process: ``device`` (CUDA-graph replays), ``offline``
 (sync, call, sync) and ``server`` (offline with exponential gaps at ``qps``).
@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from evaluators.correctness._correctness import tolerance_random
-from evaluators.run._harness import TimingBuffers
+from evaluators.run._rotation import TimingBuffers
 from evaluators.run._loader import is_poisoning
 from evaluators.run._timers import Arm, device_timer, host_timer
 from populations import Shape

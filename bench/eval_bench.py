@@ -246,7 +246,7 @@ def host_microbench(n_sets: int = 4096, candidates: int = 5) -> dict[str, Any]:
 
     import torch
 
-    import evaluators.run._harness as h
+    import evaluators.run._kernels as h
     import evaluators.run._tmap as tm
     from populations import load_templates
 

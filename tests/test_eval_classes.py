@@ -211,11 +211,11 @@ class _Rotation:
         self._row_flips: list = []
 
     def flip_rows(self, gen) -> None:
-        from evaluators.run._harness import TimingBuffers
+        from evaluators.run._rotation import TimingBuffers
         TimingBuffers.flip_rows(self, gen)  # type: ignore[arg-type]
 
     def unflip(self) -> None:
-        from evaluators.run._harness import TimingBuffers
+        from evaluators.run._rotation import TimingBuffers
         TimingBuffers.unflip(self)  # type: ignore[arg-type]
 
 
@@ -236,16 +236,16 @@ class _GraphDouble:
 
 
 def _timed(stale_after: int | None, replays: int = 5, shape: Shape = Shape(64, 48, 96, "TN")) -> None:
-    from evaluators.run import _harness
+    from evaluators.run import _rotation
 
     rot = _Rotation(3, shape)
     ws = torch.zeros(3, 256, dtype=torch.uint8)
-    perturb = _harness._perturber(rot, shape, ws, random.Random(1))
+    perturb = _rotation._perturber(rot, shape, ws, random.Random(1))
     graph = _GraphDouble(rot, shape, stale_after)
     for _ in range(replays):
         perturb()
         graph.replay()
-    _harness._check_timed(graph, perturb, rot, shape, "timed replays", lambda: None, random.Random(2))
+    _rotation._check_timed(graph, perturb, rot, shape, "timed replays", lambda: None, random.Random(2))
 
 
 def test_an_honest_timed_replay_passes() -> None:
@@ -267,13 +267,13 @@ def test_perturbation_changes_every_row_at_random_columns_and_refills_the_worksp
     kept output is reusable), at columns that differ between calls; the workspace gets bytes from
     the checked calls' set; unflip restores the inputs bit for bit."""
     from evaluators.correctness import _correctness
-    from evaluators.run import _harness
+    from evaluators.run import _rotation
 
     shape = Shape(64, 48, 96, "TN")
     rot = _Rotation(2, shape)
     pristine = rot.a_all.clone()
     ws = torch.zeros(2, 256, dtype=torch.uint8)
-    perturb = _harness._perturber(rot, shape, ws, random.Random(7))
+    perturb = _rotation._perturber(rot, shape, ws, random.Random(7))
     fills, columns = set(), []
     for _ in range(40):
         before = rot.a_all.clone()

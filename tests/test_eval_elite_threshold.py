@@ -20,7 +20,7 @@ from populations import Shape  # noqa: E402
 from test_engine import run_engine  # noqa: E402
 
 from evaluators.correctness._correctness import Guarded, recheck_sets  # noqa: E402
-from evaluators.run._harness import memo_wanted  # noqa: E402
+from evaluators.run._gates import memo_wanted  # noqa: E402
 
 
 class _ThresholdPool(FakeEvaluatorPool):

@@ -114,7 +114,7 @@ class _Loader:
 
 
 def test_bound_calls_launch_every_set_with_its_own_pointers_and_maps(monkeypatch):
-    import evaluators.run._harness as h
+    import evaluators.run._kernels as h
 
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0x5000 + index, raising=False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -177,7 +177,7 @@ def test_driver_launcher_binds_the_launch_and_raises_the_drivers_error():
 def test_bind_rejects_a_plan_whose_arguments_do_not_fit_the_kernel(monkeypatch):
     """The driver's parameter layout (a test double here) against the plan: an int where the
     kernel takes a pointer, or one argument too many, is a PlanError at bind, not a launch."""
-    import evaluators.run._harness as h
+    import evaluators.run._kernels as h
     from populations import PlanError
 
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)

@@ -89,7 +89,7 @@ def test_moving_the_window_keeps_canaries_around_it():
 
 
 def test_timing_rotation_puts_inputs_on_2mib_boundaries_and_outputs_elsewhere(monkeypatch):
-    import evaluators.run._harness as h
+    import evaluators.run._rotation as h
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (8 << 30, 16 << 30))
 

@@ -91,7 +91,7 @@ def test_verify_sets_with_base_names_the_set_and_element():
 
 
 def test_timing_buffers_reference_comes_from_the_pristine_copy_once(monkeypatch):
-    import evaluators.run._harness as h
+    import evaluators.run._rotation as h
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (8 << 30, 16 << 30))
     shape = Shape(20, 24, 32, "TN")

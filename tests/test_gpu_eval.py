@@ -446,7 +446,7 @@ def test_rotation_exceeds_twice_the_l2():
 
 @needs_torch
 def test_physical_floor_takes_the_largest_bound():
-    from evaluators.run._harness import DEFAULT_CEILINGS, HEADROOM, physical_floor
+    from evaluators.run._gates import DEFAULT_CEILINGS, HEADROOM, physical_floor
 
     big, tiny = Shape.parse("8192x8192x8192"), Shape.parse("16x16x16")
     assert physical_floor(big, DEFAULT_CEILINGS) == pytest.approx(big.flops / (790e12 * HEADROOM["flops"]))
@@ -495,7 +495,8 @@ def test_evo_eval_times_precisely_unless_quick(tmp_path, capsys):
 def _cpu_harness(monkeypatch):
     """A GpuHandler without CUDA: CPU tensors, timers that just call every arm (test doubles of the
     CUDA graph/event timers, the boundary we cannot cross here)."""
-    import evaluators.run._harness as h
+    import evaluators.run._timing as h  # the timing phase: where the timers are looked up
+    from evaluators.run._harness import GpuHandler
     from evaluators.run._timers import TimerStats
 
     class OneRotation:  # what the real timer keeps: a graph whose replay calls every set once
@@ -527,7 +528,7 @@ def _cpu_harness(monkeypatch):
     monkeypatch.setattr(h, "device_timer", fake_device_timer)
     monkeypatch.setattr(h, "host_timer", fake_host_timer)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (8 << 30, 16 << 30))
-    handler = object.__new__(h.GpuHandler)
+    handler = object.__new__(GpuHandler)
     handler.device, handler.l2, handler.ceilings = torch.device("cpu"), 1 << 15, dict(h.DEFAULT_CEILINGS)
     handler._timing_cache = {}
     handler._last_busy = float("-inf")  # as __init__ leaves it

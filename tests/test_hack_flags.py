@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the harness module needs torch (the dev extra installs the CPU build)")
 
-from evaluators.run._harness import MEMO_RATIO, memo_flag  # noqa: E402
+from evaluators.run._gates import MEMO_RATIO, memo_flag  # noqa: E402
 
 
 def test_memo_flag_fires_when_repeats_are_much_faster() -> None:

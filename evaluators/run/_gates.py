@@ -1,0 +1,83 @@
+"""What the timing phase decides from its figures: the hack flags (below the physical floor,
+memoisation) and the gates that skip work only a would-be elite needs (memo pass, host timers)."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from populations import Shape
+
+
+#: Ceilings used for the physical-floor flag when the start-up measurement is lower.
+DEFAULT_CEILINGS = {"flops": 790e12, "bytes_per_s": 4.3e12, "launch_s": 0.5e-6}
+
+
+#: Measured rates are what cuBLAS and a copy reach; a kernel may beat them, never the datasheet
+#: (H200: ~990 TFLOP/s dense fp16, 4.8 TB/s). Headroom from measured to peak before flagging.
+HEADROOM = {"flops": 1.30, "bytes_per_s": 1.15, "launch_s": 0.7}
+
+
+#: An honest kernel takes the same time whether or not its inputs change between calls (the
+#: perturbation is one sign flip outside the timed events); memoisation makes repeats far faster.
+MEMO_RATIO = 1.3
+
+
+def memo_flag(perturbed_s: float, repeated_s: float) -> Optional[str]:
+    """A hack flag when repeated identical inputs time much faster than changing ones, else None.
+
+    The device timer changes one input element before every call, so a kernel that caches its
+    outputs by input content (a hash of every element is exact, so no output check can catch
+    it) gains nothing there; timing it once more on identical inputs shows whether it tries."""
+    if repeated_s * MEMO_RATIO < perturbed_s and perturbed_s - repeated_s > 1e-6:
+        return (f"faster on repeated identical inputs ({repeated_s * 1e6:.2f} us) than with inputs changed between "
+                f"calls ({perturbed_s * 1e6:.2f} us): results memoised across calls")
+    return None
+
+
+def physical_floor(shape: Shape, ceilings: Mapping[str, float]) -> float:
+    """Fewest seconds any kernel can take: max(FLOPs/peak, bytes/bandwidth, launch floor)."""
+    return max(shape.flops / (ceilings["flops"] * HEADROOM["flops"]),
+               shape.min_bytes / (ceilings["bytes_per_s"] * HEADROOM["bytes_per_s"]),
+               ceilings["launch_s"] * HEADROOM["launch_s"])
+
+
+def memo_wanted(job: Mapping[str, Any], device: Mapping[str, Any]) -> str:
+    """Whether the memoisation timing pass runs for this result: ``"run"``, or why not.
+
+    It costs a second device timing, and a memo pays only where it makes the candidate an elite:
+    the engine passes ``elite_threshold`` (the speedup the candidate must reach to join the
+    elites; the cutoff only rises as the population grows), and below it the pass is skipped."""
+    if not job.get("memo_check", True):
+        return "off"
+    speedup = device["baseline_median"] / device["median"] if device["median"] > 0 else float("inf")
+    return _elite_gate(job, speedup)
+
+
+def host_timers_wanted(job: Mapping[str, Any], device_speedup: float) -> str:
+    """Whether the ``offline`` and ``server`` timers run after the device timer: ``"run"``, or why not.
+
+    They are reported, never ranked on (fitness is the device speedup), and they cost a run
+    most where the GPU idles: the server timer's gaps are idle by design and the offline timer
+    waits on the host. A candidate below the job's ``elite_threshold`` is discarded on its device
+    time, so it skips them, as it skips the memo pass; every elite has all three timers. Job
+    option ``host_timers``: ``"elites"`` (the default) or ``"always"``."""
+    if job.get("host_timers", "elites") == "always":
+        return "run"
+    return _elite_gate(job, device_speedup)
+
+
+def _elite_gate(job: Mapping[str, Any], speedup: float) -> str:
+    thr = job.get("elite_threshold")
+    if thr is None or speedup >= float(thr):
+        return "run"
+    return f"skipped: speedup {speedup:.3f} below the elite threshold {float(thr):.3f}"
+
+
+def _baseline(timer_stats: Mapping[str, Any]) -> str:
+    """The arm a timer's result is paired with: the faster torch.matmul layout (best of NN/TN)."""
+    return min(("torch.matmul NN", "torch.matmul TN"), key=lambda arm: timer_stats[arm].median)
+
+
+def _speedup(timer_stats: Mapping[str, Any]) -> float:
+    """A timer's speedup: its baseline's median over the candidate's."""
+    cand = timer_stats["candidate"].median
+    return timer_stats[_baseline(timer_stats)].median / cand if cand > 0 else float("inf")

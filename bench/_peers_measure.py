@@ -28,7 +28,7 @@ import torch
 from evaluators.correctness._correctness import tolerance_random
 from evaluators.run._rotation import TimingBuffers
 from evaluators.run._loader import is_poisoning
-from evaluators.run._timers import Arm, device_timer, host_timer
+from evaluators.run._timers import Arm, DeviceTiming, device_timer, host_timer
 from populations import Shape
 
 from _peers_evolved import EvolvedKernel
@@ -178,7 +178,7 @@ def measure(shape: Shape, kernel: Optional[EvolvedKernel], why_none: str, opts: 
         tb.flip(flip["p"])
     try:
         _fill(row, "device", _timed("device timer", arms, notes, lambda a: device_timer(
-            a, rng=rng, perturb=perturb, budget_s=opts.device_budget_s)))
+            a, settings=DeviceTiming(budget_s=opts.device_budget_s), rng=rng, perturb=perturb)))
         _fill(row, "offline", _timed("offline timer", arms + host_only, notes, lambda a: host_timer(
             a, calls=opts.host_calls, rng=rng, perturb=perturb)))
         _fill(row, "server", _timed("server timer", arms + host_only, notes, lambda a: host_timer(

@@ -398,7 +398,7 @@ def test_device_timer_queues_the_cached_arms_warm_up_before_capturing():
 
     import torch
 
-    from evaluators.run._timers import Arm, device_timer
+    from evaluators.run._timers import Arm, DeviceTiming, device_timer
 
     n_sets, m, n, k = 64, 64, 128, 64
     a = torch.randn(n_sets, m, k, device="cuda", dtype=torch.float16)
@@ -406,18 +406,19 @@ def test_device_timer_queues_the_cached_arms_warm_up_before_capturing():
     c_base, c_cand = torch.empty(n_sets, m, n, device="cuda", dtype=torch.float16), torch.empty(n_sets, m, n, device="cuda", dtype=torch.float16)
     base = Arm("base", lambda i: torch.matmul(a[i], b[i], out=c_base[i]), n_sets, cacheable=True)
     cache: dict = {}
-    first = device_timer([base], rng=random.Random(1), graph_cache=cache, rounds=3)
+    first = device_timer([base], settings=DeviceTiming(rounds=3), rng=random.Random(1), graph_cache=cache)
     assert "base" in cache and first["base"].prewarm_replays == 0  # nothing cached yet: nothing queued
     for _ in range(2):
         c_cand.fill_(float("nan"))
         cand = Arm("cand", lambda i: torch.matmul(a[i], b[i], out=c_cand[i]), n_sets)
-        st = device_timer([cand, base], rng=random.Random(2), graph_cache=cache, rounds=3, perturb=lambda: None)
+        st = device_timer([cand, base], settings=DeviceTiming(rounds=3), rng=random.Random(2), graph_cache=cache,
+                          perturb=lambda: None)
         torch.cuda.synchronize()
         assert st["cand"].prewarm_replays >= 1 and st["cand"].capture_s > 0
         assert st["cand"].median > 0 and st["base"].median > 0 and st["cand"].reps == n_sets
         assert torch.equal(c_cand, c_base)  # every set written by the captured rotation
-    off = device_timer([Arm("cand", cand.launch, n_sets), base], rng=random.Random(3), graph_cache=cache,
-                       rounds=3, perturb=lambda: None, prewarm=False)
+    off = device_timer([Arm("cand", cand.launch, n_sets), base], settings=DeviceTiming(rounds=3, prewarm=False),
+                       rng=random.Random(3), graph_cache=cache, perturb=lambda: None)
     assert off["cand"].prewarm_replays == 0
 
 
@@ -642,11 +643,13 @@ def test_precise_preset_gives_the_device_timer_more_replays_over_fresh_rotations
     from evaluators import PRECISE_JOB
 
     h, handler = _cpu_harness(monkeypatch)
-    asked = _asked_device_timer(monkeypatch, h, lambda kw: {k: kw.get(k) for k in ("budget_s", "max_rounds", "rounds")})
+    asked = _asked_device_timer(monkeypatch, h, lambda kw: {k: getattr(kw["settings"], k)
+                                                           for k in ("budget_s", "max_rounds", "rounds")})
+    memo = h.DeviceTiming()  # the memo pass fixes its rounds: budget and cap stay the timer's defaults
     shape = Shape(40, 24, 32, "TN")
     quick = _timed(h, handler, shape, _honest("TN"))
     assert asked == [{"budget_s": h.DEVICE_BUDGET_S, "max_rounds": h.DEVICE_MAX_ROUNDS, "rounds": None},
-                     {"budget_s": None, "max_rounds": None, "rounds": 5}]  # the main timing, then the memo pass
+                     {"budget_s": memo.budget_s, "max_rounds": memo.max_rounds, "rounds": 5}]  # the main timing, then the memo pass
     asked.clear()
     precise = _timed(h, handler, shape, _honest("TN"), job=PRECISE_JOB)
     main = [a for a in asked if a["rounds"] is None]
@@ -676,7 +679,7 @@ def test_host_timers_run_only_for_candidates_that_can_become_elites(monkeypatch)
 def test_clock_settling_runs_only_after_the_worker_was_idle(monkeypatch):
     h, handler = _cpu_harness(monkeypatch)
     # the main device timing only (the memo pass replays without settling)
-    asked = _asked_device_timer(monkeypatch, h, lambda kw: (kw["settle_s"], kw["clock"]) if "clock" in kw else None)
+    asked = _asked_device_timer(monkeypatch, h, lambda kw: (kw["settings"].settle_s, kw["clock"]) if "clock" in kw else None)
     monkeypatch.setattr(h, "IDLE_S", 30.0)  # "idle" well beyond what a slow CI machine takes between calls
     shape = Shape(40, 24, 32, "TN")
     res = _timed(h, handler, shape, _honest("TN"))  # the worker's first job: settle

@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["Arm", "median_ci", "device_timer", "host_timer", "rotation_sets", "TimerStats", "capture"]
+__all__ = ["Arm", "DeviceTiming", "median_ci", "device_timer", "host_timer", "rotation_sets", "TimerStats", "capture"]
 
 
 @dataclass
@@ -70,16 +70,35 @@ def rotation_sets(set_bytes: int, l2_bytes: int, *, minimum: int = 2, maximum: i
     return max(minimum, min(maximum, math.ceil(2 * l2_bytes / max(1, set_bytes)) + 1))
 
 
-def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_per_round: int = 1,
-                 target_replay_s: float = 2e-3, budget_s: float = 0.05, warmup_s: float = 0.03, rng: random.Random,
+@dataclass(frozen=True)
+class DeviceTiming:
+    """How the device timer samples (a job's timing knobs; see :func:`device_timer`).
+
+    ``rounds``: fixed, else as many as spend about ``budget_s`` of replays per arm (3 to
+    ``max_rounds``); each round replays every arm ``replays_per_round`` times plus once
+    host-synchronised. ``target_replay_s``: replay length to aim for without a perturbation.
+    ``warmup_s``: untimed replays of all arms first. ``settle_s``/``settle_min_s``: clock
+    settling after the warm-up (with a ``clock``). ``prewarm``: queue the cached graphs' warm-up
+    while the others are captured."""
+
+    rounds: Optional[int] = None
+    replays_per_round: int = 1
+    target_replay_s: float = 2e-3
+    budget_s: float = 0.05
+    max_rounds: int = 40
+    warmup_s: float = 0.03
+    settle_s: float = 0.0
+    settle_min_s: float = 0.0
+    prewarm: bool = True
+
+
+def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming(), rng: random.Random,
                  graph_cache: Optional[dict] = None, perturb: Optional[Callable[[], None]] = None,
-                 keep: Optional[dict] = None, settle_s: float = 0.0, settle_min_s: float = 0.0,
-                 clock: Optional[Callable[[], Optional[int]]] = None,
-                 prewarm: bool = True, max_rounds: int = 40,
+                 keep: Optional[dict] = None, clock: Optional[Callable[[], Optional[int]]] = None,
                  stream: Optional[torch.cuda.Stream] = None) -> dict[str, TimerStats]:
     """CUDA-graph replays of back-to-back calls, interleaved across arms (see module docstring).
 
-    After ``warmup_s`` of untimed replays of all arms, each round replays every arm
+    After ``settings.warmup_s`` of untimed replays of all arms, each round replays every arm
     ``replays_per_round`` times plus once host-synchronised; by default the number of rounds
     spends about ``budget_s`` of replays per arm (3 to ``max_rounds`` rounds). ``graph_cache`` keeps the
     graphs of ``cacheable`` arms between calls.
@@ -109,9 +128,56 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
 
     ``stream``: where graphs are captured (a loader may launch only on streams it made); by
     default a new one."""
-    stream = stream if stream is not None else torch.cuda.Stream()
-    graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
     touch = perturb or (lambda: None)
+    graphs, warm_t0, queued, replay_s, capture_s = _graphs(arms, settings, graph_cache, perturb, stream)
+    for arm in arms:
+        if arm.cacheable and graph_cache is not None:
+            graph_cache[arm.name] = graphs[arm.name]
+        if keep is not None:
+            keep[arm.name] = graphs[arm.name]
+    torch.cuda.synchronize()
+    if not queued:  # nothing ran during the capture: the whole warm-up comes after it
+        warm_t0 = time.perf_counter()
+    warm_until = warm_t0 + settings.warmup_s  # steady clocks before the first sample
+
+    def replay_all() -> None:
+        for arm in arms:
+            touch()
+            graphs[arm.name][0].replay()
+        torch.cuda.synchronize()
+    while time.perf_counter() < warm_until:
+        replay_all()
+    clocks = (_settle(replay_all, clock, settings.settle_s, settings.settle_min_s)
+              if clock is not None and settings.settle_s > 0 else ())
+    warmed_s = time.perf_counter() - warm_t0
+    rounds = settings.rounds
+    if rounds is None:
+        rounds = max(3, min(settings.max_rounds,
+                            round(settings.budget_s / max(replay_s, 1e-6) / (settings.replays_per_round + 1))))
+    events, host = _sample(arms, graphs, rounds, settings.replays_per_round, rng, touch)
+    out = {}
+    for arm in arms:
+        reps = graphs[arm.name][1]
+        stats = median_ci([s.elapsed_time(e) * 1e-3 / reps for s, e in events[arm.name]])
+        stats.host_median = median_ci(host[arm.name]).median
+        stats.reps = reps
+        stats.warmup_s, stats.clocks = warmed_s, tuple(clocks)
+        stats.capture_s, stats.prewarm_replays = capture_s, queued
+        out[arm.name] = stats
+    del graphs
+    return out
+
+
+def _graphs(arms: Sequence[Arm], settings: DeviceTiming, graph_cache: Optional[dict],
+            perturb: Optional[Callable[[], None]], stream: Optional[torch.cuda.Stream]
+            ) -> tuple[dict[str, tuple[torch.cuda.CUDAGraph, int]], float, int, float, float]:
+    """Every arm's graph, from ``graph_cache`` or captured (after an estimate of its call time;
+    the cached ones' warm-up queued first when ``prewarm``): (graphs with their calls per
+    replay, when the warm-up started, prewarm replays queued, longest replay in seconds,
+    seconds spent capturing)."""
+    stream = stream if stream is not None else torch.cuda.Stream()
+    touch = perturb or (lambda: None)
+    graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
     todo = []
     for arm in arms:
         if arm.cacheable and graph_cache is not None and arm.name in graph_cache:
@@ -124,15 +190,15 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
         if perturb is not None:
             reps_of[arm.name] = arm.n_sets
         else:
-            reps = max(arm.n_sets, min(4096, math.ceil(target_replay_s / max(ests[arm.name], 1e-7))))
+            reps = max(arm.n_sets, min(4096, math.ceil(settings.target_replay_s / max(ests[arm.name], 1e-7))))
             reps_of[arm.name] = -(-reps // arm.n_sets) * arm.n_sets  # whole rotations: every set written
     warm_t0 = time.perf_counter()  # the warm-up starts here when it is queued before the capture
     cached = [arm for arm in arms if arm.name in graphs]
     queued = 0
-    if prewarm and todo and cached:
+    if settings.prewarm and todo and cached:
         per_call = max(ests.values())  # the cached arms' own time is not known here; the new arm's is
         per_round = sum(per_call * graphs[arm.name][1] for arm in cached)
-        queued = max(1, min(16, math.ceil(warmup_s / max(per_round, 1e-6))))
+        queued = max(1, min(16, math.ceil(settings.warmup_s / max(per_round, 1e-6))))
         for _ in range(queued):
             for arm in cached:
                 touch()
@@ -150,27 +216,14 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
         replay_s = max(replay_s, ests[arm.name] * reps)
     for arm in arms:  # cached arms count too, so the rounds fit the budget
         replay_s = max(replay_s, 1e-7 * graphs[arm.name][1])
-        if arm.cacheable and graph_cache is not None:
-            graph_cache[arm.name] = graphs[arm.name]
-        if keep is not None:
-            keep[arm.name] = graphs[arm.name]
-    torch.cuda.synchronize()
-    if not queued:  # nothing ran during the capture: the whole warm-up comes after it
-        warm_t0 = time.perf_counter()
-    warm_until = warm_t0 + warmup_s  # steady clocks before the first sample
+    return graphs, warm_t0, queued, replay_s, capture_s
 
-    def replay_all() -> None:
-        for arm in arms:
-            touch()
-            graphs[arm.name][0].replay()
-        torch.cuda.synchronize()
-    while time.perf_counter() < warm_until:
-        replay_all()
-    clocks = (_settle(replay_all, clock, settle_s, settle_min_s)
-              if clock is not None and settle_s > 0 else ())
-    warmed_s = time.perf_counter() - warm_t0
-    if rounds is None:
-        rounds = max(3, min(max_rounds, round(budget_s / max(replay_s, 1e-6) / (replays_per_round + 1))))
+
+def _sample(arms: Sequence[Arm], graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]], rounds: int,
+            replays_per_round: int, rng: random.Random, touch: Callable[[], None]
+            ) -> tuple[dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]], dict[str, list[float]]]:
+    """The timed rounds, arms in a fresh random order each: per arm, its event pairs (one per
+    replay) and its host-synchronised seconds per call (one per round)."""
     events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {a.name: [] for a in arms}
     host: dict[str, list[float]] = {a.name: [] for a in arms}
     for _ in range(rounds):
@@ -196,17 +249,7 @@ def device_timer(arms: Sequence[Arm], *, rounds: Optional[int] = None, replays_p
             host[arm.name].append((time.perf_counter() - t0) / reps)
             events[arm.name].append((start, end))
     torch.cuda.synchronize()
-    out = {}
-    for arm in arms:
-        reps = graphs[arm.name][1]
-        stats = median_ci([s.elapsed_time(e) * 1e-3 / reps for s, e in events[arm.name]])
-        stats.host_median = median_ci(host[arm.name]).median
-        stats.reps = reps
-        stats.warmup_s, stats.clocks = warmed_s, tuple(clocks)
-        stats.capture_s, stats.prewarm_replays = capture_s, queued
-        out[arm.name] = stats
-    del graphs
-    return out
+    return events, host
 
 
 #: Clock settling: readings at least this far apart ...

@@ -19,7 +19,7 @@ from ..correctness._correctness import CheckFailed, Guarded, recheck_sets, works
 from .._provenance import sm_clock_mhz
 from ._gates import DEFAULT_CEILINGS, _baseline, _speedup, host_timers_wanted, memo_flag, memo_wanted, physical_floor
 from ._rotation import ROTATION_GUARD_BYTES, TimingBuffers, _check_timed, _perturber
-from ._timers import Arm, device_timer, host_timer
+from ._timers import Arm, DeviceTiming, device_timer, host_timer
 
 TIMERS = ("device", "offline", "server")
 
@@ -129,10 +129,11 @@ class TimingPhase:
             idle = time.perf_counter() - self._last_busy > IDLE_S
             settle = float(job.get("settle_s", SETTLE_S)) if idle else 0.0
             settle_min = float(job.get("settle_min_s", SETTLE_MIN_S)) if idle else 0.0
-            run.stats["device"] = device_timer(run.arms, rng=rng, graph_cache=run.tb.graphs, perturb=run.perturb,
-                                               keep=run.kept, settle_s=settle, settle_min_s=settle_min,
-                                               clock=sm_clock_mhz, prewarm=bool(job.get("prewarm", True)),
-                                               stream=self.capture_stream, **_rounds(job))
+            settings = DeviceTiming(settle_s=settle, settle_min_s=settle_min, prewarm=bool(job.get("prewarm", True)),
+                                    **_rounds(job))
+            run.stats["device"] = device_timer(run.arms, settings=settings, rng=rng, graph_cache=run.tb.graphs,
+                                               perturb=run.perturb, keep=run.kept, clock=sm_clock_mhz,
+                                               stream=self.capture_stream)
             self._last_busy = time.perf_counter()
             run.clock("device")
             try:
@@ -182,8 +183,8 @@ class TimingPhase:
         if memo_why == "run":
             cache = {"candidate": run.kept["candidate"]} if "candidate" in run.kept else None
             repeat = Arm("candidate", run.arms[0].launch, run.tb.n_sets, cacheable=cache is not None)
-            memo = memo_flag(dev.median, device_timer([repeat], rng=run.rng, rounds=5, graph_cache=cache,
-                                                      warmup_s=0.002, stream=self.capture_stream)["candidate"].median)
+            memo = memo_flag(dev.median, device_timer([repeat], settings=DeviceTiming(rounds=5, warmup_s=0.002), rng=run.rng,
+                                                      graph_cache=cache, stream=self.capture_stream)["candidate"].median)
             if memo:
                 res["flags"].append(memo)
             run.clock("memo")
@@ -244,7 +245,8 @@ class TimingPhase:
             perturb = _perturber(tb, shape, w if ws and not zero_ws else None, rng)
             kept: dict[str, Any] = {}
             try:
-                st = device_timer(arms, rng=rng, perturb=perturb, keep=kept, stream=self.capture_stream, **_rounds(job))
+                st = device_timer(arms, settings=DeviceTiming(**_rounds(job)), rng=rng, perturb=perturb, keep=kept,
+                                  stream=self.capture_stream)
                 _check_timed(kept["candidate"][0], perturb, tb, shape, f"timed replays on rotation {len(runs) + 1}",
                              self._sync, rng)
             finally:

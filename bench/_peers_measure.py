@@ -7,7 +7,7 @@ user-facing path, which allocates C).
 
 Correctness: fresh uniform(-1, 1) inputs from an unseeded generator, C poisoned with NaN, one
 call, compared elementwise with an fp32 reference (TF32 off) within the evaluator's K-aware
-tolerance (``evaluators.correctness._correctness.tolerance_random``). The evolved kernel is timed only if it
+tolerance (``evaluators.correctness.tolerance_random``). The evolved kernel is timed only if it
 passes; a peer that fails is dropped from timing with the reason in the row.
 
 Timing: the evaluator's own timers (``evaluators.run._timers``) over the evaluator's rotation
@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from evaluators.correctness._correctness import tolerance_random
+from evaluators.correctness import tolerance_random
 from evaluators.run._rotation import TimingBuffers
 from evaluators.run._loader import is_poisoning
 from evaluators.run._timers import Arm, DeviceTiming, device_timer, host_timer

@@ -254,7 +254,7 @@ def test_an_honest_timed_replay_passes() -> None:
 
 
 def test_a_kernel_idle_when_timed_is_caught_naming_the_call() -> None:
-    from evaluators.correctness._correctness import CheckFailed
+    from evaluators.correctness import CheckFailed
 
     with pytest.raises(CheckFailed, match="timed calls verified: timed replays: rotation set . is wrong on a replay"):
         _timed(stale_after=1)
@@ -266,7 +266,7 @@ def test_perturbation_changes_every_row_at_random_columns_and_refills_the_worksp
     """Every row of every set's A changes in exactly one element (so every output changes and no
     kept output is reusable), at columns that differ between calls; the workspace gets bytes from
     the checked calls' set; unflip restores the inputs bit for bit."""
-    from evaluators.correctness import _correctness
+    from evaluators.correctness import WORKSPACE_FILLS
     from evaluators.run import _rotation
 
     shape = Shape(64, 48, 96, "TN")
@@ -285,13 +285,13 @@ def test_perturbation_changes_every_row_at_random_columns_and_refills_the_worksp
         fills.add(int(ws[0, 0]))
         assert bool((ws == ws[0, 0]).all())
     assert len(set(columns)) == 40  # no pattern repeats
-    assert fills <= set(_correctness.WORKSPACE_FILLS) and len(fills) >= 3
+    assert fills <= set(WORKSPACE_FILLS) and len(fills) >= 3
     rot.unflip()
     assert torch.equal(rot.a_all.view(torch.int16), pristine.view(torch.int16))
 
 
 def test_large_ragged_instance_keeps_the_grid_and_cuts_every_tail() -> None:
-    from evaluators.correctness._correctness import large_ragged
+    from evaluators.correctness import large_ragged
 
     rng = random.Random(0)
     for _ in range(50):

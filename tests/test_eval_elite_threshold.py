@@ -19,7 +19,7 @@ from fake_pool import FakeEvaluatorPool  # noqa: E402
 from populations import Shape  # noqa: E402
 from test_engine import run_engine  # noqa: E402
 
-from evaluators.correctness._correctness import Guarded, recheck_sets  # noqa: E402
+from evaluators.correctness import Guarded, recheck_sets  # noqa: E402
 from evaluators.run._gates import memo_wanted  # noqa: E402
 
 

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from evaluators.correctness._correctness import PLACEMENT_ALIGN, Cascade, CheckFailed, Guarded, Operands  # noqa: E402
+from evaluators.correctness import PLACEMENT_ALIGN, Cascade, CheckFailed, Guarded, Operands  # noqa: E402
 from populations import Shape  # noqa: E402
 
 _keep: list = []

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from evaluators.correctness import _correctness as cm  # noqa: E402
-from evaluators.correctness._correctness import (Cascade, CheckFailed, Operands, RotationReference, recheck_sets,  # noqa: E402
+from evaluators.correctness import _recheck, _reference  # noqa: E402
+from evaluators.correctness import (Cascade, CheckFailed, Operands, RotationReference, recheck_sets,  # noqa: E402
                                      verify_sets)
 from populations import Shape  # noqa: E402
 
@@ -42,13 +42,13 @@ def test_reference_from_base_equals_the_full_product_after_row_and_element_chang
     b3[:, 5, :] = -b3[:, 5, :]          # a whole row of B as stored (TN: a column of C; NN: a k)
     a3[1, 11, 3] = 0.75                  # single elements, one set only
     b3[2, 0, 1] = -0.5
-    got = cm._reference_from_base(a3, b3, layout, base, 0, a3.shape[0])
+    got = _recheck._reference_from_base(a3, b3, layout, base, 0, a3.shape[0])
     torch.testing.assert_close(got, _product(a3, b3, layout), rtol=0, atol=1e-12)
 
 
 def test_reference_from_base_is_the_pristine_product_when_nothing_changed():
     _, a3, b3, base = _rotation("TN")
-    torch.testing.assert_close(cm._reference_from_base(a3, b3, "TN", base, 0, 3), _product(a3, b3, "TN"),
+    torch.testing.assert_close(_recheck._reference_from_base(a3, b3, "TN", base, 0, 3), _product(a3, b3, "TN"),
                                rtol=0, atol=0)
 
 
@@ -112,15 +112,15 @@ def test_timing_buffers_reference_comes_from_the_pristine_copy_once(monkeypatch)
 def test_mm_f32_falls_back_to_float32_off_the_gpu():
     a = torch.empty(5, 7, dtype=torch.float16).uniform_(-3, 3)
     b = torch.empty(7, 4, dtype=torch.float16).uniform_(-3, 3)
-    got = cm._mm_f32(a, b)
+    got = _reference._mm_f32(a, b)
     assert got.dtype is torch.float32
     torch.testing.assert_close(got, a.float() @ b.float())
-    torch.testing.assert_close(cm._abs_fp16(a, b), a.float().abs() @ b.float().abs())
+    torch.testing.assert_close(_reference._abs_fp16(a, b), a.float().abs() @ b.float().abs())
 
 
 def test_integer_reference_declines_where_it_does_not_apply():
     a = torch.randint(-3, 4, (32, 16)).half()
-    assert cm.integer_reference(a, torch.randint(-3, 4, (16, 8)).half()) is None  # CPU: floating point
+    assert _reference.integer_reference(a, torch.randint(-3, 4, (16, 8)).half()) is None  # CPU: floating point
 
 
 def _operands(shape: Shape, seed: int):
@@ -174,19 +174,19 @@ def test_gpu_fast_paths_match_float64_at_a_float32_reference_shape():
     columns recomputed is the float32 full product's within float32 rounding."""
     dev = torch.device("cuda")
     m, n, k = 2048, 1024, 8192
-    assert m * n * k > cm.FP64_LIMIT
+    assert m * n * k > _reference.FP64_LIMIT
     g = torch.Generator(device=dev).manual_seed(7)
     a = torch.empty(m, k, dtype=torch.float16, device=dev).uniform_(-1, 1, generator=g)
     b = torch.empty(k, n, dtype=torch.float16, device=dev).uniform_(-1, 1, generator=g)
     s64 = a.double().abs() @ b.double().abs()
     t64 = (a.double().square() @ b.double().square()).sqrt()
-    assert float(((cm._abs_fp16(a, b).double() - s64).abs() / s64).max()) < 1e-4
-    assert float(((cm._rss_fp16(a, b).double() - t64).abs() / t64).max()) < 1e-3  # squares rounded to fp16
+    assert float(((_reference._abs_fp16(a, b).double() - s64).abs() / s64).max()) < 1e-4
+    assert float(((_reference._rss_fp16(a, b).double() - t64).abs() / t64).max()) < 1e-3  # squares rounded to fp16
     ai = torch.randint(-3, 4, (m, k), generator=g, device=dev).half()
     bi = torch.randint(-3, 4, (k, n), generator=g, device=dev).half()
     ai[:, 100:300] = 0
     bi[:, :64] = 1.0
-    got = cm.integer_reference(ai, bi)
+    got = _reference.integer_reference(ai, bi)
     assert got is not None, "the int8 GEMM path was refused on this GPU"
     assert torch.equal(got[0].double(), ai.double() @ bi.double())
     assert torch.equal(got[1].double(), ai.double().abs() @ bi.double().abs())
@@ -196,7 +196,7 @@ def test_gpu_fast_paths_match_float64_at_a_float32_reference_shape():
     base = RotationReference(a3.clone(), b3.clone())
     a3[:, [5, 900], :] = -a3[:, [5, 900], :]
     b3[1, 17, 3] = 0.25
-    ref = cm._reference_from_base(a3, b3, "TN", base, 0, sets)
+    ref = _recheck._reference_from_base(a3, b3, "TN", base, 0, sets)
     full = torch.bmm(a3.float(), b3.float().transpose(1, 2))
     scale = (a3.float().abs() @ b3.float().abs().transpose(1, 2))
     assert float(((ref - full).abs() / scale).max()) < 1e-5

@@ -108,7 +108,7 @@ def _operands(shape: Shape) -> tuple[Any, Any]:
 
 
 def _assert_close(got: Any, a: Any, b: Any, what: object) -> None:
-    from evaluators.correctness._correctness import tolerance_random
+    from evaluators.correctness import tolerance_random
 
     a32, b32 = a.float(), b.float()
     ref = a32 @ b32

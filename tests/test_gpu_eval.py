@@ -76,7 +76,7 @@ def test_evo_eval_reads_the_plan_from_a_leading_comment(tmp_path):
 # -- CPU: tolerances and the cascade with Python stand-ins for kernels ------------------------------
 try:  # torch is the gpu extra's; without it these tests skip one by one (the ones above still run)
     import torch
-    from evaluators.correctness._correctness import (Cascade, Operands, ragged_instances, reference,
+    from evaluators.correctness import (Cascade, Operands, ragged_instances, reference,
                                          tolerance_exact, tolerance_random, ulp16)
 except ImportError:
     torch = None
@@ -225,7 +225,7 @@ def _set_product(a3, b3, c3, i, layout):
 @needs_torch
 @pytest.mark.parametrize("layout", ["TN", "NN"])
 def test_recheck_after_timing_passes_an_honest_kernel_and_restores_a(layout):
-    from evaluators.correctness._correctness import recheck_sets
+    from evaluators.correctness import recheck_sets
 
     a3, b3, c3, g = _rotation(layout=layout)
     before, b_before = a3.clone(), b3.clone()
@@ -235,7 +235,7 @@ def test_recheck_after_timing_passes_an_honest_kernel_and_restores_a(layout):
 
 @needs_torch
 def test_recheck_after_timing_catches_state_kept_across_calls():
-    from evaluators.correctness._correctness import CheckFailed, recheck_sets
+    from evaluators.correctness import CheckFailed, recheck_sets
 
     a3, b3, c3, g = _rotation()
     for i in range(len(a3)):  # the timed calls
@@ -265,7 +265,7 @@ def test_recheck_after_timing_catches_state_kept_across_calls():
 
 @needs_torch
 def test_recheck_catches_prepacked_b_and_strided_content_hashes():
-    from evaluators.correctness._correctness import CheckFailed, recheck_sets
+    from evaluators.correctness import CheckFailed, recheck_sets
 
     a3, b3, c3, g = _rotation()
     packed = {}
@@ -300,7 +300,7 @@ def test_recheck_catches_prepacked_b_and_strided_content_hashes():
 
 @needs_torch
 def test_recheck_catches_a_kernel_that_zeroes_its_inputs_when_warm():
-    from evaluators.correctness._correctness import CheckFailed, recheck_sets
+    from evaluators.correctness import CheckFailed, recheck_sets
 
     a3, b3, c3, g = _rotation()
     warm = set()

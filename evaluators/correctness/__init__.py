@@ -1,6 +1,19 @@
-"""The correctness cascade a candidate's output goes through inside the GPU worker: operands and
-references, the guarded (canary-fenced) outputs, the checks and the after-timing recheck.
+"""The correctness checks a candidate's output goes through inside the GPU worker: the tolerances
+(``_tolerance.py``), the guarded buffers (``_buffers.py``), the reference (``_reference.py``), the
+cascade of checks per shape (``_correctness.py``) and the rotation's rechecks after timing
+(``_recheck.py``).
 
-Its modules import torch, so this package re-exports nothing: the harness (``run/_harness.py``),
-inside the worker process, imports them directly, and importing ``evaluators`` never loads torch.
+These modules import torch: only the worker's harness (``evaluators/run/_harness.py``) imports this
+package, and ``evaluators/__init__.py`` never does, so importing ``evaluators`` never loads torch.
 """
+from ._buffers import PLACEMENT_ALIGN, WORKSPACE_FILLS, Guarded, Operands, workspace_fill
+from ._correctness import Cascade, large_ragged, ragged_instances
+from ._recheck import RotationReference, recheck_sets, verify_sets
+from ._reference import integer_reference, reference
+from ._tolerance import EPS16, EPS32, FP64_LIMIT, CheckFailed, tolerance_exact, tolerance_random, ulp16
+
+__all__ = ["PLACEMENT_ALIGN", "WORKSPACE_FILLS", "Guarded", "Operands", "workspace_fill",
+           "Cascade", "large_ragged", "ragged_instances",
+           "RotationReference", "recheck_sets", "verify_sets",
+           "integer_reference", "reference",
+           "EPS16", "EPS32", "FP64_LIMIT", "CheckFailed", "tolerance_exact", "tolerance_random", "ulp16"]

@@ -43,7 +43,7 @@ from populations import LaunchPlan, PlanError, Shape, Status
 
 from .._job import Job
 from .._provenance import sm_clock_mhz, static_provenance
-from ..correctness._correctness import CheckFailed, Cascade, Operands, large_ragged, ragged_instances
+from ..correctness import CheckFailed, Cascade, Operands, large_ragged, ragged_instances
 from ._builtin_kernels import EMPTY_KERNEL, NAIVE_GEMM, naive_plan
 from ._gates import DEFAULT_CEILINGS
 from ._kernels import CandidateKernels

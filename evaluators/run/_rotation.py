@@ -10,7 +10,7 @@ import torch
 
 from populations import Shape
 
-from ..correctness._correctness import FP64_LIMIT, Guarded, RotationReference, verify_sets, workspace_fill
+from ..correctness import FP64_LIMIT, Guarded, RotationReference, verify_sets, workspace_fill
 from ._timers import rotation_sets
 
 
@@ -25,7 +25,7 @@ def _perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Ten
     (:meth:`TimingBuffers.flip_rows`; a fixed stride is a pattern a kernel can recognise from its
     inputs, and a single changed element left most of C reusable), and a non-zeroed workspace is
     refilled with a byte drawn as for the checked calls
-    (:func:`evaluators.correctness._correctness.workspace_fill`), so that nothing a kernel leaves there
+    (:func:`evaluators.correctness.workspace_fill`), so that nothing a kernel leaves there
     survives to the next call or tells timing from checking."""
     gen = torch.Generator(device=tb.a_all.device).manual_seed(rng.getrandbits(62))
 

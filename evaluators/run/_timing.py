@@ -15,7 +15,7 @@ import torch
 
 from populations import Shape, Status
 
-from ..correctness._correctness import CheckFailed, Guarded, recheck_sets, workspace_fill
+from ..correctness import CheckFailed, Guarded, recheck_sets, workspace_fill
 from .._provenance import sm_clock_mhz
 from ._gates import DEFAULT_CEILINGS, _baseline, _speedup, host_timers_wanted, memo_flag, memo_wanted, physical_floor
 from ._rotation import ROTATION_GUARD_BYTES, TimingBuffers, _check_timed, _perturber

@@ -8,7 +8,7 @@ reservation ``[gap | mapped block | gap]`` made with the driver's virtual memory
 (``cuMemAddressReserve`` + ``cuMemCreate`` + ``cuMemMap`` + ``cuMemSetAccess``): a store up to
 ``gap_bytes`` (default 2 GiB) past either end of a block faults (``CUDA_ERROR_ILLEGAL_ADDRESS``,
 status ``runtime_error``, the worker restarts), and inside the block every byte that is not data
-is a canary (see :class:`evaluators.correctness._correctness.Guarded`), so a near store is ``incorrect``.
+is a canary (see :class:`evaluators.correctness.Guarded`), so a near store is ``incorrect``.
 
 Blocks come back to a free list when torch drops the last tensor over them (the tensor keeps its
 owner alive through ``__cuda_array_interface__``) and are reused last-in first-out by size, so a

@@ -1,0 +1,50 @@
+"""What a correctness check measures against: the fp16 output tolerances (derived in
+:mod:`._correctness`'s docstring), the precision limit of the reference, and the failure a check
+raises."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+
+EPS16 = 2.0 ** -10
+
+
+EPS32 = 2.0 ** -23
+
+
+C_RANDOM = 2.0
+
+
+C_EXACT = 8.0
+
+
+#: Reference in float64 up to this many multiply-adds, float32 (TF32 off) above.
+FP64_LIMIT = 1 << 33
+
+
+def ulp16(x: torch.Tensor) -> torch.Tensor:
+    """fp16 spacing at |x| (2**-24 in the subnormal range), as float32."""
+    a = x.abs().float().clamp(min=2.0 ** -14)
+    _, e = torch.frexp(a)
+    return torch.ldexp(torch.ones_like(a), e - 11)
+
+
+def tolerance_random(ref: torch.Tensor, rss: torch.Tensor) -> torch.Tensor:
+    """``ulp16(R) + 2 * eps16 * T`` (see the module docstring)."""
+    return ulp16(ref) + C_RANDOM * EPS16 * rss.float()
+
+
+def tolerance_exact(ref: torch.Tensor, sabs: torch.Tensor, k: int) -> torch.Tensor:
+    """``ulp16(R) + 8 * sqrt(K) * eps32 * S`` (see the module docstring)."""
+    return ulp16(ref) + C_EXACT * math.sqrt(k) * EPS32 * sabs.float()
+
+
+class CheckFailed(Exception):
+    """A check the candidate did not pass; the message names the check."""
+
+    def __init__(self, check: str, message: str, max_error: Optional[float] = None) -> None:
+        super().__init__(f"{check}: {message}")
+        self.check, self.max_error = check, max_error

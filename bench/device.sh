@@ -59,7 +59,7 @@ for part in "$@"; do
       --skip-repeatability --shapes 4096x4096x4096:TN --out /tmp/evo_prof_eb > /dev/null 2>&1
     echo "rc=$?"; python3 -c "import glob, pstats; [pstats.Stats(f).sort_stats(k).print_stats(r'evaluators|torch/(cuda|_tensor)|method', 45)
       for f in glob.glob('/tmp/evo_prof/*.prof') for k in ('tottime', 'cumulative')]" > "$OUT/profile.txt" 2>&1
-    grep -E "function calls|_correctness|_harness.py.*(_one_shape|_time)" "$OUT/profile.txt" | head -n 30 | cut -c1-200 ;;
+    grep -E "function calls|_correctness|_harness.py.*_one_shape|_timing.py.*_time" "$OUT/profile.txt" | head -n 30 | cut -c1-200 ;;
   llm-layers)
     python3 bench/llm_layers_bench.py --budget "${EVOLVE:-2m}" --work /tmp/evo26 --out "$OUT/llm" \
       --time-max-seconds "${TIME_MAX:-240}" > "$OUT/llm_layers.log" 2>&1

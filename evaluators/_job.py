@@ -126,6 +126,34 @@ class ShapeResult:
                      fatal=bool(wire.get("fatal")))
         return cls(**known, extra=MappingProxyType({k: v for k, v in wire.items() if k not in names}))
 
+    def to_wire(self) -> dict[str, Any]:
+        """The dict the worker sends (the inverse of :meth:`from_wire`): builtins only, the
+        optional figures left out when None, ``fatal`` only when set, the ``extra`` keys kept."""
+        out: dict[str, Any] = {"shape": self.shape, "status": self.status, "message": self.message,
+                               "flags": list(self.flags), "timers": {k: dict(v) for k, v in self.timers.items()},
+                               "max_error": self.max_error, "correctness_s": self.correctness_s,
+                               "timing_s": self.timing_s, "provenance": dict(self.provenance),
+                               "checks": list(self.checks)}
+        for name in _OPTIONAL_FIGURES:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = dict(value) if isinstance(value, Mapping) else value
+        if self.fatal:
+            out["fatal"] = True
+        out.update(self.extra)
+        return out
+
+    def flagged(self, flag: str) -> "ShapeResult":
+        """This result with one more hack flag: ``flagged`` where it was ``ok`` or ``flagged``
+        (the message is left as it was), unchanged otherwise (a failure stays the failure)."""
+        if self.status not in (Status.OK, Status.FLAGGED):
+            return self
+        return dataclasses.replace(self, status=Status.FLAGGED, flags=self.flags + (flag,))
+
+
+#: ShapeResult fields the wire form carries only when set.
+_OPTIONAL_FIGURES = ("phases", "rotation_sets", "rotation_bytes", "floor_s", "memo_check", "device_rotations")
+
 
 @dataclass(frozen=True)
 class Result:

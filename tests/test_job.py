@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from evaluators import JOB_OPTIONS, PRECISE_JOB, Job, LocalPool, Result
+from evaluators import JOB_OPTIONS, PRECISE_JOB, Job, LocalPool, Result, ShapeResult
 from evaluators.run._builtin_kernels import naive_candidate
 from populations import Shape, Status
 
@@ -54,3 +54,20 @@ def test_a_result_reads_statuses_as_the_enum_and_keeps_the_wire_strings():
     assert res.shape(S2) is None
     assert json.dumps({"status": Status.FLAGGED}) == '{"status": "flagged"}'  # a str enum: same wire form
     assert Result.from_wire({}).status is Status.RUNTIME_ERROR
+
+
+def test_a_shape_result_goes_back_to_its_wire_dict_and_takes_a_flag():
+    """The harness holds ShapeResult records and sends their wire form: the round trip loses nothing."""
+    wire = {"shape": str(S1), "status": Status.OK, "message": "", "flags": ["x"],
+            "timers": {"device": {"median": 1e-5, "baseline_median": 2e-5}}, "max_error": 0.01, "correctness_s": 0.1,
+            "timing_s": 0.2, "provenance": {"sm_clock_mhz": 1980}, "checks": ["smoke"],
+            "phases": {"correctness": 0.1}, "rotation_sets": 4, "new_key": 7}
+    rec = ShapeResult.from_wire(wire)
+    assert rec.to_wire() == wire
+    assert pickle.loads(pickle.dumps(rec.to_wire())) == wire  # builtins only: it crosses the pipe
+    flagged = rec.flagged("host thread count changed")
+    assert flagged.status is Status.FLAGGED and flagged.flags == ("x", "host thread count changed")
+    assert rec.flags == ("x",)  # a record: flagging makes a new one
+    failed = ShapeResult.from_wire({**wire, "status": "incorrect", "fatal": True})
+    assert failed.flagged("y") is failed and failed.to_wire()["fatal"] is True
+    assert "fatal" not in rec.to_wire() and "floor_s" not in rec.to_wire()  # unset: left out, as before

@@ -41,7 +41,7 @@ import torch
 
 from populations import LaunchPlan, PlanError, Shape, Status
 
-from .._job import Job
+from .._job import Job, ShapeResult
 from .._provenance import sm_clock_mhz, static_provenance
 from ..correctness import CheckFailed, Cascade, Operands, large_ragged, ragged_instances
 from ._builtin_kernels import EMPTY_KERNEL, NAIVE_GEMM, naive_plan
@@ -183,14 +183,14 @@ class GpuHandler(TimingPhase):
             return self._failure(exc, "load")
         load_s = time.perf_counter() - t0
         shapes = [Shape.parse(s) for s in job["shapes"]]
-        results = []
+        results: list[ShapeResult] = []
         seed = int(job.get("seed") or int.from_bytes(os.urandom(6), "little"))
         rng = random.Random(seed)
         try:
             for shape in shapes:
-                results.append(self._one_shape(kernels, shape, job, phase, rng))
-                phase("partial", results[-1])
-                if results[-1].get("fatal"):
+                results.append(ShapeResult.from_wire(self._one_shape(kernels, shape, job, phase, rng)))
+                phase("partial", results[-1].to_wire())  # the pipe: the record goes as its wire dict
+                if results[-1].fatal:
                     break
         except Exception as exc:  # a CUDA error outside the per-shape handling
             return self._failure(exc, "shape")
@@ -201,13 +201,12 @@ class GpuHandler(TimingPhase):
                 pass
         threads_after = thread_count()
         if threads_after > threads_before:
-            for r in results:
-                if r["status"] in (Status.OK, Status.FLAGGED):
-                    r["status"] = Status.FLAGGED
-                    r["flags"].append(f"host thread count changed during the run ({threads_before} -> {threads_after})")
-        fatal = any(r.get("fatal") for r in results)
+            why = f"host thread count changed during the run ({threads_before} -> {threads_after})"
+            results = [r.flagged(why) for r in results]
+        fatal = any(r.fatal for r in results)
         self._last_busy = time.perf_counter()
-        return {"status": Status.OK, "message": "", "shapes": results, "load_s": load_s, "seed": seed, "fatal": fatal}
+        return {"status": Status.OK, "message": "", "shapes": [r.to_wire() for r in results], "load_s": load_s,
+                "seed": seed, "fatal": fatal}
 
     def _failure(self, exc: BaseException, where: str) -> dict[str, Any]:
         poisoned = is_poisoning(exc) or self.loader.synchronize() is not None
@@ -215,6 +214,8 @@ class GpuHandler(TimingPhase):
 
     def _one_shape(self, kernels: CandidateKernels, shape: Shape, job: Mapping[str, Any],
                    phase: Callable[[str], None], rng: random.Random) -> dict[str, Any]:
+        """Correctness, then timing, of one claimed shape: the working dict the phases fill (the
+        wire form of a :class:`ShapeResult`, which :meth:`handle` makes of it)."""
         res: dict[str, Any] = {"shape": str(shape), "status": Status.OK, "message": "", "flags": [], "timers": {},
                                "max_error": None, "correctness_s": 0.0, "timing_s": 0.0, "checks": [],
                                "phases": {}}

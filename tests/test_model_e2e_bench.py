@@ -64,6 +64,7 @@ def test_a_dead_or_slow_leg_costs_only_itself(tmp_path: Path, monkeypatch: pytes
     stand_in = tmp_path / "leg.py"
     stand_in.write_text("import json, sys, time\n"
                         "if json.loads(sys.argv[sys.argv.index('--leg') + 1])['kind'] == 'decode':\n"
+                        "    print('IndexKernel.cu:193: Assertion `idx >= 0` failed.\\n' * 10)\n"
                         "    print('RuntimeError: CUDA error: device-side assert triggered'); sys.exit(134)\n"
                         "time.sleep(60)\n")
     monkeypatch.setattr(bench, "SELF", stand_in)
@@ -76,6 +77,9 @@ def test_a_dead_or_slow_leg_costs_only_itself(tmp_path: Path, monkeypatch: pytes
     assert [d["status"] for d in docs] == ["error", "error", "timeout"]
     assert docs[0]["error"] == "exit 134: RuntimeError: CUDA error: device-side assert triggered"
     assert docs[2]["error"] == "killed after 2 s" and docs[2]["seconds"] < 30
+    log = (args.out / "e2e_legs.log").read_text()
+    assert "=== tiny-llama.decode-b1.unpatched: error" in log and "=== tiny-llama.prefill.unpatched: timeout" in log
+    assert log.count("Assertion") == 2 * 3 and "7 more device-side assertion lines" in log  # per leg: 3 of 10 kept
     skipped = bench.run_one(bench.plan(["tiny-llama"], [1])[3], args, deadline=0.0)
     assert skipped["status"] == "skipped" and "out of time" in skipped["error"]
 

@@ -1,11 +1,14 @@
-"""bench/model_e2e_bench.py in its CPU smoke mode (--tiny): a tiny random Llama with a static KV
-cache, decoded greedily before and after evo.torch.patch (through a named library double, so every
-patched call is the native operator's fallback), the JSON and table written, tokens identical."""
+"""bench/model_e2e_bench.py: its CPU smoke mode (--tiny) end to end through the real process
+structure (every leg a child process: a tiny random Llama with a static KV cache, decoded
+greedily before and after evo.torch.patch through a named library double, so every patched call
+is the native operator's fallback), the leg plan's order, a leg that dies or overruns reported as
+that leg's error while the others still run, and the GEMM kernel classifier."""
 from __future__ import annotations
 
 import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,14 +23,17 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "model_e2e_bench.py"
 def _bench():  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location("model_e2e_bench", BENCH)
     mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = mod  # type: ignore[union-attr]  (its dataclass looks its module up)
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     return mod
 
 
 def test_tiny_mode_end_to_end(tmp_path: Path) -> None:
     bench = _bench()
-    assert bench.main(["--tiny", "--batches", "1,2", "--out", str(tmp_path)]) == 0
-    doc = json.loads((tmp_path / "e2e.json").read_text())
+    out = tmp_path / "out"
+    assert bench.main(["--tiny", "--batches", "1,2", "--out", str(out), "--work", str(tmp_path / "work")]) == 0
+    doc = json.loads((out / "e2e.json").read_text())
+    assert [leg["status"] for leg in doc["legs"]] == ["ok"] * 8 and doc["failed"] == []
     (row,) = doc["rows"]
     assert row["model"] == "tiny-llama" and row["patched"] == 2 * 7 + 1 and row["left"] == 0  # 7 per layer + lm_head
     assert row["tokens_identical"] == {"1": True, "2": True}
@@ -35,8 +41,47 @@ def test_tiny_mode_end_to_end(tmp_path: Path) -> None:
     for side in ("before", "after"):
         assert set(row[side]["decode"]) == {"1", "2"} and row[side]["decode"]["1"]["tokens_per_s"] > 0
         assert row[side]["prefill"]["tokens"] == 16 and row[side]["prefill"]["ms"] > 0
-    table = (tmp_path / "e2e.md").read_text().splitlines()
+    table = (out / "e2e.md").read_text().splitlines()
     assert len(table) == 2 + 2 and table[2].startswith("| tiny-llama | 1 |")
+    assert "=== tiny-llama.profile.patched: ok" in (out / "e2e_legs.log").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["e2e.json", "e2e.md", "e2e_legs.log"]
+
+
+def test_plan_puts_the_targets_first() -> None:
+    bench = _bench()
+    names = [leg.name for leg in bench.plan(["llama-3-8b", "smollm2"], [1, 8])]
+    assert names[:5] == ["smollm2.prepare", "llama-3-8b.decode-b1.unpatched", "llama-3-8b.decode-b1.patched",
+                         "llama-3-8b.decode-b8.unpatched", "llama-3-8b.decode-b8.patched"]
+    kinds = [n.split(".")[1].split("-")[0] for n in names[1:]]
+    assert kinds == ["decode"] * 8 + ["prefill"] * 4 + ["profile"] * 4
+    assert not any("profile" in leg.name for leg in bench.plan(["smollm2"], [1], profiles=False))
+
+
+def test_a_dead_or_slow_leg_costs_only_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child that dies without its JSON (as a broken CUDA context does) or overruns its timeout is
+    that leg's error; the parent goes on. The children here are a test double: a stand-in script."""
+    bench = _bench()
+    stand_in = tmp_path / "leg.py"
+    stand_in.write_text("import json, sys, time\n"
+                        "if json.loads(sys.argv[sys.argv.index('--leg') + 1])['kind'] == 'decode':\n"
+                        "    print('IndexKernel.cu:193: Assertion `idx >= 0` failed.\\n' * 10)\n"
+                        "    print('RuntimeError: CUDA error: device-side assert triggered'); sys.exit(134)\n"
+                        "time.sleep(60)\n")
+    monkeypatch.setattr(bench, "SELF", stand_in)
+    args = bench.parse(["--tiny", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--leg-timeout", "2"])
+    args.out.mkdir()
+    args.work.mkdir()
+    docs = []
+    for leg in bench.plan(["tiny-llama"], [1])[:3]:
+        docs.append(bench.run_one(leg, args, deadline=float("inf")))
+    assert [d["status"] for d in docs] == ["error", "error", "timeout"]
+    assert docs[0]["error"] == "exit 134: RuntimeError: CUDA error: device-side assert triggered"
+    assert docs[2]["error"] == "killed after 2 s" and docs[2]["seconds"] < 30
+    log = (args.out / "e2e_legs.log").read_text()
+    assert "=== tiny-llama.decode-b1.unpatched: error" in log and "=== tiny-llama.prefill.unpatched: timeout" in log
+    assert log.count("Assertion") == 2 * 3 and "7 more device-side assertion lines" in log  # per leg: 3 of 10 kept
+    skipped = bench.run_one(bench.plan(["tiny-llama"], [1])[3], args, deadline=0.0)
+    assert skipped["status"] == "skipped" and "out of time" in skipped["error"]
 
 
 def test_gemm_kernel_names() -> None:

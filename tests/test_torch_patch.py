@@ -111,3 +111,22 @@ def test_patch_with_gradients_still_trains() -> None:
     with patched(model, LIB):
         model(torch.randn(8, 16).half()).float().sum().backward()
     assert model[0].weight.grad is not None
+
+
+def test_uncovered_token_counts_skip_the_op() -> None:
+    """A call at a token count the library lacks for that (N, K) goes straight to F.linear, without
+    the native operator's fallback; a covered one calls the operator. Results are unchanged."""
+    model = _model()
+    torch.manual_seed(1)
+    # up covers M in {1, 8}, down only 8; M counts every leading dimension (2 x 4 = 8)
+    cases = [((8, 16), 2), ((1, 16), 1), ((4, 16), 0), ((0, 16), 0), ((2, 4, 16), 2)]
+    inputs = [torch.randn(*shape).half() for shape, _ in cases]
+    with torch.no_grad():
+        refs = [model(x) for x in inputs]
+        with patched(model, LIB):
+            for x, ref, (shape, calls) in zip(inputs, refs, cases):
+                with OpLog() as log:
+                    got = model(x)
+                assert log.ops.count("evo_native.linear.default") == calls, shape
+                assert torch.equal(got, ref), shape
+    assert not hasattr(model.up, "_evo_rows")

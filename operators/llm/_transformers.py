@@ -80,7 +80,7 @@ class TransformersBackend(LLMBackend):
             self.tokenizer = AutoTokenizer.from_pretrained(model)
             self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
             self.name, self.loaded_from = model, "folder"
-        self.load_s = time.perf_counter() - t_load  # reported by evo run's llm_placement event
+        self.load_s = time.perf_counter() - t_load  # with loaded_from: what a load cost, and from where
         # a GPU model moves there at its first forward pass, inside a lease slice when a gate is
         # given: the 0.5 GB copy (and the CUDA context) never overlaps a timed region
         self.model.eval()

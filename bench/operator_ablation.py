@@ -3,7 +3,8 @@
 
     python bench/operator_ablation.py --split SPLIT.json --out DIR [--shapes 6] [--seeds 0,1,2]
         [--gpu-seconds 60] [--arms knob,knob+optuna,knob+llm,knob+llm_adapter,bandit]
-        [--adapter ADAPTER_DIR] [--llm-device cuda] [--wall-cap 240]
+        [--adapter ADAPTER_DIR] [--llm-device cuda] [--wall-cap 240] [--seeds-per-template N]
+        [--call-s 525 [--first-run-s S]]
     python bench/operator_ablation.py --tiny --out DIR      # CPU smoke test: the stand-in pool
 
 The test shapes of an ``evo rl split`` file (``--layers llm_layers.csv`` makes one, seed 0) are
@@ -24,7 +25,7 @@ of the seeds)``, over the run's GPU seconds) and *child gain per GPU-second* (th
 measure: summed ``max(0, log(child / parent))``), and best speedup over GPU time (geometric mean
 over the shapes of the best speedup so far, sampled at fixed GPU-second marks). Writes
 DIR/runs/ARM/sSEED (archives), DIR/ablation.json, DIR/ablation.md (the table, with the command)
-and DIR/best_over_time.svg. Exit 0 when every arm ran, 1 when a run failed, 2 on bad input.
+and DIR/best_over_time.png/.svg (matplotlib). Exit 0 when every arm ran, 1 when a run failed, 2 on bad input.
 """
 from __future__ import annotations
 
@@ -72,10 +73,19 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--gpu-seconds", type=float, default=60.0, help="GPU budget per run (default 60)")
     p.add_argument("--wall-cap", type=float, default=0.0, help="wall-time cap per run in seconds (0: 4 x the GPU budget)")
+    p.add_argument("--seeds-per-template", type=int, default=0,
+                   help="evo run's cold-start seeds per template (0: evo's default); fewer leave a small GPU "
+                        "budget to the operators being compared")
+    p.add_argument("--call-s", type=float, default=0.0,
+                   help="wall seconds this invocation may take (0: no limit): a run starts only when the time left "
+                        "holds the arm's previous run (else the slowest so far, else --first-run-s), none runs past it")
+    p.add_argument("--first-run-s", type=float, default=0.0,
+                   help="expected wall seconds of a run before one has been timed (0: 25 + 1.6 x the GPU budget)")
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--adapter", type=Path, help="the latest evo rl adapter (ADAPTER/vN folder) for the adapter arms")
     p.add_argument("--llm-device", default="cpu", help="cpu, or cuda[:N] (co-located with the timers: leased)")
     p.add_argument("--llm-threads", type=int, default=0)
+    p.add_argument("--dry-run", action="store_true", help="print the shapes and every run's evo run command, run nothing")
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: stand-in pool, two shapes, tiny budgets")
     # test-only: the module run as `python -m MODULE run ...` (fake_evo: evo with the stand-in pool)
     p.add_argument("--evo-module", default="evo", help=argparse.SUPPRESS)
@@ -126,16 +136,20 @@ def sample_shapes(shapes: Sequence[Shape], n: int, seed: int = 0) -> list[Shape]
 
 
 # -- runs ---------------------------------------------------------------------------------------
-def run_command(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shape], archive: Path) -> list[str]:
-    """The ``evo run`` command line of one (arm, seed)."""
+def run_command(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shape], archive: Path,
+                wall_cap: float = 0.0) -> list[str]:
+    """The ``evo run`` command line of one (arm, seed); ``wall_cap``: its wall budget (default
+    ``--wall-cap``, else 4 x the GPU budget)."""
     ops, extra = ARMS[arm]
     if args.tiny and arm == "bandit":
         ops = "knob:1,optuna:1"  # the smoke test loads no model
     cmd = [sys.executable, "-m", args.evo_module, "run", "--archive", str(archive), "--operators", ops, "--seed", str(seed),
            "--progress", "plain", "--gpu-seconds", f"{args.gpu_seconds:g}",
-           "--budget", f"{args.wall_cap or 4 * args.gpu_seconds:g}"]
+           "--budget", f"{wall_cap or args.wall_cap or 4 * args.gpu_seconds:.1f}"]  # evo reads no 1e+03
     for s in shapes:
         cmd += ["--shape", str(s)]
+    if args.seeds_per_template:
+        cmd += ["--seeds-per-template", str(args.seeds_per_template)]
     if "llm" in ops:
         cmd += ["--llm-device", args.llm_device]
         if args.llm_threads:
@@ -147,14 +161,51 @@ def run_command(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[
     return cmd
 
 
-def run_arm(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shape]) -> dict[str, Any]:
+class CallClock:
+    """The invocation's wall budget (``--call-s``): whether the next run fits, and its wall cap.
+
+    A run of an arm is expected to take as long as that arm's previous run in this invocation
+    (its first, cold-cache run is the slow one), else the slowest run so far, else
+    ``--first-run-s``; one that does not fit is not started, so a call cut short leaves whole
+    runs, and with seeds outermost, every arm with the same number of seeds or one fewer."""
+
+    def __init__(self, call_s: float, first_run_s: float, start: Optional[float] = None) -> None:
+        self.call_s, self.first_run_s = call_s, first_run_s
+        self.start = time.monotonic() if start is None else start
+        self.slowest = 0.0
+        self.last: dict[str, float] = {}
+
+    def left(self, now: Optional[float] = None) -> float:
+        return self.call_s - ((time.monotonic() if now is None else now) - self.start) if self.call_s else math.inf
+
+    def expected(self, arm: str = "") -> float:
+        return self.last.get(arm) or self.slowest or self.first_run_s
+
+    def fits(self, arm: str = "", now: Optional[float] = None) -> bool:
+        return self.left(now) >= self.expected(arm)
+
+    def ran(self, wall_s: float, arm: str = "") -> None:
+        self.slowest = max(self.slowest, wall_s)
+        self.last[arm] = wall_s
+
+
+def run_arm(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shape],
+            clock: Optional[CallClock] = None) -> dict[str, Any]:
     archive = args.out / "runs" / arm / f"s{seed}"
     if arm in NEEDS_ADAPTER and not args.adapter:
         return {"arm": arm, "seed": seed, "skipped": "no --adapter given"}
     if (archive / "done.json").is_file():  # resumable: a finished run is read, not run again
         return json.loads((archive / "done.json").read_text())
+    clock = clock or CallClock(0.0, 0.0)
+    if not clock.fits(arm):
+        return {"arm": arm, "seed": seed, "not_started": f"{clock.left():.0f} s of the call left, a run takes "
+                                                          f"~{clock.expected(arm):.0f} s"}
     archive.parent.mkdir(parents=True, exist_ok=True)
-    cmd = run_command(args, arm, seed, shapes, archive)
+    if archive.exists():  # an unfinished run of an earlier call: start it again from nothing
+        import shutil
+        shutil.rmtree(archive)
+    wall_cap = min(args.wall_cap or 4 * args.gpu_seconds, max(clock.left() - 10, 1.0))
+    cmd = run_command(args, arm, seed, shapes, archive, wall_cap)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     if args.tiny:
         env.setdefault("EVO_FAKE_GPU_S", "0.05")
@@ -162,8 +213,9 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shap
     log = archive.parent / f"s{seed}.log"
     with open(log, "w") as fh:
         rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                             timeout=(args.wall_cap or 4 * args.gpu_seconds) + 300)
+                             timeout=wall_cap + 120)  # evo run stops itself at wall_cap; in-flight jobs end
     out = {"arm": arm, "seed": seed, "rc": rc, "wall_s": round(time.time() - t0, 1), "command": shlex.join(cmd[1:])}
+    clock.ran(out["wall_s"], arm)
     if rc != 0 or not archive.is_dir():
         out["error"] = f"evo run exited {rc} (log {log})"
         return out
@@ -282,13 +334,30 @@ def summarise(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for arm, rs in by_arm.items():
         done = [r for r in rs if "evaluations" in r]
         row: dict[str, Any] = {"runs": len(done), "skipped": next((r["skipped"] for r in rs if "skipped" in r), None),
-                               "errors": [r["error"] for r in rs if "error" in r]}
+                               "errors": [r["error"] for r in rs if "error" in r],
+                               "seeds": sorted(r["seed"] for r in done),
+                               "not_started": sorted(r["seed"] for r in rs if "not_started" in r),
+                               # a run the wall cap stopped short of its GPU budget is not at equal cost
+                               "short": sorted(r["seed"] for r in done if r.get("stop") != "gpu_seconds"),
+                               "wall_s": _mean([r.get("wall_s") for r in done])}
         for f in FIELDS:
             vals = [r[f] for r in done if r.get(f) is not None]
             row[f] = {"mean": round(statistics.fmean(vals), 6), "min": min(vals), "max": max(vals)} if vals else None
         curves = [r["best_over_time"] for r in done]
         row["best_over_time"] = [_mean([c[i] for c in curves]) for i in range(len(MARKS))] if curves else []
         out[arm] = row
+    return out
+
+
+def _seeds_cell(row: dict[str, Any]) -> str:
+    """``n (s0,s1)`` plus the seeds not started and the runs stopped short."""
+    out = f"{row['runs']} ({','.join(map(str, row['seeds'])) or '-'})"
+    if row.get("not_started"):
+        out += f"; not started: {','.join(map(str, row['not_started']))}"
+    if row.get("short"):
+        out += f"; short: {','.join(map(str, row['short']))}"
+    if row.get("errors"):
+        out += f"; {len(row['errors'])} failed"
     return out
 
 
@@ -315,26 +384,54 @@ def write_report(args: argparse.Namespace, shapes: Sequence[Shape], meta: dict[s
              f"Shapes ({meta.get('source')}; test models {', '.join(meta.get('test_models', [])) or '-'}): "
              + ", ".join(doc["shapes"]), "",
              f"{args.gpu_seconds:g} GPU-s per run, seeds {','.join(map(str, args.seed_list))}, LLM on {args.llm_device}; means over seeds.", "",
-             "| arm | runs | evaluations | valid | improving | flagged | tokens | LLM GPU-s | GPU-s | improvement / GPU-s "
-             "| child gain / GPU-s | best speedup (end) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| arm | seeds run | evaluations | valid | improving | flagged | tokens | LLM GPU-s | GPU-s | wall s "
+             "| improvement / GPU-s | child gain / GPU-s | best speedup (end) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, row in summary.items():
         if row["skipped"] and not row["runs"]:
-            lines.append(f"| {arm} | 0 | not run: {row['skipped']} | | | | | | | | | |")
+            lines.append(f"| {arm} | 0 | not run: {row['skipped']} | | | | | | | | | | |")
             continue
         end = next((v for v in reversed(row["best_over_time"]) if v is not None), None)
-        lines.append(f"| {arm} | {row['runs']} | {cell(row['evaluations'])} | {cell(row['valid_share'], True)} | "
+        lines.append(f"| {arm} | {_seeds_cell(row)} | {cell(row['evaluations'])} | {cell(row['valid_share'], True)} | "
                      f"{cell(row['improving_share'], True)} | {cell(row['flagged_share'], True)} | {cell(row['tokens'])} | "
-                     f"{cell(row['llm_gpu_s'])} | {cell(row['gpu_s'])} | {cell(row['improvement_per_gpu_s'])} | "
-                     f"{cell(row['child_gain_per_gpu_s'])} | {'-' if end is None else f'{end:.3f}'} |")
+                     f"{cell(row['llm_gpu_s'])} | {cell(row['gpu_s'])} | {row['wall_s'] or '-'} | "
+                     f"{cell(row['improvement_per_gpu_s'])} | {cell(row['child_gain_per_gpu_s'])} | "
+                     f"{'-' if end is None else f'{end:.3f}'} |")
+    lines += ["", "Seeds run: the seeds each arm finished (of the seeds asked for); \"not started\": the call's "
+              "time (--call-s) ran out first; \"short\": a run the wall cap stopped before its GPU budget "
+              "(its cost is not equal to the others')."]
     (args.out / "ablation.md").write_text("\n".join(lines) + "\n")
-    from evo.rl._plot import svg_panels
-    series = {arm: [v if v is not None else None for v in row["best_over_time"]]
-              for arm, row in summary.items() if row["best_over_time"]}
-    if series:
-        svg_panels(args.out / "best_over_time.svg", "best speedup (geomean over shapes) vs GPU-seconds "
-                   f"(x: 1/20 .. 20/20 of {args.gpu_seconds:g} s)",
-                   [("best speedup over GPU time", "lines", [f"{m:.2f}" for m in MARKS], series)])
+    plot_best_over_time(args.out, summary, args.gpu_seconds)
     return doc
+
+
+def plot_best_over_time(out: Path, summary: dict[str, dict[str, Any]], budget_s: float) -> Optional[Path]:
+    """DIR/best_over_time.png and .svg: per arm, the mean over seeds of the best speedup
+    (geomean over the shapes) against the GPU seconds spent; None when no arm has a curve."""
+    series = {arm: row["best_over_time"] for arm, row in summary.items()
+              if any(v is not None for v in row.get("best_over_time", []))}
+    if not series:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [m * budget_s for m in MARKS]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    for arm, ys in series.items():
+        pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+        seeds = summary[arm]["seeds"]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{arm} (seeds {','.join(map(str, seeds))})")
+    ax.set_xlabel("GPU seconds spent (the LLM's included)")
+    ax.set_ylabel("best speedup vs cuBLAS (geomean over shapes)")
+    ax.set_title(f"Best speedup over GPU time, {budget_s:g} GPU-s per run, mean over seeds", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    for ext in ("png", "svg"):
+        fig.savefig(out / f"best_over_time.{ext}")
+    plt.close(fig)
+    return out / "best_over_time.png"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -351,18 +448,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.adapter is not None and not (args.adapter / "evo-adapter.json").is_file():
         print(f"operator_ablation: error: --adapter {args.adapter} has no evo-adapter.json", file=sys.stderr)
         return 2
+    if args.dry_run:
+        print(f"operator_ablation: test shapes {' '.join(map(str, shapes))} (test models "
+              f"{', '.join(meta.get('test_models', [])) or '-'})")
+        for seed in args.seed_list:
+            for arm in args.arm_list:
+                if arm in NEEDS_ADAPTER and not args.adapter:
+                    print(f"operator_ablation: {arm} s{seed}: not run (no --adapter given)")
+                    continue
+                cmd = run_command(args, arm, seed, shapes, args.out / "runs" / arm / f"s{seed}")
+                print(f"operator_ablation: {arm} s{seed}: {shlex.join(cmd[1:])}")
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"operator_ablation: {len(shapes)} shapes, arms {', '.join(args.arm_list)}, seeds {args.seed_list}, "
           f"{args.gpu_seconds:g} GPU-s each", flush=True)
     runs = []
+    clock = CallClock(args.call_s, args.first_run_s or 25 + 1.6 * args.gpu_seconds)
     for seed in args.seed_list:  # seeds outermost: a cut-short call still has every arm once
         for arm in args.arm_list:
-            r = run_arm(args, arm, seed, shapes)
+            r = run_arm(args, arm, seed, shapes, clock)
             runs.append(r)
             print(f"operator_ablation: {arm} s{seed}: " + json.dumps({k: r.get(k) for k in
-                  ("skipped", "error", "evaluations", "valid_share", "improving_share", "flagged_share",
-                   "improvement_per_gpu_s", "llm_gpu_s")}), flush=True)
-    write_report(args, shapes, meta, runs, argv)
+                  ("skipped", "not_started", "error", "wall_s", "evaluations", "valid_share", "improving_share",
+                   "flagged_share", "improvement_per_gpu_s", "llm_gpu_s", "gpu_s", "stop")}), flush=True)
+            write_report(args, shapes, meta, runs, argv)  # after every run: a killed call keeps its table
+    if not runs:
+        write_report(args, shapes, meta, runs, argv)
     print((args.out / "ablation.md").read_text())
     return 1 if any("error" in r for r in runs) else 0
 

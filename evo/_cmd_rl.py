@@ -55,6 +55,8 @@ def add_parser(subparsers: Any) -> None:
     t.add_argument("--reward", choices=("speedup", "improvement"), default="speedup",
                    help="how --archive records and fresh samples are scored (the dataset's rows keep theirs)")
     t.add_argument("--version", type=int, help="version number (default: the init adapter's + 1, else 1)")
+    t.add_argument("--max-seconds", type=float, default=0.0, metavar="S",
+                   help="no GRPO step starts S seconds after the start (the adapter is still saved); 0: no limit")
     s = sub.add_parser("split", help="split llm_layers.csv's shapes into train and test by model (JSON)")
     s.add_argument("--layers", required=True, metavar="CSV", help="M,N,K,model,layer rows (llm_layers.csv)")
     s.add_argument("--out", required=True, metavar="SPLIT.json")
@@ -109,6 +111,9 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    import time
+
+    deadline = time.monotonic() + args.max_seconds if args.max_seconds > 0 else None
     from populations import Archive, ArchiveError, load_templates
 
     from .rl import DatasetError, read_jsonl
@@ -147,7 +152,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         manifest = train_adapter(rows, args.out, policy=policy, templates=templates, table=table, config=config,
                                  version=version, parent_adapter=parent, log=lambda m: print(m, flush=True),
-                                 demos=archives)
+                                 demos=archives, deadline=deadline)
     finally:
         for a in archives:
             a.close()

@@ -303,3 +303,45 @@ def test_a_server_request_waiting_for_the_lease_ends_when_the_run_stops(tmp_path
         threading.Timer(0.1, op.cancel).start()
         c = _Accounted(op, op.model, ServerDouble()).complete([], temperature=0.5)
     assert c.error == "cancelled" and c.text == "" and c.gpu_s == 0.0
+
+
+def test_every_gpu_operation_of_a_generation_runs_inside_a_slice(monkeypatch) -> None:
+    """Not only the forward passes: the model's move to its device (lazy, at the first pass) and
+    the copy of a cached prompt's KV cache run kernels on a GPU too, so they must hold the lease.
+    The real model on the CPU; a gate double says whether a slice is open when each happens."""
+    from operators import available_operators
+    if "llm" not in available_operators():
+        pytest.skip("the llm extra is not installed")
+    import random
+    import types
+
+    from operators.llm import _transformers, load_backend
+
+    class OpenGate:
+        def __init__(self) -> None:
+            self.open = False
+
+        def slice(self, sync=None, cancel=None):
+            import contextlib
+
+            @contextlib.contextmanager
+            def one():
+                self.open = True
+                try:
+                    yield
+                finally:
+                    self.open = False
+            return one()
+
+    backend = load_backend()
+    gate, seen = OpenGate(), []
+    real_deepcopy, real_to = _transformers.copy.deepcopy, backend.model.to
+    monkeypatch.setattr(_transformers, "copy", types.SimpleNamespace(
+        deepcopy=lambda x: (seen.append(("kv copy", gate.open)), real_deepcopy(x))[1]))
+    monkeypatch.setattr(backend.model, "to", lambda *a, **k: (seen.append(("move", gate.open)), real_to(*a, **k))[1])
+    monkeypatch.setattr(backend, "_placed", False)  # as a GPU backend before its first pass
+    msgs = [{"role": "user", "content": "Say hi."}]
+    for _ in range(2):  # the second completion reuses the prompt's cached KV cache: a copy
+        backend.complete(msgs, rng=random.Random(0), temperature=0.0, max_new_tokens=2, gate=gate)
+    assert ("move", True) in seen and ("kv copy", True) in seen
+    assert all(inside for _, inside in seen), seen

@@ -29,8 +29,9 @@ def test_tiny_ablation_runs_every_arm_and_reports(tmp_path: Path) -> None:
     run = next(r for r in doc["runs"] if r["arm"] == "bandit")
     assert run["bandit"]["tpe"]["children"] > 0  # parentless Optuna samples are arms too (vs the incumbent)
     md = (out / "ablation.md").read_text()
-    assert "| knob | 1 |" in md and "not run: no --adapter given" in md and "Command: `python bench/" in md
-    assert (out / "best_over_time.svg").read_text().startswith("<svg")
+    assert "| knob | 1 (0) |" in md and "not run: no --adapter given" in md and "Command: `python bench/" in md
+    assert "<svg" in (out / "best_over_time.svg").read_text()
+    assert (out / "best_over_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a second call resumes: finished runs are read back, not run again
     before = (out / "runs" / "knob" / "s0" / "done.json").stat().st_mtime
     assert ab.main(["--tiny", "--out", str(out), "--seeds", "0", "--arms", "knob"]) == 0
@@ -50,6 +51,10 @@ def test_device_arm_commands(tmp_path: Path) -> None:
     bandit = ab.run_command(args, "bandit", 0, shapes, tmp_path / "b")
     assert "--operator-bandit" in bandit and "--llm-adapter" in bandit and "llm" in bandit[bandit.index("--operators") + 1]
     assert "--llm-device" not in ab.run_command(args, "knob", 0, shapes, tmp_path / "c")
+    assert "--seeds-per-template" not in bandit
+    args.seeds_per_template = 1
+    knob = ab.run_command(args, "knob", 0, shapes, tmp_path / "c", wall_cap=33)
+    assert knob[knob.index("--seeds-per-template") + 1] == "1" and knob[knob.index("--budget") + 1] == "33.0"
 
 
 def test_test_shapes_are_spread_over_classes() -> None:
@@ -59,3 +64,42 @@ def test_test_shapes_are_spread_over_classes() -> None:
     from operators.llm._context import shape_class
     assert len({shape_class(s).name for s in picked}) == 5
     assert ab.sample_shapes(shapes, 5) == picked  # seeded
+
+
+def test_the_call_clock_starts_only_runs_that_fit() -> None:
+    clock = ab.CallClock(100.0, 30.0, start=0.0)
+    assert clock.fits(now=60.0) and not clock.fits(now=75.0)  # before any run: the first-run guess
+    clock.ran(45.0, "knob")  # a cold first run
+    assert not clock.fits("bandit", now=60.0) and clock.fits("bandit", now=50.0)  # then the slowest run so far
+    clock.ran(20.0, "knob")
+    assert clock.fits("knob", now=75.0) and not clock.fits("knob", now=85.0)  # then the arm's own last run
+    assert not clock.fits("bandit", now=75.0)
+    assert ab.CallClock(0.0, 30.0, start=0.0).fits(now=1e9)  # no --call-s: no limit
+
+
+def test_a_call_out_of_time_leaves_whole_seeds_and_says_so(tmp_path: Path) -> None:
+    """Whole runs only: a run that would not fit the call's time is not started, and the report
+    names the seeds each arm did not get (the fitting rule itself: the test above)."""
+    out = tmp_path / "abl"
+    # one tiny run takes ~1-2 s here; guess 1000 s so the first run of a call never starts
+    rc = ab.main(["--tiny", "--out", str(out), "--seeds", "0,1", "--arms", "knob,bandit", "--call-s", "600",
+                  "--first-run-s", "1000"])
+    assert rc == 0
+    doc = json.loads((out / "ablation.json").read_text())
+    assert all("not_started" in r for r in doc["runs"]) and len(doc["runs"]) == 4
+    assert doc["arms"]["knob"]["not_started"] == [0, 1] and doc["arms"]["knob"]["runs"] == 0
+    assert "not started: 0,1" in (out / "ablation.md").read_text()
+
+
+def test_dry_run_prints_every_command_and_runs_nothing(tmp_path: Path, capsys) -> None:
+    csv = tmp_path / "layers.csv"
+    csv.write_text("M,N,K,model,layer\n1,4096,4096,a,q\n8,4096,4096,a,q\n1,2048,2048,b,q\n8,2048,2048,b,q\n"
+                   "1,1024,1024,c,q\n8,1024,1024,c,q\n")
+    out = tmp_path / "abl"
+    assert ab.main(["--layers", str(csv), "--out", str(out), "--shapes", "2", "--seeds", "0,1", "--gpu-seconds", "12",
+                    "--arms", "knob,knob+llm_adapter", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    runs = [x for x in lines if " s0: " in x or " s1: " in x]
+    assert len(runs) == 4 and sum("-m evo run" in x for x in runs) == 2
+    assert "not run (no --adapter given)" in runs[1] and "--gpu-seconds 12" in runs[0]
+    assert not out.exists()  # nothing ran, nothing written

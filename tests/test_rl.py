@@ -117,6 +117,20 @@ def test_rl_export_cli_and_bad_input(archive_dir: Path, tmp_path: Path, capsys: 
     assert main(["rl", "train", "--dataset", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "a")]) == 2
 
 
+def test_rl_train_stops_at_max_seconds_and_still_saves(archive_dir: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    """--max-seconds bounds GRPO inside a device call: no step starts past it, the adapter (here
+    the untrained LoRA) and its manifest are still written, so the next call has one to load."""
+    data = tmp_path / "d.jsonl"
+    assert main(["rl", "export", str(archive_dir), "--out", str(data)]) == 0
+    out = tmp_path / "v1"
+    assert main(["rl", "train", "--dataset", str(data), "--out", str(out), "--steps", "50",
+                 "--max-seconds", "0.001"]) == 0
+    assert "time is up after 0 of 50 steps" in capsys.readouterr().out
+    manifest = json.loads((out / "evo-adapter.json").read_text())
+    assert manifest["metrics"] == [] and manifest["version"] == 1 and list(out.glob("adapter_model.*"))
+
+
 def test_reward_table_reads_the_archive(archive_dir: Path, tiny) -> None:
     with Archive(archive_dir) as a:
         table = RewardTable().add_archive(a)

@@ -127,7 +127,9 @@ class Policy:
         self.torch = torch
         self.backend = backend
         self.lora = lora
-        base = copy.deepcopy(backend.model)
+        # the backend moves its model to the GPU lazily (at its first leased forward pass); the
+        # trained copy goes there now: nothing times during `evo rl train`
+        base = copy.deepcopy(backend.model).to(backend.device)
         if isinstance(base, PeftModel):  # the backend serves an adapter: train from the base
             base = base.unload()
         self.base_hash = model_hash(base)
@@ -140,6 +142,7 @@ class Policy:
         sampler = _Tracing.__new__(_Tracing)
         sampler.__dict__.update(backend.__dict__)  # tokenizer, vocabulary pieces, eos ids, device...
         sampler.model = self.model
+        sampler._placed = True
         sampler._cache = OrderedDict()
         sampler._lock = threading.Lock()
         self.sampler = sampler

@@ -27,6 +27,7 @@ from collections import OrderedDict
 from typing import Any, Optional, Sequence
 
 from ._base import Choices, Completion, Gate, LLMBackend
+from ._model_cache import load_gguf
 
 __all__ = ["TransformersBackend", "load_backend", "DEFAULT_MODEL", "GGUF_MODELS"]
 
@@ -61,6 +62,7 @@ class TransformersBackend(LLMBackend):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as tlog
 
+        t_load = time.perf_counter()
         tlog.disable_progress_bar()
         tlog.set_verbosity_error()
         self.torch = torch
@@ -71,15 +73,19 @@ class TransformersBackend(LLMBackend):
             package, gguf = _GGUF[model]
             folder = _package_folder(package)
             with contextlib.redirect_stderr(io.StringIO()):  # the GGUF loader's own progress bar (plain tqdm)
-                self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
-                self.model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32)
+                # a dequantised safetensors copy after the first load: seconds instead of ~25 s
+                self.tokenizer, self.model, self.loaded_from = load_gguf(folder, gguf, torch.float32)
             self.name = gguf.removesuffix(".gguf")
         else:  # a local folder or a hub id
             self.tokenizer = AutoTokenizer.from_pretrained(model)
             self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-            self.name = model
-        self.model.to(device).eval()
+            self.name, self.loaded_from = model, "folder"
+        self.load_s = time.perf_counter() - t_load  # with loaded_from: what a load cost, and from where
+        # a GPU model moves there at its first forward pass, inside a lease slice when a gate is
+        # given: the 0.5 GB copy (and the CUDA context) never overlaps a timed region
+        self.model.eval()
         self.device = device
+        self._placed = not str(device).startswith("cuda")
         self.eos = {i for i in (self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("<|im_end|>"))
                     if isinstance(i, int) and i >= 0}
         self._cache: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()
@@ -127,23 +133,39 @@ class TransformersBackend(LLMBackend):
         return out
 
     # -- model steps ------------------------------------------------------------------------
+    def _leased(self) -> Any:
+        """The context for GPU work of one generation: a gate slice when the model shares a
+        timing GPU (waits for timed regions, ends synchronised), else nothing. Every kernel this
+        backend launches (forward passes, the move to the GPU, KV-cache copies) runs inside one."""
+        gate = getattr(self, "_gate", None)  # given only when the model shares a timing GPU
+        if gate is None:
+            return contextlib.nullcontext()
+        on_gpu = str(self.device).startswith("cuda")
+        return gate.slice(sync=(lambda: self.torch.cuda.synchronize(self.device)) if on_gpu else None,
+                          cancel=getattr(self, "_cancel_event", None))
+
+    def place(self) -> None:
+        """Move the model to its device (once; call inside :meth:`_leased` on a shared GPU)."""
+        if not getattr(self, "_placed", True):
+            self.model.to(self.device)
+            self._placed = True
+
     def _forward(self, ids: Sequence[int], past: Any) -> tuple[Any, Any]:
         cancel = getattr(self, "_cancel_event", None)
         if cancel is not None and cancel.is_set():
             raise _Cancelled()
         on_gpu = str(self.device).startswith("cuda")
-        gate = getattr(self, "_gate", None)  # given only when the model shares a timing GPU
-        sync = (lambda: self.torch.cuda.synchronize(self.device)) if on_gpu else None
         t0 = time.perf_counter()
         try:
-            with (gate.slice(sync=sync, cancel=cancel) if gate is not None else contextlib.nullcontext()):
+            with self._leased():
+                self.place()
                 with self.torch.inference_mode(), warnings.catch_warnings():
                     warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renames past_key_values
                     out = self.model(input_ids=self.torch.tensor([list(ids)], device=self.device), past_key_values=past,
                                      use_cache=True, logits_to_keep=1)  # no vocabulary projection of the prompt
                     logits = out.logits[0, -1].double().cpu()  # waits for the pass: its kernels end in the slice
-                if sync is not None and gate is None:
-                    sync()
+                if on_gpu and getattr(self, "_gate", None) is None:
+                    self.torch.cuda.synchronize(self.device)
         except InterruptedError:  # cancelled while waiting for the lease
             raise _Cancelled() from None
         if on_gpu:
@@ -161,7 +183,11 @@ class TransformersBackend(LLMBackend):
                 self._cache.popitem(last=False)
         self._cache.move_to_end(key)
         past, logits = self._cache[key]
-        return copy.deepcopy(past), logits
+        try:
+            with self._leased():  # copying a GPU KV cache runs kernels too
+                return copy.deepcopy(past), logits
+        except InterruptedError:
+            raise _Cancelled() from None
 
     def _sample(self, logits: Any, ids: Sequence[int], temperature: float, rng: random.Random) -> int:
         sub = logits[list(ids)] if ids is not None else logits

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from populations import Archive, Calibration, Candidate, Evaluation, Shape, Status, Template, attainable_frac, roofline_frac
-from populations import DISQUALIFYING
+from populations import disqualifies
 from operators import Operator, OperatorContext, ParentView
 
 from ._budget import Budget, Convergence, gpu_seconds, pick_shape, shape_weights
@@ -152,7 +152,7 @@ class Engine:
         self.fitness_of: dict[Shape, dict[str, Optional[float]]] = {s: {} for s in config.shapes}  # latest per id
         families = {name: t.family for name, t in self.templates.items()}
         sel = config.selection
-        self.pops = {s: Population(sel.elites, sel.cells, sel.register_bucket, families, sel.population)
+        self.populations = {s: Population(sel.elites, sel.cells, sel.register_bucket, families, sel.population)
                      for s in config.shapes}
         self.conv = {s: Convergence(config.converge_window, config.converge_threshold) for s in config.shapes}
         alloc = config.allocation
@@ -230,7 +230,7 @@ class Engine:
             self._stop_proposals()
             self.archive.commit()
             result = RunResult(reason or "error", self.budget.used_evals, self.lost,
-                               {str(s): self.pops[s].best.fitness if self.pops[s].best else None
+                               {str(s): self.populations[s].best.fitness if self.populations[s].best else None
                                 for s in cfg.shapes},
                                self.budget.summary())
             self.events.emit("stop", None, reason=result.reason, evaluations=result.evaluations, lost=self.lost,
@@ -310,7 +310,7 @@ class Engine:
                     if cid not in evaluated:
                         self.queue[shape].append((cand, "archived"))
             self.known[shape] = evaluated
-            best = self.pops[shape].best
+            best = self.populations[shape].best
             self.progress.stats[shape].best = best.fitness if best else None
             if self.conv[shape].converged:
                 self.converged.add(shape)
@@ -344,7 +344,7 @@ class Engine:
         return [s for s in self.config.shapes if s not in self.converged]
 
     def _load(self, shape: Shape) -> int:
-        return self.pops[shape].evaluated + sum(1 for j in self.inflight.values() if j.shape == shape)
+        return self.populations[shape].evaluated + sum(1 for j in self.inflight.values() if j.shape == shape)
 
     def _fill(self) -> None:
         """Submit candidates until the in-flight bound (or the evaluation budget) is reached.
@@ -381,7 +381,7 @@ class Engine:
         if not window:
             return False
         if self.best_time[shape] is None:
-            return self.pops[shape].evaluated >= max(8, window // 4)
+            return self.populations[shape].evaluated >= max(8, window // 4)
         return self.stall[shape].converged
 
     def weights(self, shapes: list[Shape]) -> dict[Shape, float]:
@@ -403,7 +403,7 @@ class Engine:
                 self.yielded.add(s)
                 frac = self.attainable(s)
                 why = "stalled" if self.stalled(s) else "saturated"
-                self.events.emit("yield", s, why=why, attainable_frac=frac, evaluations=self.pops[s].evaluated)
+                self.events.emit("yield", s, why=why, attainable_frac=frac, evaluations=self.populations[s].evaluated)
                 self.progress.message(f"evo: {s} yields its slots ({why}; "
                                       f"{'-' if frac is None else f'{frac:.2f}'} of its attainable time)")
         return pick_shape(order, loads, weights)
@@ -420,7 +420,7 @@ class Engine:
             op = self.operators[name]
             if name in self.switched_off:
                 continue
-            if op.arity > 0 and not len(self.pops[shape]):
+            if op.arity > 0 and not len(self.populations[shape]):
                 continue  # nothing to mutate yet (seeds still in flight, or all failed)
             if op.asynchronous:
                 self._propose_async(name, shape)  # its answer joins the queue later
@@ -487,7 +487,7 @@ class Engine:
     def _parents(self, op: Operator, shape: Shape) -> list[ParentView]:
         sel = self.config.selection
         arity = op.arity
-        members = self.pops[shape].select(self.rng, arity, sel.method, tournament_size=sel.tournament_size,
+        members = self.populations[shape].select(self.rng, arity, sel.method, tournament_size=sel.tournament_size,
                                           alpha=sel.power_alpha) if arity > 0 else []
         return [ParentView(m.candidate, m.evaluation) for m in members]
 
@@ -526,9 +526,9 @@ class Engine:
     def _elite_threshold(self, shape: Shape) -> Optional[float]:
         """The speedup a new candidate must reach to join ``shape``'s elites now (None while the
         elite set is not full); the evaluator skips its memoisation timing pass below it."""
-        pop = self.pops[shape]
-        elites = pop.elites()
-        if len(elites) < pop.n_elites:
+        population = self.populations[shape]
+        elites = population.elites()
+        if len(elites) < population.n_elites:
             return None
         return elites[-1].fitness * self.ELITE_MARGIN
 
@@ -560,7 +560,7 @@ class Engine:
             for ev in evals:
                 self.errors_in_a_row = self.errors_in_a_row + 1 if ev.status is Status.RUNTIME_ERROR else 0
                 self.archive.add(ev)
-                if ev.shape in self.pops:  # a candidate claiming several shapes is measured at each
+                if ev.shape in self.populations:  # a candidate claiming several shapes is measured at each
                     self.known[ev.shape].add(ev.candidate_id)
                     self._record(job, ev)
             self._tell(job, evals)
@@ -583,7 +583,7 @@ class Engine:
 
     def _record(self, job: _Job, ev: Evaluation) -> None:
         shape = ev.shape
-        before = self.pops[shape].best
+        before = self.populations[shape].best
         improved = self._observe(shape, job.candidate, ev)
         stats = self.progress.stats[shape]
         stats.evals += 1
@@ -612,20 +612,20 @@ class Engine:
 
     def _observe(self, shape: Shape, cand: Candidate, ev: Evaluation) -> bool:
         """Feed one evaluation to the shape's population and convergence; True on a new best."""
-        pop = self.pops[shape]
+        population = self.populations[shape]
         self.history[shape].append((cand, ev))
         self.fitness_of[shape][cand.id] = None if ev.flags else ev.fitness
-        if ev.status in DISQUALIFYING or ev.flags:
-            pop.ban(cand.id)
-        before = pop.best
-        pop.add(cand, ev)
+        if disqualifies(ev.status, bool(ev.flags)):
+            population.ban(cand.id)
+        before = population.best
+        population.add(cand, ev)
         self.conv[shape].observe(ev.fitness)
         self.stall[shape].observe(ev.fitness)
         t = ev.timers.get("device")
         if ev.fitness is not None and t is not None and t.median > 0:
             best = self.best_time[shape]
             self.best_time[shape] = t.median if best is None else min(best, t.median)
-        after = pop.best
+        after = population.best
         return after is not None and (before is None or after.fitness > before.fitness)
 
     def _tell(self, job: _Job, evals: list[Evaluation]) -> None:

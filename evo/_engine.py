@@ -34,27 +34,31 @@ operator is left.
 Every stop but a second interrupt lets in-flight work finish (at most ``pool.drain_s`` seconds);
 a second interrupt abandons it. Either way the archive is committed before :meth:`Engine.run`
 returns.
+
+This module holds the loop, start-up and allocation; steps 2-3's proposing is
+``evo/_engine_propose.py`` and step 4's recording ``evo/_engine_results.py`` (mixins of
+:class:`Engine`, sharing its state).
 """
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
-from populations import Archive, Calibration, Candidate, Evaluation, Shape, Status, Template, attainable_frac, roofline_frac
-from populations import DISQUALIFYING
-from operators import Operator, OperatorContext, ParentView
+from populations import Archive, Calibration, Candidate, Evaluation, Shape, Template, attainable_frac
+from operators import Operator
 
-from ._budget import Budget, Convergence, gpu_seconds, pick_shape, shape_weights
-from ._opbandit import OperatorBandit, child_gain
+from ._budget import Budget, Convergence, pick_shape, shape_weights
 from ._calibration import load_calibration
-from ._seeding import seed_population
 from ._config import RunConfig
+from ._engine_propose import Proposing
+from ._engine_results import Recording, InFlight
+from ._opbandit import OperatorBandit, OperatorChooser
 from ._progress import EventLog, Progress
+from ._seeding import seed_population
 from ._selection import Population
 from ._transfer import transfer_candidates
 
@@ -76,58 +80,19 @@ class RunResult:
     budget: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
-class _Job:
-    candidate: Candidate
-    shape: Shape
-    operator: str
-    submitted: float
-
-
-class OperatorChooser:
-    """Picks the operator for each step by configured weight.
-
-    A later bandit replaces :meth:`weights` with one learned from :meth:`reward` (the per-operator
-    counts of proposals and improvements are kept here already)."""
-
-    def __init__(self, weights: Mapping[str, float]) -> None:
-        self.base = dict(weights)
-        self.proposed: Counter = Counter()
-        self.improved: Counter = Counter()
-
-    def weights(self) -> dict[str, float]:
-        return dict(self.base)
-
-    def order(self, rng: random.Random) -> list[str]:
-        """Every operator once, in an order drawn by weight (the first is this step's choice)."""
-        pool, out = self.weights(), []
-        while pool:
-            names = list(pool)
-            pick = rng.choices(names, weights=[pool[n] for n in names], k=1)[0]
-            out.append(pick)
-            del pool[pick]
-        return out
-
-    def reward(self, name: str, improved: bool) -> None:
-        self.proposed[name] += 1
-        if improved:
-            self.improved[name] += 1
-
 
 def pool_gpus(pool: "EvaluatorPool", config: RunConfig) -> int:
     """How many GPUs the pool times on: the configured list, else what the pool says it has."""
     return len(config.pool.gpus) or len(pool.gpus) or 1
 
 
-class Engine:
+class Engine(Proposing, Recording):
     """Runs the search over ``config.shapes``; see the module docstring."""
 
     #: Seconds the loop waits for a result before it looks at budgets and interrupts again.
     TICK = 0.2
     #: Fruitless proposal rounds (failures, duplicates) in a row before a fill gives up on a shape.
     MAX_MISSES = 32
-    #: Seconds a stopping run waits for cancelled asynchronous proposals to return.
-    PROPOSAL_GRACE_S = 15.0
 
     def __init__(self, config: RunConfig, archive: Archive, pool: "EvaluatorPool",
                  operators: Mapping[str, Operator], templates: Mapping[str, Template], *,
@@ -152,7 +117,7 @@ class Engine:
         self.fitness_of: dict[Shape, dict[str, Optional[float]]] = {s: {} for s in config.shapes}  # latest per id
         families = {name: t.family for name, t in self.templates.items()}
         sel = config.selection
-        self.pops = {s: Population(sel.elites, sel.cells, sel.register_bucket, families, sel.population)
+        self.populations = {s: Population(sel.elites, sel.cells, sel.register_bucket, families, sel.population)
                      for s in config.shapes}
         self.conv = {s: Convergence(config.converge_window, config.converge_threshold) for s in config.shapes}
         alloc = config.allocation
@@ -164,7 +129,7 @@ class Engine:
         self.yielded: set[Shape] = set()  # shapes whose allocation weight is 0 (announced once each)
         self.queue: dict[Shape, deque[tuple[Candidate, str]]] = {s: deque() for s in config.shapes}
         self.known: dict[Shape, set[str]] = {s: set() for s in config.shapes}
-        self.inflight: dict[Future, _Job] = {}
+        self.inflight: dict[Future, InFlight] = {}
         self.converged: set[Shape] = set()
         self.history: dict[Shape, list[tuple[Candidate, Evaluation]]] = {s: [] for s in config.shapes}
         self.interrupts = 0
@@ -230,7 +195,7 @@ class Engine:
             self._stop_proposals()
             self.archive.commit()
             result = RunResult(reason or "error", self.budget.used_evals, self.lost,
-                               {str(s): self.pops[s].best.fitness if self.pops[s].best else None
+                               {str(s): self.populations[s].best.fitness if self.populations[s].best else None
                                 for s in cfg.shapes},
                                self.budget.summary())
             self.events.emit("stop", None, reason=result.reason, evaluations=result.evaluations, lost=self.lost,
@@ -310,7 +275,7 @@ class Engine:
                     if cid not in evaluated:
                         self.queue[shape].append((cand, "archived"))
             self.known[shape] = evaluated
-            best = self.pops[shape].best
+            best = self.populations[shape].best
             self.progress.stats[shape].best = best.fitness if best else None
             if self.conv[shape].converged:
                 self.converged.add(shape)
@@ -344,7 +309,7 @@ class Engine:
         return [s for s in self.config.shapes if s not in self.converged]
 
     def _load(self, shape: Shape) -> int:
-        return self.pops[shape].evaluated + sum(1 for j in self.inflight.values() if j.shape == shape)
+        return self.populations[shape].evaluated + sum(1 for j in self.inflight.values() if j.shape == shape)
 
     def _fill(self) -> None:
         """Submit candidates until the in-flight bound (or the evaluation budget) is reached.
@@ -381,7 +346,7 @@ class Engine:
         if not window:
             return False
         if self.best_time[shape] is None:
-            return self.pops[shape].evaluated >= max(8, window // 4)
+            return self.populations[shape].evaluated >= max(8, window // 4)
         return self.stall[shape].converged
 
     def weights(self, shapes: list[Shape]) -> dict[Shape, float]:
@@ -403,121 +368,10 @@ class Engine:
                 self.yielded.add(s)
                 frac = self.attainable(s)
                 why = "stalled" if self.stalled(s) else "saturated"
-                self.events.emit("yield", s, why=why, attainable_frac=frac, evaluations=self.pops[s].evaluated)
+                self.events.emit("yield", s, why=why, attainable_frac=frac, evaluations=self.populations[s].evaluated)
                 self.progress.message(f"evo: {s} yields its slots ({why}; "
                                       f"{'-' if frac is None else f'{frac:.2f}'} of its attainable time)")
         return pick_shape(order, loads, weights)
-
-    def _next(self, shape: Shape) -> Optional[tuple[Candidate, str]]:
-        """The next candidate for ``shape``: queued ones first, then an operator's proposals."""
-        q = self.queue[shape]
-        while q:
-            cand, op = q.popleft()
-            if cand.id not in self.known[shape]:
-                return cand, op
-            self.duplicates += 1
-        for name in self.chooser.order(self.rng):
-            op = self.operators[name]
-            if name in self.switched_off:
-                continue
-            if op.arity > 0 and not len(self.pops[shape]):
-                continue  # nothing to mutate yet (seeds still in flight, or all failed)
-            if op.asynchronous:
-                self._propose_async(name, shape)  # its answer joins the queue later
-                continue
-            context = OperatorContext(history=self.history[shape], templates=self.templates, arch=self.arch)
-            proposals = self._accept(name, shape, op.propose(self._parents(op, shape), shape, self.rng,
-                                                             self.config.batch, context))
-            fresh = [c for c in proposals if c.id not in self.known[shape]]
-            self.duplicates += len(proposals) - len(fresh)
-            if fresh:
-                q.extend((c, name) for c in fresh[1:])
-                return fresh[0], name
-        return None
-
-    def _propose_async(self, name: str, shape: Shape) -> None:
-        """Start ``name`` proposing for ``shape`` on a thread, unless the operator already
-        has ``concurrency`` calls running or one for this shape."""
-        op = self.operators[name]
-        running = [s for n, s in self.proposing.values() if n == name]
-        if shape in running or len(running) >= max(1, int(op.concurrency or 1)):
-            return
-        context = OperatorContext(history=self.history[shape], templates=self.templates, arch=self.arch)
-        parents = self._parents(op, shape)
-        rng = random.Random(self.rng.getrandbits(64))
-        fut: Future = Future()
-        fut.set_running_or_notify_cancel()
-
-        def work() -> None:
-            try:
-                fut.set_result(op.propose(parents, shape, rng, self.config.batch, context))
-            except BaseException as exc:  # propose() turns operator errors into failures; this is a bad call
-                fut.set_exception(exc)
-
-        self.proposing[fut] = (name, shape)
-        # not a daemon: the interpreter waits for it at exit rather than kill it inside torch (which
-        # aborts the process); a stopping run cancels it first (_stop_proposals)
-        threading.Thread(target=work, name=f"evo-propose-{name}", daemon=False).start()
-
-    def _stop_proposals(self) -> None:
-        """Cancel running asynchronous proposals (operators with ``cancel()``) and wait briefly for
-        their threads, so no model call outlives the run (a torch call in a daemon thread at
-        interpreter exit aborts the process)."""
-        if not self.proposing:
-            return
-        for name in {n for n, _ in self.proposing.values()}:
-            self.operators[name].cancel()
-        wait(list(self.proposing), timeout=self.PROPOSAL_GRACE_S)
-        self.proposing.clear()
-
-    def _collect_proposals(self, done: set[Future]) -> None:
-        """Queue the children of finished asynchronous proposals (their failures are counted)."""
-        for fut in done:
-            name, shape = self.proposing.pop(fut)
-            try:
-                proposals = fut.result()
-            except Exception as exc:
-                self.failures[(name, f"operator error: {type(exc).__name__}")] += 1
-                continue
-            accepted = self._accept(name, shape, proposals)
-            fresh = [c for c in accepted if c.id not in self.known[shape]]
-            self.duplicates += len(accepted) - len(fresh)
-            self.queue[shape].extend((c, name) for c in fresh)
-
-    def _parents(self, op: Operator, shape: Shape) -> list[ParentView]:
-        sel = self.config.selection
-        arity = op.arity
-        members = self.pops[shape].select(self.rng, arity, sel.method, tournament_size=sel.tournament_size,
-                                          alpha=sel.power_alpha) if arity > 0 else []
-        return [ParentView(m.candidate, m.evaluation) for m in members]
-
-    def _accept(self, name: str, shape: Shape, proposals: list[Any]) -> list[Candidate]:
-        """The candidates among operator ``name``'s proposals; failures are counted, not fatal, and
-        tokens charged (all the operator spent, failed calls included, where it can say)."""
-        op = self.operators[name]
-        counted = op.take_tokens()
-        tokens = counted if counted is not None else sum(int(p.candidate.meta.get("tokens", 0) or 0)
-                                                         for p in proposals if p.candidate is not None)
-        if tokens > 0:
-            self.token_spenders.add(name)
-            self.budget.charge_tokens(tokens)
-        llm_gpu_s = float(op.take_gpu_seconds())
-        if llm_gpu_s > 0:  # the model ran on a GPU: GPU budget, and its operator's cost
-            self.budget.charge_gpu(llm_gpu_s)
-            if isinstance(self.chooser, OperatorBandit):
-                versions = [p.candidate.adapter or "" for p in proposals if p.candidate is not None]
-                self.chooser.charge(name, llm_gpu_s, versions[-1] if versions else None)
-        out = []
-        for p in proposals:
-            cand = p.candidate
-            if cand is None:
-                self.failures[(name, p.reason.split(":")[0][:60])] += 1
-                continue
-            if shape not in cand.shapes:
-                self.failures[(name, "proposed for another shape")] += 1
-                continue
-            out.append(cand)
-        return out
 
     #: The elite threshold sent with a job is this share of the current elite cutoff (a removed
     #: elite can lower the cutoff a little).
@@ -526,110 +380,16 @@ class Engine:
     def _elite_threshold(self, shape: Shape) -> Optional[float]:
         """The speedup a new candidate must reach to join ``shape``'s elites now (None while the
         elite set is not full); the evaluator skips its memoisation timing pass below it."""
-        pop = self.pops[shape]
-        elites = pop.elites()
-        if len(elites) < pop.n_elites:
+        population = self.populations[shape]
+        elites = population.elites()
+        if len(elites) < population.n_elites:
             return None
         return elites[-1].fitness * self.ELITE_MARGIN
 
     def _submit(self, cand: Candidate, shape: Shape, op: str) -> None:
         self.archive.add(cand)
         fut = self.pool.submit(cand, elite_threshold=self._elite_threshold(shape))
-        self.inflight[fut] = _Job(cand, shape, op, self.clock())
+        self.inflight[fut] = InFlight(cand, shape, op, self.clock())
         self.known[shape].add(cand.id)
         self.events.emit("proposal", shape, candidate=cand.id, operator=op, template=cand.template,
                          knobs=dict(cand.knobs) if cand.knobs is not None else None, parents=list(cand.parents))
-
-    # -- results -------------------------------------------------------------------------------
-    def _collect(self, done: set[Future]) -> None:
-        for fut in done:
-            job = self.inflight.pop(fut, None)
-            if job is None:
-                continue
-            try:
-                evals = list(fut.result())
-            except Exception as exc:  # the pool failed this job: record it, do not stop the run
-                evals = []
-                message = f"evaluator pool failed: {type(exc).__name__}: {exc}"
-            else:
-                message = "evaluator pool returned no evaluation for this shape"
-            if not any(e.shape == job.shape for e in evals):
-                evals.append(Evaluation(job.candidate.id, job.shape, Status.RUNTIME_ERROR, message=message))
-            evals = [self._with_roofline(ev) for ev in evals]
-            self.budget.charge(evals)
-            for ev in evals:
-                self.errors_in_a_row = self.errors_in_a_row + 1 if ev.status is Status.RUNTIME_ERROR else 0
-                self.archive.add(ev)
-                if ev.shape in self.pops:  # a candidate claiming several shapes is measured at each
-                    self.known[ev.shape].add(ev.candidate_id)
-                    self._record(job, ev)
-            self._tell(job, evals)
-        self.archive.commit()
-        for hook in list(self.hooks):
-            try:
-                hook(self)
-            except Exception as exc:
-                self.hooks.remove(hook)
-                self.events.emit("hook_failed", None, hook=repr(hook), error=f"{type(exc).__name__}: {exc}")
-
-    def _with_roofline(self, ev: Evaluation) -> Evaluation:
-        """``ev`` with its roofline fraction recorded (device-timer median against
-        ``populations.roofline_time`` under this archive's calibration), where it has a timer."""
-        t = ev.timers.get("device")
-        if ev.roofline_frac is not None or t is None:
-            return ev
-        frac = roofline_frac(ev.shape, t.median, self.calibration)
-        return ev if frac is None else replace(ev, roofline_frac=frac)
-
-    def _record(self, job: _Job, ev: Evaluation) -> None:
-        shape = ev.shape
-        before = self.pops[shape].best
-        improved = self._observe(shape, job.candidate, ev)
-        stats = self.progress.stats[shape]
-        stats.evals += 1
-        stats.gpu_s += gpu_seconds(ev)
-        stats.statuses[ev.status.value] += 1
-        self.events.emit("evaluation", shape, candidate=ev.candidate_id, status=ev.status.value,
-                         fitness=ev.fitness, operator=job.operator, gpu_s=round(gpu_seconds(ev), 6),
-                         roofline_frac=None if ev.roofline_frac is None else round(ev.roofline_frac, 4),
-                         latency_s=round(self.clock() - job.submitted, 6))
-        self.chooser.reward(job.operator, improved)
-        if isinstance(self.chooser, OperatorBandit) and job.operator in self.operators:
-            # a parentless proposal (Optuna's samples) is measured against the shape's incumbent
-            fits = [self.fitness_of[shape].get(p) for p in job.candidate.parents] or [before and before.fitness]
-            parent = max((f for f in fits if f is not None), default=None)
-            self.chooser.observe(job.operator, child_gain(ev.fitness if not ev.flags else None, parent),
-                                 gpu_seconds(ev), job.candidate.adapter or "" if job.candidate.model else None)
-        if improved:
-            stats.best = ev.fitness
-            self.events.emit("new_best", shape, candidate=ev.candidate_id, fitness=ev.fitness,
-                             previous=before.fitness if before else None, operator=job.operator)
-            self.progress.message(f"evo: {shape} new best {ev.fitness:.3f}x ({job.operator}, {ev.candidate_id})")
-        if shape not in self.converged and self.conv[shape].converged:
-            self.converged.add(shape)
-            stats.converged = True
-            self.events.emit("converged", shape, best=self.conv[shape].best, window=self.config.converge_window)
-
-    def _observe(self, shape: Shape, cand: Candidate, ev: Evaluation) -> bool:
-        """Feed one evaluation to the shape's population and convergence; True on a new best."""
-        pop = self.pops[shape]
-        self.history[shape].append((cand, ev))
-        self.fitness_of[shape][cand.id] = None if ev.flags else ev.fitness
-        if ev.status in DISQUALIFYING or ev.flags:
-            pop.ban(cand.id)
-        before = pop.best
-        pop.add(cand, ev)
-        self.conv[shape].observe(ev.fitness)
-        self.stall[shape].observe(ev.fitness)
-        t = ev.timers.get("device")
-        if ev.fitness is not None and t is not None and t.median > 0:
-            best = self.best_time[shape]
-            self.best_time[shape] = t.median if best is None else min(best, t.median)
-        after = pop.best
-        return after is not None and (before is None or after.fitness > before.fitness)
-
-    def _tell(self, job: _Job, evals: list[Evaluation]) -> None:
-        op = self.operators.get(job.operator)
-        if op is not None:
-            for ev in evals:
-                op.tell(job.candidate, ev)

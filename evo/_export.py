@@ -29,8 +29,8 @@ a failure leaves nothing half-written. A kernel unit nvcc refuses is left out of
 fails only when no kernel builds or the launchers do not. Launchers return 0, or a ``cudaError_t`` / negative code
 (-1 unknown shape, -2 shape mismatch, -3 missing workspace, -4 tensor map encoding failed).
 
-The loader (``evo.load_library``, ``EvoLibrary``) is in :mod:`evo._export_load`; its names are
-re-exported here.
+The sources are written by :mod:`evo._export_source`; the loader (``evo.load_library``,
+``EvoLibrary``) is in :mod:`evo._export_load`, its names re-exported here.
 
 Thread-block clusters: a plan carries no cluster shape; kernels that need clusters declare
 ``__cluster_dims__`` at compile time (the sm90_wgmma template with ``CLUSTER_M`` 2), and such
@@ -43,7 +43,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -53,17 +52,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
-from populations import Archive, Candidate, Elite, PlanError, Shape
+from populations import Archive, Elite, PlanError, Shape
 
 from ._export_load import (LIBRARY, MANIFEST_FORMAT, EvoLibrary, ExportError, _read_manifest,  # noqa: F401 (re-exported)
                            evo_hgemm, load_library)
+from ._export_source import PRELUDE, dispatcher, kernel_unit, launcher
 from ._export_verify import Verify, decide
 
 __all__ = ["ExportError", "export", "choose_path", "load_library", "evo_hgemm", "EvoLibrary", "staged_dir", "MANIFEST_FORMAT", "LIBRARY"]
 
 NVCC = os.environ.get("EVO_NVCC", "/usr/local/cuda/bin/nvcc")
-SWIZZLE_ENUM = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
-                64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}
 
 
 def _gencode(arch: str) -> str:
@@ -128,168 +126,6 @@ def choose_path(elite: Optional[Elite], why: str = "", *, keep_slower: bool = Fa
     if speed is None or not speed > 1.0:
         return "cublas", f"best kernel {elite.candidate_id} is not faster than cuBLAS: {measured}"
     return "evolved", f"{elite.candidate_id}: {measured}"
-
-
-def _tmap_geometry(spec: Any, shape: Shape) -> tuple[tuple[int, int], int, tuple[int, int]]:
-    """(globalDim innermost first, row pitch bytes, boxDim) as contracts.md §1 defines them."""
-    from evaluators import tmap_geometry  # noqa: PLC0415 (evo may import evaluators)
-
-    g = tmap_geometry(spec, shape)
-    return g.global_dim, g.global_strides[0], g.box_dim
-
-
-def _launcher(shape: Shape, cand: Candidate, kernels: list[str], tag: str = "", symbol: str = "") -> tuple[str, int]:
-    """The C++ of the launcher ``symbol`` (default ``evo_hgemm_<key>``) for one shape, and its
-    workspace bytes. ``tag`` (default the shape's key) names the unit's kernel accessors."""
-    launches, workspace = cand.plan.resolve(shape)
-    key = tag or shape.key
-    symbol = symbol or f"evo_hgemm_{shape.key}"
-    lines = [f"// {shape}: candidate {cand.id} ({cand.template or 'free-form'})"]
-    for i, name in enumerate(kernels):
-        lines.append(f'extern "C" const void* evo_{key}_kernel_{i}(void);')
-    lines += [f'extern "C" int {symbol}(const void* A, const void* B, void* C, int M, int N, int K,',
-              "                               void* workspace, cudaStream_t stream) {",
-              f"  if (M != {shape.m} || N != {shape.n} || K != {shape.k}) return -2;"]
-    if workspace:
-        lines.append("  if (workspace == nullptr) return -3;")
-        if cand.plan.zero_workspace:
-            lines.append(f"  {{ cudaError_t e = cudaMemsetAsync(workspace, 0, {workspace}ull, stream); if (e) return (int)e; }}")
-    pointers = {"A": "(void*)A", "B": "(void*)B", "C": "C", "workspace": "workspace"}
-    used_maps = sorted({a[1] for rl in launches for a in rl.args if isinstance(a, tuple)})
-    for name in used_maps:
-        spec = cand.plan.tensor_maps[name]
-        (d0, d1), pitch, (b0, b1) = _tmap_geometry(spec, shape)
-        lines.append(f"  alignas(64) CUtensorMap tm_{name};")
-        lines.append(f"  {{ const cuuint64_t dim[2] = {{{d0}ull, {d1}ull}}; const cuuint64_t pitch[1] = {{{pitch}ull}};")
-        lines.append(f"    const cuuint32_t box[2] = {{{b0}u, {b1}u}}; const cuuint32_t es[2] = {{1u, 1u}};")
-        lines.append(f"    if (evo_encode(&tm_{name}, {pointers[spec.matrix]}, dim, pitch, box, es, {SWIZZLE_ENUM[spec.swizzle]})) return -4; }}")
-    for j, rl in enumerate(launches):
-        idx = kernels.index(rl.kernel)
-        values, params = [], []
-        for n, arg in enumerate(rl.args):
-            if isinstance(arg, tuple):
-                params.append(f"(void*)&tm_{arg[1]}")
-            elif isinstance(arg, str):
-                values.append(f"  void* p{j}_{n} = {pointers[arg]};")
-                params.append(f"&p{j}_{n}")
-            else:
-                values.append(f"  int p{j}_{n} = {int(arg)};")
-                params.append(f"&p{j}_{n}")
-        lines += values
-        lines.append(f"  void* args{j}[] = {{{', '.join(params) or 'nullptr'}}};")
-        lines.append(f"  {{ const void* f = evo_{key}_kernel_{idx}();")
-        if rl.smem > 48 * 1024:
-            lines.append(f"    if (!evo_smem_ready(f, {rl.smem}, &evo_attr_{key}_{j})) return (int)cudaErrorInvalidValue;")
-            lines.insert(0, f"static unsigned long long evo_attr_{key}_{j} = 0;")
-        g, b = rl.grid, rl.block
-        lines.append(f"    cudaError_t e = cudaLaunchKernel(f, dim3({g[0]}, {g[1]}, {g[2]}), dim3({b[0]}, {b[1]}, {b[2]}), "
-                     f"args{j}, {rl.smem}, stream); if (e) return (int)e; }}")
-    lines += ["  return 0;", "}", ""]
-    return "\n".join(lines), workspace
-
-
-_PRELUDE = """// Generated by evo export. Do not edit.
-#include <cuda.h>
-#include <cuda_runtime.h>
-
-typedef CUresult (*evo_encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-    CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// contracts.md section 1: fp16, 2-D over the matrix as stored, L2 promotion 128B, OOB fill zeros.
-// Opt a kernel in to more than 48 KiB of dynamic shared memory, once per device (a bit per device).
-static bool evo_smem_ready(const void* f, int bytes, unsigned long long* done) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) return false;
-  if (*done >> dev & 1ull) return true;
-  if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return false;
-  *done |= 1ull << dev;
-  return true;
-}
-
-static int evo_encode(CUtensorMap* map, void* base, const cuuint64_t* dim, const cuuint64_t* pitch,
-                      const cuuint32_t* box, const cuuint32_t* es, CUtensorMapSwizzle swizzle) {
-  static evo_encode_fn fn = nullptr;
-  if (fn == nullptr) {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess
-        || q != cudaDriverEntryPointSuccess || p == nullptr) return 1;
-    fn = (evo_encode_fn)p;
-  }
-  if (((unsigned long long)base) % 16) return 1;
-  return fn(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, base, dim, pitch, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS;
-}
-
-"""
-
-
-def _dispatcher(name: str, shapes: list[Shape]) -> str:
-    lines = [f'extern "C" int {name}(const void* A, const void* B, void* C, int M, int N, int K,',
-             "                       void* workspace, cudaStream_t stream) {"]
-    for s in shapes:
-        lines.append(f"  if (M == {s.m} && N == {s.n} && K == {s.k}) return evo_hgemm_{s.key}(A, B, C, M, N, K, workspace, stream);")
-    lines += ["  return -1;", "}", ""]
-    return "\n".join(lines)
-
-
-_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b", re.M)
-_CONDITIONAL = re.compile(r"^[ \t]*#[ \t]*(if|ifdef|ifndef|endif)\b")
-
-
-def _split_includes(source: str) -> tuple[str, str]:
-    """(what goes before the unit's anonymous namespace, what goes inside it).
-
-    A header must not be included inside a namespace. Without ``#include`` everything goes
-    inside. When the includes sit in a leading block of preprocessor lines, comments and blank
-    lines (balanced ``#if``s), that block goes before, unchanged, so macros the source defines
-    before a header still reach it. Otherwise each include line is repeated before the namespace
-    (the allowed headers are include-guarded, so the copies inside then expand to nothing)."""
-    includes = list(_INCLUDE.finditer(source))
-    if not includes:
-        return "", source
-    lines = [source[m.start():].split("\n", 1)[0] for m in includes]
-    cut = source.find("\n", includes[-1].start())
-    cut = len(source) if cut < 0 else cut + 1
-    depth, in_comment, pure = 0, False, True
-    for line in source[:cut].replace("\\\n", " ").splitlines():
-        text = line.strip()
-        if in_comment or text.startswith("/*"):
-            inside = text if in_comment else text[2:]
-            in_comment = "*/" not in inside
-            rest = "" if in_comment else inside.split("*/", 1)[1].strip()
-            if rest and not rest.startswith("//"):
-                pure = False  # code after a comment on the same line
-                break
-            continue
-        if not text or text.startswith("//"):
-            continue
-        if not text.startswith("#"):
-            pure = False
-            break
-        m = _CONDITIONAL.match(text)
-        if m:
-            depth += -1 if m.group(1) == "endif" else 1
-    if pure and depth == 0 and not in_comment:
-        return source[:cut], source[cut:]
-    return ("// the source's headers, included before the namespace (include-guarded: the lines inside add nothing)\n"
-            + "".join(line + "\n" for line in lines), source)
-
-
-def _kernel_unit(shape: Shape, cand: Candidate, kernels: list[str], tag: str = "") -> str:
-    """The candidate's translation unit for the library: its kernels renamed per shape (``tag``,
-    default the shape's key), its code in an anonymous namespace (internal linkage: two units may
-    define the same helper, constant or kernel name without breaking the library's link), and an
-    accessor per launched kernel."""
-    key = tag or shape.key
-    head = [f"// Generated by evo export: {shape}, candidate {cand.id}. Do not edit."]
-    head += [f"#define {k} evo_{key}_{k}" for k in kernels]
-    before, body = _split_includes(cand.source)
-    tail = [f'extern "C" const void* evo_{key}_kernel_{i}(void) {{ return (const void*)&{k}; }}'
-            for i, k in enumerate(kernels)]
-    return ("\n".join(head) + "\n" + before + "namespace {  // internal linkage for everything the source defines\n"
-            + body + "\n}  // namespace\n\n" + "\n".join(tail) + "\n")
 
 
 @contextmanager
@@ -396,7 +232,7 @@ class _Trial:
     def launcher(self, symbol: str) -> str:
         cand = self.elite.candidate
         assert cand is not None
-        return _launcher(self.shape, cand, self.kernels, self.tag, symbol)[0]
+        return launcher(self.shape, cand, self.kernels, self.tag, symbol)[0]
 
 
 def _select(archive: Archive, arch: str, keep_slower: bool, top: int,
@@ -423,11 +259,11 @@ def _write_units(tmp: Path, trials: list[_Trial], dropped: dict[Shape, list[str]
         cand = t.elite.candidate
         assert cand is not None
         try:
-            _, t.workspace = _launcher(t.shape, cand, t.kernels, t.tag)
+            _, t.workspace = launcher(t.shape, cand, t.kernels, t.tag)
         except (PlanError, ValueError) as exc:  # a plan or tensor map not valid at this shape
             dropped.setdefault(t.shape, []).append(f"{cand.id}: {exc}")
             continue
-        (tmp / "src" / t.unit).write_text(_kernel_unit(t.shape, cand, t.kernels, t.tag))
+        (tmp / "src" / t.unit).write_text(kernel_unit(t.shape, cand, t.kernels, t.tag))
         written.append(t)
     return written
 
@@ -437,7 +273,7 @@ def _verified(tmp: Path, trials: list[_Trial], gencode: str, verify: Verify,
     """Link every trial into a trial library, re-time it (``verify.timer``), and keep per shape the
     trial :func:`decide` keeps; returns (kept trials, {shape: decision})."""
     src = tmp / "src"
-    (src / "trial_launchers.cu").write_text("\n".join([_PRELUDE, *[t.launcher(f"evo_hgemm_{t.tag}") for t in trials]]))
+    (src / "trial_launchers.cu").write_text("\n".join([PRELUDE, *[t.launcher(f"evo_hgemm_{t.tag}") for t in trials]]))
     trial_lib = tmp / "trial" / "libevo_trial.so"
     trial_lib.parent.mkdir()
     _link(src, [t.unit[:-3] + ".o" for t in trials], gencode, "trial_launchers.cu", trial_lib)
@@ -519,8 +355,8 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
             paths[s]["verify"] = d
         tn = [t.shape for t in trials if t.shape.layout == "TN"]
         nn = [t.shape for t in trials if t.shape.layout == "NN"]
-        launchers = [_PRELUDE, *[t.launcher(f"evo_hgemm_{t.shape.key}") for t in trials],
-                     _dispatcher("evo_hgemm", tn), _dispatcher("evo_hgemm_nn", nn)]
+        launchers = [PRELUDE, *[t.launcher(f"evo_hgemm_{t.shape.key}") for t in trials],
+                     dispatcher("evo_hgemm", tn), dispatcher("evo_hgemm_nn", nn)]
         (tmp / "src" / "launchers.cu").write_text("\n".join(launchers))
         _link(tmp / "src", [t.unit[:-3] + ".o" for t in trials], gencode, "launchers.cu", tmp / LIBRARY)
         for o in (tmp / "src").glob("*.o"):

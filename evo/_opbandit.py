@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-__all__ = ["BanditConfig", "OperatorBandit", "child_gain"]
+__all__ = ["BanditConfig", "OperatorBandit", "OperatorChooser", "child_gain"]
 
 
 @dataclass
@@ -131,3 +131,32 @@ class OperatorBandit:
                     "rate_per_gpu_s": round((c.prior_gain + self.gain[a] / c.unit) * c.unit
                                             / (c.prior_cost_s + self.cost_s[a]), 6)} for a in arms}
 
+
+class OperatorChooser:
+    """Picks the operator for each step by configured weight.
+
+    A later bandit replaces :meth:`weights` with one learned from :meth:`reward` (the per-operator
+    counts of proposals and improvements are kept here already)."""
+
+    def __init__(self, weights: Mapping[str, float]) -> None:
+        self.base = dict(weights)
+        self.proposed: Counter = Counter()
+        self.improved: Counter = Counter()
+
+    def weights(self) -> dict[str, float]:
+        return dict(self.base)
+
+    def order(self, rng: random.Random) -> list[str]:
+        """Every operator once, in an order drawn by weight (the first is this step's choice)."""
+        pool, out = self.weights(), []
+        while pool:
+            names = list(pool)
+            pick = rng.choices(names, weights=[pool[n] for n in names], k=1)[0]
+            out.append(pick)
+            del pool[pick]
+        return out
+
+    def reward(self, name: str, improved: bool) -> None:
+        self.proposed[name] += 1
+        if improved:
+            self.improved[name] += 1

@@ -1,7 +1,9 @@
 """One shape's population and how parents are drawn from it.
 
-Members are (candidate, evaluation) pairs with a fitness (``Evaluation.fitness``: the device
-speedup over cuBLAS of an ``ok``, unflagged result). Two things are always kept: the elite set
+Members are (candidate, evaluation) pairs with a fitness: evo's one elite ranking
+(``populations.rank``: the median of ``Evaluation.fitness``, the device speedup over cuBLAS, over
+the candidate's ``ok``, unflagged measurements at the shape; ties to more measurements, then the
+smaller id), so the engine ranks exactly as the archive, ``evo inspect`` and ``evo export`` do. Two things are always kept: the elite set
 (the best ``elites`` members) and, for diversity, the best member of every *feature cell*:
 (template family, tile, stages, register bucket), so a good kernel of a rarer kind is not
 crowded out by many near-copies of the leader. Parents are drawn from elites ∪ cell champions
@@ -13,7 +15,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from populations import Candidate, Evaluation
+from populations import Candidate, Evaluation, elite_fitness, elite_order
 
 __all__ = ["Member", "Population", "feature_cell", "TILE_KNOBS", "STAGE_KNOBS"]
 
@@ -24,13 +26,14 @@ STAGE_KNOBS = ("STAGES", "NSTAGES", "PIPE")
 
 @dataclass(frozen=True)
 class Member:
+    """A selectable candidate: its latest ok evaluation (what operators see), its fitness over
+    ``measurements`` ok evaluations (``populations.elite_fitness``) and its diversity cell."""
+
     candidate: Candidate
     evaluation: Evaluation
     fitness: float = 0.0
-
-    @classmethod
-    def of(cls, candidate: Candidate, evaluation: Evaluation) -> "Member":
-        return cls(candidate, evaluation, float(evaluation.fitness or 0.0))
+    measurements: int = 1
+    cell: tuple[Any, ...] = ()
 
     @property
     def id(self) -> str:
@@ -66,6 +69,7 @@ class Population:
         self.families = dict(families or {})
         self.size = size
         self._members: dict[str, Member] = {}
+        self._fitnesses: dict[str, list[float]] = {}  # per member: the fitness of each ok evaluation
         self._cells: dict[tuple[Any, ...], Member] = {}
         self._banned: set[str] = set()
         self._pool: Optional[list[Member]] = None  # cached selection pool, dropped on every change
@@ -84,35 +88,41 @@ class Population:
             return False
         if candidate.id in self._banned:
             return False
-        member = Member.of(candidate, evaluation)
+        fits = self._fitnesses.setdefault(candidate.id, [])
+        fits.append(float(evaluation.fitness))
         old = self._members.get(candidate.id)
-        if old is not None and old.fitness >= member.fitness:
-            return False
+        cell = old.cell if old is not None else feature_cell(candidate, evaluation, self.families,
+                                                             self.register_bucket)
+        member = Member(candidate, evaluation, elite_fitness(fits), len(fits), cell)
         self._members[candidate.id] = member
         self._pool = None
-        if self._best is None or _rank(member) > _rank(self._best):
+        # a re-measurement can lower a member's fitness: where it led, the lead is looked for again
+        if self._best is None or self._best.id == member.id:
+            self._best = min(self._members.values(), key=_rank)
+        elif _rank(member) < _rank(self._best):
             self._best = member
-        cell = feature_cell(candidate, evaluation, self.families, self.register_bucket)
         champ = self._cells.get(cell)
-        if champ is None or member.fitness > champ.fitness:
+        if champ is not None and champ.id == member.id:
+            self._cells[cell] = min((m for m in self._members.values() if m.cell == cell), key=_rank)
+        elif champ is None or _rank(member) < _rank(champ):
             self._cells[cell] = member
         return True
 
     def ban(self, candidate_id: str) -> None:
         """Remove a candidate for good (it was incorrect or flagged at this shape once)."""
         self._banned.add(candidate_id)
-        if self._members.pop(candidate_id, None) is None:
+        self._fitnesses.pop(candidate_id, None)
+        gone = self._members.pop(candidate_id, None)
+        if gone is None:
             return
         self._pool = None
-        self._best = max(self._members.values(), key=_rank, default=None)
-        for cell, champ in list(self._cells.items()):
-            if champ.id == candidate_id:
-                rest = [m for m in self._members.values()
-                        if feature_cell(m.candidate, m.evaluation, self.families, self.register_bucket) == cell]
-                if rest:
-                    self._cells[cell] = max(rest, key=_rank)
-                else:
-                    del self._cells[cell]
+        self._best = min(self._members.values(), key=_rank, default=None)
+        if self._cells.get(gone.cell) is gone:
+            rest = [m for m in self._members.values() if m.cell == gone.cell]
+            if rest:
+                self._cells[gone.cell] = min(rest, key=_rank)
+            else:
+                del self._cells[gone.cell]
 
     @property
     def best(self) -> Optional[Member]:
@@ -120,7 +130,7 @@ class Population:
 
     def elites(self, n: Optional[int] = None) -> list[Member]:
         """The best ``n`` (default: the elite-set size) members, best first."""
-        return sorted(self._members.values(), key=_rank, reverse=True)[: n or self.n_elites]
+        return sorted(self._members.values(), key=_rank)[: n or self.n_elites]
 
     def cells(self) -> dict[tuple[Any, ...], Member]:
         return dict(self._cells)
@@ -135,7 +145,7 @@ class Population:
                 chosen = {m.id: m for m in self.elites()}
                 for m in self._cells.values():
                     chosen.setdefault(m.id, m)
-                self._pool = sorted(chosen.values(), key=_rank, reverse=True)
+                self._pool = sorted(chosen.values(), key=_rank)
         return list(self._pool)
 
     def select(self, rng: random.Random, n: int, method: str = "tournament", *,
@@ -146,7 +156,7 @@ class Population:
         while pool and len(out) < n:
             if method == "tournament":
                 entrants = rng.sample(pool, min(tournament_size, len(pool)))
-                pick = max(entrants, key=_rank)
+                pick = min(entrants, key=_rank)
             elif method == "power":
                 weights = [(r + 1) ** -alpha for r in range(len(pool))]  # pool is sorted best first
                 pick = rng.choices(pool, weights=weights, k=1)[0]
@@ -157,5 +167,6 @@ class Population:
         return out
 
 
-def _rank(m: Member) -> tuple[float, str]:
-    return (m.fitness, m.id)  # the id breaks ties so orderings are reproducible
+def _rank(m: Member) -> tuple[float, int, str]:
+    """A member's sort key, best first (``populations.elite_order``)."""
+    return elite_order(m.fitness, m.measurements, m.id)

@@ -9,8 +9,8 @@ from ._records import Candidate, Evaluation, KernelStats, Status, TimerResult, c
 from ._shape import Shape, ShapeError
 from ._knobs import Constraint, Knob, KnobSpace, TemplateError, knob_key
 from ._template import Template, load_template, load_templates
-from ._archive import (DISQUALIFYING, LOCK, MANIFEST, Archive, ArchiveError, ArchiveLockedError, CandidateInfo, Elite,
-                       LineageNode)
+from ._archive import LOCK, MANIFEST, Archive, ArchiveError, ArchiveLockedError, CandidateInfo, LineageNode
+from ._ranking import DISQUALIFYING, Elite, disqualifies, elite_fitness, elite_order, rank
 from ._log import atomic_write
 from ._roofline import (CALIBRATION_FILE, H200_DEFAULTS, Calibration, attainable_frac, attainable_time,
                         read_calibration, roofline_frac, roofline_time, write_calibration)
@@ -23,7 +23,7 @@ __all__ = [
     "Shape", "ShapeError",
     "Constraint", "Knob", "KnobSpace", "TemplateError", "knob_key", "Template", "load_template", "load_templates",
     "DISQUALIFYING", "LOCK", "MANIFEST", "Archive", "ArchiveError", "ArchiveLockedError", "CandidateInfo", "Elite",
-    "LineageNode", "atomic_write",
+    "LineageNode", "atomic_write", "disqualifies", "elite_fitness", "elite_order", "rank",
     "CALIBRATION_FILE", "H200_DEFAULTS", "Calibration", "attainable_frac", "attainable_time",
     "read_calibration", "roofline_frac", "roofline_time", "write_calibration",
 ]

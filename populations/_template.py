@@ -292,6 +292,8 @@ def _unknown(table: Mapping[str, Any], allowed: set[str], where: str) -> None:
 
 
 def _build(folder: Path, data: Mapping[str, Any]) -> Template:
+    """A template from its folder and parsed ``template.toml``, every part checked (one
+    TemplateError naming the first problem)."""
     _unknown(data, _TOP_KEYS, "the top level")
     missing = _REQUIRED - set(data)
     if missing:
@@ -299,6 +301,28 @@ def _build(folder: Path, data: Mapping[str, Any]) -> Template:
     name = data["name"]
     if name != folder.name:
         raise TemplateError(f"name {name!r} must equal the folder name {folder.name!r}")
+    layouts, contracts, features = _targets(data)
+    src = folder / data["source"]
+    if not src.is_file():
+        raise TemplateError(f"source {data['source']!r} does not exist in {folder}")
+    prelude = _prelude(folder, data)
+    space = _knob_space(data)
+    applies = data.get("applies", "true")
+    check_expr(applies, _SHAPE_ONLY)
+    heuristics = _heuristics(data, space)
+    plan = data["plan"]
+    _check_plan(plan, space)
+    return Template(
+        name=name, family=data["family"], description=data.get("description", ""), min_arch=data["min_arch"],
+        arch_features=features, layouts=layouts, contracts=contracts, source_name=data["source"],
+        source_text=src.read_text(), space=space, heuristics=heuristics, plan_spec=plan,
+        applies=applies, path=folder, prelude_text=prelude,
+    )
+
+
+def _targets(data: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(layouts, contracts, arch features) the template declares, checked with its family and
+    minimum architecture."""
     if data["family"] not in FAMILIES:
         raise TemplateError(f"family {data['family']!r} is not one of {FAMILIES}")
     layouts, contracts = tuple(data["layouts"]), tuple(data["contracts"])
@@ -311,16 +335,22 @@ def _build(folder: Path, data: Mapping[str, Any]) -> Template:
         raise TemplateError(f"arch_features {list(features)} must be a subset of {sorted(_FEATURES)}")
     if not isinstance(data["min_arch"], int) or data["min_arch"] < 70:
         raise TemplateError(f"min_arch must be an integer compute capability such as 80, got {data['min_arch']!r}")
-    src = folder / data["source"]
-    if not src.is_file():
-        raise TemplateError(f"source {data['source']!r} does not exist in {folder}")
+    return layouts, contracts, features
+
+
+def _prelude(folder: Path, data: Mapping[str, Any]) -> str:
+    """The shared prelude files the template names, concatenated with ``#line`` markers."""
     prelude = ""
     for pname in data.get("prelude", ()):
         ppath = folder.parent / PRELUDE_DIR / str(pname)
         if "/" in str(pname) or not ppath.is_file():
             raise TemplateError(f"prelude {pname!r} is not a file of {folder.parent / PRELUDE_DIR}")
         prelude += f'#line 1 "{PRELUDE_DIR}/{pname}"\n' + ppath.read_text().rstrip("\n") + "\n"
+    return prelude
 
+
+def _knob_space(data: Mapping[str, Any]) -> KnobSpace:
+    """The knobs, derived values and constraints of ``[knobs]``, ``[derived]``, ``[[constraints]]``."""
     knobs: dict[str, Knob] = {}
     for kname, table in data["knobs"].items():
         _unknown(table, _KNOB_KEYS, f"[knobs.{kname}]")
@@ -331,11 +361,12 @@ def _build(folder: Path, data: Mapping[str, Any]) -> Template:
     for c in data.get("constraints", ()):
         _unknown(c, {"expr", "reason"}, "[[constraints]]")
         constraints.append(Constraint(c["expr"], c.get("reason", "")))
-    space = KnobSpace(knobs, dict(data.get("derived", {})), tuple(constraints))
-    knob_level = space.names - SHAPE_NAMES - space.shape_dependent()
+    return KnobSpace(knobs, dict(data.get("derived", {})), tuple(constraints))
 
-    applies = data.get("applies", "true")
-    check_expr(applies, _SHAPE_ONLY)
+
+def _heuristics(data: Mapping[str, Any], space: KnobSpace) -> tuple[tuple[str, dict, dict], ...]:
+    """The ``[[heuristic]]`` rules as (when, knob picks, derived knobs), each checked against the space."""
+    knobs = space.knobs
     heuristics = []
     for rule in data.get("heuristic", ()):
         _unknown(rule, _RULE_KEYS, "[[heuristic]]")
@@ -351,8 +382,13 @@ def _build(folder: Path, data: Mapping[str, Any]) -> Template:
                 raise TemplateError(f"[[heuristic]] when={when!r}: derive {k!r} must be an int knob not also in knobs")
             check_expr(str(expr), space.names)
         heuristics.append((when, picks, derive))
+    return tuple(heuristics)
 
-    plan = data["plan"]
+
+def _check_plan(plan: Mapping[str, Any], space: KnobSpace) -> None:
+    """``[plan]``: workspace, tensor maps and launches use only the names they may (a block
+    size only knobs, a grid also the shape and leading dimensions)."""
+    knob_level = space.names - SHAPE_NAMES - space.shape_dependent()
     _unknown(plan, _PLAN_KEYS, "[plan]")
     plan_names = space.names | _LD_NAMES
     check_expr(str(plan.get("workspace", 0)), plan_names)
@@ -383,12 +419,6 @@ def _build(folder: Path, data: Mapping[str, Any]) -> Template:
                     raise TemplateError(f"launch {lt['kernel']}: unknown tensor map {a!r}")
                 continue
             check_expr(a, plan_names)
-    return Template(
-        name=name, family=data["family"], description=data.get("description", ""), min_arch=data["min_arch"],
-        arch_features=features, layouts=layouts, contracts=contracts, source_name=data["source"],
-        source_text=src.read_text(), space=space, heuristics=tuple(heuristics), plan_spec=plan,
-        applies=applies, path=folder, prelude_text=prelude,
-    )
 
 
 def load_templates(root: Union[str, Path, None] = None, *, errors: str = "raise") -> dict[str, Template]:

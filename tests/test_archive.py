@@ -362,7 +362,7 @@ def test_compaction(tmp_path: Path) -> None:
     with Archive(tmp_path, "w") as w:
         w.record(x, [ex, ex, ev(x, 2.2)])  # the same evaluation twice: a duplicate
         w.record(y, [ev(y, 1.0)])
-        w._pop(S1).log.append(KIND_CANDIDATE, x.id, encode(x))  # type: ignore[union-attr]  # a duplicate the API never writes
+        w._shape_log(S1).log.append(KIND_CANDIDATE, x.id, encode(x))  # type: ignore[union-attr]  # a duplicate the API never writes
     reader = Archive(tmp_path)
     assert len(reader.evaluations(S1)) == 4
     with Archive(tmp_path, "w") as w:
@@ -398,7 +398,7 @@ def test_frames_decode_as_codec_records(tmp_path: Path) -> None:
 
 
 def test_candidate_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import populations._archive as archive_module
+    import populations._shape_log as archive_module
     monkeypatch.setattr(archive_module, "CANDIDATE_CACHE", 4)
     cs = [cand(str(i)) for i in range(10)]
     with Archive(tmp_path, "w") as w:
@@ -406,7 +406,7 @@ def test_candidate_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             w.add(c)
         assert w.candidates(S1) == cs  # uncommitted: all held, none evictable
         w.commit()
-        pop = w._pop(S1)
+        pop = w._shape_log(S1)
         assert pop is not None and len(pop.recent) == 4 and not pop.objects
         assert w.candidates(S1) == cs and len(pop.recent) == 4  # re-read from disk as needed
 
@@ -437,7 +437,7 @@ def test_ranking_decodes_only_the_rows_returned(tmp_path: Path) -> None:
     assert r.status_counts(S1)[Status.OK] == 30
     top = r.elites(S1, top=2)
     assert [e.candidate_id for e in top] == [cs[29].id, cs[28].id]
-    pop = r._pop(S1)
+    pop = r._shape_log(S1)
     assert pop is not None and len(pop.objects) == 2 and len(pop.recent) == 2  # two evaluations, two candidates
 
 
@@ -446,7 +446,7 @@ def test_evaluations_without_a_summary_key_are_decoded(tmp_path: Path) -> None:
     with Archive(tmp_path, "w") as w:
         w.add(x)
         w.commit()
-        pop = w._pop(S1)
+        pop = w._shape_log(S1)
         assert pop is not None
         for e in (ev(x, 2.0), ev(x, 3.0), ev(x, None, status=Status.RUNTIME_ERROR)):  # as a plain-id key would be
             pop.log.append(KIND_EVALUATION, x.id, encode(e))

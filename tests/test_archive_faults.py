@@ -106,7 +106,7 @@ class Lane:
             ids = archive.candidate_ids(shape)
             if ids:
                 assert archive.candidate(ids[-1]).id == ids[-1]
-        self.torn += sum(pop.log.tail > 0 for pop in archive._pops.values())  # peeking: no second scan
+        self.torn += sum(shape_log.log.tail > 0 for shape_log in archive._shape_logs.values())  # peeking: no second scan
         archive.close()
 
     def finish(self) -> None:

@@ -68,7 +68,7 @@ def test_damage_behind_an_index_is_caught_on_read(tmp_path: Path) -> None:
     log = tmp_path / "a" / f"{S.key}.evolog"
     st = log.stat()
     with Archive(tmp_path / "a") as a:
-        victim = a._pop(S).cands[cs[0].id]  # type: ignore[union-attr]  # far from the checksummed tail
+        victim = a._shape_log(S).cands[cs[0].id]  # type: ignore[union-attr]  # far from the checksummed tail
     with open(log, "r+b") as fh:
         fh.seek(victim.data_offset + 5)
         byte = fh.read(1)

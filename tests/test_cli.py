@@ -119,7 +119,7 @@ def test_damage_is_isolated_per_shape_and_record(damage: str, tmp_path: Path, ca
 
 def test_inspect_summary_decodes_no_candidate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The LLM-adapter statistics come from the frame keys: only LLM-made candidates' evaluations decode."""
-    import populations._archive as archive_mod
+    import populations._shape_log as archive_mod
 
     with Archive(tmp_path / "a", "w") as a:
         for i in range(30):

@@ -130,6 +130,49 @@ def test_feature_cells_keep_a_weaker_kind_selectable() -> None:
     assert cell[2] == other.knobs["STAGES"] and cell[3] == 90 // 32
 
 
+def test_a_re_measurement_can_take_the_lead_and_a_cell_away() -> None:
+    """A member's fitness is the median of its measurements, so a slower re-measurement lowers
+    it: the lead and its diversity cell pass to the next best (each cell keeps its best member)."""
+    first, second = _candidates(BIG, 2, seed=7)
+    pop = Population(cells=True)
+    pop.add(first, _ok(first.id, BIG, 2.0))
+    pop.add(second, _ok(second.id, BIG, 1.5))
+    assert pop.best.id == first.id
+    pop.add(first, _ok(first.id, BIG, 0.5))
+    assert pop.best.id == second.id and pop.best.fitness == 1.5
+    assert pop.elites()[1].fitness == pytest.approx(1.25) and pop.elites()[1].measurements == 2
+    for cell, champ in pop.cells().items():
+        assert champ.fitness == max(m.fitness for m in pop.elites(10) if m.cell == cell)
+
+
+def test_archive_and_engine_rank_alike_on_a_re_measured_candidate(tmp_path: Path) -> None:
+    """One elite ranking: a candidate measured twice (1.0x, 1.6x: median 1.3x, best 1.6x) and
+    one measured once at 1.4x. Ranked by the best measurement (the engine's former rule) the
+    first leads; by the median (the archive's) the second. The archive and the engine rebuilt
+    from it now give the same order and fitness."""
+    twice, once, third = _candidates(BIG, 3, seed=5)
+    with Archive(tmp_path / "a", "w") as archive:
+        archive.record(twice, [_ok(twice.id, BIG, 1.0), _ok(twice.id, BIG, 1.6)])
+        archive.record(once, [_ok(once.id, BIG, 1.4)])
+        archive.record(third, [_ok(third.id, BIG, 1.2)])
+        archived = [(e.candidate_id, e.fitness) for e in archive.elites(BIG)]
+        cfg = merge({}, {"shapes": [str(BIG)], "archive": str(tmp_path / "a"), "progress": "none",
+                         "operators": "knob"})
+        cfg.operators = expand_operators(cfg.operators)
+        events, pool = EventLog(tmp_path / "a" / EVENTS_FILE), FakeEvaluatorPool(delay_s=0.0)
+        try:
+            engine = Engine(cfg, archive, pool, make_operators(cfg.operators), TEMPLATES, events=events)
+            engine._prepare()  # rebuild the populations from the archive, as a resumed run does
+        finally:
+            events.close()
+            pool.close()
+        ranked = [(m.id, m.fitness) for m in engine.populations[BIG].elites()]
+    assert archived[0] == (once.id, 1.4) and archived[1][0] == twice.id
+    assert archived[1][1] == pytest.approx(1.3)
+    assert ranked == archived
+    assert engine.populations[BIG].best.id == once.id
+
+
 # -- transfer -----------------------------------------------------------------------------------
 def test_shape_distance_is_log_space_and_layout_aware() -> None:
     assert shape_distance(BIG, Shape.parse("2048x4096x4096")) == pytest.approx(1.0)

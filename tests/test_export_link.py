@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from archive_fixture import ok as ok_eval
-from evo._export import LIBRARY, NVCC, _split_includes, export, load_library
+from evo._export import LIBRARY, NVCC, export, load_library
+from evo._export_source import split_includes
 from populations import Archive, Candidate, Shape, load_templates
 
 pytestmark = pytest.mark.skipif(not Path(NVCC).exists() and not shutil.which("nvcc"), reason="nvcc is not installed")
@@ -79,7 +80,7 @@ def test_export_links_kernels_with_the_same_names(tmp_path: Path) -> None:
     ("/* c */ int q;\n#include <mma.h>\n", "#include <mma.h>\n", "/* c */ int q;\n#include <mma.h>\n"),
 ])
 def test_headers_stay_outside_the_namespace(source: str, before: str, inside: str) -> None:
-    got_before, got_inside = _split_includes(source)
+    got_before, got_inside = split_includes(source)
     assert got_inside == inside
     assert got_before.endswith(before) and got_before.count("#include") == before.count("#include")
 

@@ -132,11 +132,13 @@ def backends_of(operators: Mapping[str, Any]) -> list[tuple[str, Any]]:
 def switch_adapter(operators: Mapping[str, Any], folder: Union[str, os.PathLike, None], name: str) -> list[str]:
     """Point every LLM operator's local transformers backend at the adapter in ``folder`` (recorded
     as ``name`` on new candidates; None: back to the base model); the model names switched.
-    Backends without adapter support (HTTP, vLLM servers) are left as they are."""
+    Backends that refuse (``LLMBackend.load_adapter``'s NotImplementedError: those without
+    adapter support) are left as they are."""
     switched = []
     for m, backend in backends_of(operators):
-        load = getattr(backend, "load_adapter", None)
-        if callable(load):
-            load(folder, name)
-            switched.append(m)
+        try:
+            backend.load_adapter(folder, name)
+        except NotImplementedError:
+            continue
+        switched.append(m)
     return switched

@@ -143,6 +143,7 @@ REFUSED = [
     ("gemv", {"ROWS": 8, "TOK": 8}, None, "epilogue dominates"),
     ("gemv", {"ROWS": 8, "UNROLL": 8, "PIPE": 1}, None, "would spill"),
     ("gemv", {"CLUSTER": 8}, "1x16x40", "at least one 16-byte K chunk"),
+    ("gemv", {"ISSUE": 1, "PIPE": 1}, None, "PIPE must be 0"),
     ("swab", {"RT": 4, "NT": 8, "U": 4}, None, "would spill"),
     ("swab", {"RT": 4, "NT": 8, "WARPS": 8, "U": 1}, None, "48 KiB"),
     ("swab", {"CLUSTER": 4}, "8x64x64", "at least one k32 step"),
@@ -205,6 +206,24 @@ def test_first_picks_and_samples_compile_without_spills(fams: dict[str, Template
     jobs = _jobs(fams, FIRST, samples=6)
     assert len(jobs) >= 30
     _compile_and_check(jobs)
+
+
+def test_gemv_issue_loop_compiles_without_spills(fams: dict[str, Template]) -> None:
+    """ISSUE = 1 (bound-test-free full iterations, advancing pointers, loads ahead of the FMAs) on
+    the first picks of the M = 1 rows and at ragged shapes, sm_90a and sm_80 (nothing else)."""
+    g = fams["gemv"]
+    jobs = {}
+    for text in ("1x4096x4096", "1x3072x8192", "1x2304x768", "1x151936x896", "5x1000x1001", "3x77x9"):
+        shape = Shape.parse(text)
+        for arch in ("sm_90a", "sm_80"):
+            for knobs in g.heuristic(shape, arch)[:2]:
+                knobs = dict(knobs, ISSUE=1, PIPE=0)
+                if g.check(knobs, shape, arch):
+                    continue
+                cand = g.candidate(knobs, shape)
+                jobs.setdefault((cand.source, arch), ("gemv", arch, cand))
+    assert len(jobs) >= 8
+    _compile_and_check(list(jobs.values()))
 
 
 @pytest.mark.slow

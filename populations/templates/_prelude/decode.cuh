@@ -27,6 +27,21 @@ __device__ __forceinline__ uint4 dec_ld_keep(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+// The same two loads as volatile asm: the compiler keeps volatile asm in program order, so every
+// load of an iteration written before its arithmetic is issued before it (the non-volatile forms
+// let NVVM sink a token load below the first FMA, which then waits for HBM before issuing it).
+__device__ __forceinline__ uint4 dec_ld_stream_v(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 dec_ld_keep_v(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
 // Eight halves of a row at [k, k + 8), zero past kend: the ragged or misaligned path (2-byte loads).
 __device__ __forceinline__ uint4 dec_ld_tail(const unsigned short* __restrict__ row, int k, int kend) {
   unsigned int w[4];

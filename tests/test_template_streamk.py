@@ -202,3 +202,24 @@ def test_first_picks_on_the_llm_sample_compile_without_spills(sk: Template) -> N
     jobs = first_pick_jobs({"streamk": sk}, LLM_SAMPLE + POOR_WAVE + RAGGED, samples=6, sample_shape="300x4100x4104")
     assert len(jobs) >= 12
     compile_and_check(jobs)
+
+
+def test_device_check_plans_valid_variants(sk: Template) -> None:
+    """bench/streamk_check.py (the device script): its mid shapes are streamk's, each gets its picks
+    and a CPS x DP sweep, every gemv row gets ISSUE 0 and 1 of the same picks; all knob sets valid."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import streamk_check as chk
+
+    g = load_templates(errors="warn")["gemv"]
+    for text in chk.MID:
+        s = Shape.parse(text)
+        assert sk.applicable(s, 90), text
+        vs = chk.streamk_variants(sk, s)
+        assert vs[0][0] == "pick0" and len(vs) >= 4 and not any(sk.check(k, s, 90) for _, k in vs)
+        assert {(k["CPS"], k["DP"]) for _, k in vs} >= {(1, 0), (1, 1), (1, 2)}
+    for text in chk.GEMV_ROWS:
+        s = Shape.parse(text)
+        vs = chk.gemv_variants(g, s)
+        assert {k["ISSUE"] for _, k in vs} == {0, 1} and not any(g.check(k, s, 90) for _, k in vs)

@@ -27,9 +27,9 @@ __device__ __forceinline__ uint4 dec_ld_keep(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
-// The same two loads as volatile asm: the compiler keeps volatile asm in program order, so every
-// load of an iteration written before its arithmetic is issued before it (the non-volatile forms
-// let NVVM sink a token load below the first FMA, which then waits for HBM before issuing it).
+// The same two loads as volatile asm (kept in program order by NVVM). gemv's ISSUE loop uses them:
+// on sm_90a its SASS matched the non-volatile forms, but ptxas for sm_80 then spilled one register
+// at ROWS 2 (40 registers, 4 bytes), which these avoid.
 __device__ __forceinline__ uint4 dec_ld_stream_v(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"

@@ -101,11 +101,14 @@ __device__ __forceinline__ void gemv_mainloop(float (&acc)[ROWS][TOK], int c, in
 
 #if ISSUE
 // ISSUE = 1, 16-byte path only: the iterations whose UNROLL chunks are all inside [c, c1) run
-// without a per-chunk bound test, from row pointers that advance by a constant (each load is a
-// base register plus an immediate offset, no address arithmetic from K), and with volatile loads
-// written before the FMAs, so all UNROLL x (ROWS + TOK) loads are in flight before the first
-// use; the last partial iteration takes the bounded gemv_load. (The plain peer's loop has this
-// shape; ISSUE = 0 recomputed row * K + chunk and tested the bound per load.)
+// without a per-chunk bound test, from row pointers that advance by a constant (loads at a base
+// register plus an immediate offset, no row * K + chunk arithmetic), in a loop kept rolled, loads
+// written before the FMAs; the last partial iteration takes the bounded gemv_load. This is the
+// plain peer's loop shape: in the SASS (sm_90a, 1 row, 8 warps, UNROLL 2) 59 instructions per
+// iteration against ISSUE = 0's 92, all four loads ahead of the first FFMA (ISSUE = 0 issued the
+// second token load only after an FFMA that waits for the first weight load). At ROWS >= 2 ptxas
+// still places two weight loads after the first FFMA (it reuses an accumulator register to stay
+// at ~40 registers).
 __device__ __forceinline__ void gemv_mainloop_issue(float (&acc)[ROWS][TOK], int c, int c1,
                                                     const unsigned short* const (&brow)[ROWS],
                                                     const unsigned short* const (&arow)[TOK], int K) {

@@ -312,16 +312,18 @@ def wrong_where(sets: list, ref: Any) -> str:
 
 
 def load_peer() -> Any:
-    """The plain peer from the carried shared folder, or None when it is not there."""
+    """The plain peer from the shared folder (beside or inside the checkout, or carried as
+    .carry_shared/), or None when it is not there."""
     here = Path(__file__).resolve().parent.parent
-    for path in (here.parent / ".carry_shared" / "peers" / "plain_gemv.py", here.parent / "shared" / "peers" / "plain_gemv.py"):
+    for path in [root / sub / "peers" / "plain_gemv.py" for root in (here.parent, here) for sub in (".carry_shared", "shared")]:
         if path.is_file():
             spec = importlib.util.spec_from_file_location("plain_gemv_peer", path)
             mod = importlib.util.module_from_spec(spec)
             assert spec.loader is not None
             spec.loader.exec_module(mod)
             return mod
-    print("peer not found (../.carry_shared/peers/plain_gemv.py): its column stays empty", flush=True)
+    print("peer not found (peers/plain_gemv.py under shared/ or .carry_shared/, in or beside the checkout): "
+          "its column stays empty", flush=True)
     return None
 
 

@@ -14,7 +14,8 @@
 //   reaches the tile at the end of its own range (after its peers began theirs), waits for each
 //   peer's flag, adds the slots in CTA order (deterministic), writes C and clears the flags.
 //   Peers publish before they wait for anything, and a CTA waits only for higher-numbered CTAs,
-//   so the waits cannot close a cycle. No zeroed workspace: a flag counts only when it holds
+//   so the waits cannot close a cycle; the CPS constraints keep all G CTAs resident on SMS SMs
+//   (on fewer SMs, CTAs start in order and lower ones finish first). No zeroed workspace: a flag counts only when it holds
 //   SK_READY (a value no byte fill produces) and the owner returns it to 0.
 //   Workspace: G slots of BM * BN fp32, then G 32-bit flags.
 // Knobs arrive as #defines (template.toml); prelude: mma_sync.cuh, mma_pipe.cuh (the shared

@@ -199,11 +199,13 @@ class Loaded:
         self.smem: dict[str, int] = {}  # dynamic shared memory each kernel was opened up to
 
     def launcher(self, cand: Candidate, shape: Shape) -> Callable[[Any, Any, Any], None]:
+        """launch(a, b, c) for ``shape``; a plan's workspace is one buffer of its own, filled with
+        0xFF bytes once and never zeroed (``launch.workspace``: refill it to play the evaluator)."""
         import cupy as cp
         import torch
 
         launches, ws = cand.plan.resolve(shape)
-        assert ws == 0, "decode templates need no workspace"
+        wbuf = torch.full((ws,), 0xFF, dtype=torch.uint8, device="cuda") if ws else None
         steps = []
         for ln in launches:
             fn = self.fns.get(ln.kernel) or self.fns.setdefault(ln.kernel, self.module.get_function(ln.kernel))
@@ -216,11 +218,12 @@ class Loaded:
             steps.append((fn, ln))
 
         def launch(a: Any, w: Any, c: Any) -> None:
-            ptrs = {"A": a.data_ptr(), "B": w.data_ptr(), "C": c.data_ptr(), "workspace": 0}
+            ptrs = {"A": a.data_ptr(), "B": w.data_ptr(), "C": c.data_ptr(), "workspace": wbuf.data_ptr() if ws else 0}
             with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
                 for fn, ln in steps:
                     args = tuple(ptrs[x] if isinstance(x, str) else cp.int32(x) for x in ln.args)
                     fn(ln.grid, ln.block, args, shared_mem=ln.smem)
+        launch.workspace = wbuf  # type: ignore[attr-defined]
         return launch
 
 
@@ -309,16 +312,18 @@ def wrong_where(sets: list, ref: Any) -> str:
 
 
 def load_peer() -> Any:
-    """The plain peer from the carried shared folder, or None when it is not there."""
+    """The plain peer from the shared folder (beside or inside the checkout, or carried as
+    .carry_shared/), or None when it is not there."""
     here = Path(__file__).resolve().parent.parent
-    for path in (here.parent / ".carry_shared" / "peers" / "plain_gemv.py", here.parent / "shared" / "peers" / "plain_gemv.py"):
+    for path in [root / sub / "peers" / "plain_gemv.py" for root in (here.parent, here) for sub in (".carry_shared", "shared")]:
         if path.is_file():
             spec = importlib.util.spec_from_file_location("plain_gemv_peer", path)
             mod = importlib.util.module_from_spec(spec)
             assert spec.loader is not None
             spec.loader.exec_module(mod)
             return mod
-    print("peer not found (../.carry_shared/peers/plain_gemv.py): its column stays empty", flush=True)
+    print("peer not found (peers/plain_gemv.py under shared/ or .carry_shared/, in or beside the checkout): "
+          "its column stays empty", flush=True)
     return None
 
 
@@ -363,20 +368,24 @@ def cublas_us(sets: list) -> tuple[float, str]:
 
 def evaluator_check(shapes: list[Shape], templates: dict[str, Any]) -> int:
     """Each template's first pick through LocalPool (correctness, hack checks, device timer)."""
+    return evaluate_candidates([templates[n].candidate(templates[n].heuristic(s, 90)[0], s) for s in shapes
+                                for n in TEMPLATES if templates[n].applicable(s, 90)])
+
+
+def evaluate_candidates(cands: list[Candidate]) -> int:
+    """Candidates through the evaluator itself (LocalPool, device timer): prints one line each and
+    returns how many were not ok or were flagged."""
     from evaluators import LocalPool
 
     bad = 0
-    cands = [(s, templates[n].candidate(templates[n].heuristic(s, 90)[0], s)) for s in shapes for n in TEMPLATES
-             if templates[n].applicable(s, 90)]
     with LocalPool(gpus=[0], compile_workers=8, timers=("device",)) as pool:
-        futs = [(s, c, pool.submit(c)) for s, c in cands]
-        for s, c, f in futs:
+        for c, f in [(c, pool.submit(c)) for c in cands]:
             for e in f.result():
                 ok = e.status.value == "ok" and not e.flags
                 bad += not ok
-                print(f"eval {str(s):>16} {c.template:>5} {json.dumps(c.knobs, sort_keys=True)}: {e.status.value} "
-                      f"flags={list(e.flags)} speedup={e.fitness} err={e.max_error} {'' if ok else e.message[:300]}",
-                      flush=True)
+                print(f"eval {str(c.shapes[0]):>16} {c.template:>7} {json.dumps(c.knobs, sort_keys=True)}: "
+                      f"{e.status.value} flags={list(e.flags)} speedup={e.fitness} err={e.max_error} "
+                      f"{'' if ok else e.message[:300]}", flush=True)
     return bad
 
 

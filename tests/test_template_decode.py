@@ -14,6 +14,7 @@ import random
 import pytest
 
 from populations import Shape, Template, load_templates
+from template_compile import compile_and_check, first_pick_jobs
 
 DECODE = ("gemv", "swab", "swpipe")
 # decode rows (M = 1, 8) and latency rows of llm_layers.csv, M = 16 and 2..4 variants, and ragged shapes
@@ -143,6 +144,7 @@ REFUSED = [
     ("gemv", {"ROWS": 8, "TOK": 8}, None, "epilogue dominates"),
     ("gemv", {"ROWS": 8, "UNROLL": 8, "PIPE": 1}, None, "would spill"),
     ("gemv", {"CLUSTER": 8}, "1x16x40", "at least one 16-byte K chunk"),
+    ("gemv", {"ISSUE": 1, "PIPE": 1}, None, "PIPE must be 0"),
     ("swab", {"RT": 4, "NT": 8, "U": 4}, None, "would spill"),
     ("swab", {"RT": 4, "NT": 8, "WARPS": 8, "U": 1}, None, "48 KiB"),
     ("swab", {"CLUSTER": 4}, "8x64x64", "at least one k32 step"),
@@ -163,51 +165,32 @@ def test_invalid_combinations_refused_with_reason(fams: dict[str, Template], nam
     assert any(reason in r for r in reasons), reasons
 
 
-# ---- compiles (real NVRTC through evaluators.CompilePool) -------------------------------------
-def _jobs(fams: dict[str, Template], shapes: list[str], samples: int) -> list[tuple[str, str, object]]:
-    """(template, arch, candidate) for every first pick at every shape on sm_90a and sm_80, plus
-    ``samples`` seeded valid knob sets per template; one candidate per distinct source and arch."""
-    rng = random.Random(2026)
-    jobs: dict[tuple[str, str], tuple[str, str, object]] = {}
-    for name, t in fams.items():
-        for text in shapes:
-            shape = Shape.parse(text)
-            for arch in ("sm_90a", "sm_80"):
-                if not t.applicable(shape, arch):
-                    continue
-                for knobs in t.heuristic(shape, arch):
-                    cand = t.candidate(knobs, shape)
-                    jobs.setdefault((cand.source, arch), (name, arch, cand))
-        shape = Shape.parse("5x4096x4104")
-        for i, knobs in enumerate(t.sample(rng, shape, samples, arch=90)):
-            cand = t.candidate(knobs, shape)
-            jobs.setdefault((cand.source, "sm_90a"), (name, "sm_90a", cand))
-    return list(jobs.values())
-
-
-def _compile_and_check(jobs: list[tuple[str, str, object]]) -> None:
-    from evaluators import CompilePool
-
-    with CompilePool(workers=2, use_cache=False) as pool:
-        results = [(n, a, c, pool.submit(c, a)) for n, a, c in jobs]
-        results = [(n, a, c, f.result()) for n, a, c, f in results]
-    failed = [(n, a, c.knobs, r.status, r.message[-600:]) for n, a, c, r in results if not r.ok]
-    assert not failed, failed
-    assert {a for _, a, _, _ in results} == {"sm_90a", "sm_80"}
-    for name, _, _, r in results:
-        assert f"evo_{name}" in {k.name for k in r.kernels}
-    spilled = [(n, a, c.knobs, r.kernels) for n, a, c, r in results
-               if any(k.spill_stores or k.stack_frame for k in r.kernels)]
-    assert not spilled, spilled
-
-
+# ---- compiles (real NVRTC through evaluators.CompilePool, tests/template_compile.py) -----------
 def test_first_picks_and_samples_compile_without_spills(fams: dict[str, Template]) -> None:
-    jobs = _jobs(fams, FIRST, samples=6)
+    jobs = first_pick_jobs(fams, FIRST, samples=6)
     assert len(jobs) >= 30
-    _compile_and_check(jobs)
+    compile_and_check(jobs)
+
+
+def test_gemv_issue_loop_compiles_without_spills(fams: dict[str, Template]) -> None:
+    """ISSUE = 1 (bound-test-free full iterations, advancing pointers, loads ahead of the FMAs) on
+    the first picks of the M = 1 rows and at ragged shapes, sm_90a and sm_80 (nothing else)."""
+    g = fams["gemv"]
+    jobs = {}
+    for text in ("1x4096x4096", "1x3072x8192", "1x2304x768", "1x151936x896", "5x1000x1001", "3x77x9"):
+        shape = Shape.parse(text)
+        for arch in ("sm_90a", "sm_80"):
+            for knobs in g.heuristic(shape, arch)[:2]:
+                knobs = dict(knobs, ISSUE=1, PIPE=0)
+                if g.check(knobs, shape, arch):
+                    continue
+                cand = g.candidate(knobs, shape)
+                jobs.setdefault((cand.source, arch), ("gemv", arch, cand))
+    assert len(jobs) >= 8
+    compile_and_check(list(jobs.values()))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_every_first_pick_of_the_sample_compiles(fams: dict[str, Template]) -> None:
-    _compile_and_check(_jobs(fams, SAMPLE + RAGGED, samples=40))
+    compile_and_check(first_pick_jobs(fams, SAMPLE + RAGGED, samples=40))

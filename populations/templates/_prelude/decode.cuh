@@ -27,6 +27,21 @@ __device__ __forceinline__ uint4 dec_ld_keep(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+// The same two loads as volatile asm (kept in program order by NVVM). gemv's ISSUE loop uses them:
+// on sm_90a its SASS matched the non-volatile forms, but ptxas for sm_80 then spilled one register
+// at ROWS 2 (40 registers, 4 bytes), which these avoid.
+__device__ __forceinline__ uint4 dec_ld_stream_v(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 dec_ld_keep_v(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
 // Eight halves of a row at [k, k + 8), zero past kend: the ragged or misaligned path (2-byte loads).
 __device__ __forceinline__ uint4 dec_ld_tail(const unsigned short* __restrict__ row, int k, int kend) {
   unsigned int w[4];

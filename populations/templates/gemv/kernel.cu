@@ -99,6 +99,50 @@ __device__ __forceinline__ void gemv_mainloop(float (&acc)[ROWS][TOK], int c, in
 #endif
 }
 
+#if ISSUE
+// ISSUE = 1, 16-byte path only: the iterations whose UNROLL chunks are all inside [c, c1) run
+// without a per-chunk bound test, from row pointers that advance by a constant (loads at a base
+// register plus an immediate offset, no row * K + chunk arithmetic), in a loop kept rolled, loads
+// written before the FMAs; the last partial iteration takes the bounded gemv_load. This is the
+// plain peer's loop shape: in the SASS (sm_90a, 1 row, 8 warps, UNROLL 2) 59 instructions per
+// iteration against ISSUE = 0's 92, all four loads ahead of the first FFMA (ISSUE = 0 issued the
+// second token load only after an FFMA that waits for the first weight load). At ROWS >= 2 ptxas
+// still places two weight loads after the first FFMA (it reuses an accumulator register to stay
+// at ~40 registers).
+__device__ __forceinline__ void gemv_mainloop_issue(float (&acc)[ROWS][TOK], int c, int c1,
+                                                    const unsigned short* const (&brow)[ROWS],
+                                                    const unsigned short* const (&arow)[TOK], int K) {
+  constexpr int STRIDE = THREADS * UNROLL;
+  const unsigned short* bp[ROWS];
+  const unsigned short* ap[TOK];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) bp[r] = brow[r] + c * 8;
+#pragma unroll
+  for (int t = 0; t < TOK; ++t) ap[t] = arow[t] + c * 8;
+#pragma unroll 1
+  for (; c + (UNROLL - 1) * THREADS < c1; c += STRIDE) {
+    GemvFrag f;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) f.w[u][r] = dec_ld_stream_v(bp[r] + u * THREADS * 8);
+#pragma unroll
+      for (int t = 0; t < TOK; ++t) f.x[u][t] = dec_ld_keep_v(ap[t] + u * THREADS * 8);
+    }
+    gemv_fma(acc, f);
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) bp[r] += STRIDE * 8;
+#pragma unroll
+    for (int t = 0; t < TOK; ++t) ap[t] += STRIDE * 8;
+  }
+  if (c < c1) {
+    GemvFrag f;
+    gemv_load<true>(f, c, c1, brow, arow, K);
+    gemv_fma(acc, f);
+  }
+}
+#endif
+
 extern "C" __global__ void DEC_CLUSTER_DIMS __launch_bounds__(THREADS)
 evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ C,
          int M_, int N_, int K_) {
@@ -124,7 +168,11 @@ evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict_
 #pragma unroll
     for (int t = 0; t < TOK; ++t) acc[r][t] = 0.f;
 
+#if ISSUE
+  if (vec) gemv_mainloop_issue(acc, c0 + tid, c1, brow, arow, K);
+#else
   if (vec) gemv_mainloop<true>(acc, c0 + tid, c1, brow, arow, K);
+#endif
   else gemv_mainloop<false>(acc, c0 + tid, c1, brow, arow, K);
 
 #pragma unroll

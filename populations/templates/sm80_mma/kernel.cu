@@ -9,115 +9,14 @@
 //                     second launch (evo_splitk_reduce) sums them in a fixed order into C.
 // Knobs arrive as #defines (see template.toml); no includes, so NVRTC compiles it fast. The
 // renderer prepends the _prelude files named in template.toml: half_t/u32/u64, mma16816, f2h,
-// pack2 (mma_sync.cuh) and evo_splitk_reduce (splitk_reduce.cuh).
-
-#define WARPS_M (BM / WM)
-#define WARPS_N (BN / WN)
-#define MI (WM / 16)
-#define NI (WN / 8)
-#if defined(EVO_LAYOUT_TN)
-#define B_ROWS BN          // B tile stored [n][k]
-#define B_COLS BK
-#else
-#define B_ROWS BK          // B tile stored [k][n]
-#define B_COLS BN
-#endif
-#define A_STAGE (BM * (BK + PAD))
-#define B_STAGE (B_ROWS * (B_COLS + PAD))
-
-// Offset (in halves) of element (row, col) of a ROWS x COLS tile in shared memory; col is a
-// multiple of 8 (one 16-byte chunk). SWIZZLE XORs the chunk index with the row's position in
-// its 128-byte line group, so the 8 row addresses of one ldmatrix phase hit 8 distinct bank
-// groups; PAD shifts each row by 16 bytes for the same effect.
-template <int COLS>
-__device__ __forceinline__ int tile_off(int row, int col) {
-#if SWIZZLE
-  constexpr int C = COLS / 8;
-  constexpr int CS = C < 8 ? C : 8;
-  constexpr int RPL = 8 / CS;
-  return row * COLS + ((((col >> 3) ^ ((row / RPL) % CS))) << 3);
-#else
-  return row * (COLS + PAD) + col;
-#endif
-}
-
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-  u32 r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-  return r;
-}
-
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldsm_x4(u32* r, u32 addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(u32* r, u32 addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-
-// Copy the ROWS x COLS tile g[row0.., col0..] (row-major, leading dimension ld) into shared
-// memory at sbase, zero-filling rows >= nrows and cols >= ncols. vec: 16-byte cp.async (needs
-// ld % 8 == 0, ncols % 8 == 0 and a 16-byte aligned base); else element-wise loads and stores.
-template <int ROWS, int COLS>
-__device__ __forceinline__ void load_tile(u32 sbase, half_t* sptr, const half_t* __restrict__ g, int ld,
-                                          int row0, int nrows, int col0, int ncols, bool vec, int tid) {
-  constexpr int CPR = COLS / 8;
-  constexpr int CHUNKS = ROWS * CPR;
-  constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;  // compile-time trip count: fully unrolled
-  if (vec) {
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int i = tid + it * THREADS;
-      if (CHUNKS % THREADS != 0 && i >= CHUNKS) break;
-      const int r = i / CPR, c = (i % CPR) * 8;
-      const int gr = row0 + r, gc = col0 + c;
-      const bool in = gr < nrows && gc < ncols;
-      const half_t* src = in ? g + (long long)gr * ld + gc : g;
-      cp_async16(sbase + 2 * tile_off<COLS>(r, c), src, in ? 16 : 0);
-    }
-  } else {
-    // The slow path (unaligned rows): kept rolled so its many scalar loads do not compete with
-    // the accumulators for registers.
-#pragma unroll 1
-    for (int it = 0; it < ITERS; ++it) {
-      const int i = tid + it * THREADS;
-      if (CHUNKS % THREADS != 0 && i >= CHUNKS) break;
-      const int r = i / CPR, c = (i % CPR) * 8;
-      const int gr = row0 + r, gc = col0 + c;
-      u32 w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const half_t lo = (gr < nrows && gc + 2 * j < ncols) ? g[(long long)gr * ld + gc + 2 * j] : (half_t)0;
-        const half_t hi = (gr < nrows && gc + 2 * j + 1 < ncols) ? g[(long long)gr * ld + gc + 2 * j + 1] : (half_t)0;
-        w[j] = (u32)lo | ((u32)hi << 16);
-      }
-      *reinterpret_cast<uint4*>(sptr + tile_off<COLS>(r, c)) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-  }
-}
+// pack2 (mma_sync.cuh), the shared-memory layout, the pipelined mainloop mma_mainloop and the
+// direct epilogue mma_store_direct (mma_pipe.cuh, shared with streamk) and evo_splitk_reduce
+// (splitk_reduce.cuh).
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 evo_gemm(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __restrict__ C,
          float* __restrict__ W, int M_, int N_, int K_, int lda_, int ldb_, int ldc_) {
-#ifdef EVO_M
-  const int M = EVO_M, N = EVO_N, K = EVO_K, lda = EVO_K, ldc = EVO_N;
-#if defined(EVO_LAYOUT_TN)
-  const int ldb = EVO_K;
-#else
-  const int ldb = EVO_N;
-#endif
-#else
-  const int M = M_, N = N_, K = K_, lda = lda_, ldb = ldb_, ldc = ldc_;
-#endif
+  MMA_PROBLEM_SIZE;
   (void)ldc;
   extern __shared__ __align__(128) unsigned char smem[];
   half_t* sA = reinterpret_cast<half_t*>(smem);
@@ -158,80 +57,18 @@ evo_gemm(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __r
   const int kt0 = 0, nkt = ktiles;
 #endif
 
-  const bool vecA = (K % 8 == 0) && (lda % 8 == 0) && ((reinterpret_cast<u64>(A) & 15) == 0);
-#if defined(EVO_LAYOUT_TN)
-  const bool vecB = (K % 8 == 0) && (ldb % 8 == 0) && ((reinterpret_cast<u64>(B) & 15) == 0);
-#else
-  const bool vecB = (N % 8 == 0) && (ldb % 8 == 0) && ((reinterpret_cast<u64>(B) & 15) == 0);
-#endif
-
-  auto load_stage = [&](int stage, int kt) {
-    const int k0 = kt * BK;
-    load_tile<BM, BK>(sA32 + stage * A_STAGE * 2, sA + stage * A_STAGE, A, lda, m0, M, k0, K, vecA, tid);
-#if defined(EVO_LAYOUT_TN)
-    load_tile<BN, BK>(sB32 + stage * B_STAGE * 2, sB + stage * B_STAGE, B, ldb, n0, N, k0, K, vecB, tid);
-#else
-    load_tile<BK, BN>(sB32 + stage * B_STAGE * 2, sB + stage * B_STAGE, B, ldb, k0, K, n0, N, vecB, tid);
-#endif
-  };
+  const bool vecA = mma_vec_a(A, K, lda), vecB = mma_vec_b(B, N, K, ldb);
 
   float acc[MI][NI][4];
-#pragma unroll
-  for (int i = 0; i < MI; ++i)
-#pragma unroll
-    for (int j = 0; j < NI; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+  mma_zero(acc);
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < nkt) load_stage(s, kt0 + s);
-    cp_async_commit();
-  }
-
-  int rs = 0, ws = STAGES - 1;
-  // The knob reaches the pragma through a constant: nvcc does not macro-expand pragma
-  // arguments (`#pragma unroll KUNROLL` is an error there), NVRTC does; both take an integral
-  // constant expression and emit the same code as a literal.
-  constexpr int kUnroll = KUNROLL;
-#pragma unroll kUnroll
-  for (int it = 0; it < nkt; ++it) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    if (it + STAGES - 1 < nkt) load_stage(ws, kt0 + it + STAGES - 1);
-    cp_async_commit();
-    ws = (ws + 1 == STAGES) ? 0 : ws + 1;
-
-    const u32 aS = sA32 + rs * A_STAGE * 2, bS = sB32 + rs * B_STAGE * 2;
-#pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      u32 af[MI][4], bf[NI][2];
-#pragma unroll
-      for (int i = 0; i < MI; ++i)
-        ldsm_x4(af[i], aS + 2 * tile_off<BK>(wm0 + i * 16 + (lane & 15), kk + (lane >> 4) * 8));
-#pragma unroll
-      for (int j = 0; j < NI / 2; ++j) {
-        u32 r[4];
-#if defined(EVO_LAYOUT_TN)
-        ldsm_x4(r, bS + 2 * tile_off<BK>(wn0 + j * 16 + (lane >> 4) * 8 + (lane & 7), kk + ((lane >> 3) & 1) * 8));
-#else
-        ldsm_x4_t(r, bS + 2 * tile_off<BN>(kk + (lane & 15), wn0 + j * 16 + (lane >> 4) * 8));
-#endif
-        bf[2 * j][0] = r[0];
-        bf[2 * j][1] = r[1];
-        bf[2 * j + 1][0] = r[2];
-        bf[2 * j + 1][1] = r[3];
-      }
-#pragma unroll
-      for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NI; ++j) mma16816(acc[i][j], af[i], bf[j]);
-    }
-    rs = (rs + 1 == STAGES) ? 0 : rs + 1;
-  }
+  const MmaTile tile{A, B, M, N, K, lda, ldb, vecA, vecB, m0, n0, sA, sB, sA32, sB32, tid, lane, wm0, wn0};
+  mma_mainloop(acc, tile, kt0, nkt);
 
   // ---- epilogue ------------------------------------------------------------------------
+#if SPLIT_K > 1 || EPI == EPI_smem
   const int g = lane >> 2, q = lane & 3;
+#endif
 #if SPLIT_K > 1
   // fp32 partials of this split into its own slice of the workspace.
   float* Wz = W + (long long)blockIdx.z * M * N;
@@ -287,23 +124,6 @@ evo_gemm(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __r
     }
   }
 #else
-  // Direct: each thread stores its fragment pairs (4-byte stores when rows are 4-byte aligned).
-  const bool even = (N % 2 == 0) && (ldc % 2 == 0) && ((reinterpret_cast<u64>(C) & 3) == 0);
-#pragma unroll
-  for (int i = 0; i < MI; ++i)
-#pragma unroll
-    for (int j = 0; j < NI; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + wm0 + i * 16 + g + h * 8, col = n0 + wn0 + j * 8 + q * 2;
-        if (row >= M || col >= N) continue;
-        half_t* p = C + (long long)row * ldc + col;
-        if (even) {
-          *reinterpret_cast<u32*>(p) = pack2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        } else {
-          p[0] = f2h(acc[i][j][2 * h]);
-          if (col + 1 < N) p[1] = f2h(acc[i][j][2 * h + 1]);
-        }
-      }
+  mma_store_direct(C, ldc, M, N, m0, n0, wm0, wn0, lane, acc);
 #endif
 }

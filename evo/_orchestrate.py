@@ -17,6 +17,7 @@ import random
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, TextIO
 
@@ -194,14 +195,16 @@ def run_search(cfg: RunConfig, *, llm: Optional[Mapping[str, Any]] = None, llm_d
             raise ConfigError(f"cannot start the evaluator pool: {type(exc).__name__}: {exc}") from None
         progress = Progress(cfg.shapes, pool_gpus(pool, cfg), cfg.progress, cfg.progress_interval_s,
                             stream=progress_stream)
+        lease = _place_llm(cfg, pool, operators, llm_device, events, progress)
+        if llm_adapter:
+            _load_adapter(llm_adapter, operators, events, progress)
+        _warm_llm(operators, events, progress)
+        # the run's budget clock starts here: after the LLM is loaded and warm, with or without an adapter
         engine = Engine(cfg, archive, pool, operators, templates, events=events, progress=progress,
                         calibration=calibration)
         if cfg.rl.every:
             updater = _rl_updater(cfg, operators, templates, events, progress)
             engine.hooks.append(updater)
-        lease = _place_llm(cfg, pool, operators, llm_device, events, progress)
-        if llm_adapter:
-            _load_adapter(llm_adapter, operators, events, progress)
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 previous[sig] = signal.signal(sig, lambda signum, frame: engine.interrupt())
@@ -259,6 +262,23 @@ def _place_llm(cfg: RunConfig, pool: "EvaluatorPool", operators: dict[str, Any],
         events.emit("llm_placement", None, **placement.to_dict())
         progress.message(f"evo: {placement.describe()}")
     return lease
+
+
+def _warm_llm(operators: dict[str, Any], events: Any, progress: Any) -> None:
+    """Load and warm every LLM operator's models before the run (event ``llm_warm``): the first
+    proposal of a run then costs what the others do, whether or not an adapter was loaded first,
+    and the load is charged to no budget (issue 25: a lazily loaded model made no proposal in a
+    short run)."""
+    for name, op in operators.items():
+        warm = getattr(op, "warm", None)
+        if not callable(warm):
+            continue
+        t0 = time.monotonic()
+        models = warm()
+        seconds = round(time.monotonic() - t0, 3)
+        events.emit("llm_warm", None, operator=name, models=models, seconds=seconds)
+        progress.message(f"evo: {name}: " + ", ".join(f"{m} {state}" for m, state in models.items())
+                         + f" ({seconds:g} s, before the run's budget clock)")
 
 
 def _load_adapter(folder: str, operators: dict[str, Any], events: Any, progress: Any) -> None:

@@ -26,8 +26,16 @@ def test_tiny_ablation_runs_every_arm_and_reports(tmp_path: Path) -> None:
     assert knob["gpu_s"]["mean"] >= 3.0  # ran to its GPU budget (the stand-in's 0.05 s per evaluation)
     assert knob["improvement_per_gpu_s"]["mean"] is not None and len(knob["best_over_time"]) == len(ab.MARKS)
     assert doc["arms"]["knob+llm_adapter"]["skipped"] == "no --adapter given"
+    assert knob["llm_exercised"] is None and knob["llm_evaluated_total"] is None  # no LLM in the arm
     run = next(r for r in doc["runs"] if r["arm"] == "bandit")
-    assert run["bandit"]["tpe"]["children"] > 0  # parentless Optuna samples are arms too (vs the incumbent)
+    # every evaluated child counts for its operator's arm, parentless Optuna samples too (vs the
+    # incumbent); how many each arm gets in a 3 GPU-s run is the bandit's (and the load's) choice
+    from populations import Archive
+    with Archive(out / "runs" / "bandit" / "s0", mode="r") as ar:
+        made = ab.operator_rows(ar)
+    assert "tpe" in run["bandit"] and sum(arm["children"] for arm in run["bandit"].values()) > 0
+    assert {k: v["children"] for k, v in run["bandit"].items()} == {
+        k: made[k]["evaluated"] if k in made else 0 for k in run["bandit"]}
     md = (out / "ablation.md").read_text()
     assert "| knob | 1 (0) |" in md and "not run: no --adapter given" in md and "Command: `python bench/" in md
     assert "<svg" in (out / "best_over_time.svg").read_text()
@@ -103,3 +111,65 @@ def test_dry_run_prints_every_command_and_runs_nothing(tmp_path: Path, capsys) -
     assert len(runs) == 4 and sum("-m evo run" in x for x in runs) == 2
     assert "not run (no --adapter given)" in runs[1] and "--gpu-seconds 12" in runs[0]
     assert not out.exists()  # nothing ran, nothing written
+
+
+# -- the LLM's own counts, and arms that did not exercise it ----------------------------------------
+def _llm_run(folder: Path, arm: str, seed: int, children: list[float], proposed: int, tokens: int) -> None:
+    """A finished run's folder as evo run leaves it: one seed candidate (speedup 1.0) and LLM
+    children of it with the given speedups in a real archive, the stop event, and done.json."""
+    from populations import (Archive, Candidate, Evaluation, KernelStats, Launch, LaunchPlan, Status,
+                             TimerResult)
+    shape = Shape(64, 256, 512)
+    plan = LaunchPlan(launches=(Launch("k", (1, 1, 1), (256, 1, 1), ("A", "B", "C", "M", "N", "K")),))
+
+    def cand(tag: str, operator: str, parents: tuple[str, ...] = ()) -> Candidate:
+        return Candidate(source=f'extern "C" __global__ void k() {{ /* {tag} */ }}', plan=plan, shapes=(shape,),
+                         parents=parents, template="sm80_mma", knobs={"BM": 128, "tag": tag}, operator=operator)
+
+    def ev(c: Candidate, speedup: float) -> Evaluation:
+        return Evaluation(c.id, shape, Status.OK, timers={"device": TimerResult(1e-3 / speedup, 0, 0, 1e-3, 0, 0, 20)},
+                          kernels=(KernelStats("k", registers=96),))
+    archive = folder / arm / f"s{seed}"
+    seed_c = cand("seed", "seed")
+    with Archive(archive, "w") as ar:
+        ar.record(seed_c, [ev(seed_c, 1.0)])
+        for i, speedup in enumerate(children):
+            child = cand(f"llm{i}", "llm", (seed_c.id,))
+            ar.record(child, [ev(child, speedup)])
+    stop = {"event": "stop", "reason": "gpu_seconds", "budget": {"gpu_s": 10.5, "tokens": tokens, "llm_gpu_s": 4.2},
+            "models": {"llm": {"smollm2-135m": {"proposed": proposed, "tokens": tokens}}}}
+    (archive / "events.jsonl").write_text(json.dumps(stop) + "\n")
+    command = (f"-m evo run --archive {archive} --operators knob:1,llm:1 --seed {seed} --gpu-seconds 10 "
+               f"--shape {shape} --llm-device cuda")
+    (archive / "done.json").write_text(json.dumps({"arm": arm, "seed": seed, "rc": 0, "wall_s": 20.0, "command": command,
+                                                   "tokens": 0}))
+
+
+def test_llm_counts_come_from_the_runs_and_too_few_mark_the_arm(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _llm_run(runs, "knob+llm", 0, [1.2, 0.8], proposed=3, tokens=5000)
+    _llm_run(runs, "knob+llm", 1, [1.1, 1.3, 0.9], proposed=4, tokens=6000)
+    ran = ab.read_run(runs / "knob+llm" / "s0")
+    assert (ran["llm_proposals"], ran["llm_evaluated"], ran["llm_improved"], ran["tokens"]) == (3, 2, 1, 5000)
+    assert ran["uses_llm"] is True
+    out = tmp_path / "report"
+    assert ab.main(["--report-only", "--runs", str(runs), "--out", str(out)]) == 0
+    doc = json.loads((out / "ablation.json").read_text())
+    row = doc["arms"]["knob+llm"]
+    assert row["llm_evaluated_total"] == 5 and row["llm_exercised"] is False and ab.MIN_LLM_EVALUATED > 5
+    assert row["tokens"]["mean"] == 5500 and row["llm_improved"]["mean"] == 1.5
+    assert doc["gpu_seconds"] == 10 and doc["llm_device"] == "cuda" and doc["seeds"] == [0, 1]
+    md = (out / "ablation.md").read_text()
+    assert "knob+llm **LLM not exercised** (5 LLM children evaluated < " in md
+    # enough children over the seeds: the arm is a result
+    _llm_run(runs, "knob+llm", 2, [1.05] * (ab.MIN_LLM_EVALUATED - 5), proposed=5, tokens=100)
+    assert ab.main(["--report-only", "--runs", str(runs), "--out", str(out)]) == 0
+    assert json.loads((out / "ablation.json").read_text())["arms"]["knob+llm"]["llm_exercised"] is True
+    assert "not exercised" not in (out / "ablation.md").read_text().split("Seeds run:")[0]
+
+
+def test_report_only_needs_finished_runs(tmp_path: Path, capsys) -> None:
+    assert ab.main(["--report-only", "--runs", str(tmp_path / "none"), "--out", str(tmp_path / "r")]) == 2
+    (tmp_path / "runs" / "knob" / "s0").mkdir(parents=True)
+    assert ab.main(["--report-only", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "r")]) == 2
+    assert "no finished run" in capsys.readouterr().err

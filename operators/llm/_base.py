@@ -77,6 +77,12 @@ class LLMBackend(abc.ABC):
         (step by step, or through its ``json_schema()``, or not at all: the caller validates the
         answer anyway). ``cancel``/``gate``: see :attr:`steps_under_gate`."""
 
+    def warm(self, gate: Optional[Gate] = None) -> None:
+        """Be ready to answer at once: an in-process model on its device, after one forward pass
+        (inside one ``gate`` slice when it shares a timing GPU). evo calls it before a run's budget
+        clock starts, so a first call is no slower than the next; its cost is charged to no
+        completion. The default does nothing (a server is warm or not on its own side)."""
+
     def load_adapter(self, folder: Any, name: str) -> None:
         """Answer with the peft LoRA adapter in ``folder`` (recorded as ``name``) from the next
         completion on; ``folder=None`` goes back to the base model. The default refuses: a

@@ -159,6 +159,20 @@ class LLMOperator(Operator):
         return out
 
     # -- models, accounting and learning ------------------------------------------------------
+    def warm(self) -> dict[str, str]:
+        """Load every model of this operator and warm it (:meth:`LLMBackend.warm`, under
+        :attr:`gate`), before a run starts: loading is no proposal's cost and no arm's luck.
+        Per model: ``ready``, or why it could not load (the run goes on; its calls then fail
+        at once with that reason). Nothing is charged: no tokens, no GPU seconds."""
+        out = {}
+        for arm in self.models:
+            try:
+                get_backend(self._spec(arm)).warm(gate=self.gate)
+                out[arm] = "ready"
+            except Exception as exc:  # reported, and counted again as each call's failure
+                out[arm] = f"could not load: {type(exc).__name__}: {exc}"
+        return out
+
     def _spec(self, name: str) -> ModelSpec:
         spec = self._specs.get(name)
         if spec is None:

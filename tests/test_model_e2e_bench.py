@@ -2,7 +2,8 @@
 structure (every leg a child process: a tiny random Llama with a static KV cache, decoded
 greedily before and after evo.torch.patch through a named library double, so every patched call
 is the native operator's fallback), the leg plan's order, a leg that dies or overruns reported as
-that leg's error while the others still run, and the GEMM kernel classifier."""
+that leg's error while the others still run, the GEMM kernel classifier, and the checks of
+bench/_e2e_checks.py: where two greedy runs part, and cuBLAS under another GEMM order."""
 from __future__ import annotations
 
 import importlib.util
@@ -31,18 +32,29 @@ def _bench():  # type: ignore[no-untyped-def]
 def test_tiny_mode_end_to_end(tmp_path: Path) -> None:
     bench = _bench()
     out = tmp_path / "out"
-    assert bench.main(["--tiny", "--batches", "1,2", "--out", str(out), "--work", str(tmp_path / "work")]) == 0
+    assert bench.main(["--tiny", "--batches", "1,2", "--prefill-rounds", "3", "--out", str(out),
+                       "--work", str(tmp_path / "work")]) == 0
     doc = json.loads((out / "e2e.json").read_text())
-    assert [leg["status"] for leg in doc["legs"]] == ["ok"] * 8 and doc["failed"] == []
+    assert [leg["status"] for leg in doc["legs"]] == ["ok"] * 7 and doc["failed"] == []
     (row,) = doc["rows"]
     assert row["model"] == "tiny-llama" and row["patched"] == 2 * 7 + 1 and row["left"] == 0  # 7 per layer + lm_head
     assert row["tokens_identical"] == {"1": True, "2": True}
     assert row["prefill_logits_rel_diff"] == 0.0  # the fallback is at::linear itself
     for side in ("before", "after"):
         assert set(row[side]["decode"]) == {"1", "2"} and row[side]["decode"]["1"]["tokens_per_s"] > 0
-        assert row[side]["prefill"]["tokens"] == 16 and row[side]["prefill"]["ms"] > 0
+        pre = row[side]["prefill"]
+        assert pre["tokens"] == 16 and len(pre["rounds_ms"]) == 3 and pre["ms"] == sorted(pre["rounds_ms"])[1]
+    for b in ("1", "2"):  # the fallback is at::linear itself: the patched run agrees to the bit
+        div = row["divergence"][b]
+        assert div["reproduces"] == [True, True] and div["patched"]["first_step"] is None
+        assert div["patched"]["max_rel_diff"] == 0.0 and div["patched"]["steps"] == 6
+        assert {"nn", "fp32"} <= set(div) and div["fp32"]["max_rel_diff"] >= 0.0
+    call = row["linear_call"]
+    assert call["m_covered"] == 1 and call["m_uncovered"] == 3 and call["plain_us"] > 0 and call["covered_us"] > 0
     table = (out / "e2e.md").read_text().splitlines()
-    assert len(table) == 2 + 2 and table[2].startswith("| tiny-llama | 1 |")
+    assert table[2].startswith("| tiny-llama | 1 |") and table[3].startswith("| tiny-llama | 2 |")
+    assert any(ln.startswith("| tiny-llama | 2 | none in 6 | - | - | 0.0e+00 |") for ln in table)
+    assert any(ln.startswith("- tiny-llama prefill 16 tokens, round medians ms: before ") for ln in table)
     assert "=== tiny-llama.profile.patched: ok" in (out / "e2e_legs.log").read_text()
     assert sorted(p.name for p in out.iterdir()) == ["e2e.json", "e2e.md", "e2e_legs.log"]
 
@@ -53,7 +65,7 @@ def test_plan_puts_the_targets_first() -> None:
     assert names[:5] == ["smollm2.prepare", "llama-3-8b.decode-b1.unpatched", "llama-3-8b.decode-b1.patched",
                          "llama-3-8b.decode-b8.unpatched", "llama-3-8b.decode-b8.patched"]
     kinds = [n.split(".")[1].split("-")[0] for n in names[1:]]
-    assert kinds == ["decode"] * 8 + ["prefill"] * 4 + ["profile"] * 4
+    assert kinds == ["decode"] * 8 + ["prefill"] * 2 + ["profile"] * 4
     assert not any("profile" in leg.name for leg in bench.plan(["smollm2"], [1], profiles=False))
 
 
@@ -78,7 +90,7 @@ def test_a_dead_or_slow_leg_costs_only_itself(tmp_path: Path, monkeypatch: pytes
     assert docs[0]["error"] == "exit 134: RuntimeError: CUDA error: device-side assert triggered"
     assert docs[2]["error"] == "killed after 2 s" and docs[2]["seconds"] < 30
     log = (args.out / "e2e_legs.log").read_text()
-    assert "=== tiny-llama.decode-b1.unpatched: error" in log and "=== tiny-llama.prefill.unpatched: timeout" in log
+    assert "=== tiny-llama.decode-b1.unpatched: error" in log and "=== tiny-llama.prefill: timeout" in log
     assert log.count("Assertion") == 2 * 3 and "7 more device-side assertion lines" in log  # per leg: 3 of 10 kept
     skipped = bench.run_one(bench.plan(["tiny-llama"], [1])[3], args, deadline=0.0)
     assert skipped["status"] == "skipped" and "out of time" in skipped["error"]
@@ -93,3 +105,53 @@ def test_gemm_kernel_names() -> None:
     for name in ("elementwise_kernel", "pytorch_flash::flash_fwd_kernel", "triton_poi_fused_add_0", "reduce_kernel",
                  "fmha_cutlassF_f16_aligned_64x64_rf_sm80", "cudnn_generated_fort_native_sdpa_sm90_knob_7"):
         assert not is_gemm(name), name
+
+
+def _checks():  # type: ignore[no-untyped-def]
+    _bench()  # puts bench/ on sys.path
+    import _e2e_checks
+
+    return _e2e_checks
+
+
+def test_first_divergence_finds_the_flipped_near_tie() -> None:
+    import torch
+
+    first_divergence = _checks().first_divergence
+    gen = torch.Generator().manual_seed(0)
+    logits_a = torch.randn(5, 3, 11, generator=gen) * 4  # steps x batch x vocab
+    logits_a[2, 1, :2] = torch.tensor([9.0, 8.75])  # row 1 at step 2: a near tie, token 0 ahead by 0.25
+    logits_a[2, 1, 2:] = logits_a[2, 1, 2:].clamp(max=5.0)
+    logits_b = logits_a.clone()
+    logits_b[1, 0, 3] += 0.1  # a rounding-size difference before the flip, changing no choice
+    logits_b[2, 1, 1] += 0.5  # the flip: token 1 ahead by 0.25
+    tok_a, tok_b = logits_a.argmax(-1).T, logits_b.argmax(-1).T  # batch x steps
+    tok_b[1, 3:] = (tok_b[1, 3:] + 1) % 11  # after a divergence the runs go their own ways
+    d = first_divergence(tok_a, logits_a, tok_b, logits_b)
+    scale = float(logits_a[:3].abs().max())
+    assert d["first_step"] == 2 and d["rows"] == [1] and d["row"] == 1 and d["tokens"] == [0, 1]
+    assert d["margin_a"] == pytest.approx(0.25) and d["margin_b"] == pytest.approx(0.25)
+    assert d["max_abs_diff"] == pytest.approx(0.5) and d["max_rel_diff"] == pytest.approx(0.5 / scale)
+    assert d["row_max_abs_diff"] == pytest.approx(0.5) and d["step0_rel_diff"] == 0.0
+    same = first_divergence(tok_a, logits_a, tok_a.clone(), logits_a.clone())
+    assert same["first_step"] is None and same["max_rel_diff"] == 0.0 and "rows" not in same
+
+
+def test_gemm_order_computes_the_same_product_another_way_and_restores() -> None:
+    import torch
+
+    checks = _checks()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 32, bias=False)).half()
+    x = torch.randn(5, 64).half()
+    with torch.no_grad():
+        ref = model(x).float()
+        for how in checks.ORDERS:
+            with checks.gemm_order(model, how) as count:
+                got = model(x).float()
+            assert count == 2 and torch.allclose(got, ref, rtol=2e-2, atol=2e-2), how
+            assert not any("forward" in vars(m) for m in model), how  # the class's forward again
+        assert torch.equal(model(x).float(), ref)
+    with pytest.raises(ValueError, match="unknown GEMM order"):
+        with checks.gemm_order(model, "tn"):
+            pass

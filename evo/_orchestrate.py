@@ -270,11 +270,10 @@ def _warm_llm(operators: dict[str, Any], events: Any, progress: Any) -> None:
     and the load is charged to no budget (issue 25: a lazily loaded model made no proposal in a
     short run)."""
     for name, op in operators.items():
-        warm = getattr(op, "warm", None)
-        if not callable(warm):
-            continue
         t0 = time.monotonic()
-        models = warm()
+        models = op.warm()
+        if not models:  # an operator with nothing to load
+            continue
         seconds = round(time.monotonic() - t0, 3)
         events.emit("llm_warm", None, operator=name, models=models, seconds=seconds)
         progress.message(f"evo: {name}: " + ", ".join(f"{m} {state}" for m, state in models.items())

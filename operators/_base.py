@@ -154,6 +154,12 @@ class Operator(abc.ABC):
         """Seconds a model of this operator ran on a GPU since the last call. Default 0.0."""
         return 0.0
 
+    def warm(self) -> dict[str, str]:
+        """Load and warm whatever the operator needs before a run's budget clock starts, so the
+        first proposal costs what the others do; per model, ``ready`` or why not. Default: nothing
+        to load (an empty mapping), and the run records no ``llm_warm`` event for it."""
+        return {}
+
     def propose(self, parents: Sequence[ParentView], shape: Shape, rng: random.Random, n: int,
                 context: Optional[OperatorContext] = None) -> list[Proposal]:
         """Up to ``n`` proposals for ``shape``: candidates, or failures with reasons (never raises

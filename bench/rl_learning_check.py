@@ -292,7 +292,11 @@ def _measure(pool: Any, cands: list, archive: Archive, table: RewardTable) -> No
     record them and their evaluations, add those to ``table``."""
     futures = [(c, pool.submit(c)) for c in cands]
     for c, f in futures:
-        evs = f.result()
+        try:
+            evs = f.result()
+        except Exception as exc:  # a lost worker: this one stays unmeasured (an unmapped reward), the check goes on
+            print(f"evaluator: {c.id} not measured: {type(exc).__name__}: {exc}", flush=True)
+            continue
         archive.record(c, evs)
         for e in evs:
             table.add(e)
@@ -312,12 +316,16 @@ def _gpu_target(out: Path, tiny: Any, shapes: list, args: argparse.Namespace, op
             singles = [tiny.candidate(k, shape, True, parents=(parent.id,), generation=1, operator="sweep")
                        for k in edits(tiny, parent.knobs, shape, 1)]
             _measure(pool, [parent] + singles, a, table)
-            sweep = [(c.knobs, table.get(shape, c.id)) for c in singles]
+            # edits the evaluator did not measure (a lost worker) are left out of the sweep
+            sweep = [(c.knobs, r) for c in singles if (r := table.get(shape, c.id)) is not None]
+            if table.get(shape, parent.id) is None:
+                say(f"sweep {shape}: the parent was not measured; shape skipped")
+                continue
             target, why = choose_target(shape, parent.knobs, table.get(shape, parent.id), sweep, args.margin)
             ranked = sorted(((r, edit_text(k, parent.knobs)) for k, r in sweep), reverse=True)
             say(f"sweep {why}; all: " + ", ".join(f"{e} {r:+.3f}" for r, e in ranked))
             swept.append({"shape": str(shape), "parent_reward": table.get(shape, parent.id), "qualified": target is not None,
-                          "margin": ranked[0][0] - ranked[1][0], "edits": [[e, r] for r, e in ranked]})
+                          "margin": ranked[0][0] - ranked[1][0] if len(ranked) > 1 else None, "edits": [[e, r] for r, e in ranked]})
             if target is not None:
                 found[len(swept) - 1] = (target, parent, singles)
         result["sweep"] = swept
@@ -329,7 +337,11 @@ def _gpu_target(out: Path, tiny: Any, shapes: list, args: argparse.Namespace, op
             best = by_edit[edit_text({**parent.knobs, target.knob: target.value}, parent.knobs)]
             for _ in range(args.confirm):  # the margin again, on the medians of more measurements
                 _measure(pool, [best, by_edit[target.runner_up]], a, table)
-            sweep = [(c.knobs, table.get(shape, c.id)) for c in singles]
+            # edits the evaluator did not measure (a lost worker) are left out of the sweep
+            sweep = [(c.knobs, r) for c in singles if (r := table.get(shape, c.id)) is not None]
+            if table.get(shape, parent.id) is None:
+                say(f"sweep {shape}: the parent was not measured; shape skipped")
+                continue
             target, why = choose_target(shape, parent.knobs, table.get(shape, parent.id), sweep, args.margin)
             entry["confirmed"] = why
             say(f"confirm ({args.confirm} more of the best two): {why}")

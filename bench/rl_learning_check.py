@@ -318,13 +318,14 @@ def _gpu_target(out: Path, tiny: Any, shapes: list, args: argparse.Namespace, op
             _measure(pool, [parent] + singles, a, table)
             # edits the evaluator did not measure (a lost worker) are left out of the sweep
             sweep = [(c.knobs, r) for c in singles if (r := table.get(shape, c.id)) is not None]
-            if table.get(shape, parent.id) is None:
+            parent_reward = table.get(shape, parent.id)
+            if parent_reward is None:
                 say(f"sweep {shape}: the parent was not measured; shape skipped")
                 continue
-            target, why = choose_target(shape, parent.knobs, table.get(shape, parent.id), sweep, args.margin)
+            target, why = choose_target(shape, parent.knobs, parent_reward, sweep, args.margin)
             ranked = sorted(((r, edit_text(k, parent.knobs)) for k, r in sweep), reverse=True)
             say(f"sweep {why}; all: " + ", ".join(f"{e} {r:+.3f}" for r, e in ranked))
-            swept.append({"shape": str(shape), "parent_reward": table.get(shape, parent.id), "qualified": target is not None,
+            swept.append({"shape": str(shape), "parent_reward": parent_reward, "qualified": target is not None,
                           "margin": ranked[0][0] - ranked[1][0] if len(ranked) > 1 else None, "edits": [[e, r] for r, e in ranked]})
             if target is not None:
                 found[len(swept) - 1] = (target, parent, singles)

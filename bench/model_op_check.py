@@ -21,7 +21,11 @@ per shape
   (``op_fallback``: the shape not in its table) and the older ctypes custom op
   ``torch.ops.evo.hgemm`` (``ctypes_op``).
 
-Writes ``op_check.json`` and prints a table. Exit 1 when a correctness check fails.
+Writes ``op_check.json`` (with a ``summary``: per path the default export takes, the geomean and
+minimum of ``op_linear`` vs ``torch.matmul``, and of ``op_fallback`` on the cuBLAS-path shapes)
+and prints a table. With ``--max-seconds`` no new shape starts after that many seconds; shapes
+are taken smallest first within each FLOP decade, round-robin over the decades, so a cap cuts
+every decade a little rather than the largest shapes whole. Exit 1 when a correctness check fails.
 """
 from __future__ import annotations
 
@@ -138,6 +142,43 @@ def check_shape(key: tuple[int, int, int, str], lib: Any, reps: int, compile_che
     return res
 
 
+def _order(keys: list[tuple[int, int, int, str]]) -> list[tuple[int, int, int, str]]:
+    """Round-robin over FLOP decades (log10 of 2MNK), smallest first within each."""
+    import math
+
+    decades: dict[int, list[tuple[int, int, int, str]]] = {}
+    for k in sorted(keys, key=lambda k: (k[0] * k[1] * k[2], k)):
+        decades.setdefault(int(math.log10(2 * k[0] * k[1] * k[2])), []).append(k)
+    out, queues = [], [decades[d] for d in sorted(decades)]
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop(0))
+    return out
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per default export path: shapes, geomean and min of op_linear / torch.matmul (offline and
+    pipelined); on cuBLAS-path shapes also op_fallback's (what the op costs when it falls back)."""
+    import math
+
+    def stats(vals: list[float]) -> dict[str, Any]:
+        if not vals:
+            return {"n": 0}
+        return {"n": len(vals), "geomean": math.exp(sum(map(math.log, vals)) / len(vals)), "min": min(vals),
+                "at_least_1": sum(v >= 1.0 for v in vals)}
+
+    out: dict[str, Any] = {}
+    for path in sorted({r["default_path"][0] for r in results}):
+        rows = [r for r in results if r["default_path"][0] == path]
+        arm = "op_linear" if path != "cublas" else "op_fallback"
+        out[path] = {"arm": arm,
+                     "offline": stats([r["offline_vs_matmul"][arm] for r in rows]),
+                     "pipelined": stats([r["pipelined_vs_matmul"][arm] for r in rows]),
+                     "op_linear_offline": stats([r["offline_vs_matmul"]["op_linear"] for r in rows])}
+    return out
+
+
 def _library(args: argparse.Namespace) -> tuple[Any, dict[str, tuple[str, str]]]:
     """(the library to time, shape -> (path the default export takes, why))."""
     from evo._export import _pick, choose_path, export, load_library
@@ -166,6 +207,7 @@ def main() -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/evo_op_check"))
     p.add_argument("--reps", type=int, default=300)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile check")
+    p.add_argument("--max-seconds", type=float, default=0.0, help="start no new shape after this (0: no cap)")
     args = p.parse_args()
     import torch
 
@@ -181,7 +223,11 @@ def main() -> int:
     print(f"registered {register(lib)} kernels", flush=True)
     results = []
     tn = [k for k in lib.kernels if k[3] == "TN"]  # nn.Linear's layout: what the op and the patcher serve
-    for i, key in enumerate(sorted(tn, key=lambda k: (k[0] * k[1] * k[2], k))):
+    start = time.monotonic()
+    for i, key in enumerate(_order(tn)):
+        if args.max_seconds and time.monotonic() - start > args.max_seconds:
+            print(f"--max-seconds {args.max_seconds:g}: {len(tn) - i} of {len(tn)} shapes not timed", flush=True)
+            break
         t0 = time.monotonic()
         r = check_shape(key, lib, args.reps, compile_check=not args.no_compile and i == 0)
         r["default_path"] = decisions.get(f"{key[0]}x{key[1]}x{key[2]}:{key[3]}:f32", ("?", ""))
@@ -193,7 +239,14 @@ def main() -> int:
               + " ".join(f"{a}={v:.1f}" for a, v in q.items()) + f"  ({time.monotonic() - t0:.0f} s)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(),
-           "reps": args.reps, "library": str(args.library or args.work / "lib"), "shapes": results}
+           "reps": args.reps, "library": str(args.library or args.work / "lib"), "shapes_in_library": len(tn),
+           "summary": summarize(results), "shapes": results}
+    for path, st in doc["summary"].items():
+        o = st["offline"]
+        if o["n"]:
+            print(f"summary: {o['n']} shapes on the {path} path: {st['arm']} vs torch.matmul offline geomean "
+                  f"{o['geomean']:.3f}x, min {o['min']:.3f}x, {o['at_least_1']} at >= 1.0x; pipelined geomean "
+                  f"{st['pipelined']['geomean']:.3f}x", flush=True)
     (args.out / "op_check.json").write_text(json.dumps(doc, indent=1))
     return 0 if all(r["correct"] for r in results) else 1
 

@@ -73,7 +73,7 @@ def stratified(grid: list[Shape], n: int, seed: int) -> list[Shape]:
         k = want // len(keys) + (1 if i < want % len(keys) else 0)
         picked += rng.sample(decades[d], min(k, len(decades[d])))
     leftover = [s for s in rest if s not in set(picked)]  # small decades could not fill their share
-    picked += rng.sample(leftover, max(0, want - len(picked)))
+    picked += rng.sample(leftover, min(len(leftover), max(0, want - len(picked))))
     return sorted(picked + largest, key=lambda s: s.flops)
 
 

@@ -15,11 +15,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 from populations import LaunchPlan, Shape, Status
 
-__all__ = ["Job", "Result", "ShapeResult", "JOB_OPTIONS"]
+__all__ = ["Job", "Result", "ShapeResult", "JOB_OPTIONS", "EliteThreshold"]
+
+#: The speedup a candidate must reach to become an elite: one number for every shape it claims,
+#: or per shape (its string) a number or None (no cutoff known there: the checks always run).
+EliteThreshold = Union[float, Mapping[str, Optional[float]], None]
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class Job:
     meta: Mapping[str, Any] = field(default_factory=dict)
     # -- options (None: the harness's default) --
     seed: Optional[int] = None             # the job's random stream (None: fresh)
-    elite_threshold: Optional[float] = None  # memo pass and host timers only at or above this speedup
+    elite_threshold: EliteThreshold = None  # memo pass and host timers only at or above this (per shape)
     memo_check: Optional[bool] = None       # False: never run the memoisation pass
     rotations: Optional[int] = None         # freshly allocated rotations the device timer runs on
     host_timers: Optional[str] = None       # "elites" (default) or "always"

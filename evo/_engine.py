@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from populations import Archive, Calibration, Candidate, Evaluation, Shape, Template, attainable_frac
 from operators import Operator
+from evaluators import EliteThreshold
 
 from ._budget import Budget, Convergence, pick_shape, shape_weights
 from ._calibration import load_calibration
@@ -386,9 +387,18 @@ class Engine(Proposing, Recording):
             return None
         return elites[-1].fitness * self.ELITE_MARGIN
 
+    def _elite_thresholds(self, cand: Candidate, shape: Shape) -> EliteThreshold:
+        """What a job carries: ``shape``'s threshold for a candidate that claims one shape; for
+        one that claims several, each claimed shape's own (None for a shape this run does not
+        evolve), since it can become an elite at any of them and the memo pass and host timers
+        must not be skipped there on the proposing shape's cutoff."""
+        if len(cand.shapes) <= 1:
+            return self._elite_threshold(shape)
+        return {str(s): self._elite_threshold(s) if s in self.populations else None for s in cand.shapes}
+
     def _submit(self, cand: Candidate, shape: Shape, op: str) -> None:
         self.archive.add(cand)
-        fut = self.pool.submit(cand, elite_threshold=self._elite_threshold(shape))
+        fut = self.pool.submit(cand, elite_threshold=self._elite_thresholds(cand, shape))
         self.inflight[fut] = InFlight(cand, shape, op, self.clock())
         self.known[shape].add(cand.id)
         self.events.emit("proposal", shape, candidate=cand.id, operator=op, template=cand.template,

@@ -112,3 +112,47 @@ def test_recheck_with_one_call_for_every_set_matches_the_eager_loop():
         stale(i)
     with pytest.raises(Exception, match="outputs after timing"):
         recheck_sets(a3, b3, c3, "TN", stale, lambda: None, gen, call_all=lambda: [stale(i) for i in range(sets)])
+
+
+def test_a_per_shape_threshold_judges_each_claimed_shape_by_its_own_cutoff():
+    """A candidate claiming two shapes can become an elite at either: the gate reads the shape
+    being timed, and a shape with no known cutoff (left out, or None) always runs the checks."""
+    from evaluators.run._gates import host_timers_wanted
+
+    dev = {"median": 2e-6, "baseline_median": 3e-6}  # speedup 1.5
+    a, b, c = Shape.parse("64x128x64"), Shape.parse("128x128x64"), Shape.parse("256x128x64")
+    job = {"elite_threshold": {str(a): 1.6, str(b): 1.2, str(c): None}}
+    assert memo_wanted(job, dev, a).startswith("skipped")
+    assert memo_wanted(job, dev, b) == "run" and memo_wanted(job, dev, c) == "run"
+    assert memo_wanted(job, dev, Shape.parse("512x128x64")) == "run"  # not in the mapping
+    assert memo_wanted(job, dev) == "run"  # no shape given: no cutoff to apply
+    assert host_timers_wanted(job, 1.5, a).startswith("skipped") and host_timers_wanted(job, 1.5, b) == "run"
+
+
+def test_engine_sends_each_claimed_shapes_cutoff_for_a_multi_shape_candidate(tmp_path):
+    """The threshold a multi-shape job carries is per shape: the cutoff of the proposing shape
+    must not let the candidate skip the memo pass where it would be an elite of another one."""
+    from evo._config import merge
+    from evo._engine import Engine
+    from evo._orchestrate import expand_operators, make_operators
+    from evo._progress import EVENTS_FILE, EventLog
+    from populations import Archive, load_templates
+
+    small, big, other = Shape.parse("64x128x64"), Shape.parse("128x256x64"), Shape.parse("256x256x256")
+    cfg = merge({}, {"shapes": [str(small), str(big)], "archive": str(tmp_path / "a"), "operators": "knob",
+                     "progress": "none", "max_evals": 30, "selection": {"elites": 3}})
+    cfg.operators = expand_operators(cfg.operators)
+    pool = FakeEvaluatorPool(delay_s=0.0)
+    with Archive(tmp_path / "a", "w") as archive:
+        events = EventLog(tmp_path / "a" / EVENTS_FILE)
+        engine = Engine(cfg, archive, pool, make_operators(cfg.operators), load_templates(), events=events)
+        engine.run()
+        events.close()
+        one = archive.candidates(small)[0]
+    pool.close()
+    assert engine._elite_threshold(small) is not None and engine._elite_threshold(big) is not None
+    assert engine._elite_thresholds(one.derive(shapes=(small,)), small) == engine._elite_threshold(small)
+    multi = one.derive(shapes=(small, big, other))
+    sent = engine._elite_thresholds(multi, small)
+    assert sent == {str(small): engine._elite_threshold(small), str(big): engine._elite_threshold(big),
+                    str(other): None}

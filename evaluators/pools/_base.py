@@ -18,6 +18,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from populations import Candidate, Evaluation, Shape
 
+from .._job import EliteThreshold
+
 __all__ = ["EvaluatorPool"]
 
 
@@ -39,12 +41,14 @@ class EvaluatorPool(abc.ABC):
     gpus: Sequence[int] = ()
 
     @abc.abstractmethod
-    def submit(self, candidate: Candidate, *, elite_threshold: Optional[float] = None) -> "Future[list[Evaluation]]":
+    def submit(self, candidate: Candidate, *, elite_threshold: EliteThreshold = None) -> "Future[list[Evaluation]]":
         """Queue one candidate for evaluation.
 
         ``elite_threshold``: the device speedup the candidate must reach to become an elite of
-        its shape now; a pool may use it to skip work only a would-be elite needs (the workers'
-        memoisation pass), or ignore it. None: no cutoff is known (the elite set is not full)."""
+        its shape now (one number, or per claimed shape: a mapping from the shape's string to a
+        number or None); a pool may use it to skip work only a would-be elite needs (the
+        workers' memoisation pass), or ignore it. None: no cutoff is known (the elite set is not
+        full)."""
 
     @property
     def arch(self) -> Optional[str]:

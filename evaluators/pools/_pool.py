@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from populations import Candidate, Evaluation, Status
 
 from ._pool_core import CorePool, PoolCore, PoolItem, PoolStats
+from .._job import EliteThreshold
 from ..run import HARNESS_TARGET, WorkerSupervisor, WorkerUnavailable
 
 __all__ = ["LocalPool", "PoolStats", "visible_gpus", "gpu_arch", "PRECISE_JOB"]
@@ -106,7 +107,7 @@ class LocalPool(CorePool):
             t.start()
 
     # -- public -------------------------------------------------------------------------
-    def submit(self, candidate: Candidate, *, elite_threshold: Optional[float] = None) -> "Future[list[Evaluation]]":
+    def submit(self, candidate: Candidate, *, elite_threshold: EliteThreshold = None) -> "Future[list[Evaluation]]":
         """Queue one candidate; blocks while the pool holds ``max_in_flight`` unfinished ones.
 
         ``elite_threshold``: the device speedup the candidate must reach to become an elite of

@@ -17,11 +17,17 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from populations import Candidate, Evaluation, Shape, Status, TimerResult
 
-from .._job import JOB_OPTIONS, Job, Result
+from .._job import JOB_OPTIONS, EliteThreshold, Job, Result
 from ._base import EvaluatorPool
 
 __all__ = ["CorePool", "PoolCore", "PoolItem", "PoolStats"]
 
+
+def _threshold_hint(thr: EliteThreshold) -> Any:
+    """The wire form of an elite threshold: a float, or a dict of shape string -> float or None."""
+    if isinstance(thr, Mapping):
+        return {str(k): None if v is None else float(v) for k, v in thr.items()}
+    return float(thr)
 
 @dataclass
 class PoolStats:
@@ -109,13 +115,13 @@ class PoolCore:
         self._arch_known.set()
 
     # -- futures ---------------------------------------------------------------------------
-    def admit(self, candidate: Candidate, elite_threshold: Optional[float]) -> PoolItem:
+    def admit(self, candidate: Candidate, elite_threshold: EliteThreshold) -> PoolItem:
         """A new item for ``candidate``; blocks while every slot is taken; RuntimeError once
         the pool is closed or cancelled."""
         if self.closed or self.cancelled:
             raise RuntimeError(f"{self.name} is closed" if self.closed else f"{self.name} was cancelled")
         self.slots.acquire()
-        hints = {} if elite_threshold is None else {"elite_threshold": float(elite_threshold)}
+        hints = {} if elite_threshold is None else {"elite_threshold": _threshold_hint(elite_threshold)}
         item = PoolItem(candidate, Future(), hints=hints)
         item.future.set_running_or_notify_cancel()
         return item

@@ -45,6 +45,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from populations import Candidate, Evaluation, Shape, Status
 
 from ._pool_core import CorePool, PoolCore, PoolItem, PoolStats
+from .._job import EliteThreshold
 from ._shard import shape_loads, shard, slot_loads
 from ._ray_actor import GpuEvaluator, RayUnavailable, compile_task, connect_ray
 from ._ray_slots import ActorSlots, _short
@@ -143,7 +144,7 @@ class RayPool(CorePool, ActorSlots):
             t.start()
 
     # -- public -------------------------------------------------------------------------
-    def submit(self, candidate: Candidate, *, elite_threshold: Optional[float] = None) -> "Future[list[Evaluation]]":
+    def submit(self, candidate: Candidate, *, elite_threshold: EliteThreshold = None) -> "Future[list[Evaluation]]":
         """Queue one candidate; blocks while the pool holds ``max_in_flight`` unfinished ones.
         ``elite_threshold``: as ``LocalPool.submit`` (below it the worker skips its memoisation pass)."""
         item = self._core.admit(candidate, elite_threshold)

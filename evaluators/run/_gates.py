@@ -40,19 +40,21 @@ def physical_floor(shape: Shape, ceilings: Mapping[str, float]) -> float:
                ceilings["launch_s"] * HEADROOM["launch_s"])
 
 
-def memo_wanted(job: Mapping[str, Any], device: Mapping[str, Any]) -> str:
+def memo_wanted(job: Mapping[str, Any], device: Mapping[str, Any], shape: Optional[Shape] = None) -> str:
     """Whether the memoisation timing pass runs for this result: ``"run"``, or why not.
 
     It costs a second device timing, and a memo pays only where it makes the candidate an elite:
     the engine passes ``elite_threshold`` (the speedup the candidate must reach to join the
-    elites; the cutoff only rises as the population grows), and below it the pass is skipped."""
+    elites; the cutoff only rises as the population grows), and below it the pass is skipped.
+    A candidate that claims several shapes is judged by ``shape``'s own threshold (see
+    :func:`_elite_gate`)."""
     if not job.get("memo_check", True):
         return "off"
     speedup = device["baseline_median"] / device["median"] if device["median"] > 0 else float("inf")
-    return _elite_gate(job, speedup)
+    return _elite_gate(job, speedup, shape)
 
 
-def host_timers_wanted(job: Mapping[str, Any], device_speedup: float) -> str:
+def host_timers_wanted(job: Mapping[str, Any], device_speedup: float, shape: Optional[Shape] = None) -> str:
     """Whether the ``offline`` and ``server`` timers run after the device timer: ``"run"``, or why not.
 
     They are reported, never ranked on (fitness is the device speedup), and they cost a run
@@ -62,11 +64,18 @@ def host_timers_wanted(job: Mapping[str, Any], device_speedup: float) -> str:
     option ``host_timers``: ``"elites"`` (the default) or ``"always"``."""
     if job.get("host_timers", "elites") == "always":
         return "run"
-    return _elite_gate(job, device_speedup)
+    return _elite_gate(job, device_speedup, shape)
 
 
-def _elite_gate(job: Mapping[str, Any], speedup: float) -> str:
+def _elite_gate(job: Mapping[str, Any], speedup: float, shape: Optional[Shape] = None) -> str:
+    """``"run"`` at or above the job's elite threshold for ``shape``, else why not. The threshold
+    is one number for every shape, or a mapping from shape (its string) to a number or None; a
+    shape the mapping leaves out, or maps to None, has no known cutoff and always runs: a
+    candidate claiming several shapes can become an elite at any of them, so none of them may
+    skip the checks on another shape's cutoff."""
     thr = job.get("elite_threshold")
+    if isinstance(thr, Mapping):
+        thr = thr.get(str(shape)) if shape is not None else None
     if thr is None or speedup >= float(thr):
         return "run"
     return f"skipped: speedup {speedup:.3f} below the elite threshold {float(thr):.3f}"

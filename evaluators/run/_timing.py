@@ -149,7 +149,7 @@ class TimingPhase:
             if dev_st.clocks:
                 notes["settle_clocks_mhz"] = list(dev_st.clocks)
         if "device" in run.stats:
-            gate = host_timers_wanted(job, _speedup(run.stats["device"]))
+            gate = host_timers_wanted(job, _speedup(run.stats["device"]), run.shape)
             res.setdefault("notes", {})["host_timers"] = gate
             if gate != "run":
                 wanted = [t for t in wanted if t == "device"]
@@ -178,7 +178,7 @@ class TimingPhase:
         if dev.host_median * dev.reps > 1.5 * dev.median * dev.reps + 1e-4:
             res["flags"].append(f"event time {dev.median * 1e6:.2f} us far below host-synchronised time "
                                 f"{dev.host_median * 1e6:.2f} us per call (work outside the timed stream?)")
-        memo_why = memo_wanted(run.job, res["timers"]["device"])
+        memo_why = memo_wanted(run.job, res["timers"]["device"], shape)
         res["memo_check"] = memo_why
         if memo_why == "run":
             cache = {"candidate": run.kept["candidate"]} if "candidate" in run.kept else None

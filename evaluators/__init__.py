@@ -8,7 +8,7 @@ Subpackages by concern: ``static`` (source scan), ``compile`` (compile child, ca
 ``Result``, and the code provenance sit at the top.
 """
 from ._job import JOB_OPTIONS, EliteThreshold, Job, Result, ShapeResult
-from ._provenance import code_version
+from ._provenance import buffers_warning, code_version
 from .static import ScanResult, scan, scan_source
 from .compile import (ARCHS, CompilePool, CompileResult, CubinCache, arch_for_capability, cache_key,
                       compile_candidate, default_backend, default_cache_dir, parse_ptxas)
@@ -25,7 +25,7 @@ __all__ = [
     "ARCHS", "CompileResult", "arch_for_capability", "compile_candidate", "default_backend",
     "CompilePool",
     "parse_ptxas",
-    "code_version",
+    "code_version", "buffers_warning",
     "GpuLease", "gpu_key",
     "ScanResult", "scan", "scan_source",
     "CudaError", "LoaderUnavailable", "get_loader",

@@ -8,9 +8,22 @@ from __future__ import annotations
 import os
 import subprocess
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
-__all__ = ["code_version", "source_digest", "static_provenance", "sm_clock_mhz"]
+__all__ = ["code_version", "source_digest", "static_provenance", "sm_clock_mhz", "buffers_warning"]
+
+
+def buffers_warning(provenance: Mapping[str, Any]) -> Optional[str]:
+    """A one-line warning when the worker that measured a result checked it in plain allocations
+    (its VA-reserved buffers were refused by the driver, or ``buffers = "torch"`` was asked for):
+    a store far outside a buffer then lands in other memory instead of faulting, so the
+    out-of-bounds checks are weaker. None when the buffers were VA-reserved (or not recorded)."""
+    buffers = provenance.get("buffers")
+    allocator = buffers.get("allocator") if isinstance(buffers, Mapping) else None
+    if allocator is None or allocator == "vmm":
+        return None
+    return (f"the GPU worker checked candidates in plain allocations ({allocator}), not VA-reserved buffers: "
+            "stores far outside a buffer are not sure to fault (see the worker log)")
 
 _NVML: Any = None
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
             evals = pool.evaluate([cand])
     except WorkerUnavailable as exc:
         return fail("eval", exc)
+    from evaluators import buffers_warning
+
+    for why in sorted({w for w in (buffers_warning(e.provenance or {}) for e in evals) if w}):
+        print(f"evo eval: WARNING: {why}", file=sys.stderr)
     if args.json:
         print(json.dumps([to_plain(e) for e in evals], indent=1, default=str))
     else:

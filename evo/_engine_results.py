@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 from populations import Archive, Calibration, Candidate, Evaluation, Shape, Status, disqualifies, roofline_frac
 from operators import Operator
+from evaluators import buffers_warning
 
 from ._budget import Budget, Convergence, gpu_seconds
 from ._config import RunConfig
@@ -57,6 +58,8 @@ class Recording:
     converged: set[Shape]
     hooks: list[Callable[[Any], None]]
     errors_in_a_row: int
+    #: the worker buffer warning is said once a run (a ``warning`` event and a progress line)
+    warned_buffers: bool = False
 
     # -- results -------------------------------------------------------------------------------
     def _collect(self, done: set[Future]) -> None:
@@ -76,6 +79,7 @@ class Recording:
             evals = [self._with_roofline(ev) for ev in evals]
             self.budget.charge(evals)
             for ev in evals:
+                self._warn_buffers(ev)
                 self.errors_in_a_row = self.errors_in_a_row + 1 if ev.status is Status.RUNTIME_ERROR else 0
                 self.archive.add(ev)
                 if ev.shape in self.populations:  # a candidate claiming several shapes is measured at each
@@ -89,6 +93,15 @@ class Recording:
             except Exception as exc:
                 self.hooks.remove(hook)
                 self.events.emit("hook_failed", None, hook=repr(hook), error=f"{type(exc).__name__}: {exc}")
+
+    def _warn_buffers(self, ev: Evaluation) -> None:
+        """Say once, loudly, that a worker checks in plain allocations (the driver refused VA
+        reservations): the run goes on, but its out-of-bounds checks are weaker."""
+        why = None if self.warned_buffers else buffers_warning(ev.provenance or {})
+        if why:
+            self.warned_buffers = True
+            self.events.emit("warning", ev.shape, what="buffers", message=why)
+            self.progress.message(f"evo: WARNING: {why}")
 
     def _with_roofline(self, ev: Evaluation) -> Evaluation:
         """``ev`` with its roofline fraction recorded (device-timer median against

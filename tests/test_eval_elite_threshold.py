@@ -156,3 +156,28 @@ def test_engine_sends_each_claimed_shapes_cutoff_for_a_multi_shape_candidate(tmp
     sent = engine._elite_thresholds(multi, small)
     assert sent == {str(small): engine._elite_threshold(small), str(big): engine._elite_threshold(big),
                     str(other): None}
+
+
+def test_plain_allocations_are_warned_once_by_the_engine_and_by_evo_eval(tmp_path):
+    """A worker whose driver refused VA reservations checks in plain allocations; the run goes
+    on, and says so once (an event and a progress line), as `evo eval` does on stderr."""
+    import dataclasses
+
+    from evaluators import buffers_warning
+    from evo._progress import EVENTS_FILE, read_events
+
+    assert buffers_warning({}) is None and buffers_warning({"buffers": {"allocator": "vmm"}}) is None
+    assert "plain allocations (torch)" in buffers_warning({"buffers": {"allocator": "torch"}})
+
+    class _PlainBuffersPool(FakeEvaluatorPool):
+        """The fake pool, its results stamped as a torch-allocator worker's would be."""
+
+        def _evaluate(self, candidate):  # type: ignore[override]
+            return [dataclasses.replace(e, provenance={**e.provenance, "buffers": {"allocator": "torch"}})
+                    for e in super()._evaluate(candidate)]
+
+    result, _ = run_engine(tmp_path / "a", [Shape.parse("64x128x64")], pool=_PlainBuffersPool(delay_s=0.0),
+                           max_evals=12, seed=1)
+    assert result.evaluations >= 12
+    warnings = [e for e in read_events(tmp_path / "a" / EVENTS_FILE) if e["event"] == "warning"]
+    assert len(warnings) == 1 and warnings[0]["what"] == "buffers" and "not sure to fault" in warnings[0]["message"]

@@ -110,7 +110,15 @@ class GpuHandler(TimingPhase):
 
     # -- start-up ------------------------------------------------------------------------
     def _measure_ceilings(self) -> dict[str, float]:
-        """Re-measure matmul rate, copy bandwidth and the graph launch floor once per worker."""
+        """Re-measure matmul rate, copy bandwidth and the graph launch floor once per worker.
+
+        These feed the physical-floor hack flag, and they are deliberately not the archive's
+        calibration (``_calibrate.py``, which the roofline fractions use): the flag must hold on
+        the GPU this worker runs on, today, whatever file an archive carries. A calibration from
+        another card, an older driver or a hand-edited file could set the floor too low (a faked
+        time passes) or too high (an honest kernel is flagged). The higher rate (and the lower
+        launch floor) of measured and DEFAULT_CEILINGS is kept, so a slow start-up measurement
+        (a GPU busy with something else) cannot raise the floor and flag honest kernels."""
         out = dict(DEFAULT_CEILINGS)
         measured: dict[str, float] = {}
         n = 8192

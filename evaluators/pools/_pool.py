@@ -12,7 +12,6 @@ The parent never initialises CUDA: the GPU count comes from ``nvidia-smi -L``, t
 """
 from __future__ import annotations
 
-import logging
 import os
 import queue
 import subprocess
@@ -30,7 +29,6 @@ from ..run import HARNESS_TARGET, WorkerSupervisor, WorkerUnavailable
 
 __all__ = ["LocalPool", "PoolStats", "visible_gpus", "gpu_arch", "PRECISE_JOB"]
 
-log = logging.getLogger("evo.evaluators.pool")
 
 #: Job options (``LocalPool(job_options=...)``) for a measurement that must repeat across worker
 #: starts, as ``evo eval`` makes by default: four times the device timer's replays of a run, and
@@ -98,11 +96,6 @@ class LocalPool(CorePool):
                                              deadlines=deadlines) for g in self.gpus]
         self._threads = [threading.Thread(target=self._gpu_loop, args=(sup,), name=f"evo-gpu{sup.gpu}", daemon=True)
                          for sup in self.supervisors]
-        # results are turned into Evaluations and handed to their futures here, so that a GPU
-        # thread sends its worker the next job at once (the worker idles while the parent reads)
-        self._results: "queue.Queue[Optional[tuple]]" = queue.Queue()
-        self._finisher = threading.Thread(target=self._finish_loop, name="evo-results", daemon=True)
-        self._finisher.start()
         for t in self._threads:
             t.start()
 
@@ -145,8 +138,7 @@ class LocalPool(CorePool):
             self._ready.put(None)
         for t in self._threads:
             t.join(timeout=60)
-        self._results.put(None)
-        self._finisher.join(timeout=60)
+        self._core.stop_results()
         for sup in self.supervisors:
             sup.close()
 
@@ -196,20 +188,7 @@ class LocalPool(CorePool):
                 self.stats.restarts = sum(s.restarts for s in self.supervisors)
             # read now, before the next job: a later restart must not change what this result names
             view = SimpleNamespace(gpu=sup.gpu, pid=sup.pid, info=sup.info)
-            self._results.put((item, result, view))
-
-    def _finish_loop(self) -> None:
-        """Turn worker results into Evaluations and resolve their futures, in arrival order."""
-        while True:
-            got = self._results.get()
-            if got is None:
-                return
-            item, result, view = got
-            evals = self._core.evaluations(item, result, view)
-            try:
-                self._core.finish(item, evals)
-            except Exception:  # this thread resolves every later future too: log, never die
-                log.exception("evaluator: resolving candidate %s failed", item.candidate.id)
+            core.hand_over(item, result, view)
 
     def _lost(self, why: str) -> str:
         """A GPU worker is gone for good; its thread stops taking work while another GPU runs."""

@@ -9,6 +9,8 @@ per-actor queues with shape affinity and retries).
 """
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 import time
 from concurrent.futures import CancelledError, Future
@@ -21,6 +23,8 @@ from .._job import JOB_OPTIONS, EliteThreshold, Job, Result
 from ._base import EvaluatorPool
 
 __all__ = ["CorePool", "PoolCore", "PoolItem", "PoolStats"]
+
+log = logging.getLogger("evo.evaluators.pool")
 
 
 def _threshold_hint(thr: EliteThreshold) -> Any:
@@ -92,6 +96,12 @@ class PoolCore:
         self._arch_known = threading.Event()
         if arch is not None:
             self._arch_known.set()
+        # worker results are turned into Evaluations and handed to their futures on this thread,
+        # so that a GPU's dispatcher sends its worker the next job at once (the worker would idle
+        # while the dispatcher read the result)
+        self._results: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._finisher = threading.Thread(target=self._finish_loop, name=f"{name}-results", daemon=True)
+        self._finisher.start()
 
     # -- arch ------------------------------------------------------------------------------
     @property
@@ -130,8 +140,36 @@ class PoolCore:
         """Resolve ``item``'s future with its Evaluations and free its slot."""
         with self.lock:
             self.stats.evaluated += 1
-        item.future.set_result(evals)
-        self.slots.release()
+        try:
+            item.future.set_result(evals)
+        finally:  # a future resolved elsewhere must not keep its slot
+            self.slots.release()
+
+    def hand_over(self, item: PoolItem, result: Mapping[str, Any], view: Any) -> None:
+        """Queue a worker's ``result`` for ``item`` (``view``: the worker as it was when the
+        result came, see :meth:`evaluations`) for the results thread, and return at once."""
+        self._results.put((item, result, view))
+
+    def stop_results(self, timeout: float = 60.0) -> None:
+        """Resolve every result handed over so far, then end the results thread."""
+        self._results.put(None)
+        self._finisher.join(timeout=timeout)
+
+    def _finish_loop(self) -> None:
+        """Turn worker results into Evaluations and resolve their futures, in arrival order."""
+        while True:
+            got = self._results.get()
+            if got is None:
+                return
+            item, result, view = got
+            try:
+                self.finish(item, self.evaluations(item, result, view))
+            except Exception:  # this thread resolves every later future too: log, never die
+                log.exception("evaluator: resolving candidate %s failed", item.candidate.id)
+                if not item.future.done():
+                    self.finish(item, [self.record(item.candidate, s, Status.RUNTIME_ERROR,
+                                                   "evaluator error while reading the worker's result")
+                                       for s in item.candidate.shapes])
 
     def fail(self, item: PoolItem, status: Status, message: str) -> None:
         """Resolve ``item`` with the same failure at every claimed shape."""

@@ -224,6 +224,7 @@ class RayPool(CorePool, ActorSlots):
             self._cv.notify_all()
         for t in self._threads:
             t.join(timeout=120)
+        self._core.stop_results()
 
     def __enter__(self) -> "RayPool":
         return self
@@ -383,7 +384,7 @@ class RayPool(CorePool, ActorSlots):
         sup = SimpleNamespace(gpu=slot, pid=out.get("pid"),
                               info={**view.info, "provenance": {**view.info.get("provenance", {}),
                                                                 **view.where, "ray_attempt": item.attempts}})
-        core.finish(item, core.evaluations(item, out["result"], sup))
+        core.hand_over(item, out["result"], sup)  # the results thread resolves it; the next job goes out now
         return True
 
 

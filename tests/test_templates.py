@@ -406,19 +406,26 @@ def _compile_sample(families: dict[str, Template], per_family: int, seed: int) -
     jobs = []
     for name in OURS:
         t = families[name]
-        for i, knobs in enumerate(t.sample(rng, None, per_family)):
-            layout = ("TN", "NN")[i % 2]
-            arch = ("sm_90a", "sm_80")[(i // 2) % 2]
-            # the first shape this knob set is valid at (big tiles need big shapes, big splits deep K
-            # and a workspace under 4 GiB)
-            texts = (["1000x1000x1000", "2048x2048x8192", "8192x8192x8192"] if name == "sm80_mma"
-                     else ["77x4096x520", "120x2048x8192", "8192x120x8192"])
-            shape = next((s for s in (Shape.parse(f"{x}:{layout}") for x in texts) if not t.check(knobs, s)),
-                         Shape.parse(f"{texts[-1]}:{layout}"))
+        # each knob set at the first shape it is valid at (big tiles need big shapes, big splits
+        # deep K and a workspace under 4 GiB); a set valid at none of them is not one a run could
+        # evaluate here and is skipped, so only sets Template.check accepts are compiled
+        texts = (["1000x1000x1000", "2048x2048x8192", "8192x8192x8192"] if name == "sm80_mma"
+                 else ["77x4096x520", "120x2048x8192", "8192x120x8192"])
+        found = 0
+        for knobs in t.sample(rng, None, per_family * 4):
+            if found == per_family:
+                break
+            layout = ("TN", "NN")[found % 2]
+            arch = ("sm_90a", "sm_80")[(found // 2) % 2]
+            shape = next((s for s in (Shape.parse(f"{x}:{layout}") for x in texts) if not t.check(knobs, s)), None)
+            if shape is None:
+                continue
             if t.check(knobs, shape, arch):  # the arch's own limits (sm_80: 163 KiB of shared memory)
                 arch = "sm_90a"
             assert not t.check(knobs, shape, arch), (knobs, shape, arch)
             jobs.append((name, knobs, arch, t.candidate(knobs, shape)))
+            found += 1
+        assert found == per_family, f"{name}: only {found} of {per_family} sampled knob sets are valid at {texts}"
     with CompilePool(workers=2, use_cache=False) as pool:
         futures = [pool.submit(cand, arch) for _, _, arch, cand in jobs]
         return [(n, k, a, f.result()) for (n, k, a, _), f in zip(jobs, futures)]

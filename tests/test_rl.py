@@ -293,3 +293,104 @@ def test_elite_demos_add_the_parents_best_archived_children(archive_dir: Path, t
     assert 1 <= len(demos) <= 4 and all(t.startswith('{"') for t in demos)
     assert all(json.loads(t)[KNOB] == VALUE for t in demos)  # the best children all have the value that pays
     assert prompts_from_rows(rows, {})[1] == {"template tiny not loaded": 6}  # counted per row
+
+
+# -- the GPU lease during training and adapter loads (issue 25) ---------------------------------------
+class _SliceGate:
+    """A test double of the timing GPU's lease (evaluators' GpuLease): counts slices, says whether
+    one is open, and fails a nested slice (the real gate is an exclusive lock: it would deadlock)."""
+
+    def __init__(self) -> None:
+        self.open, self.slices = False, 0
+
+    def slice(self, sync=None, cancel=None):  # type: ignore[no-untyped-def]
+        import contextlib
+
+        @contextlib.contextmanager
+        def one():  # type: ignore[no-untyped-def]
+            assert not self.open, "a slice was opened inside another"
+            self.open, self.slices = True, self.slices + 1
+            try:
+                yield
+            finally:
+                if sync is not None:
+                    sync()
+                self.open = False
+        return one()
+
+
+@needs_llm
+@needs_peft
+def test_in_run_training_runs_every_forward_and_optimiser_step_inside_a_slice(archive_dir: Path, tiny,
+                                                                              tmp_path: Path) -> None:
+    """`--rl-every` trains on the timing GPU when the model shares it: the policy's copy, every
+    forward pass (sampling, replays, reference and trained log-probabilities) and every optimiser
+    step hold the lease, one slice at a time. The real model on the CPU; the gate is a double."""
+    from evo.rl._adapters import train_adapter
+    from evo.rl._grpo import GRPOConfig
+    from evo.rl._policy import Policy
+    from operators.llm import load_backend
+
+    gate = _SliceGate()
+    policy = Policy(load_backend(), seed=0, gate=gate)
+    assert gate.slices == 1  # the copy of the model to its device
+    seen: list[bool] = []
+    policy.model.register_forward_pre_hook(lambda *a: seen.append(gate.open))
+    steps: list[bool] = []
+    real_step = __import__("torch").optim.Adam.step
+    with Archive(archive_dir) as a:
+        rows = export_rows([a])
+        table = RewardTable().add_archive(a)
+    import torch
+
+    def step(self, *a, **k):  # type: ignore[no-untyped-def]
+        steps.append(gate.open)
+        return real_step(self, *a, **k)
+
+    torch.optim.Adam.step = step  # type: ignore[method-assign]
+    try:
+        train_adapter(rows, tmp_path / "v1", policy=policy, templates={"tiny": tiny}, table=table,
+                      config=GRPOConfig(steps=1, group_size=2, seed=0), version=1)
+    finally:
+        torch.optim.Adam.step = real_step  # type: ignore[method-assign]
+    assert seen and all(seen), f"{seen.count(False)} of {len(seen)} forward passes ran outside a slice"
+    assert steps and all(steps)
+    assert gate.slices > len(steps) + 2  # sampling takes a slice per forward pass, not one for the whole step
+
+
+@needs_llm
+@needs_peft
+def test_an_adapter_switch_waits_for_a_timed_region_and_loads_inside_a_slice(trained, tmp_path: Path) -> None:
+    """Loading an adapter copies its weights to the model's device: with the lease (a real one,
+    in a temporary folder) it waits while a timer holds the GPU."""
+    import threading
+    import time
+
+    from evaluators.run._lease import GpuLease
+    from operators.llm import load_backend
+
+    out = trained[3]
+    backend = load_backend()
+    timer, gen = GpuLease("test-gpu", tmp_path), GpuLease("test-gpu", tmp_path)
+    inside, started = threading.Event(), {}
+
+    def switch() -> None:
+        inside.wait()
+        t0 = time.perf_counter()
+        backend.load_adapter(out, "v1-test", gate=gen)
+        started["took"] = time.perf_counter() - t0
+
+    th = threading.Thread(target=switch)
+    th.start()
+    try:
+        with timer.timed():
+            inside.set()
+            time.sleep(0.4)
+        th.join(60)
+        assert started["took"] >= 0.35 and backend.adapter == "v1-test"
+        assert gen.usage.slices == 1
+        gate = _SliceGate()
+        backend.load_adapter(None, "", gate=gate)
+        assert gate.slices == 1 and backend.adapter == ""
+    finally:
+        backend.load_adapter(None, "")

@@ -118,6 +118,17 @@ def train_adapter(rows: Sequence[Mapping[str, Any]], out: Union[str, os.PathLike
 def backends_of(operators: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """(model name, loaded backend) of every LLM operator's models (loading them if needed): the
     process-wide backend objects the operators answer with."""
+    return [(m, backend) for m, backend, _ in _backends_and_gates(operators)]
+
+
+def gate_of(operators: Mapping[str, Any]) -> Any:
+    """The GPU lease the LLM operators generate under: given only when their model shares a
+    timing GPU (evo/_llm_placement.py), else None. GPU work for them (training the policy,
+    loading an adapter) holds slices of it too."""
+    return next((g for _, _, g in _backends_and_gates(operators) if g is not None), None)
+
+
+def _backends_and_gates(operators: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     from operators.llm import get_backend
 
     out = []
@@ -125,7 +136,7 @@ def backends_of(operators: Mapping[str, Any]) -> list[tuple[str, Any]]:
         models = getattr(op, "models", None)
         spec_of = getattr(op, "_spec", None)
         if models and callable(spec_of):
-            out.extend((m, get_backend(spec_of(m))) for m in models)
+            out.extend((m, get_backend(spec_of(m)), getattr(op, "gate", None)) for m in models)
     return out
 
 
@@ -133,12 +144,17 @@ def switch_adapter(operators: Mapping[str, Any], folder: Union[str, os.PathLike,
     """Point every LLM operator's local transformers backend at the adapter in ``folder`` (recorded
     as ``name`` on new candidates; None: back to the base model); the model names switched.
     Backends that refuse (``LLMBackend.load_adapter``'s NotImplementedError: those without
-    adapter support) are left as they are."""
-    switched = []
-    for m, backend in backends_of(operators):
+    adapter support) are left as they are. A model that shares a timing GPU loads inside a slice
+    of its operator's lease."""
+    switched, done = [], set()
+    for m, backend, gate in _backends_and_gates(operators):
+        if id(backend) in done:  # one backend serving two operators (mutation and crossover)
+            switched.append(m)
+            continue
         try:
-            backend.load_adapter(folder, name)
+            backend.load_adapter(folder, name, gate=gate)
         except NotImplementedError:
             continue
+        done.add(id(backend))
         switched.append(m)
     return switched

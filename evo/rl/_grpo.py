@@ -266,27 +266,28 @@ def train(policy: Policy, prompts: Sequence[Prompt], rewards: RewardSource, conf
             old: list[Any] = [None] * len(samples)
             losses, kls = [], []
             for it in range(config.inner):
-                opt.zero_grad()
-                total = 0.0
-                live = [i for i, s in enumerate(samples) if s.steps]
-                for i in live:
-                    lp = policy.logprobs(ids, samples[i])
-                    if it == 0:
-                        old[i] = lp.detach()
-                    ratio = torch.exp(lp - old[i])
-                    a = adv[i]
-                    loss = -torch.min(ratio * a, torch.clamp(ratio, 1 - config.clip, 1 + config.clip) * a)
-                    if ref[i] is not None:  # sampled completions only (ref is None for replayed ones)
-                        q = ref[i] - lp
-                        kl = torch.exp(q) - q - 1
-                        loss = loss + config.beta * kl
-                        kls.append(float(kl.detach().mean()))
-                    loss = loss.mean() / len(live)
-                    loss.backward()
-                    total += float(loss.detach())
-                torch.nn.utils.clip_grad_norm_(policy.trainable(), config.max_grad_norm)
-                opt.step()
-                policy.weights_changed()
+                with policy.leased():  # one slice of the timing GPU's lease per optimiser step
+                    opt.zero_grad()
+                    total = 0.0
+                    live = [i for i, s in enumerate(samples) if s.steps]
+                    for i in live:
+                        lp = policy.logprobs(ids, samples[i])
+                        if it == 0:
+                            old[i] = lp.detach()
+                        ratio = torch.exp(lp - old[i])
+                        a = adv[i]
+                        loss = -torch.min(ratio * a, torch.clamp(ratio, 1 - config.clip, 1 + config.clip) * a)
+                        if ref[i] is not None:  # sampled completions only (ref is None for replayed ones)
+                            q = ref[i] - lp
+                            kl = torch.exp(q) - q - 1
+                            loss = loss + config.beta * kl
+                            kls.append(float(kl.detach().mean()))
+                        loss = loss.mean() / len(live)
+                        loss.backward()
+                        total += float(loss.detach())
+                    torch.nn.utils.clip_grad_norm_(policy.trainable(), config.max_grad_norm)
+                    opt.step()
+                    policy.weights_changed()
                 losses.append(total)
             record.update(loss=losses[-1], kl=statistics.fmean(kls) if kls else 0.0)
         else:

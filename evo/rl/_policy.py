@@ -14,6 +14,7 @@ are exact. The reference model for the KL term is the same network with the adap
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -120,24 +121,30 @@ class Policy:
     """A trainable LoRA copy of ``backend``'s model (see the module docstring)."""
 
     def __init__(self, backend: TransformersBackend, *, lora: LoraSettings = LoraSettings(), seed: int = 0,
-                 init_adapter: Optional[Union[str, os.PathLike]] = None) -> None:
+                 init_adapter: Optional[Union[str, os.PathLike]] = None, gate: Any = None) -> None:
         import torch
         from peft import PeftModel, get_peft_model
 
         self.torch = torch
         self.backend = backend
         self.lora = lora
+        #: the timing GPU's lease when the policy trains on it (``evo run --rl-every`` with the model
+        #: co-located): every GPU step of training holds a slice of it (:meth:`leased`)
+        self.gate = gate
+        self._local = threading.local()
+        self._device = backend.device
         # the backend moves its model to the GPU lazily (at its first leased forward pass); the
-        # trained copy goes there now: nothing times during `evo rl train`
-        base = copy.deepcopy(backend.model).to(backend.device)
-        if isinstance(base, PeftModel):  # the backend serves an adapter: train from the base
-            base = base.unload()
-        self.base_hash = model_hash(base)
-        torch.manual_seed(seed)
-        if init_adapter is not None:
-            self.model = PeftModel.from_pretrained(base, str(init_adapter), is_trainable=True)
-        else:
-            self.model = get_peft_model(base, lora.config())
+        # trained copy goes there now, inside a slice when a gate is given
+        with self.leased():
+            base = copy.deepcopy(backend.model).to(backend.device)
+            if isinstance(base, PeftModel):  # the backend serves an adapter: train from the base
+                base = base.unload()
+            self.base_hash = model_hash(base)
+            torch.manual_seed(seed)
+            if init_adapter is not None:
+                self.model = PeftModel.from_pretrained(base, str(init_adapter), is_trainable=True)
+            else:
+                self.model = get_peft_model(base, lora.config())
         self.model.eval()  # no dropout anywhere; gradients still flow
         sampler = _Tracing.__new__(_Tracing)
         sampler.__dict__.update(backend.__dict__)  # tokenizer, vocabulary pieces, eos ids, device...
@@ -149,6 +156,29 @@ class Policy:
         self._train_past: dict[tuple[int, ...], Any] = {}
         self._ref_past: dict[tuple[int, ...], Any] = {}
 
+    # -- the GPU lease -------------------------------------------------------------------------
+    def leased(self) -> Any:
+        """A context for GPU work of training: one slice of :attr:`gate` (it waits while a region
+        is timed and ends with the device synchronised), or nothing without a gate or inside a
+        slice already (slices do not nest: the gate is an exclusive lock)."""
+        if self.gate is None or getattr(self._local, "inside", False):
+            return contextlib.nullcontext()
+        return self._slice()
+
+    @contextlib.contextmanager
+    def _slice(self) -> Any:
+        on_gpu = str(self._device).startswith("cuda")
+        with self.gate.slice(sync=(lambda: self.torch.cuda.synchronize(self._device)) if on_gpu else None):
+            self._local.inside = True
+            try:
+                yield
+            finally:
+                self._local.inside = False
+
+    def _sample_gate(self) -> Any:
+        """The gate the sampling loop takes per forward pass (None inside a slice already)."""
+        return None if getattr(self._local, "inside", False) else self.gate
+
     # -- prompts and caches --------------------------------------------------------------------
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         return self.sampler.prompt_ids(messages, PREFIX)
@@ -159,7 +189,7 @@ class Policy:
         key = tuple(ids)
         cache = self._ref_past if reference else self._train_past
         if key not in cache:
-            with torch.no_grad():
+            with torch.no_grad(), self.leased():
                 if reference:
                     with self.model.disable_adapter():
                         out = self.model(input_ids=torch.tensor([ids[:-1]], device=self.sampler.device), use_cache=True, logits_to_keep=1)
@@ -185,7 +215,7 @@ class Policy:
         self.sampler.trace = trace
         try:
             c = self.sampler.complete(messages, rng=rng, temperature=temperature, max_new_tokens=64, prefix=PREFIX,
-                                      grammar=grammar)
+                                      grammar=grammar, gate=self._sample_gate())
         finally:
             self.sampler.trace = None
         trace.text, trace.finished = c.text, c.finished
@@ -201,7 +231,7 @@ class Policy:
         self.sampler.trace, self.sampler.force = trace, text[len(PREFIX):]
         try:
             c = self.sampler.complete(messages, rng=None, temperature=temperature, max_new_tokens=64, prefix=PREFIX,
-                                      grammar=grammar)
+                                      grammar=grammar, gate=self._sample_gate())
         except _Unreachable:
             return None
         finally:
@@ -216,18 +246,19 @@ class Policy:
         """Log-probabilities of the sampled steps under the restricted softmax (a 1-d tensor with
         gradient unless ``reference``)."""
         torch = self.torch
-        past = copy.deepcopy(self._prefix(prompt, reference))
-        x = torch.tensor([prompt[-1:] + sample.ids], device=self.sampler.device)
-        if reference:
-            with torch.no_grad(), self.model.disable_adapter():
+        with self.leased():
+            past = copy.deepcopy(self._prefix(prompt, reference))
+            x = torch.tensor([prompt[-1:] + sample.ids], device=self.sampler.device)
+            if reference:
+                with torch.no_grad(), self.model.disable_adapter():
+                    logits = self.model(input_ids=x, past_key_values=past, use_cache=True).logits[0]
+            else:
                 logits = self.model(input_ids=x, past_key_values=past, use_cache=True).logits[0]
-        else:
-            logits = self.model(input_ids=x, past_key_values=past, use_cache=True).logits[0]
-        out = []
-        for j, allowed, chosen in sample.steps:
-            sub = logits[j, allowed].float() / sample.temperature
-            out.append(torch.log_softmax(sub, dim=0)[allowed.index(chosen)])
-        return torch.stack(out) if out else torch.zeros(0)
+            out = []
+            for j, allowed, chosen in sample.steps:
+                sub = logits[j, allowed].float() / sample.temperature
+                out.append(torch.log_softmax(sub, dim=0)[allowed.index(chosen)])
+            return torch.stack(out) if out else torch.zeros(0)
 
     def trainable(self) -> list[Any]:
         return [p for p in self.model.parameters() if p.requires_grad]

@@ -127,12 +127,13 @@ class RLUpdater:
             self._result = {"skip": "no LLM knob-edit rows in the archive yet", "evaluations": evaluations}
             return
         if self.policy is None:
-            from ._adapters import backends_of
+            from ._adapters import backends_of, gate_of
             from ._policy import Policy
 
             init = self.store.folder(self.version) if self.version else None
             backend = backends_of(self.operators)[0][1]  # the first LLM operator's own model, on its device
-            self.policy = Policy(backend, seed=self.config.seed, init_adapter=init)
+            # on the timing GPU (the model co-located) every training step holds the lease
+            self.policy = Policy(backend, seed=self.config.seed, init_adapter=init, gate=gate_of(self.operators))
         version = self.version + 1
         folder = self.store.folder(version)
         manifest = train_adapter(rows, folder, policy=self.policy, templates=self.templates, table=table,

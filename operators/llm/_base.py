@@ -83,10 +83,12 @@ class LLMBackend(abc.ABC):
         clock starts, so a first call is no slower than the next; its cost is charged to no
         completion. The default does nothing (a server is warm or not on its own side)."""
 
-    def load_adapter(self, folder: Any, name: str) -> None:
+    def load_adapter(self, folder: Any, name: str, gate: Optional[Gate] = None) -> None:
         """Answer with the peft LoRA adapter in ``folder`` (recorded as ``name``) from the next
-        completion on; ``folder=None`` goes back to the base model. The default refuses: a
-        backend that cannot switch adapters says so rather than answering with the old weights."""
+        completion on; ``folder=None`` goes back to the base model. ``gate``: the timing GPU's
+        lease when the model shares it; weights put on that GPU are put there inside one slice
+        (as every generation kernel is). The default refuses: a backend that cannot switch
+        adapters says so rather than answering with the old weights."""
         raise NotImplementedError(f"{type(self).__name__} cannot load LoRA adapters")
 
     # -- for implementations -----------------------------------------------------------------

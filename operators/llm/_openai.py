@@ -22,6 +22,7 @@ sends the adapter's name as the request's model; the previous adapter is unloade
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -89,18 +90,22 @@ class OpenAIBackend(LLMBackend):
         return body
 
     # -- adapters (RL updates, issue 8) -----------------------------------------------------
-    def load_adapter(self, folder: Any, name: str) -> None:
+    def load_adapter(self, folder: Any, name: str, gate: Optional[Gate] = None) -> None:
         """Serve the peft LoRA adapter in ``folder`` as ``name`` from the next completion on (a
         hot reload through the server's runtime LoRA endpoints); ``folder=None`` goes back to the
         base model. The previous adapter is unloaded after the new one is in. Raises RuntimeError
-        with the server's answer when it refuses (e.g. started without ``--enable-lora``)."""
+        with the server's answer when it refuses (e.g. started without ``--enable-lora``). With
+        ``gate`` (a server on the timing GPU) the load request is one slice: the server copies the
+        weights to its GPU while no region is timed."""
         base = self.spec.base_url.rstrip("/")
         old = self.adapter
         if folder is not None:
             if not name:
                 raise ValueError("an adapter needs a name (what requests send as the model)")
             if name != old:
-                self._admin(base + "/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(folder).resolve())})
+                with gate.slice() if gate is not None else contextlib.nullcontext():
+                    self._admin(base + "/load_lora_adapter", {"lora_name": name,
+                                                              "lora_path": str(Path(folder).resolve())})
         with self._lock:
             self.adapter = name if folder is not None else ""
         if old and old != self.adapter:

@@ -95,30 +95,35 @@ class TransformersBackend(LLMBackend):
         self.gpu_s = 0.0  # seconds of forward passes on a GPU, all completions (synchronised)
 
     # -- adapters (RL updates, issue 8) -----------------------------------------------------
-    def load_adapter(self, folder: Any, name: str) -> None:
+    def load_adapter(self, folder: Any, name: str, gate: Optional[Gate] = None) -> None:
         """Answer with the peft LoRA adapter saved in ``folder`` from the next completion on, and
         record ``name`` (its version) in every Completion: a hot reload, no restart. The model
         is wrapped in a ``peft.PeftModel`` on the first load; the previous adapter is dropped, and
         so are the prompt caches computed with the old weights. ``folder=None`` goes back to the
-        base model (the LoRA layers are removed)."""
+        base model (the LoRA layers are removed). With ``gate`` the switch is one lease slice (the
+        adapter's weights are copied to the model's GPU there, never during a timed region)."""
         from peft import PeftModel
 
         with self._lock:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                if folder is None:
-                    if isinstance(self.model, PeftModel):
-                        self.model = self.model.unload()
-                elif isinstance(self.model, PeftModel):
-                    old = list(self.model.peft_config)
-                    self.model.load_adapter(str(folder), adapter_name=name)
-                    self.model.set_adapter(name)
-                    for n in old:
-                        if n != name:
-                            self.model.delete_adapter(n)
-                else:
-                    self.model = PeftModel.from_pretrained(self.model, str(folder), adapter_name=name)
-                self.model.eval()
+            self._gate = gate
+            try:
+                with self._leased(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    if folder is None:
+                        if isinstance(self.model, PeftModel):
+                            self.model = self.model.unload()
+                    elif isinstance(self.model, PeftModel):
+                        old = list(self.model.peft_config)
+                        self.model.load_adapter(str(folder), adapter_name=name)
+                        self.model.set_adapter(name)
+                        for n in old:
+                            if n != name:
+                                self.model.delete_adapter(n)
+                    else:
+                        self.model = PeftModel.from_pretrained(self.model, str(folder), adapter_name=name)
+                    self.model.eval()
+            finally:
+                self._gate = None
             self._cache.clear()
             self.adapter = name if folder is not None else ""
 

@@ -62,9 +62,11 @@ class VLLMBackend(LLMBackend):
         self._lora_ids += 1
         self.lora = LoRARequest(name, self._lora_ids, folder)
 
-    def load_adapter(self, folder: Any, name: str) -> None:
+    def load_adapter(self, folder: Any, name: str, gate: Optional[Gate] = None) -> None:
         """Answer with the peft LoRA adapter in ``folder`` (recorded as ``name``) from the next
-        completion on; ``folder=None`` goes back to the base model."""
+        completion on; ``folder=None`` goes back to the base model. Nothing reaches the GPU here
+        (vLLM loads the adapter at the next request, inside that request's slice), so ``gate``
+        is not needed."""
         with self._lock:
             if folder is None:
                 self.lora, self.adapter = None, ""

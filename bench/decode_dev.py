@@ -147,11 +147,20 @@ def csv_shapes(path: str) -> list[str]:
     return out + [f"16x{nk}" for nk in NK16 if f"8x{nk}" in out]
 
 
+def baseline_picks(t: Any, shape: Shape, baseline: dict[str, dict], n: int) -> list[dict]:
+    """The first ``n`` heuristic picks the template made before knob values were added to it: its
+    picks now, less those where a knob named in ``baseline[t.name]`` is off its old fixed value
+    (exact when the new values came with new rules only, inserted among the old ones)."""
+    fixed = baseline.get(t.name, {})
+    return [k for k in t.heuristic(shape, 90) if all(k.get(x) == v for x, v in fixed.items())][:n]
+
+
 def variants(shape: Shape, templates: dict[str, Any], per_template: int, seed: int,
              use_grid: bool = True, picks_only: bool = False, max_grid: int = 120,
-             n_picks: int = 4) -> list[tuple[str, dict, str]]:
-    """(template, knobs, origin): the heuristic picks, then the pruned grid (``grid``) or a seeded
-    sample of valid sets, dropping those the template refuses."""
+             n_picks: int = 4, baseline: dict[str, dict] | None = None) -> list[tuple[str, dict, str]]:
+    """(template, knobs, origin): the heuristic picks (and, with ``baseline``, the old picks: origin
+    base<i>), then the pruned grid (``grid``) or a seeded sample of valid sets, dropping those the
+    template refuses."""
     out: list[tuple[str, dict, str]] = []
     for name in TEMPLATES:
         t = templates[name]
@@ -159,21 +168,38 @@ def variants(shape: Shape, templates: dict[str, Any], per_template: int, seed: i
             continue
         seen: set[tuple] = set()
         picks = [(k, f"heuristic{i}") for i, k in enumerate(t.heuristic(shape, 90)[:n_picks])]
+        if baseline is not None:
+            picks += [(k, f"base{i}") for i, k in enumerate(baseline_picks(t, shape, baseline, n_picks))]
         full = [k for k in grid(name, shape) if not t.check(dict(t.space.defaults(), **k), shape, 90)] if use_grid else []
         full = thin(full, max_grid)
         if picks_only:  # and each swab pick with the other K order (KMAP), to settle that knob
-            picks += [(dict(k, KMAP=1 - k["KMAP"]), "kmap") for k, _ in picks if name == "swab"]
+            picks += [(dict(k, KMAP=1 - k["KMAP"]), "kmap") for k, o in picks if name == "swab" and o.startswith("heur")]
         elif full:
             picks += [(dict(t.space.defaults(), **k), "grid") for k in full]
         else:
             rng = random.Random(f"{seed}:{shape}:{name}")
             picks += [(k, "sample") for k in t.sample(rng, shape, per_template if not use_grid else 8, arch=90)]
-        for knobs, origin in picks:
+        at: dict[tuple, int] = {}  # a knob set picked twice (a new pick that is also an old one) is timed once,
+        for knobs, origin in picks:  # its origins joined with '+' (heuristic0+base0)
             key = tuple(sorted(knobs.items()))
-            if key not in seen and not t.check(knobs, shape, 90):
+            if key in at:
+                n, k, o = out[at[key]]
+                out[at[key]] = (n, k, o if origin in o.split("+") else f"{o}+{origin}")
+            elif key not in seen and not t.check(knobs, shape, 90):
                 seen.add(key)
+                at[key] = len(out)
                 out.append((name, knobs, origin))
     return out
+
+
+def has_origin(row: dict, origin: str) -> bool:
+    return origin in row["origin"].split("+")
+
+
+def pick_us(rows: list[dict], prefix: str, n: int) -> float | None:
+    """The fastest of the first ``n`` picks of that kind (prefix heuristic or base) over the templates."""
+    ts = [r["us"] for r in rows if any(has_origin(r, f"{prefix}{i}") for i in range(n))]
+    return min(ts) if ts else None
 
 
 def compile_all(cands: list[Candidate]) -> dict[str, Any]:
@@ -311,11 +337,14 @@ def wrong_where(sets: list, ref: Any) -> str:
            f"cols {int(bad.any(0).sum())}/{c.shape[1]}, first {idx}"
 
 
-def load_peer() -> Any:
-    """The plain peer from the shared folder (beside or inside the checkout, or carried as
-    .carry_shared/), or None when it is not there."""
+def load_peer(where: str | None = None) -> Any:
+    """The plain peer from ``where`` or the shared folder (beside or inside the checkout, or carried
+    as .carry_shared/), or None when it is not there."""
     here = Path(__file__).resolve().parent.parent
-    for path in [root / sub / "peers" / "plain_gemv.py" for root in (here.parent, here) for sub in (".carry_shared", "shared")]:
+    paths = [root / sub / "peers" / "plain_gemv.py" for root in (here.parent, here) for sub in (".carry_shared", "shared")]
+    if where:
+        paths = [Path(where)]
+    for path in paths:
         if path.is_file():
             spec = importlib.util.spec_from_file_location("plain_gemv_peer", path)
             mod = importlib.util.module_from_spec(spec)
@@ -366,10 +395,29 @@ def cublas_us(sets: list) -> tuple[float, str]:
     return (t_tn, "TN") if t_tn <= t_nn else (t_nn, "NN")
 
 
-def evaluator_check(shapes: list[Shape], templates: dict[str, Any]) -> int:
-    """Each template's first pick through LocalPool (correctness, hack checks, device timer)."""
-    return evaluate_candidates([templates[n].candidate(templates[n].heuristic(s, 90)[0], s) for s in shapes
-                                for n in TEMPLATES if templates[n].applicable(s, 90)])
+def new_value_picks(t: Any, shape: Shape, baseline: dict[str, dict] | None) -> list[dict]:
+    """The template's first pick with each knob value ``baseline`` marks as new forced into it (the
+    valid ones): every new value gets checked at every shape, ragged ones included."""
+    out = []
+    first = t.heuristic(shape, 90)[:1]
+    for knob, old in ((baseline or {}).get(t.name) or {}).items():
+        for v in t.space.knobs[knob].values:
+            if first and v != old and not t.check(dict(first[0], **{knob: v}), shape, 90):
+                out.append(dict(first[0], **{knob: v}))
+    return out
+
+
+def evaluator_check(shapes: list[Shape], templates: dict[str, Any], baseline: dict[str, dict] | None = None) -> int:
+    """Each template's first pick through LocalPool (correctness, hack checks, device timer), and
+    with ``baseline`` its first pick with each new knob value."""
+    cands = []
+    for s in shapes:
+        for n in TEMPLATES:
+            t = templates[n]
+            if t.applicable(s, 90):
+                for k in t.heuristic(s, 90)[:1] + new_value_picks(t, s, baseline):
+                    cands.append(t.candidate(k, s))
+    return evaluate_candidates(cands)
 
 
 def evaluate_candidates(cands: list[Candidate]) -> int:
@@ -403,14 +451,22 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=26)
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--compile-only", action="store_true", help="compile every variant here (no GPU)")
+    p.add_argument("--baseline", type=json.loads, default=None, metavar="JSON",
+                   help="also time the old picks (origin base<i>): per template, the knob values its space was fixed "
+                        "at before new values came with new rules, e.g. '{\"gemv\": {\"TILES\": 1}}'; prints "
+                        "old and new first picks (and the best of the first --picks of each) per shape")
+    p.add_argument("--peer", help="path of the plain peer (plain_gemv.py); default: shared/ or .carry_shared/ "
+                                  "peers/, in or beside the checkout")
     args = p.parse_args()
     t0 = time.monotonic()
     templates = load_templates()
     shapes = [Shape.parse(x) for x in (csv_shapes(args.csv) if args.csv else args.shapes)]
     ragged = [Shape.parse(x) for x in RAGGED]
     plan = {s: variants(s, templates, args.per_template, args.seed, picks_only=args.picks_only, max_grid=args.max_grid,
-                        n_picks=args.picks) for s in shapes}
-    plan.update({s: variants(s, templates, 6, args.seed, use_grid=False) for s in ragged})
+                        n_picks=args.picks, baseline=args.baseline) for s in shapes}
+    plan.update({s: variants(s, templates, 6, args.seed, use_grid=False)
+                 + [(n, k, "newvalue") for n in TEMPLATES if templates[n].applicable(s, 90)
+                    for k in new_value_picks(templates[n], s, args.baseline)] for s in ragged})
     cands = {(s, n, tuple(sorted(k.items()))): (templates[n].candidate(k, s), o) for s, vs in plan.items() for n, k, o in vs}
     compiled = compile_all([c for c, _ in cands.values()])
     failed = [(str(key[0]), key[1], dict(key[2]), r.message[-400:]) for key, (c, _) in cands.items()
@@ -429,7 +485,7 @@ def main() -> int:
 
     import torch
 
-    peer = load_peer()
+    peer = load_peer(args.peer)
     peer_ms = sorted({s.m for s in shapes} & {1, 8, 16})  # the peer's own rows (its compile is one NVRTC call)
     peer_fns = peer.build(peer_ms) if peer is not None else {}
     floors = None
@@ -505,13 +561,23 @@ def main() -> int:
             print(f"{str(s):>16} no correct variant", flush=True)
             continue
         best = min(rows, key=lambda r: r["us"])
-        first = [r["us"] for r in rows if r["origin"] == "heuristic0"]
+        first = [r["us"] for r in rows if has_origin(r, "heuristic0")]
         pr = f"{t_peer:7.2f} {floor / t_peer:4.2f} {peer_cfg:>6}" if t_peer else f"{'-':>7} {'-':>4} {'':>6}"
         xp = f"{t_peer / best['us']:6.2f}" if t_peer else f"{'-':>6}"
         print(f"{str(s).split(':')[0]:>16} {rec['weight_mb']:6.1f} | {t_cb:7.2f} {floor / t_cb:4.2f} | {pr} | "
               f"{min(first) if first else float('nan'):7.2f} {best['us']:7.2f} {floor / best['us']:4.2f} "
               f"{t_cb / best['us']:5.2f} {xp} | {best['template']} {json.dumps(best['knobs'], sort_keys=True)}",
               flush=True)
+        if args.baseline is not None:
+            old1, new1 = pick_us(rows, "base", 1), pick_us(rows, "heuristic", 1)
+            oldn, newn = pick_us(rows, "base", args.picks), pick_us(rows, "heuristic", args.picks)
+            rec["picks"] = {"old_first": old1, "new_first": new1, "old_best": oldn, "new_best": newn}
+            (out / "decode_dev.json").write_text(json.dumps(records, indent=0))
+            f = lambda x: f"{x:7.2f}" if x else f"{'-':>7}"  # noqa: E731
+            xp = lambda x: f"{t_peer / x:5.3f}" if x and t_peer else "    -"  # noqa: E731
+            print(f"{'':>16}   picks old first {f(old1)} new first {f(new1)} | first {args.picks}: old {f(oldn)} "
+                  f"new {f(newn)} | x peer: old first {xp(old1)} new first {xp(new1)} old {xp(oldn)} new {xp(newn)}",
+                  flush=True)
         per_t = {n: min(r["us"] for r in rows if r["template"] == n) for n in TEMPLATES if any(r["template"] == n for r in rows)}
         fl = f"; empty {extra['empty_us']:.2f} read {extra['read_us']:.2f} us ({floor / extra['read_us']:.2f} roof)" \
             if "read_us" in extra else ""
@@ -523,18 +589,28 @@ def main() -> int:
                        ("M<=16, < 8 MB", [r for r in timed if r["m"] <= 16 and r["weight_mb"] < 8])):
         if sel:
             bests = [min(v["us"] for v in r["variants"]) for r in sel]
-            firsts = [min([v["us"] for v in r["variants"] if v["origin"] == "heuristic0"] or [b]) for r, b in zip(sel, bests)]
+            firsts = [min([v["us"] for v in r["variants"] if has_origin(v, "heuristic0")] or [b]) for r, b in zip(sel, bests)]
             peers = [(r["peer_us"], b) for r, b in zip(sel, bests) if r["peer_us"]]
             print(f"{label:>16}: n={len(sel)} best x cuBLAS {gm([r['cublas_us'] / b for r, b in zip(sel, bests)]):.3f}, "
                   f"first pick x cuBLAS {gm([r['cublas_us'] / f for r, f in zip(sel, firsts)]):.3f}, "
                   f"best x peer {gm([p / b for p, b in peers]):.3f} (min {min([p / b for p, b in peers] or [0]):.2f}), "
                   f"roofline {gm([r['floor_us'] / b for r, b in zip(sel, bests)]):.2f}", flush=True)
+    picked = [r for r in timed if r.get("picks") and r["picks"]["old_first"] and r["picks"]["new_first"]]
+    for label, sel in (("picks, all", picked), ("picks, M=1", [r for r in picked if r["m"] == 1]),
+                       ("picks, M=8..16", [r for r in picked if r["m"] > 1])):
+        if sel:
+            parts = []
+            for key in ("old_first", "new_first", "old_best", "new_best"):
+                xs = [r["peer_us"] / r["picks"][key] for r in sel if r["peer_us"] and r["picks"][key]]
+                cb = gm([r["cublas_us"] / r["picks"][key] for r in sel if r["picks"][key]])
+                parts.append(f"{key} x cuBLAS {cb:.3f} x peer {gm(xs):.3f} (min {min(xs or [0]):.3f})")
+            print(f"{label:>16}: n={len(sel)} " + "; ".join(parts), flush=True)
     print(f"timing done in {time.monotonic() - t0:.0f} s; {len(wrong)} wrong", flush=True)
     for line in wrong[:20]:
         print("WRONG", line, flush=True)
     bad = 0
     if args.eval_shapes:
-        bad = evaluator_check([Shape.parse(x) for x in args.eval_shapes], templates)
+        bad = evaluator_check([Shape.parse(x) for x in args.eval_shapes], templates, args.baseline)
     print(f"all done in {time.monotonic() - t0:.0f} s", flush=True)
     return 1 if failed or wrong or bad else 0
 

@@ -82,7 +82,7 @@ def test_plans_resolve_at_ragged_shapes(fams: dict[str, Template], name: str) ->
                 launches, ws = plan.resolve(shape)
                 assert ws == 0 and len(launches) == 1
                 (launch,) = launches
-                tiles = -(-shape.n // (per_row * knobs[rows]))
+                tiles = -(-shape.n // (per_row * knobs[rows] * knobs.get("TILES", 1)))
                 tiles = -(-tiles // knobs.get("TPC", 1)) * -(-shape.m // (per_tok * knobs[toks]))
                 assert launch.grid == (tiles, 1, knobs["CLUSTER"]) and launch.block == (32 * knobs["WARPS"], 1, 1)
                 if name == "swpipe":  # weight stages plus a token buffer that holds one cluster rank's K stages
@@ -113,8 +113,9 @@ def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> N
     # M = 1: one memory round trip per thread (THREADS * UNROLL * 8 >= K up to K = 4096)
     assert first(g, "1x576x576") == dict(g.space.defaults(), ROWS=2, TOK=1, WARPS=4, UNROLL=1)
     # N >= 6144 at K <= 1024: ROWS 4 (1x9728x896: ROWS 2 was 9% slower), ROWS 8 next on N >= 32768
+    # (third, behind ROWS 4 with row tiles: test_gemv_row_tiles_are_early_picks_behind_the_measured_first)
     assert first(g, "1x9728x896")["ROWS"] == first(g, "1x151936x896")["ROWS"] == 4
-    assert g.heuristic(Shape.parse("1x151936x896"), 90)[1]["ROWS"] == 8
+    assert g.heuristic(Shape.parse("1x151936x896"), 90)[2]["ROWS"] == 8
     for text in ("1x2304x2304", "1x3072x3072", "1x4096x4096"):
         k = first(g, text)
         assert k["WARPS"] * 32 * k["UNROLL"] * 8 >= Shape.parse(text).k and k["CLUSTER"] == 1, (text, k)
@@ -140,7 +141,36 @@ def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> N
         assert (k["U"], k["PIPE"], k["WARPS"], k["CLUSTER"]) == (1, 1, 8, 1), (text, k)
 
 
+def test_gemv_row_tiles_are_early_picks_behind_the_measured_first(fams: dict[str, Template]) -> None:
+    """TILES > 1 (row tiles per CTA, the next tile's loads ahead of this tile's epilogue) is among the
+    first 4 picks (``evo run`` seeds 4 per template) of the M = 1 rows where evo and the plain peer
+    were tied, behind the measured first pick, which is unchanged."""
+    g = fams["gemv"]
+    picks = lambda text: g.heuristic(Shape.parse(text), 90)  # noqa: E731
+    for text, first, tiles in (("1x50257x768", (4, 4, 1), {4, 2}), ("1x49152x576", (4, 4, 1), {4, 2}),
+                               ("1x9728x896", (4, 4, 1), {4, 2}), ("1x9216x3072", (4, 8, 2), {2}),
+                               ("1x6144x4096", (2, 8, 2), {2})):
+        ks = picks(text)
+        assert (ks[0]["ROWS"], ks[0]["WARPS"], ks[0]["UNROLL"], ks[0]["TILES"]) == (*first, 1), (text, ks[0])
+        assert {k["TILES"] for k in ks[:4]} - {1} == tiles, (text, ks[:4])
+        for k in ks[:4]:
+            if k["TILES"] > 1:  # the same launch shape as the first pick, tiles apart
+                assert (k["ROWS"], k["WARPS"], k["UNROLL"], k["CLUSTER"], k["PIPE"], k["ISSUE"]) == (*first, 1, 0, 0)
+    # the measured ROWS 8 pick of large N stays among the first 4; small N and few rows: no tiles
+    assert any(k["ROWS"] == 8 for k in picks("1x50257x768")[:4])
+    for text in ("1x2304x2304", "1x3072x3072", "1x4096x4096", "1x576x576", "1x896x4864", "8x576x576", "3x4096x4096"):
+        assert all(k["TILES"] == 1 for k in picks(text)), text
+    # the grid covers cdiv(N, ROWS * TILES) row groups; sm_80 gets no ROWS 8 with tiles (it spilled)
+    k = picks("1x50257x768")[1]
+    assert g.render(k, Shape.parse("1x50257x768"))[1].resolve(Shape.parse("1x50257x768"))[0][0].grid == (3142, 1, 1)
+    assert g.check(dict(k, ROWS=8, TILES=2), Shape.parse("1x50257x768"), 90) == []
+    assert g.check(dict(k, ROWS=8, TILES=2), Shape.parse("1x50257x768"), 80)
+
+
 REFUSED = [
+    ("gemv", {"TILES": 2, "PIPE": 1}, None, "CLUSTER 1, PIPE 0, ISSUE 0"),
+    ("gemv", {"TILES": 4, "CLUSTER": 2}, None, "CLUSTER 1, PIPE 0, ISSUE 0"),
+    ("gemv", {"TILES": 2, "ROWS": 4, "TOK": 4}, None, "ROWS * TOK above 8"),
     ("gemv", {"ROWS": 8, "TOK": 8}, None, "epilogue dominates"),
     ("gemv", {"ROWS": 8, "UNROLL": 8, "PIPE": 1}, None, "would spill"),
     ("gemv", {"CLUSTER": 8}, "1x16x40", "at least one 16-byte K chunk"),

@@ -7,10 +7,11 @@
 //   tokens are read through L1; fp32 FMA. Partial sums: warp shuffles, then the CTA's warps in
 //   shared memory, then (CLUSTER > 1, sm_90) the CTAs of a cluster that split K between them,
 //   through distributed shared memory: one launch, no workspace.
-//   Grid: x = cdiv(N, ROWS) * cdiv(M, TOK) (token groups of one row tile adjacent, so a row tile
-//   read twice is read from L2), z = CLUSTER. Any M, N, K >= 1: rows and tokens past the edge
-//   are clamped loads whose sums are never stored; K % 8 != 0 or misaligned pointers take
-//   2-byte loads with zero fill.
+//   Grid: x = cdiv(N, ROWS * TILES) * cdiv(M, TOK) (token groups of one row tile adjacent, so a row
+//   tile read twice is read from L2), z = CLUSTER; TILES > 1 runs that many row tiles per CTA in
+//   turn, the next tile's loads issued ahead of this one's epilogue (gemv_tiles). Any M, N, K >= 1:
+//   rows and tokens past the edge are clamped loads whose sums are never stored; K % 8 != 0 or
+//   misaligned pointers take 2-byte loads with zero fill.
 // Knobs arrive as #defines (template.toml); prelude: _prelude/decode.cuh.
 
 #define THREADS (WARPS * 32)
@@ -143,17 +144,93 @@ __device__ __forceinline__ void gemv_mainloop_issue(float (&acc)[ROWS][TOK], int
 }
 #endif
 
+#if TILES > 1
+// TILES > 1 (no cluster, PIPE 0, ISSUE 0): the CTA owns TILES consecutive row tiles of ROWS rows and
+// runs them in turn, issuing the next tile's first loads right after this tile's last FMAs, before
+// its shuffles, shared-memory reduction and stores: the epilogue (and the next CTA's launch) no
+// longer stands between two tiles' memory round trips. When THREADS * UNROLL chunks cover K (one
+// iteration per tile: the small-K rows), every tile's loads are in flight during the previous
+// tile's epilogue. Partial sums go through a double-buffered red (one barrier per tile: a buffer
+// is written again only after the next tile's barrier, which every reader of it has passed).
+template <bool VEC>
+__device__ __forceinline__ void gemv_tiles(int nb, int m0, int c0, int c1, const unsigned short* __restrict__ A,
+                                           const unsigned short* __restrict__ B, unsigned short* __restrict__ C,
+                                           int M, int N, int K, float (&red)[2][WARPS][RED]) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const unsigned short* arow[TOK];
+#pragma unroll
+  for (int t = 0; t < TOK; ++t) arow[t] = A + (long long)min(m0 + t, M - 1) * K;
+  const unsigned short* brow[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) brow[r] = B + (long long)min(nb + r, N - 1) * K;
+  GemvFrag f;
+  gemv_load<VEC>(f, c0 + tid, c1, brow, arow, K);
+#pragma unroll 1
+  for (int ti = 0; ti < TILES; ++ti) {
+    const int n0 = nb + ti * ROWS;
+    if (n0 >= N) break;  // uniform over the CTA: every thread leaves together, no barrier skipped
+    float acc[ROWS][TOK];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int t = 0; t < TOK; ++t) acc[r][t] = 0.f;
+    // f holds this tile's first iteration (zeros where this thread has no chunk)
+#pragma unroll 1
+    for (int c = c0 + tid;;) {
+      gemv_fma(acc, f);
+      c += THREADS * UNROLL;
+      if (c >= c1) break;
+      gemv_load<VEC>(f, c, c1, brow, arow, K);
+    }
+    if (ti + 1 < TILES && n0 + ROWS < N) {  // the next tile's first loads, ahead of this epilogue
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) brow[r] = B + (long long)min(n0 + ROWS + r, N - 1) * K;
+      gemv_load<VEC>(f, c0 + tid, c1, brow, arow, K);
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int t = 0; t < TOK; ++t) {
+        float v = acc[r][t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        acc[r][t] = v;
+      }
+    float (&rb)[WARPS][RED] = red[ti & 1];
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < TOK; ++t) rb[warp][r * TOK + t] = acc[r][t];
+    }
+    __syncthreads();
+    for (int i = tid; i < RED; i += THREADS) {
+      float s = 0.f;
+#pragma unroll
+      for (int q = 0; q < WARPS; ++q) s += rb[q][i];
+      const int n = n0 + i / TOK, m = m0 + i % TOK;
+      if (n < N && m < M) C[(long long)m * N + n] = dec_f2h(s);
+    }
+  }
+}
+#endif
+
 extern "C" __global__ void DEC_CLUSTER_DIMS __launch_bounds__(THREADS)
 evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ C,
          int M_, int N_, int K_) {
   DEC_PROBLEM_SIZE;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int groups = (M + TOK - 1) / TOK;
-  const int n0 = (blockIdx.x / groups) * ROWS, m0 = (blockIdx.x % groups) * TOK;
+  const int n0 = (blockIdx.x / groups) * (ROWS * TILES), m0 = (blockIdx.x % groups) * TOK;
 
   int c0, c1;  // this CTA's 16-byte K chunks
   dec_k_range((K + 7) >> 3, c0, c1);
   const bool vec = dec_vec16(A, B, K);
+#if TILES > 1
+  __shared__ float red2[2][WARPS][RED];
+  if (vec) gemv_tiles<true>(n0, m0, c0, c1, A, B, C, M, N, K, red2);
+  else gemv_tiles<false>(n0, m0, c0, c1, A, B, C, M, N, K, red2);
+#else
 
   const unsigned short* brow[ROWS];
   const unsigned short* arow[TOK];
@@ -220,4 +297,5 @@ evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict_
   }
   dec_cluster_sync();  // no CTA leaves while another still reads its shared memory
 #endif
+#endif  // TILES > 1
 }

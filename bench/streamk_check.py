@@ -1,5 +1,6 @@
-"""One short GPU check for issue 26's two kernel changes: gemv's ISSUE loop on M=1 rows beside the
-plain peer, and the streamk family on mid shapes, against cuBLAS (about 2 minutes on an H200).
+"""One short GPU check for issue 26's kernel changes: gemv's ISSUE loop on M=1 rows beside the
+plain peer, and the stream-K families (streamk over mma.sync, streamk90 over wgmma) on mid shapes,
+against cuBLAS (about 2 minutes on an H200).
 
     python bench/streamk_check.py [--out DIR] [--no-eval] [--compile-only]
 
@@ -11,7 +12,11 @@ plain peer, and the streamk family on mid shapes, against cuBLAS (about 2 minute
    cuBLAS in the better of TN and NN: on ``GEMV_ROWS``, gemv's first two picks with ISSUE 0 and 1 and
    the plain peer's best launch (``../shared/peers/plain_gemv.py``, imported at run time, never copied
    in); on ``MID``, streamk's picks plus a CPS x DP sweep of its first pick's tile, and sm80_mma's
-   first pick (the same mainloop, data-parallel or split-K: what stream-K scheduling adds).
+   first pick (the same mainloop, data-parallel or split-K: what stream-K scheduling adds);
+   streamk90's picks plus a DP x tile sweep (``streamk90_variants``) and sm90_wgmma's first pick
+   (the same wgmma mainloop, data-parallel or split-K with a reduce launch). streamk90 is also
+   checked at ``RAGGED90`` (shapes TMA can describe; K down to one block). Its plans pass TMA
+   tensor maps, launched through the evaluator's driver loader and parameter packs (TmapLoaded).
 3. Unless ``--no-eval`` (or more than ``--eval-after-s`` 90 s are spent by then): streamk's first
    pick on two shapes through the evaluator itself (``LocalPool``: hostile workspace refills, hack
    checks, device timer).
@@ -40,7 +45,10 @@ from populations import Candidate, Shape, load_templates  # noqa: E402
 GEMV_ROWS = ["1x4096x4096", "1x3072x8192", "1x4096x14336", "1x2304x2304"]
 MID = ["128x8192x2048", "12288x64x12288", "64x4096x4096", "512x896x4864", "256x14336x4096", "64x3072x8192"]
 RAGGED = ["77x5000x1001", "300x4100x1030:NN", "200x129x4100", "65x8191x2056", "1000x70x3000:NN", "33x3000x777"]
+RAGGED90 = ["77x5000x1000", "300x4104x1032:NN", "200x129x4104", "65x8191x2056", "1000x72x3000:NN", "130x4100x56",
+            "7x13x24:NN"]
 EVAL = ["128x8192x2048", "300x4100x1030"]
+EVAL90 = ["128x8192x2048", "300x4104x1032"]
 
 
 def gemv_variants(t: Any, s: Shape) -> list[tuple[str, dict]]:
@@ -70,11 +78,74 @@ def streamk_variants(t: Any, s: Shape) -> list[tuple[str, dict]]:
     return out
 
 
+def streamk90_variants(t: Any, s: Shape) -> list[tuple[str, dict]]:
+    """streamk90's picks at ``s``, then DP 0/1/2 on the first pick's tile, then the other tiles
+    (128x128, 128x192 and 128x64 with two consumers, 64x128 and 64x192 with one; the deepest ring
+    that fits) at the first pick's DP."""
+    picks = t.heuristic(s, 90)
+    out = [(f"pick{i}", k) for i, k in enumerate(picks[:4])]
+    seen = {json.dumps(k, sort_keys=True) for _, k in out}
+
+    def add(label: str, k: dict) -> None:
+        key = json.dumps(k, sort_keys=True)
+        if key not in seen and not t.check(k, s, 90):
+            seen.add(key)
+            out.append((label, k))
+
+    if picks:
+        for dp in (0, 1, 2):
+            add(f"DP{dp}", dict(picks[0], DP=dp))
+        for bm, bn, cons in ((128, 128, 2), (128, 192, 2), (128, 64, 2), (64, 128, 1), (64, 192, 1)):
+            for stages in (7, 6, 5, 4):
+                k = dict(picks[0], BM=bm, BN=bn, CONSUMERS=cons, STAGES=stages)
+                if not t.check(k, s, 90):
+                    add(f"{bm}x{bn}c{cons}s{stages}", k)
+                    break
+    return out
+
+
+class TmapLoaded:
+    """A compiled candidate whose plan passes TMA tensor maps by value (sm90_wgmma, streamk90), which
+    cupy cannot: launched through the evaluator's driver loader and ``ParamPack``s, on torch's
+    current stream (CUDA-graph capture included: the driver copies the parameters at launch)."""
+
+    def __init__(self, cubin: bytes) -> None:
+        from evaluators.run._loader import DriverLoader
+
+        self.drv = DriverLoader()
+        self.module = self.drv.load(cubin)
+
+    def launcher(self, cand: Candidate, shape: Shape) -> Callable[[Any, Any, Any], None]:
+        """launch(a, b, c) like ``Loaded.launcher``; ``launch.workspace`` starts as 0xFF bytes."""
+        import torch
+        from evaluators.run._tmap import ParamPack, TmapCache
+
+        launches, ws = cand.plan.resolve(shape)
+        wbuf = torch.full((ws,), 0xFF, dtype=torch.uint8, device="cuda") if ws else None
+        cache = TmapCache()
+        specs = cand.plan.tensor_maps
+        tables = {name: cache.table(spec, shape) for name, spec in specs.items()}
+        steps = [(self.drv.launcher(self.drv.function(self.module, ln.kernel, ln.smem), ln.grid, ln.block, ln.smem),
+                  ParamPack(ln.args)) for ln in launches]
+
+        def launch(a: Any, w: Any, c: Any) -> None:
+            ptrs = {"A": a.data_ptr(), "B": w.data_ptr(), "C": c.data_ptr(), "workspace": wbuf.data_ptr() if ws else 0}
+            stream = torch.cuda.current_stream().cuda_stream
+            for go, pack in steps:
+                pack.fill(ptrs, {n: tables[n](ptrs[specs[n].matrix]) for n in pack.tmap_names})
+                go(stream, pack)
+        launch.workspace = wbuf  # type: ignore[attr-defined]
+        return launch
+
+
 def evaluator_check(templates: dict[str, Any]) -> int:
-    """streamk's first pick on ``EVAL`` through LocalPool; the number not ok or flagged."""
-    t = templates["streamk"]
+    """streamk's first pick on ``EVAL`` and streamk90's on ``EVAL90`` through LocalPool; the number
+    not ok or flagged."""
+    t, t90 = templates["streamk"], templates["streamk90"]
     return evaluate_candidates([t.candidate((t.heuristic(s, 90) or [t.space.defaults()])[0], s)
-                                for s in map(Shape.parse, EVAL)])
+                                for s in map(Shape.parse, EVAL)]
+                               + [t90.candidate((t90.heuristic(s, 90) or [t90.space.defaults()])[0], s)
+                                  for s in map(Shape.parse, EVAL90)])
 
 
 def main() -> int:
@@ -87,6 +158,7 @@ def main() -> int:
     t0 = time.monotonic()
     templates = load_templates()
     g, sk, mma = templates["gemv"], templates["streamk"], templates["sm80_mma"]
+    sk90, wg = templates["streamk90"], templates["sm90_wgmma"]
     plan: dict[Shape, list[tuple[str, str, dict]]] = {}
     for text in GEMV_ROWS:
         s = Shape.parse(text)
@@ -95,10 +167,18 @@ def main() -> int:
         s = Shape.parse(text)
         plan[s] = [("streamk", label, k) for label, k in streamk_variants(sk, s)]
         plan[s].append(("sm80_mma", "pick0", mma.heuristic(s, 90)[0]))
+        plan[s] += [("streamk90", label, k) for label, k in streamk90_variants(sk90, s)]
+        plan[s].append(("sm90_wgmma", "pick0", wg.heuristic(s, 90)[0]))
     ragged = [Shape.parse(x) for x in RAGGED]
     for s in ragged:
         picks = sk.heuristic(s, 90) or [sk.space.defaults()]
         plan[s] = [("streamk", f"pick{i}", k) for i, k in enumerate(picks[:3])]
+    for s in map(Shape.parse, RAGGED90):
+        picks = sk90.heuristic(s, 90) or [sk90.space.defaults()]
+        variants = picks[:2] + [dict(picks[0], DP=dp) for dp in (0, 1, 2) if dp != picks[0]["DP"]]
+        plan.setdefault(s, []).extend(("streamk90", f"v{i}", k) for i, k in enumerate(variants) if not sk90.check(k, s, 90))
+        if s not in ragged:
+            ragged.append(s)
     cands: dict[tuple[Shape, str, str], Candidate] = {
         (s, n, label): templates[n].candidate(k, s) for s, vs in plan.items() for n, label, k in vs}
     compiled = compile_all(list(cands.values()))
@@ -124,7 +204,8 @@ def main() -> int:
         r = compiled[cand.source]
         if not r.ok:
             return None
-        mod = loaded.get(cand.source) or loaded.setdefault(cand.source, Loaded(r.cubin, tmp))
+        mod = loaded.get(cand.source) or loaded.setdefault(
+            cand.source, TmapLoaded(r.cubin) if cand.plan.tensor_maps else Loaded(r.cubin, tmp))
         launch = mod.launcher(cand, s)
         for fill in (None, 0x7F):
             if fill is not None and launch.workspace is not None:
@@ -179,17 +260,21 @@ def main() -> int:
     for line in wrong[:12]:
         print("WRONG", line, flush=True)
     print(f"\n{'shape':>15} {'cuBLAS':>7} {'roof':>4} | {'peer':>6} | {'ISSUE0':>6} {'ISSUE1':>6} | "
-          f"{'sm80':>6} {'sk1st':>6} {'skbest':>6} {'x cuB':>5} {'roof':>4} | best")
+          f"{'sm80':>6} {'sk1st':>6} {'skbest':>6} | {'sm90':>6} {'sk90_1':>6} {'sk90bst':>7} | {'x cuB':>5} {'roof':>4} | best")
     for r in records:
         vs = r["variants"]
         best_of = lambda pred: min([v["us"] for v in vs if pred(v)] or [math.nan])  # noqa: E731
         best = min(vs, key=lambda v: v["us"]) if vs else None
-        ours = best_of(lambda v: v["template"] != "sm80_mma") if vs else math.nan
+        ours = best_of(lambda v: v["template"] not in ("sm80_mma", "sm90_wgmma")) if vs else math.nan
         cells = [f"{r['shape']:>15} {r['cublas_us']:7.2f} {r['floor_us'] / r['cublas_us']:4.2f}",
                  f"{r.get('peer_us') or math.nan:6.2f}",
                  f"{best_of(lambda v: v['label'].endswith('ISSUE=0')):6.2f} {best_of(lambda v: v['label'].endswith('ISSUE=1')):6.2f}",
                  f"{best_of(lambda v: v['template'] == 'sm80_mma'):6.2f} {best_of(lambda v: v['label'] == 'pick0' and v['template'] == 'streamk'):6.2f} "
-                 f"{best_of(lambda v: v['template'] == 'streamk'):6.2f} {r['cublas_us'] / ours:5.2f} {r['floor_us'] / ours:4.2f}",
+                 f"{best_of(lambda v: v['template'] == 'streamk'):6.2f}",
+                 f"{best_of(lambda v: v['template'] == 'sm90_wgmma'):6.2f} "
+                 f"{best_of(lambda v: v['label'] == 'pick0' and v['template'] == 'streamk90'):6.2f} "
+                 f"{best_of(lambda v: v['template'] == 'streamk90'):7.2f}",
+                 f"{r['cublas_us'] / ours:5.2f} {r['floor_us'] / ours:4.2f}",
                  f"{best['template']} {best['label']}" if best else "none correct"]
         print(" | ".join(cells), flush=True)
     return 1 if failed or wrong or bad else 0

@@ -106,43 +106,90 @@ def test_partition_covers_each_iteration_once_and_balances(dp: int) -> None:
             assert walked == peers
 
 
-def _host_program(sk: Template, dp: int, cases: list[tuple[int, int, int]]) -> str:
-    """The schedule functions of the rendered kernel source (real knob set, DP = dp; the text between
-    its ``schedule: begin`` and ``schedule: end`` markers, made host functions) plus a host main that
-    prints their split and begin for each (tiles, iters, ctas)."""
-    source, _ = sk.render(dict(sk.space.defaults(), DP=dp), Shape.parse("512x4096x4096"))
-    defines = [line for line in source.splitlines() if line.startswith("#define ")]
+def walk(g: int, tiles: int, iters: int, ctas: int, dp: int) -> list[tuple[int, int, int, list[int]]]:
+    """CTA g's units in order, (tile, k0, k1, peers it waits for): its stream-K segments (tiles numbered
+    after the data-parallel ones), then data-parallel tiles g, g + G, ... (StreamkWalk::next); the
+    peers of an owner of a split tile are the CTAs after it whose non-empty range begins inside it."""
+    dp_tiles, sk_tiles = split(tiles, ctas, dp)
+    total = sk_tiles * iters
+    out = []
+    for s, k0, k1 in segments(g, sk_tiles, iters, ctas):
+        peers = [p for p in range(g + 1, ctas) if begin(p, total, ctas) < (s + 1) * iters
+                 and begin(p, total, ctas) != begin(p + 1, total, ctas)] if k0 == 0 and k1 < iters else []
+        out.append((dp_tiles + s, k0, k1, peers))
+    out += [(t, 0, iters, []) for t in range(g, dp_tiles, ctas)]
+    return out
+
+
+def host_program(t: Template, dp: int, cases: list[tuple[int, int, int]]) -> str:
+    """The schedule of the rendered kernel source (real knob set, DP = dp; the text between its
+    ``schedule: begin`` and ``schedule: end`` markers, _prelude/streamk_sched.cuh's, with SK_FN made
+    ``inline``) plus a host main that prints, per (tiles, iters, ctas), the split and every CTA's begin,
+    then one line per CTA: its units ``tile k0 k1 [peers];``."""
+    source, _ = t.render(dict(t.space.defaults(), DP=dp), Shape.parse("512x4096x4096"))
+    header = source[:source.index("#line 1 ")]  # the renderer's knob #defines (DP among them)
+    defines = [line for line in header.splitlines() if line.startswith("#define ")]
     schedule = source[source.index("// ---- schedule: begin"):source.index("// ---- schedule: end")]
-    assert "streamk_split" in schedule and "streamk_begin" in schedule
-    lines = ["#include <cstdio>", *defines, schedule.replace("__device__ __forceinline__", "static inline"),
-             "int main() {", "  int d, s;"]
+    assert "streamk_split" in schedule and "streamk_begin" in schedule and "struct StreamkWalk" in schedule
+    lines = ["#include <cstdio>", "#define SK_FN inline", *defines, schedule, "int main() {", "  int d, s, t, k0, k1;"]
     for tiles, iters, ctas in cases:
-        lines.append(f"  streamk_split({tiles}, {ctas}, d, s);")
-        lines.append('  printf("%d %d", d, s);')
-        for g in range(ctas + 1):
-            lines.append(f'  printf(" %d", streamk_begin({g}, s * {iters}, {ctas}));')
-        lines.append('  printf("\\n");')
+        lines += [f"  streamk_split({tiles}, {ctas}, d, s);", '  printf("%d %d", d, s);',
+                  f"  for (int g = 0; g <= {ctas}; ++g) printf(\" %d\", streamk_begin(g, s * {iters}, {ctas}));",
+                  '  printf("\\n");',
+                  f"  for (int g = 0; g < {ctas}; ++g) {{",
+                  f"    StreamkWalk w({tiles}, {iters}, {ctas}, g);",
+                  "    while (w.next(t, k0, k1)) {",
+                  '      printf("%d %d %d", t, k0, k1);',
+                  f"      if (k0 == 0 && k1 < {iters})",
+                  '        for (int p = w.next_peer(g, t); p >= 0; p = w.next_peer(p, t)) printf(" %d", p);',
+                  '      printf(";");', "    }", '    printf("\\n");', "  }"]
     lines.append("  return 0;\n}\n")
     return "\n".join(lines)
+
+
+HOST_CASES = [(96, 384, 132), (128, 32, 132), (133, 7, 132), (400, 64, 132), (1000, 3, 264), (5, 2, 132),
+              (264, 16, 132), (131, 5, 108), (1, 1, 1), (2, 1, 2), (3, 200, 132), (224, 64, 132)]
+
+
+def check_kernel_schedule(t: Template, dp: int, tmp_path: Path) -> None:
+    """Build :func:`host_program` with nvcc and compare every split, begin and CTA walk with the model."""
+    src = tmp_path / "sched.cu"
+    src.write_text(host_program(t, dp, HOST_CASES))
+    exe = tmp_path / "sched"
+    subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", "-o", str(exe), str(src)], check=True,
+                   capture_output=True, timeout=600)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=60).stdout.splitlines()
+    assert len(out) == sum(1 + ctas for _, _, ctas in HOST_CASES)
+    at = 0
+    for tiles, iters, ctas in HOST_CASES:
+        vals = [int(v) for v in out[at].split()]
+        d, s = split(tiles, ctas, dp)
+        assert vals[:2] == [d, s], (tiles, iters, ctas)
+        assert vals[2:] == [begin(g, s * iters, ctas) for g in range(ctas + 1)]
+        for g in range(ctas):
+            units = [[int(v) for v in u.split()] for u in out[at + 1 + g].split(";") if u.strip()]
+            want = [[t, k0, k1, *peers] for t, k0, k1, peers in walk(g, tiles, iters, ctas, dp)]
+            assert units == want, (tiles, iters, ctas, g)
+        at += 1 + ctas
+
+
+def test_walk_model_covers_every_tile_once() -> None:
+    """The model's walks (units of all CTAs) cover every tile's iterations exactly once, owners first."""
+    for tiles, iters, ctas, d in CASES:
+        seen: dict[int, list[tuple[int, int]]] = {}
+        for g in range(ctas):
+            for t, k0, k1, _ in walk(g, tiles, iters, ctas, d):
+                seen.setdefault(t, []).append((k0, k1))
+        assert sorted(seen) == list(range(tiles))
+        for parts in seen.values():
+            parts.sort()
+            assert parts[0][0] == 0 and parts[-1][1] == iters and all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit) for a host build")
 @pytest.mark.parametrize("dp", (0, 1, 2))
 def test_kernel_schedule_matches_the_model(sk: Template, dp: int, tmp_path: Path) -> None:
-    cases = [(96, 384, 132), (128, 32, 132), (133, 7, 132), (400, 64, 132), (1000, 3, 264), (5, 2, 132),
-             (264, 16, 132), (131, 5, 108)]
-    src = tmp_path / "sched.cu"
-    src.write_text(_host_program(sk, dp, cases))
-    exe = tmp_path / "sched"
-    subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", "-o", str(exe), str(src)], check=True,
-                   capture_output=True, timeout=600)
-    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=60).stdout.splitlines()
-    assert len(out) == len(cases)
-    for (tiles, iters, ctas), line in zip(cases, out):
-        vals = [int(v) for v in line.split()]
-        d, s = split(tiles, ctas, dp)
-        assert vals[:2] == [d, s], (tiles, iters, ctas)
-        assert vals[2:] == [begin(g, s * iters, ctas) for g in range(ctas + 1)]
+    check_kernel_schedule(sk, dp, tmp_path)
 
 
 # ---- template metadata, refusals, plans ---------------------------------------------------

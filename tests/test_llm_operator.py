@@ -104,7 +104,8 @@ def test_prompts_render_every_kind_and_mode(kind: str, mode: str, mini: Template
                            source_chars=0 if mode == "knobs" else 4000)
     assert [m["role"] for m in msgs] == ["system", "user"]
     user = msgs[1]["content"]
-    assert "${" not in user and str(SHAPE) in user and "H200" in user and 'extern "C"' in user
+    assert "${" not in user and str(SHAPE) in user and "H200" in user
+    assert ('extern "C"' in user) == (mode != "knobs")  # no source is written in knob mode: no ABI
     assert "BM = " in user and "(one of 32, 64, 128, 256; tiling) - block tile rows" in user
     assert "BM must be a multiple of WM" in user and first.id in user
     if kind == "fix":
@@ -116,6 +117,25 @@ def test_prompts_render_every_kind_and_mode(kind: str, mode: str, mini: Template
     assert ("<<<<<<< SEARCH" in user) == (mode == "edits") and ("JSON object" in user) == (mode == "knobs")
     assert ("__global__ void evo_gemm" in user) == (mode != "knobs")
     assert "speedup 1.250x" in user  # the inspiration
+
+
+def test_knob_prompts_leave_out_what_the_grammar_enforces(mini: Template, family) -> None:
+    """The knob grammar of an in-process model offers only valid sets: its prompt has neither the
+    ABI nor the constraints (hundreds of tokens); a server's model (a JSON schema at most) gets
+    the constraints."""
+    from operators.llm import LLMOperator
+    from operators.llm._models import ModelSpec
+
+    parents, ctx = family
+    local = LLMOperator(mode="knobs")
+    user = local.messages(parents[:1], SHAPE, ctx, mini)[1]["content"]
+    assert "BM must be a multiple of WM" not in user and 'extern "C"' not in user and "\n\n\n" not in user
+    assert "BM = " in user and "JSON object" in user
+    served = LLMOperator(mode="knobs")
+    served._spec = lambda m: ModelSpec(m, backend="openai", base_url="http://127.0.0.1:1/v1")  # type: ignore[method-assign]
+    assert "BM must be a multiple of WM" in served.messages(parents[:1], SHAPE, ctx, mini)[1]["content"]
+    edits = LLMOperator(mode="edits").messages(parents[:1], SHAPE, ctx, mini)[1]["content"]
+    assert "BM must be a multiple of WM" in edits and 'extern "C"' in edits
 
 
 def test_prompt_refuses_missing_parents(mini: Template, family) -> None:

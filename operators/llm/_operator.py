@@ -101,7 +101,19 @@ class LLMOperator(Operator):
         chars = self.knob_source_chars if self.mode == "knobs" else self.source_chars
         return render_messages(kind, self.mode, parents, shape, template=template, arch=context.arch,
                                inspirations=siblings, max_changes=self.max_changes,
-                               source_chars=chars)
+                               source_chars=chars, constraints=self._constraints_wanted())
+
+    def _constraints_wanted(self) -> bool:
+        """Whether the prompt lists the knob constraints: not in knob mode when every model of
+        this operator is an in-process transformers model, whose decoding loop offers only
+        values that keep the set valid (``KnobEditGrammar``); a server or vLLM decodes under a
+        JSON schema at most (domains, not constraints) and needs them spelled out."""
+        if self.mode != "knobs":
+            return True
+        try:
+            return any(self._spec(m).backend != "transformers" for m in self.models)
+        except Exception:  # an unknown model fails later, where it is counted; say too much meanwhile
+            return True
 
     # -- proposing ------------------------------------------------------------------------------
     def _propose(self, parents: tuple[ParentView, ...], shape: Shape, rng: random.Random, n: int,

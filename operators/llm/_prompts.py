@@ -13,6 +13,7 @@ tuned without code changes.
 from __future__ import annotations
 
 import functools
+import re
 import string
 import sys
 from dataclasses import dataclass
@@ -94,8 +95,10 @@ def _json_value(v: Any) -> str:
     return str(v)
 
 
-def describe_knobs(template: Optional[Template], knobs: Optional[Mapping[str, Any]]) -> str:
-    """One line per knob: current value, domain, axis and doc; the constraints' reasons after."""
+def describe_knobs(template: Optional[Template], knobs: Optional[Mapping[str, Any]], constraints: bool = True) -> str:
+    """One line per knob: current value, domain, axis and doc; the constraints' reasons after
+    (left out with ``constraints=False``: where the decoding grammar already refuses every
+    invalid set, they are 100-500 prompt tokens the model cannot use)."""
     if template is None or not knobs:
         return "None: this kernel was not built from a template."
     lines = []
@@ -103,7 +106,7 @@ def describe_knobs(template: Optional[Template], knobs: Optional[Mapping[str, An
         dom = ", ".join(_json_value(v) for v in knob.values)
         doc = f" - {knob.doc}" if knob.doc else ""
         lines.append(f"{name} = {_json_value(knobs.get(name, knob.default))}  (one of {dom}; {knob.axis}){doc}")
-    if template.space.constraints:
+    if constraints and template.space.constraints:
         lines.append("Constraints: " + "; ".join(c.reason for c in template.space.constraints))
     return "\n".join(lines)
 
@@ -123,8 +126,12 @@ def _source(c: Candidate, max_chars: int) -> str:
 def render_messages(kind: str, mode: str, parents: Sequence[ParentView], shape: Shape, *,
                     template: Optional[Template] = None, arch: Any = 90, inspirations: Sequence[ParentView] = (),
                     max_changes: int = 2, source_chars: int = 4000,
-                    prompts: Optional[PromptSet] = None) -> list[dict[str, str]]:
-    """Chat messages (system, user) asking for a ``mode`` answer of ``kind`` for ``parents[0]`` (and ``[1]``)."""
+                    prompts: Optional[PromptSet] = None, constraints: bool = True) -> list[dict[str, str]]:
+    """Chat messages (system, user) asking for a ``mode`` answer of ``kind`` for ``parents[0]`` (and ``[1]``).
+
+    In ``knobs`` mode the kernel ABI is left out (no source is written; 160 tokens of the
+    default model), and ``constraints=False`` leaves out the knob constraints too (for models
+    that decode under the knob grammar, which refuses every invalid set)."""
     if kind not in KINDS or mode not in MODES:
         raise ValueError(f"kind must be one of {KINDS} and mode one of {MODES}, got {kind!r}, {mode!r}")
     if not parents or (kind == "crossover" and len(parents) < 2):
@@ -144,10 +151,10 @@ def render_messages(kind: str, mode: str, parents: Sequence[ParentView], shape: 
         "shape": str(shape), "m": shape.m, "n": shape.n, "k": shape.k, "layout": shape.layout,
         "contract": shape.contract, "flops": f"{2 * shape.m * shape.n * shape.k / 1e9:.3f}",
         "shape_class": cls.name, "class_hint": cls.hint, "roofline": describe_roofline(shape),
-        "gpu_name": gpu["name"], "gpu_facts": gpu["facts"], "abi": ps.abi,
+        "gpu_name": gpu["name"], "gpu_facts": gpu["facts"], "abi": "" if mode == "knobs" else ps.abi,
         "parent_id": first.id, "parent_summary": _summary(first.candidate),
         "parent_measurements": describe_evaluation(first.evaluation),
-        "parent_knobs": describe_knobs(template, first.candidate.knobs),
+        "parent_knobs": describe_knobs(template, first.candidate.knobs, constraints),
         "parent_source": _source(first.candidate, source_chars),
         "inspirations": describe_siblings(first, inspirations), "output": output,
     }
@@ -155,6 +162,9 @@ def render_messages(kind: str, mode: str, parents: Sequence[ParentView], shape: 
         other = parents[1]
         fields.update(other_id=other.id, other_summary=_summary(other.candidate),
                       other_measurements=describe_evaluation(other.evaluation),
-                      other_knobs=describe_knobs(template, other.candidate.knobs))
-    user = string.Template(ps.bodies[kind]).substitute(fields)
+                      other_knobs=describe_knobs(template, other.candidate.knobs, constraints))
+    body = ps.bodies[kind]
+    if not fields["abi"]:  # its paragraph goes with it (the shown source, if any, keeps its blank lines)
+        body = re.sub(r"\$\{abi\}\n\n?", "", body)
+    user = string.Template(body).substitute(fields)
     return [{"role": "system", "content": ps.system}, {"role": "user", "content": user}]

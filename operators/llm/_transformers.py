@@ -331,7 +331,7 @@ class TransformersBackend(LLMBackend):
             charge(fed, t0, g0)
             for i, g in enumerate(grammars):
                 fed, t0, g0 = [i], time.perf_counter(), getattr(self, "gpu_s", 0.0)
-                gens.append(self._row(g, logits, news[i], temperature, max_new_tokens, rng))
+                gens.append(self._row(g, logits, news[i], temperature, max_new_tokens, rng, shared=n > 1))
                 try:
                     pending[i] = list(next(gens[i]))
                 except StopIteration as stop:
@@ -377,12 +377,15 @@ class TransformersBackend(LLMBackend):
         return out
 
     def _row(self, grammar: Optional[Choices], logits: Any, new: list[int], temperature: float,
-             max_new_tokens: int, rng: random.Random) -> Any:
+             max_new_tokens: int, rng: random.Random, shared: bool = False) -> Any:
         """One row's decoding, as a generator: ``logits = yield tokens`` asks for ``tokens`` to
         be fed and gets the logits after the last of them; it returns (text, tokens, finished).
         Free: sample until an end token or ``max_new_tokens``. Under a grammar: choose among its
         options token by token (only tokens that keep the text on an allowed string), and where
-        one string remains, yield its rest at once."""
+        one string remains, yield its rest at once. A string is chosen (``grammar.choose``) as
+        soon as it is determined, before its tokens are fed; with ``shared`` (rows of one call)
+        the options are asked again after every token, so a grammar whose ``known`` sees other
+        rows' choices steers this row off them within the same step."""
         if grammar is None:
             finished = False
             while len(new) < max_new_tokens:
@@ -395,20 +398,20 @@ class TransformersBackend(LLMBackend):
             return self.tokenizer.decode(new, skip_special_tokens=True), new, finished
         text, finished = "", True
         while not grammar.done and len(new) < max_new_tokens:
-            options = grammar.options()
-            if not options:
+            live = grammar.options()
+            if not live:
                 finished = False
                 break
             done_text = ""
             while True:
-                live = [s for s in options if s.startswith(done_text)]
                 if len(live) == 1:  # determined: feed the rest at once
                     rest = live[0][len(done_text):]
+                    text += live[0]
+                    grammar.choose(live[0])
                     if rest:
                         toks = self.tokenizer.encode(rest, add_special_tokens=False)
                         new += toks
                         logits = yield toks
-                    done_text = live[0]
                     break
                 step: dict[int, str] = {}
                 for s in live:
@@ -419,17 +422,29 @@ class TransformersBackend(LLMBackend):
                 if not step:
                     finished = False
                     break
-                choice = list(step)
-                tok = self._sample(logits, choice, temperature, rng)
+                tok = self._sample(logits, list(step), temperature, rng)
                 new.append(tok)
                 done_text += step[tok]
+                live = [s for s in live if s.startswith(done_text)]
+                chosen = live[0] if len(live) == 1 else None
+                if chosen is not None:  # chosen before its tokens are fed: rows after this one see it
+                    text += chosen
+                    grammar.choose(chosen)
                 logits = yield [tok]
-                if done_text in live and not any(s != done_text and s.startswith(done_text) for s in live):
+                if chosen is not None:
+                    rest = chosen[len(done_text):]
+                    if rest:
+                        toks = self.tokenizer.encode(rest, add_special_tokens=False)
+                        new += toks
+                        logits = yield toks
                     break
+                if shared:  # another row's choice may have ruled options out (a grammar's `known`)
+                    live = [s for s in grammar.options() if s.startswith(done_text)]
+                    if not live:
+                        finished = False
+                        break
             if not finished:
                 break
-            text += done_text
-            grammar.choose(done_text)
         return text, new, finished and grammar.done
 
 

@@ -84,8 +84,10 @@ def test_the_same_seed_gives_the_same_list_and_one_row_is_complete(backend, gemv
                            grammar=grammars(gemv, 1)[0])
     assert many(9, 1) == [(one.text, one.completion_tokens, one.finished)]
     free = backend.complete(MSGS, rng=random.Random(4), temperature=0.8, max_new_tokens=6)
-    rows = backend.complete_many(MSGS, 2, rng=random.Random(4), temperature=0.8, max_new_tokens=6)
-    assert rows[0].text == free.text and len(rows) == 2 and all(0 < r.completion_tokens <= 6 for r in rows)
+    rows = backend.complete_many(MSGS, 1, rng=random.Random(4), temperature=0.8, max_new_tokens=6)
+    assert [(r.text, r.completion_tokens, r.prompt_tokens) for r in rows] == [
+        (free.text, free.completion_tokens, free.prompt_tokens)]
+    # with more rows, the rows draw from the rng in turn at each step: row 0 is not complete's answer
 
 
 def test_rows_of_one_call_avoid_each_others_knob_sets(backend, gemv) -> None:

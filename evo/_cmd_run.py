@@ -113,6 +113,9 @@ def add_llm_flags(p: argparse.ArgumentParser) -> None:
                         "server or vLLM is declared to run); on one of the pool's GPUs generation waits for the timed "
                         "regions (a per-GPU lease), elsewhere no lease is needed (default: the model's device)")
     p.add_argument("--llm-threads", type=int, metavar="N", help="torch CPU threads for in-process models (default: torch's)")
+    p.add_argument("--llm-batch", type=int, metavar="N",
+                   help="knob edits the LLM operators sample together per call (one prefill, one forward pass per "
+                        "step for all N; default: operators/settings.toml's batch)")
     p.add_argument("--llm-adapter", metavar="DIR",
                    help="start the in-process LLM models on this evo rl adapter (a version folder with evo-adapter.json); "
                         "its version is recorded on every candidate they write")
@@ -129,6 +132,10 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         out["device"] = args.llm_device
     if getattr(args, "llm_threads", None) is not None:
         out["threads"] = args.llm_threads
+    if getattr(args, "llm_batch", None) is not None:
+        if args.llm_batch < 1:
+            raise ConfigError(f"--llm-batch must be >= 1, got {args.llm_batch}")
+        out["batch"] = args.llm_batch
     if getattr(args, "llm_adapter", None):
         from .rl._adapters import read_manifest
         try:

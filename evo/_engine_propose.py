@@ -68,7 +68,7 @@ class Proposing:
                 continue
             context = OperatorContext(history=self.history[shape], templates=self.templates, arch=self.arch)
             proposals = self._accept(name, shape, op.propose(self._parents(op, shape), shape, self.rng,
-                                                             self.config.batch, context))
+                                                             max(self.config.batch, op.batch), context))
             fresh = [c for c in proposals if c.id not in self.known[shape]]
             self.duplicates += len(proposals) - len(fresh)
             if fresh:
@@ -91,7 +91,7 @@ class Proposing:
 
         def work() -> None:
             try:
-                fut.set_result(op.propose(parents, shape, rng, self.config.batch, context))
+                fut.set_result(op.propose(parents, shape, rng, max(self.config.batch, op.batch), context))
             except BaseException as exc:  # propose() turns operator errors into failures; this is a bad call
                 fut.set_exception(exc)
 

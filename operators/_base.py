@@ -137,6 +137,10 @@ class Operator(abc.ABC):
     asynchronous: bool = False
     #: How many :meth:`propose` calls of an asynchronous operator may run at once.
     concurrency: int = 1
+    #: Proposals the engine asks of one :meth:`propose` call at least (its ``n`` is the larger of
+    #: this and the run's ``batch``): an operator that makes several children for about the price
+    #: of one (the LLM operator's batched sampling) says how many here.
+    batch: int = 1
     #: Per-model outcome counts for operators that call models (the run's ``stop`` event
     #: reports them); None for the others.
     outcomes: Optional[Mapping[str, Mapping[str, Any]]] = None

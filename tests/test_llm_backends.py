@@ -227,4 +227,5 @@ def test_a_model_that_cannot_load_is_a_counted_failure_and_not_reloaded(tmp_path
     props = op.propose([parent], shape, random.Random(0), 2, OperatorContext([], templates, arch=90))
     assert [p.ok for p in props] == [False, False] and time.monotonic() - start < 60
     assert all(p.reason.startswith("no usable answer in 2 attempts; last: model transformers:") for p in props)
-    assert op.bandit.summary()[op.models[0]]["calls"] == 4 and op.take_tokens() == 0
+    # knob mode asks for both children in one call per attempt: two attempts, two (empty) calls
+    assert op.bandit.summary()[op.models[0]]["calls"] == 2 and op.take_tokens() == 0

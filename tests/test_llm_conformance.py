@@ -134,6 +134,19 @@ def test_the_same_seed_gives_the_same_answer(backend: LLMBackend) -> None:
     assert a.text == b.text and a.error == b.error == ""
 
 
+def test_several_answers_of_one_prompt(backend: LLMBackend) -> None:
+    """complete_many: n Completions in order, the same seed the same list, the prompt's tokens
+    counted (once over the rows where the backend shares the prompt, once per request where not)."""
+    cs = backend.complete_many(MSGS, 3, rng=random.Random(11), temperature=0.9, max_new_tokens=8)
+    again = backend.complete_many(MSGS, 3, rng=random.Random(11), temperature=0.9, max_new_tokens=8)
+    assert len(cs) == 3 and all(isinstance(c, Completion) and c.error == "" for c in cs)
+    assert all(0 <= c.completion_tokens <= 8 and c.temperature == 0.9 for c in cs) and any(c.text.strip() for c in cs)
+    assert [c.text for c in cs] == [c.text for c in again]
+    assert sum(c.prompt_tokens for c in cs) > 5
+    with pytest.raises(ValueError):
+        backend.complete_many(MSGS, 2, rng=random.Random(0), grammars=[None])
+
+
 def test_a_failed_call_is_a_completion_with_an_error_not_an_exception(failing: Callable[[], Completion]) -> None:
     c = failing()
     assert isinstance(c, Completion) and c.error and c.text == "" and not c.finished
@@ -161,3 +174,8 @@ def test_the_base_refuses_what_a_backend_does_not_implement() -> None:
         echo.load_adapter("/nowhere", "v1")
     assert echo.failure("timeout", 1.5, 0.3) == Completion("", 0, 0, 1.5, "echo", 0.3, finished=False, error="timeout")
     assert LLMBackend.json_schema(None) is None
+    # the default complete_many asks complete once per row; once cancel is set, rows are failures
+    assert [c.text for c in echo.complete_many(MSGS, 2, rng=random.Random(0))] == [MSGS[0]["content"]] * 2
+    cancel = threading.Event()
+    cancel.set()
+    assert [c.error for c in echo.complete_many(MSGS, 2, rng=random.Random(0), cancel=cancel)] == ["cancelled"] * 2

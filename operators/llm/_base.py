@@ -1,4 +1,5 @@
-"""The LLM backend interface: chat messages in, one :class:`Completion` out.
+"""The LLM backend interface: chat messages in, one :class:`Completion` out (or ``n`` of them
+for one prompt, :meth:`LLMBackend.complete_many`).
 
 An :class:`LLMBackend` serves one model: in-process ``transformers`` (our own sampling loop,
 grammar-constrained, gated per forward pass), an OpenAI-compatible HTTP server, or in-process
@@ -15,7 +16,7 @@ import abc
 import random
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, Sequence
 
 __all__ = ["Completion", "LLMBackend", "Gate", "Choices"]
 
@@ -77,6 +78,31 @@ class LLMBackend(abc.ABC):
         (step by step, or through its ``json_schema()``, or not at all: the caller validates the
         answer anyway). ``cancel``/``gate``: see :attr:`steps_under_gate`."""
 
+    def complete_many(self, messages: list[dict[str, str]], n: int, *, rng: random.Random,
+                      temperature: float = 0.7, max_new_tokens: int = 256, prefix: str = "",
+                      grammars: Optional[Sequence[Optional[Choices]]] = None,
+                      cancel: Optional[threading.Event] = None, gate: Optional[Gate] = None) -> list[Completion]:
+        """``n`` answers to one prompt, in order, row ``i`` decoded under ``grammars[i]`` (one
+        grammar object per row: a grammar is stateful; ``None`` for free rows). The same ``rng``
+        seed gives the same list where the backend can promise it. Accounting is split so that
+        the rows' sums are the call's cost: a backend that shares the prompt among the rows
+        counts its tokens once over the rows (not once per row), and divides shared seconds and
+        GPU seconds among them (see the backend's docstring for its rule).
+
+        The default asks :meth:`complete` once per row, in order, drawing from ``rng`` in turn
+        (so each row's accounting is its own request's); once ``cancel`` is set, the rows not yet
+        asked are ``cancelled`` failures. A backend that can sample several rows of one prompt
+        together (the in-process transformers loop) overrides it."""
+        rows = _rows(n, grammars)
+        out: list[Completion] = []
+        for grammar in rows:
+            if cancel is not None and cancel.is_set():
+                out.append(self.failure("cancelled", 0.0, temperature))
+                continue
+            out.append(self.complete(messages, rng=rng, temperature=temperature, max_new_tokens=max_new_tokens,
+                                     prefix=prefix, grammar=grammar, cancel=cancel, gate=gate))
+        return out
+
     def warm(self, gate: Optional[Gate] = None) -> None:
         """Be ready to answer at once: an in-process model on its device, after one forward pass
         (inside one ``gate`` slice when it shares a timing GPU). evo calls it before a run's budget
@@ -104,3 +130,15 @@ class LLMBackend(abc.ABC):
         grammar offers none (or there is no grammar)."""
         schema_of = getattr(grammar, "json_schema", None)
         return schema_of() if callable(schema_of) else None
+
+
+def _rows(n: int, grammars: Optional[Sequence[Optional[Choices]]]) -> list[Optional[Choices]]:
+    """The per-row grammars of a :meth:`LLMBackend.complete_many` call (checked: one per row)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    rows = list(grammars) if grammars is not None else [None] * n
+    if len(rows) != n:
+        raise ValueError(f"complete_many: {len(rows)} grammars for {n} rows (give one per row, or none)")
+    if len({id(g) for g in rows if g is not None}) != sum(g is not None for g in rows):
+        raise ValueError("complete_many: a grammar is stateful; give each row its own")
+    return rows

@@ -19,6 +19,12 @@ device (``cpu`` on the GPU machine, so timing has the GPU alone). :meth:`take_to
 the engine every token spent, failed calls included, for the ``--max-tokens`` budget, and
 :meth:`take_gpu_seconds` the seconds the model ran on a GPU (its cost for the operator bandit).
 
+``batch`` (issue 25): knob-mode children are sampled together, all ``n`` of a :meth:`propose`
+call in one :meth:`LLMBackend.complete_many` call (one prompt prefill and one forward pass per
+step for all rows on the in-process model, whose step costs about the same for 8 rows as for
+1); ``batch`` is how many children the engine asks of one call (``Operator.batch``). Rows of
+one call avoid each other's knob sets and repeats are dropped. The other modes ask one at a time.
+
 ``gate`` (issue 25): a device lease (``evaluators.run._lease.GpuLease``) that evo passes when the
 model shares a GPU with the timing workers (``--llm-device`` names one of the pool's GPUs). An
 in-process transformers model then runs each forward pass as one slice of it; other backends
@@ -61,7 +67,7 @@ class LLMOperator(Operator):
                  mode: str = "knobs", arity: int = 1, temperature: Sequence[float] = (0.4, 1.0),
                  max_new_tokens: int = 768, max_changes: int = 2, max_attempts: int = 2, inspirations: int = 2,
                  source_chars: int = 6000, knob_source_chars: int = 0, specialize: Optional[bool] = None,
-                 concurrency: int = 1, gate: Any = None, gpu_device: bool = False) -> None:
+                 concurrency: int = 1, gate: Any = None, gpu_device: bool = False, batch: int = 1) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if arity not in (1, 2):
@@ -75,6 +81,9 @@ class LLMOperator(Operator):
         self.name, self.model, self.device, self.mode, self.arity = name, names[0], device, mode, arity
         self.models, self.model_config, self.threads = names, tuple(model_config or ()), threads
         self.concurrency = max(1, int(concurrency))  # proposal calls the engine may run at once (HTTP models)
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+        self.batch = batch  # children the engine asks of one call (knob mode samples them together)
         self._specs: dict[str, ModelSpec] = {}
         self.bandit = ModelBandit(names)
         self._lock = threading.Lock()
@@ -141,27 +150,18 @@ class LLMOperator(Operator):
         messages = self.messages(parents, shape, context, template)
         specialize = self.specialize if self.specialize is not None else not first.candidate.generic
         seen = seen_keys(context.history)
+        if self.mode == "knobs":
+            return self._knob_children(messages, parents, template, shape, rng, n, specialize, seen, context)
         known_ids = set(context.known_ids)
         out: list[Proposal] = []
         for _ in range(n):
             reason = ""
             for _attempt in range(self.max_attempts):
-                arm = self.bandit.choose(rng)
-                try:
-                    spec = self._spec(arm)
-                    backend = get_backend(spec)
-                except Exception as exc:  # a model that cannot load is a counted failure, never the end of the run
-                    reason = f"model {arm} could not load: {type(exc).__name__}: {exc}"
-                    self.bandit.spend(arm, 0)
+                arm, backend, temperature, reason = self._backend(rng)
+                if backend is None:
                     continue
-                temperature = rng.uniform(*(spec.temperature or self.temperature))
-                backend = _Accounted(self, arm, backend)
-                if self.mode == "knobs":
-                    prop, reason = self._knob_child(backend, messages, parents, template, shape, rng, temperature,
-                                                    specialize, seen, context)
-                else:
-                    prop, reason = self._source_child(backend, messages, parents, shape, rng, temperature, context,
-                                                      known_ids)
+                prop, reason = self._source_child(backend, messages, parents, shape, rng, temperature, context,
+                                                  known_ids)
                 if prop is not None:
                     self._track(prop, arm, parents[0])
                     out.append(prop)
@@ -169,6 +169,44 @@ class LLMOperator(Operator):
             else:
                 out.append(self.failure(f"no usable answer in {self.max_attempts} attempts; last: {reason}", parents))
         return out
+
+    def _backend(self, rng: random.Random) -> tuple[str, Optional["_Accounted"], float, str]:
+        """The model for one call (the bandit's choice), its accounted backend and a temperature;
+        a model that cannot load gives no backend, the reason, and a counted empty call."""
+        arm = self.bandit.choose(rng)
+        try:
+            spec = self._spec(arm)
+            backend = get_backend(spec)
+        except Exception as exc:  # a model that cannot load is a counted failure, never the end of the run
+            self.bandit.spend(arm, 0)
+            return arm, None, 0.0, f"model {arm} could not load: {type(exc).__name__}: {exc}"
+        temperature = rng.uniform(*(spec.temperature or self.temperature))
+        return arm, _Accounted(self, arm, backend), temperature, ""
+
+    def _knob_children(self, messages: list[dict[str, str]], parents: tuple[ParentView, ...], template: Template,
+                       shape: Shape, rng: random.Random, n: int, specialize: bool, seen: set,
+                       context: OperatorContext) -> list[Proposal]:
+        """Knob mode: the ``n`` children sampled together, one :meth:`LLMBackend.complete_many`
+        call of ``n`` rows (one prompt prefill, one forward pass per step for all rows on the
+        in-process model); rows that fail or repeat a knob set (the history's, or another
+        row's) are dropped, and up to ``max_attempts`` calls ask again for the missing ones.
+        Children still missing then are failures with the last reason."""
+        out: list[Proposal] = []
+        reason = ""
+        for _attempt in range(self.max_attempts):
+            need = n - len(out)
+            if need <= 0:
+                break
+            arm, backend, temperature, reason = self._backend(rng)
+            if backend is None:
+                continue
+            props, reason = self._knob_batch(backend, messages, parents, template, shape, rng, temperature,
+                                             specialize, seen, context, need)
+            for prop in props:
+                self._track(prop, arm, parents[0])
+            out += props
+        why = f"no usable answer in {self.max_attempts} attempts; last: {reason}"
+        return out + [self.failure(why, parents) for _ in range(n - len(out))]
 
     # -- models, accounting and learning ------------------------------------------------------
     def warm(self) -> dict[str, str]:
@@ -196,17 +234,19 @@ class LLMOperator(Operator):
             self._pending[prop.candidate.id] = (arm, parent.fitness)
             self.outcomes[arm]["proposed"] += 1
 
-    def _spent(self, arm: str, c: Completion) -> None:
-        tokens = c.prompt_tokens + c.completion_tokens
+    def _spent(self, arm: str, *completions: Completion) -> None:
+        """Count one model call (``completions``: its rows, whose accounting sums to its cost)."""
+        tokens = sum(c.prompt_tokens + c.completion_tokens for c in completions)
+        gpu_s = sum(c.gpu_s for c in completions)
         self.bandit.spend(arm, tokens)
         with self._lock:
             self._unclaimed_tokens += tokens
             self.outcomes[arm]["calls"] += 1
+            self.outcomes[arm]["rows"] += len(completions)
             self.outcomes[arm]["tokens"] += tokens
-            self._unclaimed_gpu_s += c.gpu_s
-            self.outcomes[arm]["gpu_s"] += c.gpu_s
-            if c.error:
-                self.outcomes[arm]["call_errors"] += 1
+            self._unclaimed_gpu_s += gpu_s
+            self.outcomes[arm]["gpu_s"] += gpu_s
+            self.outcomes[arm]["call_errors"] += sum(bool(c.error) for c in completions)
 
     def cancel(self) -> None:
         """End running and future model calls of this operator (the engine calls it when a run stops,
@@ -252,33 +292,54 @@ class LLMOperator(Operator):
                 "temperature": round(c.temperature, 4), "mode": self.mode,
                 "model_name": getattr(backend, "arm", self.model)}
 
-    def _knob_child(self, backend: Any, messages: list[dict[str, str]], parents: Sequence[ParentView],
+    def _knob_batch(self, backend: "_Accounted", messages: list[dict[str, str]], parents: Sequence[ParentView],
                     template: Template, shape: Shape, rng: random.Random, temperature: float, specialize: bool,
-                    seen: set, context: OperatorContext) -> tuple[Optional[Proposal], str]:
+                    seen: set, context: OperatorContext, rows: int) -> tuple[list[Proposal], str]:
+        """One model call of ``rows`` knob edits: the children among them (new knob sets, each
+        once) and the last reason a row gave none."""
         parent_knobs = base_knobs(template, parents[0].candidate.knobs)
-        grammar = KnobEditGrammar(template, parent_knobs, shape, self.max_changes,
-                                  known=lambda k: key_of(template.name, k, not specialize) in seen)
-        c = backend.complete(messages, rng=rng, temperature=temperature, max_new_tokens=64, prefix=PREFIX,
-                             grammar=grammar)
-        if c.error:
-            return None, c.error
-        if not c.finished:
-            return None, f"constrained decoding did not finish an edit: {c.text!r}"
-        parsed = parse_knob_edit(c.text, template, parent_knobs, shape)
-        if not parsed.ok:
-            return None, parsed.reason
-        key = key_of(template.name, parsed.value, not specialize)
-        if key in seen:
-            return None, "the edit gives a knob set already known"
-        try:
-            cand = template.candidate(parsed.value, shape, specialize, operator=self.name,
-                                      parents=tuple(p.id for p in parents), generation=next_generation(parents, context),
-                                      model=c.model, adapter=c.adapter or None, prompt=_transcript(messages), completion=c.text,
-                                      meta=self._meta(c, backend))
-        except (TemplateError, ValueError) as exc:
-            return None, f"template {template.name} does not render: {exc}"
-        seen.add(key)
-        return Proposal(operator=self.name, candidate=cand, parents=cand.parents), ""
+
+        def key(knobs: Any) -> Any:
+            return key_of(template.name, knobs, not specialize)
+
+        claimed: set = set()  # knob sets rows of this call finished on: later rows avoid them
+        grammars = [_Claiming(template, parent_knobs, shape, self.max_changes,
+                              known=lambda k: key(k) in seen or key(k) in claimed, claim=lambda k: claimed.add(key(k)))
+                    for _ in range(rows)]
+        answers = backend.complete_many(messages, rows, rng=rng, temperature=temperature, max_new_tokens=64,
+                                        prefix=PREFIX, grammars=grammars)
+        out: list[Proposal] = []
+        reason = ""
+        for c in answers:
+            if c.error:
+                reason = c.error
+                continue
+            if not c.finished:
+                reason = f"constrained decoding did not finish an edit: {c.text!r}"
+                continue
+            parsed = parse_knob_edit(c.text, template, parent_knobs, shape)
+            if not parsed.ok:
+                reason = parsed.reason
+                continue
+            k = key(parsed.value)
+            if k in seen:  # rows that chose their last value in one step can still meet
+                reason = "the edit gives a knob set already known"
+                with self._lock:
+                    self.outcomes[backend.arm]["duplicates"] += 1
+                continue
+            meta = {**self._meta(c, backend), "batch": rows}
+            try:
+                cand = template.candidate(parsed.value, shape, specialize, operator=self.name,
+                                          parents=tuple(p.id for p in parents),
+                                          generation=next_generation(parents, context), model=c.model,
+                                          adapter=c.adapter or None, prompt=_transcript(messages), completion=c.text,
+                                          meta=meta)
+            except (TemplateError, ValueError) as exc:
+                reason = f"template {template.name} does not render: {exc}"
+                continue
+            seen.add(k)
+            out.append(Proposal(operator=self.name, candidate=cand, parents=cand.parents))
+        return out, reason
 
     def _source_child(self, backend: Any, messages: list[dict[str, str]], parents: Sequence[ParentView], shape: Shape,
                       rng: random.Random, temperature: float, context: OperatorContext,
@@ -339,3 +400,33 @@ class _Accounted:
                 c = dataclasses.replace(c, gpu_s=c.seconds)
         self.op._spent(self.arm, c)
         return c
+
+    def complete_many(self, messages: list[dict[str, str]], n: int, **kwargs: Any) -> list[Completion]:
+        """``n`` rows of one prompt: one call of a backend that decodes under the gate itself
+        (its rows sampled together, accounted as one call), else one request per row, each as
+        :meth:`complete` makes it (one gate slice per request, not one for all)."""
+        temperature = kwargs.get("temperature", 0.0)
+        if self.op._cancel.is_set():
+            return [Completion("", 0, 0, 0.0, self.arm, temperature, finished=False, error="cancelled")] * n
+        if not self.backend.steps_under_gate:
+            grammars = kwargs.pop("grammars", None) or [None] * n
+            return [self.complete(messages, grammar=g, **kwargs) for g in grammars]
+        kwargs["cancel"] = self.op._cancel
+        kwargs["gate"] = self.op.gate
+        cs = self.backend.complete_many(messages, n, **kwargs)
+        self.op._spent(self.arm, *cs)
+        return cs
+
+
+class _Claiming(KnobEditGrammar):
+    """A knob-edit grammar that reports the knob set it finished on (``claim``), so that the
+    other rows of one batched call can avoid it through ``known``."""
+
+    def __init__(self, *args: Any, claim: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.claim = claim
+
+    def choose(self, option: str) -> None:
+        super().choose(option)
+        if self.done:
+            self.claim({**self.parent, **self.edit})

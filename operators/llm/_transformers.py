@@ -9,6 +9,11 @@ can restrict every step: the answer is then a sequence of choices among finite s
 (knob names, then values), and only tokens that keep the text on one of the allowed strings
 are sampled. Where one string remains, its rest is fed in one forward pass. Prompt prefixes'
 KV caches are kept (a few) so several samples of one prompt pay for the prompt once.
+
+:meth:`TransformersBackend.complete_many` samples ``n`` answers of one prompt in one loop (issue
+25): one prefill, the KV cache expanded to ``n`` rows, one forward pass per step over the rows
+still decoding, each row with its own grammar. A small model's decoding step is latency-bound,
+so ``n`` rows cost about what one does. :meth:`~TransformersBackend.complete` is its ``n=1``.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import warnings
 from collections import OrderedDict
 from typing import Any, Optional, Sequence
 
-from ._base import Choices, Completion, Gate, LLMBackend
+from ._base import Choices, Completion, Gate, LLMBackend, _rows
 from ._model_cache import load_gguf
 
 __all__ = ["TransformersBackend", "load_backend", "DEFAULT_MODEL", "GGUF_MODELS"]
@@ -168,6 +173,14 @@ class TransformersBackend(LLMBackend):
             self._placed = True
 
     def _forward(self, ids: Sequence[int], past: Any) -> tuple[Any, Any]:
+        """One forward pass of one row's ``ids`` over ``past``: the new cache and the last
+        position's logits (a vector over the vocabulary)."""
+        past, logits = self._forward_rows([ids], past)
+        return past, logits[0]
+
+    def _forward_rows(self, rows: Sequence[Sequence[int]], past: Any) -> tuple[Any, Any]:
+        """One forward pass of several rows of equal length over a cache of as many rows: the new
+        cache and each row's last-position logits (rows x vocabulary). One gate slice."""
         cancel = getattr(self, "_cancel_event", None)
         if cancel is not None and cancel.is_set():
             raise _Cancelled()
@@ -178,9 +191,10 @@ class TransformersBackend(LLMBackend):
                 self.place()
                 with self.torch.inference_mode(), warnings.catch_warnings():
                     warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renames past_key_values
-                    out = self.model(input_ids=self.torch.tensor([list(ids)], device=self.device), past_key_values=past,
-                                     use_cache=True, logits_to_keep=1)  # no vocabulary projection of the prompt
-                    logits = out.logits[0, -1].double().cpu()  # waits for the pass: its kernels end in the slice
+                    out = self.model(input_ids=self.torch.tensor([list(r) for r in rows], device=self.device),
+                                     past_key_values=past, use_cache=True,
+                                     logits_to_keep=1)  # no vocabulary projection of the prompt
+                    logits = out.logits[:, -1].double().cpu()  # waits for the pass: its kernels end in the slice
                 if on_gpu and getattr(self, "_gate", None) is None:
                     self.torch.cuda.synchronize(self.device)
         except InterruptedError:  # cancelled while waiting for the lease
@@ -188,6 +202,18 @@ class TransformersBackend(LLMBackend):
         if on_gpu:
             self.gpu_s = getattr(self, "gpu_s", 0.0) + time.perf_counter() - t0
         return out.past_key_values, logits
+
+    def _reshape_cache(self, past: Any, repeat: int = 1, keep: Optional[Sequence[int]] = None) -> None:
+        """Expand a one-row KV cache to ``repeat`` rows, or keep only the rows ``keep`` (in place;
+        copying a GPU cache runs kernels, so inside a gate slice)."""
+        try:
+            with self._leased():
+                if repeat > 1:
+                    past.batch_repeat_interleave(repeat)
+                if keep is not None:
+                    past.batch_select_indices(self.torch.tensor(list(keep), device=self.device))
+        except InterruptedError:
+            raise _Cancelled() from None
 
     def _prefill(self, ids: list[int]) -> tuple[Any, Any]:
         key = tuple(ids)
@@ -234,28 +260,137 @@ class TransformersBackend(LLMBackend):
         ``cancel``, once set, ends the generation at the next token (``error`` says so). With a
         ``gate`` (and the model on a GPU) every forward pass is one slice of it: a timed region
         on that GPU waits for one pass at most, and generation waits for timed regions."""
+        return self.complete_many(messages, 1, rng=rng, temperature=temperature, max_new_tokens=max_new_tokens,
+                                  prefix=prefix, grammars=[grammar], cancel=cancel, gate=gate)[0]
+
+    def complete_many(self, messages: list[dict[str, str]], n: int, *, rng: random.Random,
+                      temperature: float = 0.7, max_new_tokens: int = 256, prefix: str = "",
+                      grammars: Optional[Sequence[Optional[Choices]]] = None,
+                      cancel: Optional[threading.Event] = None, gate: Optional[Gate] = None) -> list[Completion]:
+        """``n`` answers to one prompt sampled together: the prompt is prefilled once (from the
+        prefix cache when it is there), its KV cache expanded to ``n`` rows, and each decoding
+        step is one forward pass over the rows still decoding (one gate slice); a finished row
+        leaves the cache. Row ``i`` follows ``grammars[i]`` (free when None). Rows sample in
+        order from ``rng`` at each step, so the same seed gives the same list, and ``n=1`` is
+        :meth:`complete` (the same code, the same forward passes, the same draws). A set
+        ``cancel`` ends the call at the next step: finished rows keep their answers, the others
+        are ``cancelled`` failures.
+
+        Accounting (the rows' sums are the call's cost, counted once): the prompt's tokens are
+        split evenly over the rows (the first ``len % n`` rows count one more); the prefill's
+        seconds and GPU seconds are split evenly, and each decoding step's among the rows it
+        fed. ``completion_tokens`` is each row's own."""
+        rows = _rows(n, grammars)
         with self._lock:
             if cancel is not None and cancel.is_set():
-                return self.failure("cancelled", 0.0, temperature)
-            start, gpu0 = time.perf_counter(), getattr(self, "gpu_s", 0.0)
+                return [self.failure("cancelled", 0.0, temperature) for _ in rows]
             ids = self.prompt_ids(messages, prefix)
             self._cancel_event, self._gate = cancel, gate
             try:
-                c = self._complete(ids, rng=rng, temperature=temperature, max_new_tokens=max_new_tokens,
-                                   prefix=prefix, grammar=grammar)
-            except _Cancelled:
-                return self.failure("cancelled", time.perf_counter() - start, temperature, len(ids),
-                                    gpu_s=getattr(self, "gpu_s", 0.0) - gpu0)
+                return self._generate(ids, rows, rng=rng, temperature=temperature, max_new_tokens=max_new_tokens,
+                                      prefix=prefix)
             finally:
                 self._cancel_event, self._gate = None, None
-            return dataclasses.replace(c, gpu_s=getattr(self, "gpu_s", 0.0) - gpu0)
 
     def _complete(self, ids: list[int], *, rng: random.Random, temperature: float,
                   max_new_tokens: int, prefix: str, grammar: Optional[Choices]) -> Completion:
-        start = time.perf_counter()
-        past, logits = self._prefill(ids)
-        new: list[int] = []
-        text, finished = prefix, True
+        """One answer after the prompt ``ids`` (the loop of :meth:`complete`, without its lock)."""
+        return self._generate(ids, [grammar], rng=rng, temperature=temperature, max_new_tokens=max_new_tokens,
+                              prefix=prefix)[0]
+
+    def _generate(self, ids: list[int], grammars: list[Optional[Choices]], *, rng: random.Random,
+                  temperature: float, max_new_tokens: int, prefix: str) -> list[Completion]:
+        """The decoding loop of :meth:`complete_many` (see there). Each row is a generator
+        (:meth:`_row`) that yields the tokens it wants fed and is sent the logits after them;
+        a step feeds every live row the same number of its pending tokens (the fewest any row
+        has pending: a row's determined rest goes in one pass when it decodes alone, a token a
+        step beside rows that sample), so the cache stays rectangular with no padding."""
+        n = len(grammars)
+        t_start, gpu_start = time.perf_counter(), getattr(self, "gpu_s", 0.0)
+        seconds, gpu = [0.0] * n, [0.0] * n
+
+        def charge(rows: Sequence[int], t0: float, g0: float) -> None:
+            dt, dg = time.perf_counter() - t0, getattr(self, "gpu_s", 0.0) - g0
+            for i in rows:
+                seconds[i] += dt / len(rows)
+                gpu[i] += dg / len(rows)
+
+        results: list[Optional[tuple[str, list[int], bool]]] = [None] * n
+        gens = []
+        pending: list[list[int]] = [[] for _ in range(n)]
+        news: list[list[int]] = [[] for _ in range(n)]
+
+        def advance(i: int, logits: Any) -> None:
+            try:
+                pending[i] = list(gens[i].send(logits))
+            except StopIteration as stop:
+                results[i] = stop.value
+
+        cache_rows: list[int] = list(range(n))  # which row each row of the KV cache holds
+        fed: Sequence[int] = range(n)  # the rows the step under way is for (charged if it is cancelled)
+        t0, g0 = t_start, gpu_start
+        try:
+            past, logits = self._prefill(ids)
+            if n > 1:
+                self._reshape_cache(past, repeat=n)
+            charge(fed, t0, g0)
+            for i, g in enumerate(grammars):
+                fed, t0, g0 = [i], time.perf_counter(), getattr(self, "gpu_s", 0.0)
+                gens.append(self._row(g, logits, news[i], temperature, max_new_tokens, rng, shared=n > 1))
+                try:
+                    pending[i] = list(next(gens[i]))
+                except StopIteration as stop:
+                    results[i] = stop.value
+                charge([i], t0, g0)
+            while True:
+                live = [i for i in cache_rows if results[i] is None]
+                if not live:
+                    break
+                fed, t0, g0 = live, time.perf_counter(), getattr(self, "gpu_s", 0.0)
+                if len(live) < len(cache_rows):  # finished rows leave the cache
+                    self._reshape_cache(past, keep=[cache_rows.index(i) for i in live])
+                    cache_rows = live
+                k = min(len(pending[i]) for i in live)
+                feed = [pending[i][:k] for i in live]
+                for i in live:
+                    pending[i] = pending[i][k:]
+                if len(live) == 1:
+                    past, last = self._forward(feed[0], past)
+                    row_logits = [last]
+                else:
+                    past, row_logits = self._forward_rows(feed, past)
+                for j, i in enumerate(live):
+                    if not pending[i]:
+                        advance(i, row_logits[j])
+                charge(live, t0, g0)
+        except _Cancelled:
+            charge(fed, t0, g0)
+        finally:
+            for g in gens:
+                g.close()
+        out = []
+        share, extra = divmod(len(ids), n)
+        for i in range(n):
+            prompt_tokens = share + (i < extra)
+            if results[i] is None:  # cancelled before this row finished
+                out.append(self.failure("cancelled", seconds[i], temperature, prompt_tokens, gpu_s=gpu[i]))
+                continue
+            text, new, finished = results[i]
+            out.append(Completion(text=prefix + text, prompt_tokens=prompt_tokens, completion_tokens=len(new),
+                                  seconds=seconds[i], model=self.name, temperature=temperature, finished=finished,
+                                  adapter=getattr(self, "adapter", ""), gpu_s=gpu[i]))
+        return out
+
+    def _row(self, grammar: Optional[Choices], logits: Any, new: list[int], temperature: float,
+             max_new_tokens: int, rng: random.Random, shared: bool = False) -> Any:
+        """One row's decoding, as a generator: ``logits = yield tokens`` asks for ``tokens`` to
+        be fed and gets the logits after the last of them; it returns (text, tokens, finished).
+        Free: sample until an end token or ``max_new_tokens``. Under a grammar: choose among its
+        options token by token (only tokens that keep the text on an allowed string), and where
+        one string remains, yield its rest at once. A string is chosen (``grammar.choose``) as
+        soon as it is determined, before its tokens are fed; with ``shared`` (rows of one call)
+        the options are asked again after every token, so a grammar whose ``known`` sees other
+        rows' choices steers this row off them within the same step."""
         if grammar is None:
             finished = False
             while len(new) < max_new_tokens:
@@ -264,49 +399,58 @@ class TransformersBackend(LLMBackend):
                     finished = True
                     break
                 new.append(tok)
-                past, logits = self._forward([tok], past)
-            text += self.tokenizer.decode(new, skip_special_tokens=True)
-        else:
-            while not grammar.done and len(new) < max_new_tokens:
-                options = grammar.options()
-                if not options:
+                logits = yield [tok]
+            return self.tokenizer.decode(new, skip_special_tokens=True), new, finished
+        text, finished = "", True
+        while not grammar.done and len(new) < max_new_tokens:
+            live = grammar.options()
+            if not live:
+                finished = False
+                break
+            done_text = ""
+            while True:
+                if len(live) == 1:  # determined: feed the rest at once
+                    rest = live[0][len(done_text):]
+                    text += live[0]
+                    grammar.choose(live[0])
+                    if rest:
+                        toks = self.tokenizer.encode(rest, add_special_tokens=False)
+                        new += toks
+                        logits = yield toks
+                    break
+                step: dict[int, str] = {}
+                for s in live:
+                    tail = s[len(done_text):]
+                    for cut in range(1, len(tail) + 1):
+                        for t in self.pieces.get(tail[:cut], ()):
+                            step[t] = tail[:cut]
+                if not step:
                     finished = False
                     break
-                done_text = ""
-                while True:
-                    live = [s for s in options if s.startswith(done_text)]
-                    if len(live) == 1:  # determined: feed the rest at once
-                        rest = live[0][len(done_text):]
-                        if rest:
-                            toks = self.tokenizer.encode(rest, add_special_tokens=False)
-                            new += toks
-                            past, logits = self._forward(toks, past)
-                        done_text = live[0]
-                        break
-                    step: dict[int, str] = {}
-                    for s in live:
-                        tail = s[len(done_text):]
-                        for cut in range(1, len(tail) + 1):
-                            for t in self.pieces.get(tail[:cut], ()):
-                                step[t] = tail[:cut]
-                    if not step:
+                tok = self._sample(logits, list(step), temperature, rng)
+                new.append(tok)
+                done_text += step[tok]
+                live = [s for s in live if s.startswith(done_text)]
+                chosen = live[0] if len(live) == 1 else None
+                if chosen is not None:  # chosen before its tokens are fed: rows after this one see it
+                    text += chosen
+                    grammar.choose(chosen)
+                logits = yield [tok]
+                if chosen is not None:
+                    rest = chosen[len(done_text):]
+                    if rest:
+                        toks = self.tokenizer.encode(rest, add_special_tokens=False)
+                        new += toks
+                        logits = yield toks
+                    break
+                if shared:  # another row's choice may have ruled options out (a grammar's `known`)
+                    live = [s for s in grammar.options() if s.startswith(done_text)]
+                    if not live:
                         finished = False
                         break
-                    choice = list(step)
-                    tok = self._sample(logits, choice, temperature, rng)
-                    new.append(tok)
-                    done_text += step[tok]
-                    past, logits = self._forward([tok], past)
-                    if done_text in live and not any(s != done_text and s.startswith(done_text) for s in live):
-                        break
-                if not finished:
-                    break
-                text += done_text
-                grammar.choose(done_text)
-            finished = finished and grammar.done
-        return Completion(text=text, prompt_tokens=len(ids), completion_tokens=len(new),
-                          seconds=time.perf_counter() - start, model=self.name, temperature=temperature,
-                          finished=finished, adapter=getattr(self, "adapter", ""))
+            if not finished:
+                break
+        return text, new, finished and grammar.done
 
 
 def load_backend(model: str = DEFAULT_MODEL, device: str = "cpu", threads: int = 0) -> TransformersBackend:

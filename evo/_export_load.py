@@ -124,7 +124,7 @@ class EvoLibrary:
     def launcher(self, key: tuple[int, int, int, str]) -> tuple[Any, int]:
         """(the exported C function for ``key``, its workspace bytes): for callers that own their
         buffers and want the bare host path, ``fn(A, B, C, M, N, K, workspace, stream) -> int``
-        with device pointers as ints (0 = success). Raises KeyError for a shape not exported and
+        with device pointers as ints (0 = success; -1 = not on this device: run cuBLAS). Raises KeyError for a shape not exported and
         RuntimeError when the library is not loaded here (see ``reason``)."""
         if self._lib is None:
             raise RuntimeError(f"library not loaded: {self.reason}")
@@ -153,6 +153,8 @@ class EvoLibrary:
         other = a.device.index is not None and a.device.index != torch.cuda.current_device()
         with torch.cuda.device(a.device) if other else nullcontext():  # its runtime follows the current context
             rc = fn(a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k, ws, torch.cuda.current_stream().cuda_stream)
+        if rc == -1:  # the kernel cannot run on this device (a grid that must be resident does not fit)
+            return torch.matmul(a, b)
         if rc:
             raise RuntimeError(f"evo_hgemm_{entry['key']} failed with code {rc}")
         return c

@@ -68,6 +68,10 @@ def launcher(shape: Shape, cand: Candidate, kernels: list[str], tag: str = "", s
             lines.append(f"    if (!evo_smem_ready(f, {rl.smem}, &evo_attr_{key}_{j})) return (int)cudaErrorInvalidValue;")
             lines.insert(0, f"static unsigned long long evo_attr_{key}_{j} = 0;")
         g, b = rl.grid, rl.block
+        if cand.plan.coresident:  # a grid whose CTAs wait on each other: cuBLAS where it cannot be resident
+            lines.append(f"    if (!evo_resident(f, {g[0] * g[1] * g[2]}ll, {b[0] * b[1] * b[2]}, {rl.smem}, "
+                         f"evo_fit_{key}_{j})) return -1;")
+            lines.insert(0, f"static unsigned long long evo_fit_{key}_{j}[2] = {{0, 0}};")
         lines.append(f"    cudaError_t e = cudaLaunchKernel(f, dim3({g[0]}, {g[1]}, {g[2]}), dim3({b[0]}, {b[1]}, {b[2]}), "
                      f"args{j}, {rl.smem}, stream); if (e) return (int)e; }}")
     lines += ["  return 0;", "}", ""]
@@ -91,6 +95,23 @@ static bool evo_smem_ready(const void* f, int bytes, unsigned long long* done) {
   if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return false;
   *done |= 1ull << dev;
   return true;
+}
+
+// Whether a grid of `ctas` CTAs can be resident at once on the current device (occupancy x SMs),
+// as a persistent grid whose CTAs wait on each other needs; decided once per device: bit `dev`
+// of state[0] says known, of state[1] says fits. A smaller GPU (fewer SMs, a MIG slice) gets -1
+// from the launcher, and the caller runs cuBLAS instead of a grid that could wait forever.
+static bool evo_resident(const void* f, long long ctas, int threads, int smem, unsigned long long* state) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) return false;
+  if (state[0] >> dev & 1ull) return state[1] >> dev & 1ull;
+  int sms = 0, per_sm = 0;
+  bool fits = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, threads, (size_t)smem) == cudaSuccess &&
+              (long long)sms * per_sm >= ctas;
+  state[0] |= 1ull << dev;
+  if (fits) state[1] |= 1ull << dev;
+  return fits;
 }
 
 static int evo_encode(CUtensorMap* map, void* base, const cuuint64_t* dim, const cuuint64_t* pitch,

@@ -16,6 +16,11 @@ Arguments are strings:
 Matrices as stored: A is M×K row-major; B is N×K row-major (TN) or K×N row-major (NN);
 C is M×N row-major; all fp16. The workspace is zero-filled by the harness before every call
 only if ``zero_workspace`` is set (split-K reductions that accumulate atomically need it).
+
+``coresident`` says that a launch's CTAs wait on each other (a persistent stream-K grid whose
+owners spin on peers' flags): it is correct only when the whole grid is resident at once. An
+exported launcher checks that on the device it runs on and answers -1 (use cuBLAS) where the
+grid does not fit; the evaluator's worker refuses to time such a plan there.
 """
 from __future__ import annotations
 
@@ -115,6 +120,7 @@ class LaunchPlan:
     workspace: Any = 0
     zero_workspace: bool = False
     tensor_maps: Mapping[str, TensorMapSpec] = field(default_factory=dict)
+    coresident: bool = False
 
     def __post_init__(self) -> None:
         self.validate_static()
@@ -198,12 +204,15 @@ class LaunchPlan:
 
     # -- (de)serialisation ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "launches": [launch.to_dict() for launch in self.launches],
             "workspace": self.workspace,
             "zero_workspace": self.zero_workspace,
             "tensor_maps": {k: v.to_dict() for k, v in sorted(self.tensor_maps.items())},
         }
+        if self.coresident:  # only when set: every other plan (and its candidate id) is as before
+            out["coresident"] = True
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LaunchPlan":
@@ -213,6 +222,7 @@ class LaunchPlan:
                 workspace=d.get("workspace", 0),
                 zero_workspace=bool(d.get("zero_workspace", False)),
                 tensor_maps={k: TensorMapSpec.from_dict(v) for k, v in (d.get("tensor_maps") or {}).items()},
+                coresident=bool(d.get("coresident", False)),
             )
         except (KeyError, TypeError) as exc:
             raise PlanError(f"malformed plan: {exc!r}") from None

@@ -45,7 +45,7 @@ _TOP_KEYS = {"name", "family", "description", "min_arch", "arch_features", "layo
              "source", "knobs", "derived", "constraints", "heuristic", "plan", "applies", "prelude"}
 _REQUIRED = {"name", "family", "min_arch", "layouts", "contracts", "source", "knobs", "plan"}
 _KNOB_KEYS = {"values", "default", "axis", "doc"}
-_PLAN_KEYS = {"workspace", "zero_workspace", "launches", "tensor_maps"}
+_PLAN_KEYS = {"workspace", "zero_workspace", "launches", "tensor_maps", "coresident"}
 _LAUNCH_KEYS = {"kernel", "grid", "block", "smem", "args", "when"}
 _TMAP_KEYS = {"matrix", "box", "swizzle"}
 _POINTERS = {"A", "B", "C", "workspace"}
@@ -246,7 +246,8 @@ class Template:
                                          swizzle=int(t.get("swizzle", 128)))
                      for name, t in (spec.get("tensor_maps") or {}).items()}
             return LaunchPlan(launches=tuple(launches), workspace=expr(spec.get("workspace", 0)),
-                              zero_workspace=bool(spec.get("zero_workspace", False)), tensor_maps=tmaps)
+                              zero_workspace=bool(spec.get("zero_workspace", False)), tensor_maps=tmaps,
+                              coresident=bool(spec.get("coresident", False)))
         except (ExprError, PlanError) as exc:
             raise TemplateError(f"template {self.name}: plan does not render for {shape}: {exc}") from None
 

@@ -52,6 +52,8 @@ class CandidateKernels:
                     pack.check_layout(self.layouts[key])
                 except ValueError as exc:
                     raise PlanError(f"launch of {ln.kernel}: {exc}") from None
+            if self.plan.coresident:
+                self._check_resident(self.fns[key], ln)
             tables = tuple((i, self.plan.tensor_maps[name].matrix, self.tmaps.table(self.plan.tensor_maps[name], shape), name)
                            for i, name in enumerate(pack.tmap_names))
             steps.append((self.loader.launcher(self.fns[key], ln.grid, ln.block, ln.smem), pack, pack.pointer_names, tables))
@@ -68,6 +70,20 @@ class CandidateKernels:
                     pack.set_tmap(i, get(ptrs[matrix]), name)
                 go(stream, pack)
         return call, ws, len(launches)
+
+    def _check_resident(self, fn: Any, ln: Any) -> None:
+        """A PlanError when the launch's whole grid cannot be resident on this GPU at once, as a
+        ``coresident`` plan needs (its CTAs wait on each other: a CTA left waiting for an SM would
+        hang them). Skipped where the loader cannot say."""
+        threads = ln.block[0] * ln.block[1] * ln.block[2]
+        per_sm = self.loader.resident_blocks(fn, threads, ln.smem)
+        if per_sm is None:
+            return
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        ctas = ln.grid[0] * ln.grid[1] * ln.grid[2]
+        if per_sm * sms < ctas:
+            raise PlanError(f"launch of {ln.kernel}: its {ctas} CTAs wait on each other and must be resident at once; "
+                            f"this GPU holds {per_sm * sms} ({sms} SMs x {per_sm})")
 
     def unload(self) -> None:
         self.loader.unload(self.module)

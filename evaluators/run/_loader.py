@@ -81,6 +81,7 @@ class Loader(Protocol):
     def launcher(self, fn: Any, grid: Sequence[int], block: Sequence[int], smem: int) -> Callable[[int, Params], None]: ...
     def capture_stream(self) -> Optional[int]: ...
     def param_layout(self, fn: Any) -> Optional[list[tuple[int, int]]]: ...
+    def resident_blocks(self, fn: Any, threads: int, smem: int) -> Optional[int]: ...
     def unload(self, module: Any) -> None: ...
     def synchronize(self) -> Optional[CudaError]: ...
 
@@ -159,6 +160,12 @@ class DriverLoader:
             else:  # a driver without the query
                 return None
 
+    def resident_blocks(self, fn: Any, threads: int, smem: int) -> Optional[int]:
+        """CTAs of ``fn`` (``threads`` each, ``smem`` dynamic shared bytes) one SM holds at once
+        (``cuOccupancyMaxActiveBlocksPerMultiprocessor``)."""
+        return int(self.check("cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                              self.drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, int(threads), int(smem))))
+
     def unload(self, module: Any) -> None:
         self.drv.cuModuleUnload(module)
 
@@ -235,6 +242,10 @@ class PycudaLoader:
 
     def param_layout(self, fn: Any) -> Optional[list[tuple[int, int]]]:
         return fn[1]  # asked once, in function()
+
+    def resident_blocks(self, fn: Any, threads: int, smem: int) -> Optional[int]:
+        """Not known through pycuda (no occupancy call): the co-residency check is skipped."""
+        return None
 
     def capture_stream(self) -> Optional[int]:
         """A new non-blocking pycuda stream's raw handle (the loader keeps the stream alive)."""

@@ -119,7 +119,9 @@ inline bool half_cuda(const at::Tensor& t, const at::Device& dev) {
          reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
-void launch(const Kernel& kn, const at::Tensor& a, const at::Tensor& b, at::Tensor& c, int64_t m, int64_t n,
+// Runs the exported kernel into c; false when the launcher answers -1 (the kernel cannot run on
+// this device: a grid that must be resident at once does not fit), and the caller falls back.
+bool launch(const Kernel& kn, const at::Tensor& a, const at::Tensor& b, at::Tensor& c, int64_t m, int64_t n,
             int64_t k) {
   c10::cuda::CUDAGuard guard(a.device());
   at::Tensor ws;
@@ -127,8 +129,10 @@ void launch(const Kernel& kn, const at::Tensor& a, const at::Tensor& b, at::Tens
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
   int rc = kn.fn(a.data_ptr(), b.data_ptr(), c.data_ptr(), int(m), int(n), int(k),
                   kn.workspace ? ws.data_ptr() : nullptr, reinterpret_cast<void*>(stream));
+  if (rc == -1) return false;
   TORCH_CHECK(rc == 0, "evo_native: the exported kernel for ", m, "x", n, "x", k, " failed with code ", rc);
   n_evolved.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
@@ -140,8 +144,7 @@ at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
     if (!kn && row_major(k, n, b.stride(0), b.stride(1))) kn = find(m, n, k, false);
     if (kn) {
       at::Tensor c = at::empty({m, n}, a.options());
-      launch(*kn, a, b, c, m, n, k);
-      return c;
+      if (launch(*kn, a, b, c, m, n, k)) return c;
     }
   }
   n_fallback.fetch_add(1, std::memory_order_relaxed);
@@ -162,9 +165,10 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& w, const c10::opti
       std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
       out_shape.back() = n;
       at::Tensor c = at::empty(out_shape, x.options());
-      launch(*kn, x, w, c, m, n, k);
-      if (has_bias) c.add_(*bias);  // bias after the GEMM, as nn.Linear adds it
-      return c;
+      if (launch(*kn, x, w, c, m, n, k)) {
+        if (has_bias) c.add_(*bias);  // bias after the GEMM, as nn.Linear adds it
+        return c;
+      }
     }
   }
   n_fallback.fetch_add(1, std::memory_order_relaxed);

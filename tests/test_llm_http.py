@@ -126,8 +126,12 @@ def test_operator_knob_edits_through_the_server_and_the_bandit(server: str, tmp_
     assert op.take_tokens() >= sum(c.meta["tokens"] for c in ok)
     if "llm" in available_operators():  # the in-process default model as a second arm
         both = get_operator("llm", models=["served", "smollm2-135m"], model_config=[str(config)])
-        both.propose([ParentView(parent)], shape, random.Random(1), 6, ctx)
-        calls = both.bandit.summary()
+        rng = random.Random(1)
+        for _ in range(8):  # one child a call: a knob-mode call samples all its children from one arm
+            both.propose([ParentView(parent)], shape, rng, 1, ctx)
+            calls = both.bandit.summary()
+            if calls["served"]["calls"] and calls["smollm2-135m"]["calls"]:
+                break
         assert calls["served"]["calls"] >= 1 and calls["smollm2-135m"]["calls"] >= 1, calls
 
 

@@ -1,7 +1,8 @@
 // Prelude of the Hopper (sm_90a) families sm90_wgmma and streamk90: raw-PTX wrappers for
 // mbarriers, TMA (plain and multicast), clusters, named barriers and wgmma (m64nNk16, fp16 in,
 // fp32 accumulators, 128-byte-swizzled shared-memory descriptors), and the guarded fp16 pair
-// store of the direct epilogue. Knob-free but for wgmma_bn, which dispatches on the BN knob.
+// store of the direct epilogue, and one K block of a ring stage's wgmmas (wgmma_kblock). Knob-free
+// but for wgmma_bn, which dispatches on the BN knob (and wgmma_kblock, which calls it).
 // No includes: the text travels with each candidate.
 
 typedef unsigned short evo_half_bits;
@@ -193,6 +194,36 @@ __device__ __forceinline__ void wgmma_bn(float (&d)[BN / 2], u64 da, u64 db, int
 #else
   wgmma_n256<TB>(d, da, db, scale_d);
 #endif
+}
+
+// One K block of a ring stage: KSTEPS k16 steps, each a wgmma per 64-row slab of A (WM slabs, 8 KiB
+// apart at 128-byte rows) against B's BN columns. B's descriptor: K-major for TN; MN-major for NN
+// (16 k-rows of 128 B per k16 step, 64-column chunks 8 KiB apart (LBO), 8-row groups 1 KiB apart
+// (SBO), the transpose bit set; EVO_NN_DESC_SWAP reads LBO and SBO the other way round, for
+// bench/wgmma_check.py). accumulate = false on a unit's first block: its first step overwrites acc.
+template <int WM, int KSTEPS>
+__device__ __forceinline__ void wgmma_kblock(float (&acc)[WM][BN / 2], u32 a_base, u32 b_base, bool accumulate) {
+#pragma unroll
+  for (int kk = 0; kk < KSTEPS; ++kk) {
+#if defined(EVO_LAYOUT_NN)
+#if defined(EVO_NN_DESC_SWAP)
+    const u64 db = make_desc(b_base + kk * 2048, 1024, 8192);
+#else
+    const u64 db = make_desc(b_base + kk * 2048, 8192, 1024);
+#endif
+#else
+    const u64 db = make_desc(b_base + kk * 32, 16, 1024);
+#endif
+#pragma unroll
+    for (int w = 0; w < WM; ++w) {
+      const u64 da = make_desc(a_base + w * 64 * 128 + kk * 32, 16, 1024);
+#if defined(EVO_LAYOUT_NN)
+      wgmma_bn<1>(acc[w], da, db, (accumulate || kk > 0) ? 1 : 0);
+#else
+      wgmma_bn<0>(acc[w], da, db, (accumulate || kk > 0) ? 1 : 0);
+#endif
+    }
+  }
 }
 
 // ---------------------------------------------------------------- epilogue helpers

@@ -73,6 +73,33 @@ __device__ __forceinline__ void gemv_fma(float (&acc)[ROWS][TOK], const GemvFrag
   }
 }
 
+// acc = 0 before a tile's K loop.
+__device__ __forceinline__ void gemv_zero(float (&acc)[ROWS][TOK]) {
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int t = 0; t < TOK; ++t) acc[r][t] = 0.f;
+}
+// Every acc summed over the warp (butterfly: each lane ends with the warp's sum), then lane 0 puts
+// the warp's sums in its row of the CTA's reduction buffer rb (the caller synchronises after).
+__device__ __forceinline__ void gemv_warp_sums(float (&acc)[ROWS][TOK], float (&rb)[WARPS][RED], int warp, int lane) {
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int t = 0; t < TOK; ++t) {
+      float v = acc[r][t];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      acc[r][t] = v;
+    }
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int t = 0; t < TOK; ++t) rb[warp][r * TOK + t] = acc[r][t];
+  }
+}
+
 // The K loop of one thread over chunks [c0 + tid, c1) with stride THREADS * UNROLL. VEC is a template
 // argument so the 16-byte path and the 2-byte fallback are separate loops: the fallback's registers
 // never count at the fast loop's program points (ptxas allocates for the worst point).
@@ -170,10 +197,7 @@ __device__ __forceinline__ void gemv_tiles(int nb, int m0, int c0, int c1, const
     const int n0 = nb + ti * ROWS;
     if (n0 >= N) break;  // uniform over the CTA: every thread leaves together, no barrier skipped
     float acc[ROWS][TOK];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-      for (int t = 0; t < TOK; ++t) acc[r][t] = 0.f;
+    gemv_zero(acc);
     // f holds this tile's first iteration (zeros where this thread has no chunk)
 #pragma unroll 1
     for (int c = c0 + tid;;) {
@@ -187,22 +211,8 @@ __device__ __forceinline__ void gemv_tiles(int nb, int m0, int c0, int c1, const
       for (int r = 0; r < ROWS; ++r) brow[r] = B + (long long)min(n0 + ROWS + r, N - 1) * K;
       gemv_load<VEC>(f, c0 + tid, c1, brow, arow, K);
     }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-      for (int t = 0; t < TOK; ++t) {
-        float v = acc[r][t];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        acc[r][t] = v;
-      }
     float (&rb)[WARPS][RED] = red[ti & 1];
-    if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-        for (int t = 0; t < TOK; ++t) rb[warp][r * TOK + t] = acc[r][t];
-    }
+    gemv_warp_sums(acc, rb, warp, lane);
     __syncthreads();
     for (int i = tid; i < RED; i += THREADS) {
       float s = 0.f;
@@ -240,10 +250,7 @@ evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict_
   for (int t = 0; t < TOK; ++t) arow[t] = A + (long long)min(m0 + t, M - 1) * K;
 
   float acc[ROWS][TOK];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-    for (int t = 0; t < TOK; ++t) acc[r][t] = 0.f;
+  gemv_zero(acc);
 
 #if ISSUE
   if (vec) gemv_mainloop_issue(acc, c0 + tid, c1, brow, arow, K);
@@ -252,23 +259,8 @@ evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict_
 #endif
   else gemv_mainloop<false>(acc, c0 + tid, c1, brow, arow, K);
 
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-    for (int t = 0; t < TOK; ++t) {
-      float v = acc[r][t];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      acc[r][t] = v;
-    }
-
   __shared__ float red[WARPS][RED];
-  if (lane == 0) {
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-      for (int t = 0; t < TOK; ++t) red[warp][r * TOK + t] = acc[r][t];
-  }
+  gemv_warp_sums(acc, red, warp, lane);
   __syncthreads();
 #if CLUSTER > 1
   __shared__ float part[RED];

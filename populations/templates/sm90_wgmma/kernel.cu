@@ -323,29 +323,7 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
         const u32 a_base = sA + stage * A_STAGE_BYTES + row_off * 128;
         const u32 b_base = sB + stage * B_STAGE_BYTES;
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-#if defined(EVO_LAYOUT_NN)
-          // MN-major B: 16 k-rows of 128 B per k16 step; 64-column chunks 8 KiB apart (LBO),
-          // 8-row groups 1 KiB apart (SBO); transpose bit set.
-#if defined(EVO_NN_DESC_SWAP)
-          const u64 db = make_desc(b_base + kk * 2048, 1024, 8192);
-#else
-          const u64 db = make_desc(b_base + kk * 2048, 8192, 1024);
-#endif
-#else
-          const u64 db = make_desc(b_base + kk * 32, 16, 1024);
-#endif
-#pragma unroll
-          for (int w = 0; w < WM_TILES; ++w) {
-            const u64 da = make_desc(a_base + w * 64 * 128 + kk * 32, 16, 1024);
-#if defined(EVO_LAYOUT_NN)
-            wgmma_bn<1>(acc[w], da, db, (kb > kb0 || kk > 0) ? 1 : 0);
-#else
-            wgmma_bn<0>(acc[w], da, db, (kb > kb0 || kk > 0) ? 1 : 0);
-#endif
-          }
-        }
+        wgmma_kblock<WM_TILES, BK / 16>(acc, a_base, b_base, kb > kb0);
         wgmma_commit();
         // Keep this K block's wgmmas in flight; the previous block's have retired, so its
         // stage can go back to the producer(s).

@@ -99,23 +99,7 @@ __device__ __forceinline__ void consume_unit(float (&acc)[WM_TILES][ACC], u32 sA
     const u32 a_base = sA + stage * A_STAGE_BYTES + row_off * 128;
     const u32 b_base = sB + stage * B_STAGE_BYTES;
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-#if defined(EVO_LAYOUT_NN)
-      const u64 db = make_desc(b_base + kk * 2048, 8192, 1024);  // MN-major B, transpose bit below
-#else
-      const u64 db = make_desc(b_base + kk * 32, 16, 1024);
-#endif
-#pragma unroll
-      for (int w = 0; w < WM_TILES; ++w) {
-        const u64 da = make_desc(a_base + w * 64 * 128 + kk * 32, 16, 1024);
-#if defined(EVO_LAYOUT_NN)
-        wgmma_bn<1>(acc[w], da, db, (kb > k0 || kk > 0) ? 1 : 0);
-#else
-        wgmma_bn<0>(acc[w], da, db, (kb > k0 || kk > 0) ? 1 : 0);
-#endif
-      }
-    }
+    wgmma_kblock<WM_TILES, BK / 16>(acc, a_base, b_base, kb > k0);
     wgmma_commit();
     wgmma_wait<1>();  // the previous block's wgmmas have retired: its slot goes back
     if (prev_stage >= 0 && lt == 0) mbar_arrive(bars + 8u * (STAGES + prev_stage));

@@ -42,7 +42,7 @@ TEMPLATES_DIR = Path(__file__).parent / "templates"
 PRELUDE_DIR = "_prelude"  # under the templates' root; load_templates skips folders starting with "_"
 FAMILIES = ("A", "B", "T")
 _TOP_KEYS = {"name", "family", "description", "min_arch", "arch_features", "layouts", "contracts",
-             "source", "knobs", "derived", "constraints", "heuristic", "plan", "applies", "prelude"}
+             "source", "knobs", "derived", "constraints", "heuristic", "plan", "applies", "prelude", "generic"}
 _REQUIRED = {"name", "family", "min_arch", "layouts", "contracts", "source", "knobs", "plan"}
 _KNOB_KEYS = {"values", "default", "axis", "doc"}
 _PLAN_KEYS = {"workspace", "zero_workspace", "launches", "tensor_maps", "coresident"}
@@ -101,6 +101,10 @@ class Template:
     path: Optional[Path] = None
     prelude_text: str = ""
     target_arch: Optional[int] = None  # the arch check/heuristic/sample assume when not given one
+    #: False when a knob set is memory-safe only at shapes its constraints allow (a buffer sized by a
+    #: knob that must hold a shape-dependent extent): a generic candidate claims every M, N, K and is
+    #: checked at ragged ones, so such a template's candidates are always specialised to their shape.
+    generic: bool = True
 
     def for_arch(self, arch: Union[int, str, None]) -> "Template":
         """This template with ``arch`` as the default target of :meth:`check`, :meth:`heuristic`,
@@ -191,7 +195,9 @@ class Template:
 
     # -- rendering -------------------------------------------------------------------------
     def render(self, knobs: Mapping[str, KnobValue], shape: Shape, specialize: bool = False) -> tuple[str, LaunchPlan]:
-        """(source, plan) for ``knobs`` at ``shape``; raises :class:`TemplateError` with the reasons when invalid."""
+        """(source, plan) for ``knobs`` at ``shape``; raises :class:`TemplateError` with the reasons when
+        invalid. Always specialised when the template is not ``generic``."""
+        specialize = specialize or not self.generic
         full = self.space.complete(knobs)
         reasons = self.check(full, shape)
         if reasons:
@@ -214,7 +220,9 @@ class Template:
 
     def candidate(self, knobs: Mapping[str, KnobValue], shape: Shape, specialize: bool = False,
                   **provenance: Any) -> Candidate:
-        """A :class:`Candidate` for ``knobs`` at ``shape`` (``template`` and ``knobs`` set; generic unless specialised)."""
+        """A :class:`Candidate` for ``knobs`` at ``shape`` (``template`` and ``knobs`` set; generic unless
+        specialised, and always specialised when the template is not ``generic``)."""
+        specialize = specialize or not self.generic
         source, plan = self.render(knobs, shape, specialize)
         provenance.setdefault("operator", "seed")
         return Candidate(source=source, plan=plan, shapes=(shape,), generic=not specialize,
@@ -313,11 +321,14 @@ def _build(folder: Path, data: Mapping[str, Any]) -> Template:
     heuristics = _heuristics(data, space)
     plan = data["plan"]
     _check_plan(plan, space)
+    generic = data.get("generic", True)
+    if not isinstance(generic, bool):
+        raise TemplateError(f"generic must be true or false, got {generic!r}")
     return Template(
         name=name, family=data["family"], description=data.get("description", ""), min_arch=data["min_arch"],
         arch_features=features, layouts=layouts, contracts=contracts, source_name=data["source"],
         source_text=src.read_text(), space=space, heuristics=heuristics, plan_spec=plan,
-        applies=applies, path=folder, prelude_text=prelude,
+        applies=applies, path=folder, prelude_text=prelude, generic=generic,
     )
 
 

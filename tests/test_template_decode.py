@@ -92,6 +92,30 @@ def test_plans_resolve_at_ragged_shapes(fams: dict[str, Template], name: str) ->
                                                + 8 * knobs["NT"] * (knobs["XK"] + 8))
 
 
+def test_swpipe_candidates_are_specialised(fams: dict[str, Template], tmp_path) -> None:
+    """swpipe's token buffer holds XK columns, so its kernel is memory-safe only where the XK
+    constraint holds: a generic candidate (every M, N, K claimed) overran shared memory at the
+    evaluator's ragged K=4104 instance on the H200. Its candidates are specialised however asked;
+    the other decode families stay generic, and ``generic`` must be a boolean in template.toml."""
+    shape = Shape.parse("8x6144x768")
+    knobs = fams["swpipe"].heuristic(shape, 90)[0]
+    cand = fams["swpipe"].candidate(knobs, shape)
+    assert not fams["swpipe"].generic and not cand.generic and "#define EVO_K 768" in cand.source
+    assert "#define EVO_K" in fams["swpipe"].render(knobs, shape)[0]
+    for name in ("gemv", "swab"):
+        assert fams[name].generic and fams[name].candidate(fams[name].heuristic(shape, 90)[0], shape).generic
+    import shutil
+
+    from populations import TemplateError, load_template
+    bad = tmp_path / "swpipe"
+    shutil.copytree(fams["swpipe"].path, bad)
+    text = (bad / "template.toml").read_text().replace("generic = false", 'generic = "no"')
+    (bad / "template.toml").write_text(text)
+    (tmp_path / "_prelude").symlink_to(fams["swpipe"].path.parent / "_prelude")
+    with pytest.raises(TemplateError, match="generic must be true or false"):
+        load_template(bad)
+
+
 def test_cluster_is_compile_time_and_hopper_only(fams: dict[str, Template]) -> None:
     shape = Shape.parse("8x576x576")
     for name, knobs in (("gemv", {"CLUSTER": 4}), ("swab", {"CLUSTER": 4}), ("swpipe", {"CLUSTER": 4})):
@@ -224,3 +248,28 @@ def test_gemv_issue_loop_compiles_without_spills(fams: dict[str, Template]) -> N
 @pytest.mark.timeout(3600)
 def test_every_first_pick_of_the_sample_compiles(fams: dict[str, Template]) -> None:
     compile_and_check(first_pick_jobs(fams, SAMPLE + RAGGED, samples=40))
+
+
+# ---- device -----------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+def test_first_picks_pass_the_evaluator_on_the_gpu(fams: dict[str, Template], tmp_path) -> None:
+    """The decode families' first picks through the whole evaluator (its ragged instances for generic
+    candidates included) at decode rows, the three where a generic swpipe overran its token buffer
+    on the H200 (8x6144x768, 8x50257x768, 16x6144x4096) among them."""
+    pytest.importorskip("torch")
+    from evaluators import LocalPool
+    from populations import Status
+
+    cases = []
+    for text in ["8x6144x768", "8x50257x768", "16x6144x4096", "16x1152x896", "1x9216x3072", "3x77x9", "5x4100x1030"]:
+        s = Shape.parse(text)
+        for name in DECODE:
+            if fams[name].applicable(s, 90):
+                cases += [(name, text, k) for k in fams[name].heuristic(s, 90)[:3]]
+    cands = [fams[n].candidate(k, Shape.parse(s)) for n, s, k in cases]
+    with LocalPool(compile_workers=4, timers=("device",), log_dir=str(tmp_path)) as pool:
+        evals = pool.evaluate(cands)
+    assert {n for n, _, _ in cases} == set(DECODE)
+    bad = [(n, s, k, e.status.value, e.message[:300]) for (n, s, k), e in zip(cases, evals) if e.status is not Status.OK]
+    assert not bad, bad

@@ -14,7 +14,8 @@
 //   shared memory: one launch, no workspace).
 //   Grid: x = cdiv(cdiv(N, 16 * RT), TPC) * cdiv(M, 8 * NT) (token groups of one tile block
 //   adjacent), z = CLUSTER; dynamic shared memory SMEM (template.toml), a function of the knobs only
-//   (the token buffer holds XK columns), so one function serves every shape at one shared-memory size. Any M, N, K >= 1: edge
+//   (the token buffer holds XK columns), so one shared-memory size serves every shape whose CTA K range
+//   fits XK columns (candidates are specialised: template.toml says why). Any M, N >= 1: edge
 //   rows/tokens are clamped loads whose sums are never stored, K past the end is zero-filled, and
 //   K % 8 != 0 or misaligned operands fill shared memory with 2-byte loads instead of cp.async.
 // Knobs arrive as #defines (template.toml; THREADS is derived there); preludes: mma_sync.cuh, decode.cuh.

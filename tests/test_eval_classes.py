@@ -301,3 +301,9 @@ def test_large_ragged_instance_keeps_the_grid_and_cuts_every_tail() -> None:
         tma = large_ragged(shape, {"K", "N"}, rng)
         assert tma.k % 8 == 0 and tma.n % 8 == 0 and tma.k < shape.k and tma.n < shape.n
     assert large_ragged(Shape(1, 4096, 4096, "TN"), set(), rng).m == 1
+    # a pitch dimension of 8 or less has nothing to cut to while staying a multiple of 8 (TMA's
+    # rule); it was cut to 1..7, and a TMA kernel at 1x1x8 was rejected for a shape it never claimed
+    for _ in range(20):
+        small = large_ragged(Shape(1, 8, 8, "TN"), {"K", "N"}, rng)
+        assert (small.n, small.k) == (8, 8)
+        assert large_ragged(Shape(1, 8, 8, "TN"), set(), rng).k < 8

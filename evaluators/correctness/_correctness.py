@@ -276,6 +276,8 @@ def large_ragged(shape: Shape, tma_pitch: set[str], rng: random.Random) -> Shape
     def cut(d: int, pitch: bool) -> int:
         if d <= 1:
             return d
+        if pitch and d <= 8:
+            return d  # a pitch must stay a multiple of 8: nothing smaller is left to cut to
         out = d - max(1, min(d - 1, rng.randint(1, 63)))
-        return max(8, out // 8 * 8) if pitch and d > 8 else out
+        return max(8, out // 8 * 8) if pitch else out
     return shape.with_dims(cut(shape.m, False), cut(shape.n, "N" in tma_pitch), cut(shape.k, "K" in tma_pitch))

@@ -5,7 +5,8 @@ compiled with nvcc into LIB/libevo_hgemm.so with a C ABI launcher per shape
 (``evo_hgemm_<M>x<N>x<K>_<LAYOUT>_f32``), the dispatchers ``evo_hgemm`` (TN) and
 ``evo_hgemm_nn`` (NN), the generated sources under LIB/src, and LIB/manifest.json (shapes,
 sources' sha256, measured speedups per timer, workspace bytes, GPU and provenance, and the shapes
-skipped with the reason). A shape whose best kernel is not faster than cuBLAS in GPU time is
+skipped with the reason). A shape whose best kernel is not faster than cuBLAS in GPU time by more
+than 2% (the timings' noise) is
 left to cuBLAS (the manifest's paths say which path each shape takes and why; --keep-slower
 exports it anyway). With --verify (auto, the default: where a GPU of the export's architecture is
 visible; on: required; off) the top --verify-top candidates of every shape are re-timed beside

@@ -25,7 +25,8 @@ def _elite(speedups: list[float]) -> Elite:
     return Elite(cand.id, ordered[len(ordered) // 2], evals, cand)
 
 
-@pytest.mark.parametrize("speedups, path", [([1.2], "evolved"), ([1.001], "evolved"), ([1.0], "cublas"),
+@pytest.mark.parametrize("speedups, path", [([1.2], "evolved"), ([1.021], "evolved"), ([1.001], "cublas"),
+                                            ([1.019], "cublas"), ([1.0], "cublas"),
                                             ([0.97], "cublas"), ([0.9, 1.3, 0.95], "cublas"), ([1.1, 0.99, 1.2], "evolved")])
 def test_choose_path_by_the_median_device_speedup(speedups: list[float], path: str) -> None:
     elite = _elite(speedups)

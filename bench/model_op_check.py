@@ -208,7 +208,19 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=300)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile check")
     p.add_argument("--max-seconds", type=float, default=0.0, help="start no new shape after this (0: no cap)")
+    p.add_argument("--after", type=Path, default=None,
+                   help="an earlier op_check.json of the same archive: its shapes are not timed again, and its "
+                        "rows (marked 'earlier') join this run's summary, so a check cut by --max-seconds can go on "
+                        "in a second call")
     args = p.parse_args()
+    earlier: list[dict[str, Any]] = []
+    if args.after is not None:
+        try:
+            earlier = [dict(r, earlier=str(args.after)) for r in json.loads(args.after.read_text())["shapes"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"model_op_check: cannot read --after {args.after}: {exc}", file=sys.stderr)
+            return 2
+    done = {r["shape"] for r in earlier}
     import torch
 
     from evo.torch._ops import load_ops, register
@@ -222,7 +234,10 @@ def main() -> int:
         return 1
     print(f"registered {register(lib)} kernels", flush=True)
     results = []
-    tn = [k for k in lib.kernels if k[3] == "TN"]  # nn.Linear's layout: what the op and the patcher serve
+    tn = [k for k in lib.kernels if k[3] == "TN"  # nn.Linear's layout: what the op and the patcher serve
+          and f"{k[0]}x{k[1]}x{k[2]}:{k[3]}" not in done]
+    if earlier:
+        print(f"--after {args.after}: {len(earlier)} shapes timed earlier, {len(tn)} left", flush=True)
     start = time.monotonic()
     for i, key in enumerate(_order(tn)):
         if args.max_seconds and time.monotonic() - start > args.max_seconds:
@@ -240,7 +255,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(),
            "reps": args.reps, "library": str(args.library or args.work / "lib"), "shapes_in_library": len(tn),
-           "summary": summarize(results), "shapes": results}
+           "summary": summarize(results + earlier), "shapes": results + earlier}
     for path, st in doc["summary"].items():
         o = st["offline"]
         if o["n"]:

@@ -11,6 +11,9 @@
 # 100-shape grid sample (seed_bench's, seed 3) plus the 48-row LLM-layer sample
 # (bench/_llm_sample.py, as llm_layers_bench draws it), seeded within SEED_S (default 200) seconds,
 # then the op check over every seeded shape within OPS_S (default 190) seconds. ~8-9 min in all.
+# RESUME=DIR (with GRID=1; DIR holds an earlier call's seeds.tgz and op_check.json, carried): the
+# earlier archive is restored first, so seed_bench seeds only the shapes it had not reached, and the
+# op check skips the shapes timed before and joins their rows to its summary (--after).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 W=/tmp/evo_model
@@ -25,6 +28,10 @@ step "machine"
 step "build the native operators (background)"
 python3 -c 'import time; t=time.time(); from evo.torch._ops import load_ops; print(load_ops(), f"{time.time()-t:.1f} s")' > "$W/build.log" 2>&1 &
 BUILD=$!
+if [ -n "${RESUME:-}" ]; then
+  step "resume: restoring $RESUME/seeds.tgz"
+  tar -xzf "$RESUME/seeds.tgz" -C "$W" || { step "cannot unpack $RESUME/seeds.tgz"; exit 3; }
+fi
 if [ "${GRID:-0}" = 1 ]; then
   python3 - "$W/shapes.csv" <<'PYEOF' 2>&1 | tee -a "$LOG"
 import csv, sys
@@ -48,6 +55,7 @@ PYEOF
     --order interleave --budget-s "${SEED_S:-200}" --compile-workers 12 --archive "$W/seeds" --out "$W/seed" 2>&1 \
     | tee -a "$LOG" | tail -12
   OPC=(--no-compile --reps 40 --max-seconds "${OPS_S:-190}")
+  if [ -n "${RESUME:-}" ]; then OPC+=(--after "$RESUME/op_check.json"); fi
 else
   printf 'M,N,K\n1,4096,4096\n8,4096,4096\n1,14336,4096\n1,576,576\n64,1536,576\n512,4096,4096\n' > "$W/shapes.csv"
   step "seeds: seed_bench over 6 LLM-layer shapes"

@@ -334,9 +334,11 @@ class TransformersBackend(LLMBackend):
             if n > 1:
                 self._reshape_cache(past, repeat=n)
             charge(fed, t0, g0)
+            claims: Optional[dict[str, set[str]]] = {} if n > 1 else None  # shared by the call's rows
             for i, g in enumerate(grammars):
                 fed, t0, g0 = [i], time.perf_counter(), getattr(self, "gpu_s", 0.0)
-                gens.append(self._row(g, logits, news[i], temperature, max_new_tokens, rng, shared=n > 1))
+                gens.append(self._row(g, logits, news[i], temperature, max_new_tokens, rng, shared=n > 1,
+                                      claims=claims))
                 try:
                     pending[i] = list(next(gens[i]))
                 except StopIteration as stop:
@@ -382,7 +384,8 @@ class TransformersBackend(LLMBackend):
         return out
 
     def _row(self, grammar: Optional[Choices], logits: Any, new: list[int], temperature: float,
-             max_new_tokens: int, rng: random.Random, shared: bool = False) -> Any:
+             max_new_tokens: int, rng: random.Random, shared: bool = False,
+             claims: Optional[dict[str, set[str]]] = None) -> Any:
         """One row's decoding, as a generator: ``logits = yield tokens`` asks for ``tokens`` to
         be fed and gets the logits after the last of them; it returns (text, tokens, finished).
         Free: sample until an end token or ``max_new_tokens``. Under a grammar: choose among its
@@ -390,7 +393,26 @@ class TransformersBackend(LLMBackend):
         one string remains, yield its rest at once. A string is chosen (``grammar.choose``) as
         soon as it is determined, before its tokens are fed; with ``shared`` (rows of one call)
         the options are asked again after every token, so a grammar whose ``known`` sees other
-        rows' choices steers this row off them within the same step."""
+        rows' choices steers this row off them within the same step. ``claims`` (one dict for
+        the rows of one call) maps the text chosen so far to the options rows took from there, and
+        each point inside an option to the tokens rows sampled there: a row prefers options and
+        tokens no other row took at the same point, among those its sampled tokens still allow
+        (all of them when every such one is taken), so the rows of a call branch
+        where the grammar lets them instead of following the model's favourite in lockstep into
+        each other's finished sets (a sampling without replacement over the grammar's choices;
+        the model's probabilities still order the untaken options)."""
+
+        def untaken(options: list[str], at: str) -> list[str]:
+            taken = claims.get(at) if claims is not None else None
+            if not taken:
+                return options
+            free = [o for o in options if o not in taken]
+            return free or options
+
+        def claim(at: str, option: str) -> None:
+            if claims is not None:
+                claims.setdefault(at, set()).add(option)
+
         if grammar is None:
             finished = False
             while len(new) < max_new_tokens:
@@ -403,7 +425,7 @@ class TransformersBackend(LLMBackend):
             return self.tokenizer.decode(new, skip_special_tokens=True), new, finished
         text, finished = "", True
         while not grammar.done and len(new) < max_new_tokens:
-            live = grammar.options()
+            live = untaken(grammar.options(), text)
             if not live:
                 finished = False
                 break
@@ -411,6 +433,7 @@ class TransformersBackend(LLMBackend):
             while True:
                 if len(live) == 1:  # determined: feed the rest at once
                     rest = live[0][len(done_text):]
+                    claim(text, live[0])
                     text += live[0]
                     grammar.choose(live[0])
                     if rest:
@@ -427,12 +450,19 @@ class TransformersBackend(LLMBackend):
                 if not step:
                     finished = False
                     break
-                tok = self._sample(logits, list(step), temperature, rng)
+                allowed = list(step)
+                if claims is not None:  # and tokens no other row took at this point, where others remain
+                    at = f"{text}\x00{done_text}"
+                    allowed = [t for t in allowed if str(t) not in claims.get(at, ())] or allowed
+                tok = self._sample(logits, allowed, temperature, rng)
+                if claims is not None:
+                    claim(at, str(tok))
                 new.append(tok)
                 done_text += step[tok]
                 live = [s for s in live if s.startswith(done_text)]
                 chosen = live[0] if len(live) == 1 else None
                 if chosen is not None:  # chosen before its tokens are fed: rows after this one see it
+                    claim(text, chosen)
                     text += chosen
                     grammar.choose(chosen)
                 logits = yield [tok]
@@ -443,8 +473,8 @@ class TransformersBackend(LLMBackend):
                         new += toks
                         logits = yield toks
                     break
-                if shared:  # another row's choice may have ruled options out (a grammar's `known`)
-                    live = [s for s in grammar.options() if s.startswith(done_text)]
+                if shared:  # another row's choice may have ruled options out (a grammar's `known`, a claim)
+                    live = untaken([s for s in grammar.options() if s.startswith(done_text)], text)
                     if not live:
                         finished = False
                         break

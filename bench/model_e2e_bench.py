@@ -319,6 +319,25 @@ def divergence_table(rows_: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def prefill_ratios(pb: dict[str, Any], pa: dict[str, Any]) -> str:
+    """The prefill's before/after ratio three ways, since its wall clock is host-bound and a round
+    can be an outlier on either side (21-37 ms rounds on the H200 for SmolLM2): the medians of
+    the rounds (the table's), the median of the paired rounds' ratios (each round's two sides
+    run back to back), the fastest rounds; and the GPU kernel time (the profile legs), which the
+    host does not touch."""
+    import statistics
+
+    b, a = pb["rounds_ms"], pa["rounds_ms"]
+    parts = [f"medians {_x(pb['ms'], pa['ms'])}"]
+    if b and len(b) == len(a):
+        parts.append(f"paired rounds {statistics.median(x / y for x, y in zip(b, a)):.3f}x")
+        parts.append(f"fastest rounds {min(b) / min(a):.3f}x")
+    gb, ga = _get(pb, "profile", "total_us"), _get(pa, "profile", "total_us")
+    if gb and ga:
+        parts.append(f"GPU kernel time {gb:.0f} / {ga:.0f} us = {gb / ga:.3f}x")
+    return ", ".join(parts)
+
+
 def prefill_lines(rows_: list[dict[str, Any]]) -> str:
     """Per model: the prefill's round medians both ways (one process, alternating) and one
     ``nn.Linear`` call's host time, plain and patched."""
@@ -328,6 +347,7 @@ def prefill_lines(rows_: list[dict[str, Any]]) -> str:
         if pb and pa:
             out.append(f"- {r['model']} prefill {pb['tokens']} tokens, round medians ms: before "
                        f"{', '.join(f'{x:.2f}' for x in pb['rounds_ms'])}; after {', '.join(f'{x:.2f}' for x in pa['rounds_ms'])}")
+            out.append(f"- {r['model']} prefill before / after: {prefill_ratios(pb, pa)}")
         if lc and "plain_us" in lc:
             out.append(f"- {r['model']} one nn.Linear call ({lc['n']}x{lc['k']}), us: plain {lc['plain_us']:.2f}, patched "
                        f"uncovered (M={lc['m_uncovered']}) {lc['uncovered_us']:.2f} (+{lc['uncovered_overhead_us']:.2f}), "
@@ -399,7 +419,7 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="timed decodes per leg (median)")
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--prefill-reps", type=int, default=5, help="timed prefills per round and side (median)")
-    p.add_argument("--prefill-rounds", type=int, default=6,
+    p.add_argument("--prefill-rounds", type=int, default=10,
                    help="rounds of unpatched and patched prefills, alternating in one process")
     p.add_argument("--no-graphs", dest="graphs", action="store_false", help="decode eagerly (no CUDA graphs)")
     p.add_argument("--prefill-graph", action="store_true",

@@ -39,6 +39,19 @@ def grammars(t, n: int, known=None) -> list[KnobEditGrammar]:  # type: ignore[no
     return [KnobEditGrammar(t, t.space.complete({}), SHAPE, 2, known=known) for _ in range(n)]
 
 
+def claiming(t, parent, max_changes: int, n: int) -> list[KnobEditGrammar]:  # type: ignore[no-untyped-def]
+    """``n`` grammars that, like the operator's, know every set a row of the call has finished on."""
+    taken: set = set()
+
+    class Claiming(KnobEditGrammar):
+        def choose(self, option: str) -> None:
+            super().choose(option)
+            if self.done:
+                taken.add(tuple(sorted({**self.parent, **self.edit}.items())))
+
+    return [Claiming(t, parent, SHAPE, max_changes, known=lambda k: tuple(sorted(k.items())) in taken) for _ in range(n)]
+
+
 class CancellingGate:
     """A gate double (the GPU lease's ``slice(sync=, cancel=)``): counts slices and sets
     ``cancel`` once ``after`` slices have run."""
@@ -93,16 +106,7 @@ def test_the_same_seed_gives_the_same_list_and_one_row_is_complete(backend, gemv
 def test_rows_of_one_call_avoid_each_others_knob_sets(backend, gemv) -> None:
     """Rows re-ask their options after every token: a grammar whose ``known`` sees the sets other
     rows finished on (what the operator's grammars do) steers later rows off them."""
-    taken: set = set()
-
-    class Claiming(KnobEditGrammar):
-        def choose(self, option: str) -> None:
-            super().choose(option)
-            if self.done:
-                taken.add(tuple(sorted({**self.parent, **self.edit}.items())))
-
-    rows = [Claiming(gemv, gemv.space.complete({}), SHAPE, 1, known=lambda k: tuple(sorted(k.items())) in taken)
-            for _ in range(6)]
+    rows = claiming(gemv, gemv.space.complete({}), 1, 6)
     cs = backend.complete_many(MSGS, 6, rng=random.Random(1), temperature=0.2, max_new_tokens=64, prefix=PREFIX,
                                grammars=rows)
     done = [c.text for c in cs if c.finished]
@@ -115,16 +119,8 @@ def test_rows_of_one_call_branch_instead_of_dead_ending(backend, gemv) -> None:
     every one of 8 rows finishes a distinct valid edit: before the claims, rows followed the
     favourite in lockstep and the later ones dead-ended on sets earlier rows had finished
     (bench/RESULTS.md section 24: 4 of 8 and 12 of 16 rows failed)."""
-    taken: set = set()
-
-    class Claiming(KnobEditGrammar):
-        def choose(self, option: str) -> None:
-            super().choose(option)
-            if self.done:
-                taken.add(tuple(sorted({**self.parent, **self.edit}.items())))
-
     parent = gemv.space.complete({})
-    rows = [Claiming(gemv, parent, SHAPE, 2, known=lambda k: tuple(sorted(k.items())) in taken) for _ in range(8)]
+    rows = claiming(gemv, parent, 2, 8)
     cs = backend.complete_many(MSGS, 8, rng=random.Random(2), temperature=0.2, max_new_tokens=64, prefix=PREFIX,
                                grammars=rows)
     assert all(c.finished for c in cs), [(c.text, c.finished) for c in cs]

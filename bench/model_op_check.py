@@ -15,7 +15,8 @@ per shape
   fullgraph);
 - host-inclusive time per call (``offline``: synchronize, one call, synchronize; the median over
   ``--reps`` calls, operands rotated over sets larger than 2x L2) and back-to-back time per call
-  (``pipelined``: 50 calls queued, then one synchronize; what eager decode pays per GEMM),
+  (``pipelined``: 50 calls queued, fewer for calls over 0.4 ms (~20 ms a round), then one
+  synchronize; what eager decode pays per GEMM),
   arms interleaved in random order: ``torch.matmul(a, w.t())``, ``F.linear``, the native op on
   the evolved path (``op_mm``, ``op_linear``), the native op falling back to cuBLAS
   (``op_fallback``: the shape not in its table) and the older ctypes custom op
@@ -62,17 +63,26 @@ def _offline(fn: Callable[[int], Any], n_sets: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def _pipelined(fn: Callable[[int], Any], n_sets: int, reps: int) -> float:
+#: A pipelined round queues about this many seconds of calls (50 calls at most, 3 at least): the
+#: host's share, what the round measures, is gone long before a millisecond GEMM's 50th call, and
+#: 50 such calls a round made a 16384x8192x16384 shape take 32 s of the op check's time.
+PIPELINED_ROUND_S = 0.02
+
+
+def _pipelined(fn: Callable[[int], Any], n_sets: int, reps: int, call_s: float = 0.0) -> float:
+    """Seconds per call with calls queued back to back (rounds of up to 50, then one synchronize);
+    ``call_s`` (one call's offline time) shortens the rounds of long calls."""
     import torch
 
+    per = max(3, min(50, int(PIPELINED_ROUND_S / call_s))) if call_s > 0 else 50
     out = []
     for r in range(max(3, reps // 50)):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for i in range(50):
+        for i in range(per):
             fn(i % n_sets)
         torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) / 50)
+        out.append((time.perf_counter() - t0) / per)
     return statistics.median(out)
 
 
@@ -130,7 +140,7 @@ def check_shape(key: tuple[int, int, int, str], lib: Any, reps: int, compile_che
             else:
                 fn = arms[name]
             offline[name].append(_offline(fn, n_sets, reps // rounds))
-            piped[name].append(_pipelined(fn, n_sets, reps // rounds))
+            piped[name].append(_pipelined(fn, n_sets, reps // rounds, offline[name][-1]))
             if name == "op_fallback":
                 register(lib)
     res["offline_us"] = {a: statistics.median(v) * 1e6 for a, v in offline.items()}

@@ -149,6 +149,30 @@ def test_bound_calls_launch_every_set_with_its_own_pointers_and_maps(monkeypatch
     assert encoded == [p["A"] for p in sets]  # the second candidate reused every map
 
 
+def test_a_smaller_shared_memory_size_never_lowers_a_kernels_opt_in(monkeypatch):
+    """Every dynamic shared-memory size of one kernel shares one driver function: binding a shape
+    with a smaller size after one with a larger size asks the loader for the larger opt-in again,
+    so the launch bound first stays valid (the loader sets the function's maximum each time)."""
+    import evaluators.run._kernels as h
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    plan = LaunchPlan.from_dict({"launches": [{"kernel": "k1", "grid": [1, 1, 1], "block": [128, 1, 1],
+                                               "smem": "1024 * K", "args": ["C"]}], "workspace": "0"})
+    asked: list[tuple[str, int]] = []
+
+    class Recording(_Loader):
+        def function(self, module, name, smem):
+            asked.append((name, smem))
+            return name
+    loader = Recording()
+    loader.kinds = {"k1": ["ptr"]}
+    kernels = h.CandidateKernels(loader, b"", plan, TmapCache())
+    for k in (64, 100, 50, 100):  # 64 KiB, 100 KiB, 50 KiB, then 100 KiB again (bound already)
+        kernels.bind(Shape(8, 8, k, "TN"))
+    assert asked == [("k1", 64 * 1024), ("k1", 100 * 1024), ("k1", 100 * 1024)]
+
+
 def test_driver_launcher_binds_the_launch_and_raises_the_drivers_error():
     from cuda.bindings import driver as real
 

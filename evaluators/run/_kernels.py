@@ -22,6 +22,10 @@ class CandidateKernels:
         self.loader, self.plan = loader, plan
         self.module = loader.load(cubin)
         self.fns: dict[tuple[str, int], Any] = {}
+        # the largest dynamic shared memory asked of each kernel so far: every size of one kernel
+        # shares one driver function, whose opt-in a later, smaller size must not lower (a launch
+        # bound earlier at the larger size would then fail: CUDA_ERROR_INVALID_VALUE)
+        self.optin: dict[str, int] = {}
         self.layouts: dict[tuple[str, int], Optional[list[tuple[int, int]]]] = {}  # the driver's, per function
         self.tmaps = tmaps if tmaps is not None else TmapCache()
 
@@ -43,7 +47,8 @@ class CandidateKernels:
         for ln in launches:
             key = (ln.kernel, ln.smem)
             if key not in self.fns:
-                self.fns[key] = self.loader.function(self.module, ln.kernel, ln.smem)
+                self.optin[ln.kernel] = max(self.optin.get(ln.kernel, 0), ln.smem)
+                self.fns[key] = self.loader.function(self.module, ln.kernel, self.optin[ln.kernel])
             pack = ParamPack(ln.args)
             if key not in self.layouts:
                 self.layouts[key] = self.loader.param_layout(self.fns[key])

@@ -334,7 +334,7 @@ class TransformersBackend(LLMBackend):
             if n > 1:
                 self._reshape_cache(past, repeat=n)
             charge(fed, t0, g0)
-            claims: Optional[dict[str, set[str]]] = {} if n > 1 else None  # shared by the call's rows
+            claims: Optional[dict[str, set[Any]]] = {} if n > 1 else None  # shared by the call's rows
             for i, g in enumerate(grammars):
                 fed, t0, g0 = [i], time.perf_counter(), getattr(self, "gpu_s", 0.0)
                 gens.append(self._row(g, logits, news[i], temperature, max_new_tokens, rng, shared=n > 1,
@@ -385,7 +385,7 @@ class TransformersBackend(LLMBackend):
 
     def _row(self, grammar: Optional[Choices], logits: Any, new: list[int], temperature: float,
              max_new_tokens: int, rng: random.Random, shared: bool = False,
-             claims: Optional[dict[str, set[str]]] = None) -> Any:
+             claims: Optional[dict[str, set[Any]]] = None) -> Any:
         """One row's decoding, as a generator: ``logits = yield tokens`` asks for ``tokens`` to
         be fed and gets the logits after the last of them; it returns (text, tokens, finished).
         Free: sample until an end token or ``max_new_tokens``. Under a grammar: choose among its
@@ -402,14 +402,14 @@ class TransformersBackend(LLMBackend):
         each other's finished sets (a sampling without replacement over the grammar's choices;
         the model's probabilities still order the untaken options)."""
 
-        def untaken(options: list[str], at: str) -> list[str]:
+        def untaken(options: list[Any], at: str) -> list[Any]:
             taken = claims.get(at) if claims is not None else None
             if not taken:
                 return options
             free = [o for o in options if o not in taken]
             return free or options
 
-        def claim(at: str, option: str) -> None:
+        def claim(at: str, option: Any) -> None:
             if claims is not None:
                 claims.setdefault(at, set()).add(option)
 
@@ -450,13 +450,9 @@ class TransformersBackend(LLMBackend):
                 if not step:
                     finished = False
                     break
-                allowed = list(step)
-                if claims is not None:  # and tokens no other row took at this point, where others remain
-                    at = f"{text}\x00{done_text}"
-                    allowed = [t for t in allowed if str(t) not in claims.get(at, ())] or allowed
-                tok = self._sample(logits, allowed, temperature, rng)
-                if claims is not None:
-                    claim(at, str(tok))
+                at = f"{text}\x00{done_text}"  # this point inside an option: tokens are claimed too
+                tok = self._sample(logits, untaken(list(step), at), temperature, rng)
+                claim(at, tok)
                 new.append(tok)
                 done_text += step[tok]
                 live = [s for s in live if s.startswith(done_text)]

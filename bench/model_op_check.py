@@ -244,8 +244,8 @@ def main() -> int:
         return 1
     print(f"registered {register(lib)} kernels", flush=True)
     results = []
-    tn = [k for k in lib.kernels if k[3] == "TN"  # nn.Linear's layout: what the op and the patcher serve
-          and f"{k[0]}x{k[1]}x{k[2]}:{k[3]}" not in done]
+    in_library = [k for k in lib.kernels if k[3] == "TN"]  # nn.Linear's layout: what the op and the patcher serve
+    tn = [k for k in in_library if f"{k[0]}x{k[1]}x{k[2]}:{k[3]}" not in done]
     if earlier:
         print(f"--after {args.after}: {len(earlier)} shapes timed earlier, {len(tn)} left", flush=True)
     start = time.monotonic()
@@ -264,7 +264,7 @@ def main() -> int:
               + " ".join(f"{a}={v:.1f}" for a, v in q.items()) + f"  ({time.monotonic() - t0:.0f} s)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(),
-           "reps": args.reps, "library": str(args.library or args.work / "lib"), "shapes_in_library": len(tn),
+           "reps": args.reps, "library": str(args.library or args.work / "lib"), "shapes_in_library": len(in_library),
            "summary": summarize(results + earlier), "shapes": results + earlier}
     for path, st in doc["summary"].items():
         o = st["offline"]

@@ -639,22 +639,39 @@ def _asked_device_timer(monkeypatch, h, pick):
 
 
 @needs_torch
+def test_sample_rounds_fit_the_budget_within_the_floor_and_cap():
+    """A run's rounds fill budget_s (3 to 40); a replay estimate inflated 4x by a cold clock still
+    leaves the precise preset more rounds than a run's (the H200 gave 6 samples to both before
+    min_rounds: 2026-12-03)."""
+    from evaluators import PRECISE_JOB
+    from evaluators.run._timers import DeviceTiming, sample_rounds
+
+    run, precise = DeviceTiming(), DeviceTiming(**{k: PRECISE_JOB[k] for k in ("budget_s", "max_rounds", "min_rounds")})
+    assert sample_rounds(run, 1e-3) == 25 and sample_rounds(run, 1e-5) == 40 and sample_rounds(run, 0.1) == 3
+    assert sample_rounds(DeviceTiming(rounds=7), 1.0) == 7
+    for replay_s in (4.2e-3, 1e-4, 1e-2):
+        assert sample_rounds(precise, 4 * replay_s) > sample_rounds(run, replay_s)
+    assert sample_rounds(precise, 16.7e-3) == 12  # the measured case: the budget alone gave 6
+
+
+@needs_torch
 def test_precise_preset_gives_the_device_timer_more_replays_over_fresh_rotations(monkeypatch):
     from evaluators import PRECISE_JOB
 
     h, handler = _cpu_harness(monkeypatch)
     asked = _asked_device_timer(monkeypatch, h, lambda kw: {k: getattr(kw["settings"], k)
-                                                           for k in ("budget_s", "max_rounds", "rounds")})
+                                                           for k in ("budget_s", "max_rounds", "min_rounds", "rounds")})
     memo = h.DeviceTiming()  # the memo pass fixes its rounds: budget and cap stay the timer's defaults
     shape = Shape(40, 24, 32, "TN")
     quick = _timed(h, handler, shape, _honest("TN"))
-    assert asked == [{"budget_s": h.DEVICE_BUDGET_S, "max_rounds": h.DEVICE_MAX_ROUNDS, "rounds": None},
-                     {"budget_s": memo.budget_s, "max_rounds": memo.max_rounds, "rounds": 5}]  # the main timing, then the memo pass
+    assert asked == [{"budget_s": h.DEVICE_BUDGET_S, "max_rounds": h.DEVICE_MAX_ROUNDS, "min_rounds": 3, "rounds": None},
+                     {"budget_s": memo.budget_s, "max_rounds": memo.max_rounds, "min_rounds": memo.min_rounds,
+                      "rounds": 5}]  # the main timing, then the memo pass
     asked.clear()
     precise = _timed(h, handler, shape, _honest("TN"), job=PRECISE_JOB)
     main = [a for a in asked if a["rounds"] is None]
     assert len(main) == PRECISE_JOB["rotations"]  # the cached rotation, then the fresh ones
-    assert all(a == {"budget_s": 0.2, "max_rounds": 400, "rounds": None} for a in main)
+    assert all(a == {"budget_s": 0.2, "max_rounds": 400, "min_rounds": 12, "rounds": None} for a in main)
     assert quick["status"] == precise["status"] == "ok" and len(precise["device_rotations"]) == 3
     assert "device_rotations" not in quick
 

@@ -35,8 +35,10 @@ __all__ = ["LocalPool", "PoolStats", "visible_gpus", "gpu_arch", "PRECISE_JOB"]
 #: three freshly allocated rotations. On the H200 at 4096^3 the sm90 seed's device medians over
 #: five worker starts spread 0.75% this way against 1.5-2.7% with a run's settings
 #: (bench/RESULTS.md, session 4): a longer window averages the clock's swings under the power
-#: limit, which a short one samples at a random phase.
-PRECISE_JOB: Mapping[str, Any] = MappingProxyType({"budget_s": 0.2, "max_rounds": 400, "rotations": 3})
+#: limit, which a short one samples at a random phase. At least 12 rounds (a run's floor is 3):
+#: the budget's round count rests on an eager estimate of one call, which a cold clock inflated 4x
+#: on the H200 at 256^3 (2026-12-03: 6 samples precise and quick alike).
+PRECISE_JOB: Mapping[str, Any] = MappingProxyType({"budget_s": 0.2, "max_rounds": 400, "min_rounds": 12, "rotations": 3})
 
 
 def visible_gpus() -> list[int]:

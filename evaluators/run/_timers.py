@@ -74,8 +74,8 @@ def rotation_sets(set_bytes: int, l2_bytes: int, *, minimum: int = 2, maximum: i
 class DeviceTiming:
     """How the device timer samples (a job's timing knobs; see :func:`device_timer`).
 
-    ``rounds``: fixed, else as many as spend about ``budget_s`` of replays per arm (3 to
-    ``max_rounds``); each round replays every arm ``replays_per_round`` times plus once
+    ``rounds``: fixed, else as many as spend about ``budget_s`` of replays per arm (``min_rounds``
+    to ``max_rounds``; see :func:`sample_rounds`); each round replays every arm ``replays_per_round`` times plus once
     host-synchronised. ``target_replay_s``: replay length to aim for without a perturbation.
     ``warmup_s``: untimed replays of all arms first. ``settle_s``/``settle_min_s``: clock
     settling after the warm-up (with a ``clock``). ``prewarm``: queue the cached graphs' warm-up
@@ -86,6 +86,7 @@ class DeviceTiming:
     target_replay_s: float = 2e-3
     budget_s: float = 0.05
     max_rounds: int = 40
+    min_rounds: int = 3
     warmup_s: float = 0.03
     settle_s: float = 0.0
     settle_min_s: float = 0.0
@@ -150,10 +151,7 @@ def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming()
     clocks = (_settle(replay_all, clock, settings.settle_s, settings.settle_min_s)
               if clock is not None and settings.settle_s > 0 else ())
     warmed_s = time.perf_counter() - warm_t0
-    rounds = settings.rounds
-    if rounds is None:
-        rounds = max(3, min(settings.max_rounds,
-                            round(settings.budget_s / max(replay_s, 1e-6) / (settings.replays_per_round + 1))))
+    rounds = sample_rounds(settings, replay_s)
     events, host = _sample(arms, graphs, rounds, settings.replays_per_round, rng, touch)
     out = {}
     for arm in arms:
@@ -166,6 +164,18 @@ def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming()
         out[arm.name] = stats
     del graphs
     return out
+
+
+def sample_rounds(settings: DeviceTiming, replay_s: float) -> int:
+    """Timed rounds for replays of about ``replay_s`` seconds: ``settings.rounds`` when fixed, else
+    as many as fit ``budget_s`` per arm (a round is ``replays_per_round`` replays plus one
+    host-synchronised), clamped to ``min_rounds``..``max_rounds``. ``replay_s`` comes from an eager
+    estimate of one call, which a cold clock can inflate several times over; ``min_rounds`` is the
+    floor that a precise measurement keeps even then (``evaluators.PRECISE_JOB``)."""
+    if settings.rounds is not None:
+        return settings.rounds
+    fit = round(settings.budget_s / max(replay_s, 1e-6) / (settings.replays_per_round + 1))
+    return max(settings.min_rounds, min(settings.max_rounds, fit))
 
 
 def _graphs(arms: Sequence[Arm], settings: DeviceTiming, graph_cache: Optional[dict],

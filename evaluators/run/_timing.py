@@ -296,9 +296,9 @@ def _record_timers(stats: Mapping[str, Mapping[str, Any]], res: dict[str, Any]) 
 
 def _rounds(job: Mapping[str, Any]) -> dict[str, Any]:
     """The device timer's sample count from a job: fixed ``rounds``, or a ``budget_s`` of replays
-    per arm within ``max_rounds``."""
+    per arm within ``min_rounds``..``max_rounds``."""
     return {"rounds": job.get("rounds"), "budget_s": float(job.get("budget_s", DEVICE_BUDGET_S)),
-            "max_rounds": int(job.get("max_rounds", DEVICE_MAX_ROUNDS))}
+            "max_rounds": int(job.get("max_rounds", DEVICE_MAX_ROUNDS)), "min_rounds": int(job.get("min_rounds", 3))}
 
 
 class _PhaseClock:

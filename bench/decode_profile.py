@@ -1,0 +1,242 @@
+"""Hardware counters for the decode gap (issue 26): where the decode families' first picks lose to a
+pure weight read, profiled with Nsight Compute beside the plain peer, cuBLAS and the read floor.
+
+    ncu --clock-control none --nvtx --nvtx-include "prof/" --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
+        -o $OUT/prof -f python3 bench/decode_profile.py --shapes 16x6144x4096 1x3072x3072 --out $OUT
+    ncu -i $OUT/prof.ncu-rep --csv --page raw > $OUT/prof.csv
+    python3 bench/decode_profile.py --summarize $OUT/prof.csv --order $OUT/profile_order.json   # CPU
+
+Per shape the contenders are each decode template's first heuristic pick (``evo seed``'s), the
+peer's best launch shape (picked by graph-replay timing outside the profiled range, but under ncu,
+whose per-launch overhead can change the pick), cuBLAS TN
+(``torch.matmul(a, w.t())``) and the best streaming-read floor (``decode_floors.py``). Each is
+launched ``--launches`` times on different rotation sets inside one NVTX range ``prof``, so ncu
+profiles only those launches (its default cache control flushes L2 before each: weights come from
+HBM, as in a model). The launch order is written to ``profile_order.json``; ``--summarize`` joins it
+with ncu's raw-page CSV by kernel name and prints, per contender, kernel time, DRAM throughput (share
+of peak and TB/s), L2 throughput, achieved occupancy, registers and the top warp stall reasons.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from populations import Shape, load_templates  # noqa: E402
+
+TEMPLATES = ("gemv", "swab", "swpipe")
+
+
+def contenders(shape: Shape, templates: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(label, candidate) for each applicable decode template's first heuristic pick."""
+    out = []
+    for name in TEMPLATES:
+        t = templates[name]
+        if t.applicable(shape, 90):
+            picks = t.heuristic(shape, 90)
+            if picks:
+                out.append((f"{name} {json.dumps(picks[0], sort_keys=True)}", t.candidate(picks[0], shape)))
+    return out
+
+
+def profile(args: argparse.Namespace) -> int:
+    import torch
+    from decode_dev import Loaded, compile_all, cublas, graph_us, load_peer, peer_best, reference, rel_error, rotation
+    from decode_floors import READ_CONFIGS, Floors
+
+    templates = load_templates()
+    shapes = [Shape.parse(s) for s in args.shapes]
+    plan = {s: contenders(s, templates) for s in shapes}
+    compiled = compile_all([c for cs in plan.values() for _, c in cs])
+    peer = load_peer(args.peer)
+    fns = peer.build(sorted({s.m for s in shapes} & {1, 8, 16})) if peer is not None else {}
+    floors = Floors()
+    tmp = Path(tempfile.mkdtemp())  # cubins for cupy (not under --out: $OUT returns few files)
+    order: list[dict[str, Any]] = []
+    for s in shapes:
+        sets = rotation(s, min_sets=max(2, args.launches))
+        ref = reference(sets)
+        runs: list[tuple[str, Any]] = []
+        for label, cand in plan[s]:
+            r = compiled[cand.source]
+            if not r.ok:
+                print(f"{s} {label}: compile failed", flush=True)
+                continue
+            launch = Loaded(r.cubin, tmp).launcher(cand, s)
+            err = rel_error(sets, launch, ref)
+            if not err < 2e-3:
+                print(f"{s} {label}: wrong (rel err {err:.2e})", flush=True)
+                continue
+            runs.append((f"evo {label}", launch))
+        t_peer, cfg, peer_launch = peer_best(peer, fns, s, sets, ref)
+        if peer_launch is not None:
+            runs.append((f"peer {cfg}", peer_launch))
+        runs.append(("cuBLAS TN", cublas))
+        best_read = min(READ_CONFIGS, key=lambda c: _read_us(floors, sets, c, graph_us))
+        runs.append((f"read floor {best_read[0][-5:]}x{best_read[1]}x{best_read[2]}", _read_launch(floors, best_read)))
+        timed = {label: graph_us(sets, launch) for label, launch in runs}  # graph replay, for the table beside
+        torch.cuda.synchronize()
+        for label, launch in runs:
+            for i in range(args.launches):
+                a, w, c = sets[(i + 1) % len(sets)]
+                torch.cuda.nvtx.range_push("prof")
+                launch(a, w, c)
+                torch.cuda.nvtx.range_pop()
+                order.append({"shape": str(s), "label": label, "graph_us": round(timed[label], 3)})
+            torch.cuda.synchronize()
+        print(f"{s}: " + ", ".join(f"{k} {v:.2f} us" for k, v in timed.items()), flush=True)
+        del sets, ref
+        torch.cuda.empty_cache()
+    Path(args.out, "profile_order.json").write_text(json.dumps(order, indent=1))
+    return 0
+
+
+def _read_launch(floors: Any, cfg: tuple[str, int, int]) -> Any:
+    name, threads, per_sm = cfg
+
+    def launch(a: Any, w: Any, c: Any) -> None:
+        floors._launch(name, floors.sms * per_sm, threads, (w.data_ptr(), floors.cp.int64(w.numel() * 2 // 16),
+                                                              floors.sink.data_ptr()))
+    return launch
+
+
+def _read_us(floors: Any, sets: list, cfg: tuple[str, int, int], graph_us: Any) -> float:
+    return graph_us(sets, _read_launch(floors, cfg))
+
+
+# ncu raw-page columns (one row per kernel, a units row first): column -> title
+RAW = {"gpu__time_duration.sum": "us", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM %",
+       "dram__bytes.sum.per_second": "DRAM B/s", "lts__throughput.avg.pct_of_peak_sustained_elapsed": "L2 %",
+       "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy %", "launch__registers_per_thread": "regs"}
+STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
+PREFIX = {"evo gemv": "evo_gemv", "evo swab": "evo_swab", "evo swpipe": "evo_swpipe", "peer g": "void gemv_tn",
+          "peer m": "void mma_tn", "read floor": "evo_floor_read"}
+
+
+def _prefix(label: str) -> str | None:
+    """The kernel-name prefix of a contender's launches; None for cuBLAS (whatever it picked)."""
+    return next((v for k, v in PREFIX.items() if label.startswith(k)), None)
+
+
+def _kernels(csv_path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if csv_path.suffix == ".gz" else open
+    with opener(csv_path, "rt", newline="") as f:
+        rows = list(csv.DictReader(f))
+    units = rows[0] if rows and not rows[0].get("ID", "").strip() else {}
+    out = []
+    for row in rows[1 if units else 0:]:
+        k: dict[str, Any] = {"name": row.get("Kernel Name", ""), "grid": row.get("Grid Size", ""),
+                             "block": row.get("Block Size", "")}
+        for col, title in RAW.items():
+            k[title] = _scaled(row.get(col, ""), units.get(col, ""))
+        k["stalls"] = {m.group(1): _num(v) for col, v in row.items() if (m := STALL.match(col or ""))
+                       and m.group(1) not in ("not_selected", "selected")}
+        out.append(k)
+    return out
+
+
+def summarize(csv_path: Path, order_path: Path) -> int:
+    """One row per contender and shape from ncu's raw page: medians over its profiled launches. The
+    kernels are matched to the launch order by name; a cuBLAS call may be several kernels (a split-K
+    GEMM and its reduction): their times add up to one launch."""
+    order = json.loads(order_path.read_text())
+    kernels = _kernels(csv_path)
+    groups: list[tuple[str, str, float, int]] = []  # (shape, label, graph us, launches)
+    for o in order:
+        if groups and groups[-1][:2] == (o["shape"], o["label"]):
+            groups[-1] = groups[-1][:3] + (groups[-1][3] + 1,)
+        else:
+            groups.append((o["shape"], o["label"], o["graph_us"], 1))
+    print("| shape | contender | kernels | ncu us | DRAM % of peak | DRAM TB/s | L2 % | achieved occupancy % | regs | "
+          "grid x block | top stalls (warps per issue) |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---|")
+    i = 0
+    for gi, (shape, label, _, n) in enumerate(groups):
+        pre = _prefix(label)
+        launches: list[list[dict[str, Any]]] = []
+        if pre is not None:
+            while i < len(kernels) and len(launches) < n and kernels[i]["name"].startswith(pre):
+                launches.append([kernels[i]])
+                i += 1
+        else:  # cuBLAS: every kernel up to the next contender's first; a launch starts at the first kernel's name
+            nxt = _prefix(groups[gi + 1][1]) if gi + 1 < len(groups) else None
+            while i < len(kernels) and not (nxt and kernels[i]["name"].startswith(nxt)):
+                if not launches or kernels[i]["name"] == launches[0][0]["name"]:
+                    launches.append([])
+                launches[-1].append(kernels[i])
+                i += 1
+        if not launches:
+            print(f"| {shape} | {label} | not found | | | | | | | | |")
+            continue
+        med = {t: _median([sum(k[t] for k in ln) if t == "us" else ln[0][t] for ln in launches]) for t in RAW.values()}
+        st: dict[str, float] = defaultdict(float)
+        for ln in launches:
+            for r, v in ln[0]["stalls"].items():
+                st[r] += v / len(launches)
+        top = ", ".join(f"{r} {v:.1f}" for r, v in sorted(st.items(), key=lambda kv: -kv[1])[:3])
+        names = " + ".join(dict.fromkeys(k["name"].split("(")[0].replace("void ", "")[:40] for k in launches[0]))
+        first = launches[0][0]
+        print(f"| {shape.split(':')[0]} | {label} | {names} | {_fmt(med['us'])} | {_fmt(med['DRAM %'], 1, 1)} | "
+              f"{_fmt(med['DRAM B/s'], 1e-12)} | {_fmt(med['L2 %'], 1, 1)} | {_fmt(med['occupancy %'], 1, 1)} | "
+              f"{_fmt(med['regs'], 1, 0)} | {first['grid']} x {first['block']} | {top} |")
+    if i != len(kernels):
+        print(f"note: {len(kernels) - i} profiled kernels not matched to a launch", file=sys.stderr)
+    return 0
+
+
+def _num(v: str) -> float:
+    try:
+        return float(v.replace(",", ""))
+    except ValueError:
+        return float("nan")
+
+
+def _scaled(value: str, unit: str) -> float:
+    """Durations in us, throughputs in bytes/s, the rest as given."""
+    x = _num(value)
+    scale = {"ns": 1e-3, "usecond": 1, "us": 1, "msecond": 1e3, "ms": 1e3, "nsecond": 1e-3,
+             "byte/second": 1, "Kbyte/second": 1e3, "Mbyte/second": 1e6, "Gbyte/second": 1e9,
+             "Tbyte/second": 1e12, "byte/s": 1, "Kbyte/s": 1e3, "Mbyte/s": 1e6, "Gbyte/s": 1e9, "Tbyte/s": 1e12,
+             "B/s": 1, "KB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12}.get(unit, 1)
+    return x * scale
+
+
+def _median(xs: list[Any]) -> Any:
+    v = [x for x in xs if isinstance(x, (int, float)) and x == x]
+    return statistics.median(v) if v else None
+
+
+def _fmt(x: Any, scale: float = 1.0, digits: int = 2) -> str:
+    return "-" if x is None else f"{x * scale:.{digits}f}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="+", default=["16x6144x4096", "1x3072x3072", "8x4096x4096", "16x4096x14336"])
+    p.add_argument("--launches", type=int, default=3, help="profiled launches per contender (different sets)")
+    p.add_argument("--peer", help="path of the plain peer (plain_gemv.py)")
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--summarize", type=Path, help="ncu's --csv --page raw output: print the table (no GPU)")
+    p.add_argument("--order", type=Path, help="profile_order.json of the profiled run (with --summarize)")
+    args = p.parse_args()
+    if args.summarize:
+        return summarize(args.summarize, args.order or args.summarize.with_name("profile_order.json"))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    return profile(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,8 +14,8 @@
 #   rl-check     issue 8's learning check with the GPU evaluator in the loop (bench/rl_learning_check.py;
 #                needs the llm wheels on PYTHONPATH)
 #   ray-scaling  issue 10's Ray pool, 1 GPU against 2 (bench/ray_scaling.py; a 2-GPU machine, ray installed)
-# Knobs (environment): EVOLVE (llm-layers evolve budget, default 2m), TIME_MAX (llm-layers time stage
-# cap in s, default 240), N (throughput candidates per shape, default 200), REDTEAM_S (red-team submit
+# Knobs (environment): EVOLVE (llm-layers evolve budget, default 2m), TIME_MAX (llm-layers: seconds from the
+# benchmark's start after which its time stage starts no new shape, evolution included, default 240), N (throughput candidates per shape, default 200), REDTEAM_S (red-team submit
 # budget, default 150), MODELS / BUDGET (e2e), GPU_TESTS_ARGS (extra pytest arguments), PER_TEMPLATE / FR_S
 # (false-rejections seeds per template, default 4; submit budget per part in s, default 150), OLD_RUN_S /
 # OLD_SHAPES (the old tree's evo run), PROFILE_N (default 16), RL_MIN (rl-check minutes, default 8), RAY_S

@@ -103,7 +103,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=26)
     p.add_argument("--peer", type=Path, help="the plain peer (default ../shared/peers/plain_gemv.py, or the carried copy)")
     p.add_argument("--reps", type=int, default=7, help="timed rounds per shape")
-    p.add_argument("--time-max-seconds", type=float, default=0.0, help="time stage: stop starting shapes after this (0: no cap)")
+    p.add_argument("--time-max-seconds", type=float, default=0.0, help="seconds from this invocation's start (not the time stage's) after which the time stage "
+                        "starts no new shape; with the evolve stage in the same call, include its budget (0: no cap)")
     p.add_argument("--retime", action="store_true", help="time shapes again that results.json already has")
     p.add_argument("--pack", type=Path, help="after the stages, write a tar.gz of the work folder's archive, library and state")
     p.add_argument("--restore", type=Path, help="before the stages, unpack such a tar.gz into an empty work folder")

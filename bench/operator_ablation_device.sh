@@ -23,7 +23,7 @@
 # carry the last call's train.tgz and abl_runs.tgz back in .carry_abl/ (CARRY_ABL) and a fresh machine
 # resumes from them (finished runs are read, not run again).
 #
-# Knobs (env), defaults in brackets: TRAIN_SHAPES [6] TRAIN_GPU_S [90] RL_STEPS [8] SHAPES [4] GPU_S [120]
+# Knobs (env), defaults in brackets: TRAIN_SHAPES [6] TRAIN_GPU_S [90] RL_STEPS [8] SHAPES [4] GPU_S [40]
 #   SEEDS_PER_TEMPLATE [1] SEEDS [0,1,2] ARMS [knob,knob+optuna,knob+llm,knob+llm_adapter,bandit]
 #   LLM_DEVICE [cuda] CALL_S [train 330, ablate 525] (from this script's start;
 #   a call that first joins and installs the carried wheels, ~10 s, keeps those 330 s under 350)
@@ -46,6 +46,10 @@
 #   minutes with the machine's start: more than a 30-minute session holds, so a dedicated device
 #   session. Shorter: SEEDS=0,1 (10 runs, ~40 min) or ARMS without knob+optuna (12 runs, ~47 min);
 #   never a smaller GPU_S (the LLM arms would again measure knob alone).
+# Since the LLM samples 4 knob edits a call (operators/settings.toml batch = 4; measured 2026-12-03,
+#   bench/RESULTS.md section 23): the training run evaluated 51 LLM children in 90 GPU-s (0.57 per
+#   GPU-s, 6x the figure above), and at GPU_S 40 the LLM arms evaluated 9-13.5 LLM children a run in
+#   ~50 s of wall (engine wall / GPU-s ~1.1-1.3): GPU_S is now 40, 15 runs ~13 device-minutes.
 #
 # The arithmetic of one call (H200 host, 16 cores):
 #   interpreter + evo + torch import ~3 s, the GPU worker (spawn, CUDA context, cuBLAS baselines) and the
@@ -123,8 +127,8 @@ ablate)
   [ ${#AD[@]} -gt 0 ] || echo "no adapter at $W/adapters/v1: the knob+llm_adapter arm is reported as not run"
   log "ablation (resumes finished runs; $(left) s left)"
   ABL=(python3 bench/operator_ablation.py --split "$W/split.json" --out "$W/abl" --shapes "${SHAPES:-4}"
-    --seeds "${SEEDS:-0,1,2}" --gpu-seconds "${GPU_S:-120}" --seeds-per-template "${SEEDS_PER_TEMPLATE:-1}"
-    --first-run-s "${FIRST_RUN_S:-$(( 30 + 18 * ${GPU_S:-120} / 10 ))}"
+    --seeds "${SEEDS:-0,1,2}" --gpu-seconds "${GPU_S:-40}" --seeds-per-template "${SEEDS_PER_TEMPLATE:-1}"
+    --first-run-s "${FIRST_RUN_S:-$(( 30 + 18 * ${GPU_S:-40} / 10 ))}"
     --llm-device "${LLM_DEVICE:-cuda}" --call-s "$(( $(left) - 10 ))"
     --arms "${ARMS:-knob,knob+optuna,knob+llm,knob+llm_adapter,bandit}" "${AD[@]}")
   if [ -n "$DRY" ]; then

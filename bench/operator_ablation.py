@@ -3,7 +3,7 @@
 
     python bench/operator_ablation.py --split SPLIT.json --out DIR [--shapes 6] [--seeds 0,1,2]
         [--gpu-seconds 60] [--arms knob,knob+optuna,knob+llm,knob+llm_adapter,bandit]
-        [--adapter ADAPTER_DIR] [--llm-device cuda] [--wall-cap 240] [--seeds-per-template N]
+        [--adapter ADAPTER_DIR/v1 [--adapter ADAPTER_DIR/v2 ...]] [--llm-device cuda] [--wall-cap 240] [--seeds-per-template N]
         [--call-s 525 [--first-run-s S]]
     python bench/operator_ablation.py --tiny --out DIR      # CPU smoke test: the stand-in pool
     python bench/operator_ablation.py --report-only --out DIR [--runs RUNS]   # the report again, from runs made
@@ -14,8 +14,11 @@ sampled once (``--shapes`` of them, seeded, spread over the shape classes) and e
 ``--gpu-seconds`` budget (the LLM's own GPU seconds count in it: evo charges them), so arms are
 compared at equal GPU cost. Arms (``ARMS`` below): ``knob`` (knob mutation, crossover, random),
 ``knob+optuna``, ``knob+llm`` (the base model), ``knob+llm_adapter`` (the model with
-``--adapter``, the latest RL adapter; skipped and reported when none is given) and ``bandit``
-(knob, Optuna and the LLM, with the adapter when given, under ``--operator-bandit``). With
+``--adapter``, the RL adapter; skipped and reported when none is given; with ``--adapter`` given
+for several versions, one arm per version, ``knob+llm_adapter@vN``) and ``bandit`` (knob, Optuna
+and the LLM, with the latest adapter when given, under ``--operator-bandit``). The report's version
+table compares each adapter's LLM children on the test split with the previous version's (version
+0: the base model's ``knob+llm`` arm): the share that improved their parent, and whether it rose. With
 ``--llm-device cuda`` the model is co-located with the timers (the GPU lease keeps it out of the
 timed regions); the default ``cpu`` keeps it off the GPU.
 
@@ -39,6 +42,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import statistics
 import subprocess
@@ -66,6 +70,8 @@ ARMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "bandit": ("knob:1,optuna:1,llm:1", ("--operator-bandit",)),
 }
 NEEDS_ADAPTER = {"knob+llm_adapter"}
+#: an adapter arm of one version: ``knob+llm_adapter@vN`` runs ``knob+llm_adapter`` with adapter vN
+VERSIONED = re.compile(r"^knob\+llm_adapter@v(\d+)$")
 TINY_ARMS = ("knob", "knob+optuna", "bandit")
 #: GPU-second marks of the best-over-time curve, as fractions of the budget
 MARKS = tuple(i / 20 for i in range(1, 21))
@@ -93,7 +99,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--first-run-s", type=float, default=0.0,
                    help="expected wall seconds of a run before one has been timed (0: 25 + 1.6 x the GPU budget)")
     p.add_argument("--arms", default=",".join(ARMS))
-    p.add_argument("--adapter", type=Path, help="the latest evo rl adapter (ADAPTER/vN folder) for the adapter arms")
+    p.add_argument("--adapter", type=Path, action="append", default=[],
+                   help="an evo rl adapter (ADAPTER/vN folder); repeat it for several versions: the adapter arm then "
+                        "runs once per version (knob+llm_adapter@vN), the bandit gets the latest")
     p.add_argument("--llm-device", default="cpu", help="cpu, or cuda[:N] (co-located with the timers: leased)")
     p.add_argument("--llm-threads", type=int, default=0)
     p.add_argument("--dry-run", action="store_true", help="print the shapes and every run's evo run command, run nothing")
@@ -110,12 +118,35 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         args.evo_module = "fake_evo" if args.evo_module == "evo" else args.evo_module
         if args.arms == ",".join(ARMS):
             args.arm_list = list(TINY_ARMS)
-    unknown = [a for a in args.arm_list if a not in ARMS]
+    args.adapters = sorted(((adapter_version(a), a) for a in args.adapter), key=lambda va: va[0])
+    args.adapter = args.adapters[-1][1] if args.adapters else None  # the latest: the bandit's
+    if len(args.adapters) > 1 and "knob+llm_adapter" in args.arm_list:  # one arm per version, in order
+        i = args.arm_list.index("knob+llm_adapter")
+        args.arm_list[i:i + 1] = [f"knob+llm_adapter@v{v}" for v, _ in args.adapters]
+    unknown = [a for a in args.arm_list if a not in ARMS and not VERSIONED.match(a)]
     if unknown:
         p.error(f"unknown arms {unknown}; known: {', '.join(ARMS)}")
     if not (args.tiny or args.report_only) and args.split is None and args.layers is None:
         p.error("give --split or --layers (or --tiny)")
     return args
+
+
+def adapter_version(folder: Path) -> int:
+    """An adapter folder's version: its evo-adapter.json's, else the N of a folder named vN, else 0."""
+    try:
+        return int(json.loads((folder / "evo-adapter.json").read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        m = re.match(r"^v(\d+)$", folder.name)
+        return int(m.group(1)) if m else 0
+
+
+def arm_adapter(args: argparse.Namespace, arm: str) -> Optional[Path]:
+    """The adapter folder an arm runs with: its version's for knob+llm_adapter@vN, the latest for
+    knob+llm_adapter and the bandit, none for the others (or when no adapter of that version was given)."""
+    m = VERSIONED.match(arm)
+    if m:
+        return next((a for v, a in args.adapters if v == int(m.group(1))), None)
+    return args.adapter if arm in NEEDS_ADAPTER or arm == "bandit" else None
 
 
 # -- shapes -------------------------------------------------------------------------------------
@@ -154,7 +185,7 @@ def run_command(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[
                 wall_cap: float = 0.0) -> list[str]:
     """The ``evo run`` command line of one (arm, seed); ``wall_cap``: its wall budget (default
     ``--wall-cap``, else 4 x the GPU budget)."""
-    ops, extra = ARMS[arm]
+    ops, extra = ARMS["knob+llm_adapter" if VERSIONED.match(arm) else arm]
     if args.tiny and arm == "bandit":
         ops = "knob:1,optuna:1"  # the smoke test loads no model
     cmd = [sys.executable, "-m", args.evo_module, "run", "--archive", str(archive), "--operators", ops, "--seed", str(seed),
@@ -168,10 +199,10 @@ def run_command(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[
         cmd += ["--llm-device", args.llm_device]
         if args.llm_threads:
             cmd += ["--llm-threads", str(args.llm_threads)]
-    adapter = str(args.adapter) if args.adapter else ""
-    cmd += [x.replace("{adapter}", adapter) for x in extra]
+    adapter = arm_adapter(args, arm)
+    cmd += [x.replace("{adapter}", str(adapter or "")) for x in extra]
     if arm == "bandit" and adapter:
-        cmd += ["--llm-adapter", adapter]
+        cmd += ["--llm-adapter", str(adapter)]
     return cmd
 
 
@@ -206,8 +237,9 @@ class CallClock:
 def run_arm(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shape],
             clock: Optional[CallClock] = None) -> dict[str, Any]:
     archive = args.out / "runs" / arm / f"s{seed}"
-    if arm in NEEDS_ADAPTER and not args.adapter:
-        return {"arm": arm, "seed": seed, "skipped": "no --adapter given"}
+    if (arm in NEEDS_ADAPTER or VERSIONED.match(arm)) and arm_adapter(args, arm) is None:
+        return {"arm": arm, "seed": seed, "skipped": "no --adapter given" if arm in NEEDS_ADAPTER
+                else f"no adapter of version {VERSIONED.match(arm).group(1)} given"}
     if (archive / "done.json").is_file():  # resumable: a finished run is read (measured again), not run again
         return read_run(archive)
     clock = clock or CallClock(0.0, 0.0)
@@ -287,11 +319,14 @@ def report_only(args: argparse.Namespace, argv: Sequence[str]) -> int:
     opts = command_options(finished[0]["command"])
     args.gpu_seconds = float(opts["gpu-seconds"][0])
     args.seed_list = sorted({r["seed"] for r in runs})
-    args.adapter = None
+    adapters: dict[str, Path] = {}
     for r in finished:
         o = command_options(r["command"])
         args.llm_device = (o.get("llm-device") or [args.llm_device])[0]
-        args.adapter = Path(o["llm-adapter"][0]) if o.get("llm-adapter") else args.adapter
+        for a in o.get("llm-adapter", []):
+            adapters[a] = Path(a)
+    args.adapters = sorted(((adapter_version(a), a) for a in adapters.values()), key=lambda va: va[0])
+    args.adapter = args.adapters[-1][1] if args.adapters else None
     shapes = [Shape.parse(s) for s in opts.get("shape", [])]
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"source": f"the runs under {runs_dir}"}
@@ -429,11 +464,42 @@ def summarise(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         llm_total = sum(int(r.get("llm_evaluated") or 0) for r in done)
         uses_llm = any(r.get("uses_llm") for r in rs)
         row["llm_evaluated_total"] = llm_total if uses_llm else None
+        row["llm_improved_total"] = sum(int(r.get("llm_improved") or 0) for r in done) if uses_llm else None
         row["llm_exercised"] = (llm_total >= MIN_LLM_EVALUATED) if uses_llm and done else None
         curves = [r["best_over_time"] for r in done]
         row["best_over_time"] = [_mean([c[i] for c in curves]) for i in range(len(MARKS))] if curves else []
         out[arm] = row
     return out
+
+
+def adapter_versions(summary: dict[str, dict[str, Any]], runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 25's version check on the test split: the base model (version 0, arm knob+llm) and each
+    adapter arm's version, in order, with its LLM children evaluated and improving over all seeds,
+    the improving share, and whether that share is above the previous version's (None for the
+    first, or where either side had no LLM child evaluated)."""
+    version_of: dict[str, int] = {}
+    for r in runs:
+        m = VERSIONED.match(r.get("arm", ""))
+        if m:
+            version_of[r["arm"]] = int(m.group(1))
+        elif r.get("arm") in NEEDS_ADAPTER and r.get("command"):
+            folders = command_options(r["command"]).get("llm-adapter") or []
+            if folders:
+                version_of[r["arm"]] = adapter_version(Path(folders[0]))
+    rows = []
+    for arm, version in [("knob+llm", 0)] + sorted(version_of.items(), key=lambda kv: kv[1]):
+        row = summary.get(arm)
+        if not row or row.get("llm_evaluated_total") is None:
+            continue
+        n, k = row["llm_evaluated_total"], row["llm_improved_total"] or 0
+        rows.append({"arm": arm, "version": version, "seeds": row["seeds"], "llm_evaluated": n, "llm_improved": k,
+                     "improving_share": _share(k, n)})
+    for prev, cur in zip(rows, rows[1:]):
+        a, b = prev["improving_share"], cur["improving_share"]
+        cur["above_previous"] = None if a is None or b is None else b > a
+    if rows:
+        rows[0]["above_previous"] = None
+    return rows
 
 
 def _seeds_cell(row: dict[str, Any]) -> str:
@@ -456,9 +522,11 @@ def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
 def write_report(args: argparse.Namespace, shapes: Sequence[Shape], meta: dict[str, Any],
                  runs: Sequence[dict[str, Any]], argv: Sequence[str]) -> dict[str, Any]:
     summary = summarise(runs)
+    versions = adapter_versions(summary, runs)
     doc = {"format": "evo-operator-ablation/1", "shapes": [str(s) for s in shapes], "meta": meta,
            "gpu_seconds": args.gpu_seconds, "seeds": args.seed_list, "llm_device": args.llm_device,
            "adapter": str(args.adapter) if args.adapter else None, "marks": list(MARKS), "arms": summary,
+           "adapter_versions": versions,
            "runs": list(runs), "command": "python bench/operator_ablation.py " + shlex.join(argv)}
     (args.out / "ablation.json").write_text(json.dumps(doc, indent=1))
 
@@ -481,6 +549,8 @@ def write_report(args: argparse.Namespace, shapes: Sequence[Shape], meta: dict[s
             continue
         end = next((v for v in reversed(row["best_over_time"]) if v is not None), None)
         name = arm if row.get("llm_exercised") is not False else (
+            f"{arm} (the bandit gave the LLM {row['llm_evaluated_total']} evaluated children: its choice, not a "
+            "measurement of the LLM)" if arm == "bandit" else
             f"{arm} **LLM not exercised** ({row['llm_evaluated_total']} LLM children evaluated < {MIN_LLM_EVALUATED})")
         lines.append(f"| {name} | {_seeds_cell(row)} | {cell(row['evaluations'])} | {cell(row['valid_share'], True)} | "
                      f"{cell(row['improving_share'], True)} | {cell(row['flagged_share'], True)} | {cell(row['tokens'])} | "
@@ -488,6 +558,15 @@ def write_report(args: argparse.Namespace, shapes: Sequence[Shape], meta: dict[s
                      f"{cell(row['llm_gpu_s'])} | {cell(row['gpu_s'])} | {row['wall_s'] or '-'} | "
                      f"{cell(row['improvement_per_gpu_s'])} | {cell(row['child_gain_per_gpu_s'])} | "
                      f"{'-' if end is None else f'{end:.3f}'} |")
+    if len(versions) > 1:
+        lines += ["", "Adapter versions on the test split (LLM children of all seeds; version 0 is the base model):", "",
+                  "| version | arm | seeds | LLM children evaluated | improving their parent | share | above the previous |",
+                  "|---|---|---|---|---|---|---|"]
+        for v in versions:
+            above = {None: "-", True: "yes", False: "**no**"}[v.get("above_previous")]
+            share = "-" if v["improving_share"] is None else f"{100 * v['improving_share']:.1f}%"
+            lines.append(f"| {v['version']} | {v['arm']} | {','.join(map(str, v['seeds'])) or '-'} | {v['llm_evaluated']} | "
+                         f"{v['llm_improved']} | {share} | {above} |")
     lines += ["", "Seeds run: the seeds each arm finished (of the seeds asked for); \"not started\": the call's "
               "time (--call-s) ran out first; \"short\": a run the wall cap stopped before its GPU budget "
               "(its cost is not equal to the others'). Tokens and LLM columns: means per run; \"LLM not exercised\": "
@@ -540,15 +619,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (OSError, ValueError, KeyError) as exc:
         print(f"operator_ablation: error: {exc}", file=sys.stderr)
         return 2
-    if args.adapter is not None and not (args.adapter / "evo-adapter.json").is_file():
-        print(f"operator_ablation: error: --adapter {args.adapter} has no evo-adapter.json", file=sys.stderr)
-        return 2
+    for _, adapter in args.adapters:
+        if not (adapter / "evo-adapter.json").is_file():
+            print(f"operator_ablation: error: --adapter {adapter} has no evo-adapter.json", file=sys.stderr)
+            return 2
     if args.dry_run:
         print(f"operator_ablation: test shapes {' '.join(map(str, shapes))} (test models "
               f"{', '.join(meta.get('test_models', [])) or '-'})")
         for seed in args.seed_list:
             for arm in args.arm_list:
-                if arm in NEEDS_ADAPTER and not args.adapter:
+                if (arm in NEEDS_ADAPTER or VERSIONED.match(arm)) and arm_adapter(args, arm) is None:
                     print(f"operator_ablation: {arm} s{seed}: not run (no --adapter given)")
                     continue
                 cmd = run_command(args, arm, seed, shapes, args.out / "runs" / arm / f"s{seed}")

@@ -4,6 +4,10 @@
 #   bash bench/operator_ablation_device.sh train    call A (<= 350 s): split, evolve training shapes with the
 #                                                    LLM co-located (leased), export with the improvement
 #                                                    reward, train adapter v1 with GRPO+LoRA on the GPU
+#   bash bench/operator_ablation_device.sh train2   after train (<= 350 s): evolve other training shapes with the
+#                                                    LLM on adapter v1, export their rows, train adapter v2 from
+#                                                    v1 on them and both training archives (GRPO+LoRA on the GPU);
+#                                                    ablate then runs the adapter arm once per version
 #   bash bench/operator_ablation_device.sh ablate   call B, C, ... (<= 540 s each): every arm x seeds on held-out
 #                                                    test shapes, equal GPU budget per arm, seed-major, two
 #                                                    runs a call (resumable: call it again until the table
@@ -68,13 +72,13 @@
 #     no longer beside it: CALL_S 330, was 280). The evo run's wall is capped at the time left minus 100 s, and
 #     `evo rl train --max-seconds` stops GRPO early and still saves the adapter.
 set -u
-STAGE=${1:?train or ablate}
+STAGE=${1:?train, train2 or ablate}
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 W=/tmp/evo_abl; mkdir -p "$W" "${OUT:=/tmp/out}"
 export EVO_MODEL_CACHE=${EVO_MODEL_CACHE:-$W/models}      # the dequantised SmolLM2 (~540 MB), made once
 DRY=${DRY:-}
 T0=$(date +%s)
-case "$STAGE" in train) CALL_S=${CALL_S:-330} ;; *) CALL_S=${CALL_S:-525} ;; esac
+case "$STAGE" in train|train2) CALL_S=${CALL_S:-330} ;; *) CALL_S=${CALL_S:-525} ;; esac
 left() { echo $(( CALL_S - ($(date +%s) - T0) )); }
 log() { echo "=== $(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*"; }
 gpu() { if [ -n "$DRY" ]; then echo "DRY: $*"; else "$@"; fi; }   # a step that needs the GPU
@@ -84,6 +88,7 @@ python3 -c "import importlib.util as u, sys; m = [n for n in ('optuna', 'gguf', 
 # $OUT files carried back in CARRY_ABL (train.tgz: split, adapter; abl_runs.tgz: finished runs)
 CARRY_ABL=${CARRY_ABL:-.carry_abl}
 [ -f "$W/split.json" ] || [ ! -f "$CARRY_ABL/train.tgz" ] || tar -xzf "$CARRY_ABL/train.tgz" -C "$W"
+[ -d "$W/adapters/v2" ] || [ ! -f "$CARRY_ABL/train2.tgz" ] || tar -xzf "$CARRY_ABL/train2.tgz" -C "$W"
 [ -d "$W/abl/runs" ] || [ ! -f "$CARRY_ABL/abl_runs.tgz" ] || { mkdir -p "$W/abl" && tar -xzf "$CARRY_ABL/abl_runs.tgz" -C "$W/abl"; }
 CSV=""
 for c in ../.carry_shared/llm_layers.csv .carry_shared/llm_layers.csv ../shared/shapes/llm_layers.csv shared/shapes/llm_layers.csv; do
@@ -92,21 +97,25 @@ done
 [ -n "$CSV" ] || { echo "no llm_layers.csv" >&2; exit 2; }
 [ -f "$W/split.json" ] || python3 -m evo rl split --layers "$CSV" --out "$W/split.json" --grid-size 64 --grid-size 4096 \
   || { echo "evo rl split failed" >&2; exit 2; }
-case "$STAGE" in
-train)
-  gpu nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv
-  mapfile -t SH < <(python3 - "$W/split.json" "${TRAIN_SHAPES:-6}" <<'PY'
+# TRAIN_SHAPES training shapes of the split, spread over the classes (sample seed $1), into SH and args
+train_shapes() {
+  mapfile -t SH < <(python3 - "$W/split.json" "${TRAIN_SHAPES:-6}" "$1" <<'PY'
 import json, sys
 sys.path.insert(0, "bench")
 from operator_ablation import sample_shapes
 from populations import Shape
 d = json.load(open(sys.argv[1]))
-for s in sample_shapes([Shape.parse(x) for x in d["train"]], int(sys.argv[2]), seed=1):
+for s in sample_shapes([Shape.parse(x) for x in d["train"]], int(sys.argv[2]), seed=int(sys.argv[3])):
     print(s)
 PY
 )
   [ "${#SH[@]}" -gt 0 ] || { echo "no training shapes in $W/split.json" >&2; exit 2; }
   args=(); for s in "${SH[@]}"; do args+=(--shape "$s"); done
+}
+case "$STAGE" in
+train)
+  gpu nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,power.draw --format=csv
+  train_shapes 1
   log "evolve ${#SH[@]} training shapes (${SH[*]}) with knob:1,llm:1 on ${LLM_DEVICE:-cuda} (leased)"
   gpu python3 -m evo run --archive "$W/train" "${args[@]}" --operators knob:1,llm:1 --llm-device "${LLM_DEVICE:-cuda}" \
     --gpu-seconds "${TRAIN_GPU_S:-90}" --budget "$(( $(left) - 100 ))" --seeds-per-template "${SEEDS_PER_TEMPLATE:-1}" \
@@ -122,8 +131,28 @@ PY
   log "done"
   [ -n "$DRY" ] || tar -czf "$OUT/train.tgz" -C "$W" split.json train rows.jsonl adapters train.log 2>/dev/null
   ;;
+train2)
+  [ -n "$DRY" ] || [ -f "$W/adapters/v1/evo-adapter.json" ] || { echo "train2 needs adapter v1: run the train stage first" >&2; exit 2; }
+  train_shapes 2
+  log "evolve ${#SH[@]} other training shapes (${SH[*]}) with knob:1,llm:1 on adapter v1 (leased)"
+  rm -rf "$W/train2"
+  gpu python3 -m evo run --archive "$W/train2" "${args[@]}" --operators knob:1,llm:1 --llm-device "${LLM_DEVICE:-cuda}" \
+    --llm-adapter "$W/adapters/v1" --gpu-seconds "${TRAIN_GPU_S:-90}" --budget "$(( $(left) - 100 ))" \
+    --seeds-per-template "${SEEDS_PER_TEMPLATE:-1}" --progress plain > "$W/train2.log" 2>&1
+  echo "train2 run rc=$?"; tail -n 8 "$W/train2.log" | cut -c1-300
+  gpu python3 scripts/operator_shares.py --archive "$W/train2" | tail -n 14
+  log "export (improvement reward) and train adapter v2 from v1 (GRPO stops at $(( $(left) - 25 )) s)"
+  gpu python3 -m evo rl export "$W/train2" --out "$W/rows2.jsonl" --reward improvement
+  rm -rf "$W/adapters/v2"
+  gpu python3 -m evo rl train --dataset "$W/rows2.jsonl" --archive "$W/train" --archive "$W/train2" \
+    --init-adapter "$W/adapters/v1" --out "$W/adapters/v2" --device cuda --steps "${RL_STEPS:-8}" --reward improvement \
+    --max-seconds "$(( $(left) - 25 ))"
+  echo "rl train rc=$?"
+  log "done"
+  [ -n "$DRY" ] || tar -czf "$OUT/train2.tgz" -C "$W" rows2.jsonl adapters/v2 train2.log 2>/dev/null
+  ;;
 ablate)
-  AD=(); [ -f "$W/adapters/v1/evo-adapter.json" ] && AD=(--adapter "$W/adapters/v1")
+  AD=(); for a in "$W"/adapters/v*/; do [ -f "$a/evo-adapter.json" ] && AD+=(--adapter "${a%/}"); done
   [ ${#AD[@]} -gt 0 ] || echo "no adapter at $W/adapters/v1: the knob+llm_adapter arm is reported as not run"
   log "ablation (resumes finished runs; $(left) s left)"
   ABL=(python3 bench/operator_ablation.py --split "$W/split.json" --out "$W/abl" --shapes "${SHAPES:-4}"
@@ -141,5 +170,5 @@ ablate)
   cp "$W/abl/ablation.md" "$W/abl/ablation.json" "$W/abl/best_over_time.png" "$W/abl/best_over_time.svg" "$OUT/" 2>/dev/null
   tar -czf "$OUT/abl_runs.tgz" -C "$W/abl" runs 2>/dev/null
   ;;
-*) echo "stage: train or ablate" >&2; exit 2 ;;
+*) echo "stage: train, train2 or ablate" >&2; exit 2 ;;
 esac

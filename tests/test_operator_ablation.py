@@ -173,3 +173,39 @@ def test_report_only_needs_finished_runs(tmp_path: Path, capsys) -> None:
     (tmp_path / "runs" / "knob" / "s0").mkdir(parents=True)
     assert ab.main(["--report-only", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "r")]) == 2
     assert "no finished run" in capsys.readouterr().err
+
+
+def _adapter(folder: Path, version: int) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "evo-adapter.json").write_text(json.dumps({"format": "evo-adapter/1", "version": version,
+                                                         "name": f"v{version}-0123456789ab"}))
+    return folder
+
+
+def test_several_adapter_versions_run_one_arm_each_and_the_bandit_takes_the_latest(tmp_path: Path) -> None:
+    v2 = _adapter(tmp_path / "a" / "second", 2)  # versions come from evo-adapter.json, not the folder name
+    v1 = _adapter(tmp_path / "a" / "first", 1)
+    args = ab.parse_args(["--layers", "x.csv", "--out", str(tmp_path), "--adapter", str(v2), "--adapter", str(v1),
+                          "--arms", "knob,knob+llm,knob+llm_adapter,bandit"])
+    assert args.arm_list == ["knob", "knob+llm", "knob+llm_adapter@v1", "knob+llm_adapter@v2", "bandit"]
+    shapes = [Shape(8, 4096, 4096)]
+    for arm, folder in (("knob+llm_adapter@v1", v1), ("knob+llm_adapter@v2", v2), ("bandit", v2)):
+        cmd = ab.run_command(args, arm, 0, shapes, tmp_path / "r")
+        assert cmd[cmd.index("--llm-adapter") + 1] == str(folder)
+    assert "--llm-adapter" not in ab.run_command(args, "knob+llm", 0, shapes, tmp_path / "r")
+    assert ab.run_arm(args, "knob+llm_adapter@v3", 0, shapes)["skipped"] == "no adapter of version 3 given"
+
+
+def test_the_version_table_compares_each_adapter_with_the_one_before(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _llm_run(runs, "knob+llm", 0, [1.2, 0.8, 0.9, 0.7], proposed=4, tokens=100)            # 1 of 4
+    _llm_run(runs, "knob+llm_adapter@v1", 0, [1.2, 1.1, 0.9, 0.7], proposed=4, tokens=100)  # 2 of 4
+    _llm_run(runs, "knob+llm_adapter@v2", 0, [1.2, 0.8, 0.9, 0.7], proposed=4, tokens=100)  # 1 of 4
+    out = tmp_path / "report"
+    assert ab.main(["--report-only", "--runs", str(runs), "--out", str(out)]) == 0
+    versions = json.loads((out / "ablation.json").read_text())["adapter_versions"]
+    assert [(v["version"], v["llm_evaluated"], v["llm_improved"], v["above_previous"]) for v in versions] == [
+        (0, 4, 1, None), (1, 4, 2, True), (2, 4, 1, False)]
+    md = (out / "ablation.md").read_text()
+    assert "| 1 | knob+llm_adapter@v1 | 0 | 4 | 2 | 50.0% | yes |" in md
+    assert "| 2 | knob+llm_adapter@v2 | 0 | 4 | 1 | 25.0% | **no** |" in md

@@ -82,7 +82,8 @@ def test_plans_resolve_at_ragged_shapes(fams: dict[str, Template], name: str) ->
                 launches, ws = plan.resolve(shape)
                 assert ws == 0 and len(launches) == 1
                 (launch,) = launches
-                tiles = -(-shape.n // (per_row * knobs[rows] * knobs.get("TILES", 1)))
+                warp_rows = knobs["WARPS"] if knobs.get("WMAP") else 1  # swab WMAP 1: each warp its own rows
+                tiles = -(-shape.n // (per_row * knobs[rows] * knobs.get("TILES", 1) * warp_rows))
                 tiles = -(-tiles // knobs.get("TPC", 1)) * -(-shape.m // (per_tok * knobs[toks]))
                 assert launch.grid == (tiles, 1, knobs["CLUSTER"]) and launch.block == (32 * knobs["WARPS"], 1, 1)
                 if name == "swpipe":  # weight stages plus a token buffer that holds one cluster rank's K stages
@@ -230,18 +231,49 @@ def test_gemv_issue_loop_compiles_without_spills(fams: dict[str, Template]) -> N
     """ISSUE = 1 (bound-test-free full iterations, advancing pointers, loads ahead of the FMAs) on
     the first picks of the M = 1 rows and at ragged shapes, sm_90a and sm_80 (nothing else)."""
     g = fams["gemv"]
-    jobs = {}
-    for text in ("1x4096x4096", "1x3072x8192", "1x2304x768", "1x151936x896", "5x1000x1001", "3x77x9"):
-        shape = Shape.parse(text)
-        for arch in ("sm_90a", "sm_80"):
-            for knobs in g.heuristic(shape, arch)[:2]:
-                knobs = dict(knobs, ISSUE=1, PIPE=0)
-                if g.check(knobs, shape, arch):
-                    continue
-                cand = g.candidate(knobs, shape)
-                jobs.setdefault((cand.source, arch), ("gemv", arch, cand))
+    jobs = _valid_jobs(g, ("1x4096x4096", "1x3072x8192", "1x2304x768", "1x151936x896", "5x1000x1001", "3x77x9"),
+                       lambda shape, arch: [dict(k, ISSUE=1, PIPE=0) for k in g.heuristic(shape, arch)[:2]])
     assert len(jobs) >= 8
-    compile_and_check(list(jobs.values()))
+    compile_and_check(jobs)
+
+
+def _valid_jobs(t: Template, shapes: tuple[str, ...], knob_sets, archs=("sm_90a", "sm_80")) -> list:
+    """Compile jobs of ``t`` for every knob set ``knob_sets(shape, arch)`` gives that the template
+    accepts at that shape and arch (one job per distinct source and arch)."""
+    jobs = {}
+    for text in shapes:
+        shape = Shape.parse(text)
+        for arch in archs:
+            for knobs in knob_sets(shape, arch):
+                if t.check(knobs, shape, arch):
+                    continue
+                cand = t.candidate(knobs, shape)
+                jobs.setdefault((cand.source, arch), (t.name, arch, cand))
+    return list(jobs.values())
+
+
+def test_swab_warp_row_tiles_compile_and_are_never_a_first_pick(fams: dict[str, Template]) -> None:
+    """WMAP = 1 (each warp its own row tiles over the CTA's K range, tokens shared through L1; not
+    yet timed on a GPU): later picks of the M = 2..16 rows with >= 16 MB of weights, never the first;
+    its grid covers 16 * RT * WARPS rows a CTA; its picks and forced variants at ragged shapes
+    (clusters on and off, the cluster reduction of per-warp outputs) compile for sm_90a, and those
+    without a cluster for sm_80, without spills."""
+    sw = fams["swab"]
+    for text in ("16x6144x4096", "16x4096x14336", "16x50257x768", "8x4096x4096", "12x3072x3072"):
+        shape = Shape.parse(text)
+        picks = sw.heuristic(shape, "sm_90a")
+        assert not picks[0].get("WMAP") and any(k.get("WMAP") for k in picks[1:]), (text, picks)
+    k = dict(sw.space.defaults(), RT=1, NT=2, WARPS=8, U=4, WMAP=1, CLUSTER=8)
+    (launch,), _ = sw.candidate(k, Shape(16, 6144, 4096)).plan.resolve(Shape(16, 6144, 4096))
+    assert launch.grid == (48, 1, 8) and launch.block == (256, 1, 1)
+    def sets(shape: Shape, arch: str) -> list[dict]:  # sm_80 keeps the sets without a cluster
+        return [p for p in sw.heuristic(shape, "sm_90a") if p.get("WMAP")] + [
+            dict(sw.space.defaults(), RT=rt, NT=nt, WARPS=4, U=2, PIPE=pipe, WMAP=1, CLUSTER=cl)
+            for rt, nt, pipe, cl in ((1, 2, 0, 1), (2, 1, 1, 2), (1, 1, 0, 4))]
+    jobs = _valid_jobs(sw, ("16x6144x4096", "16x14336x4096", "8x4096x14336", "16x50257x768", "13x2049x1032",
+                            "5x1000x1001", "3x77x9", "7x33x4100"), sets)
+    assert len(jobs) >= 10
+    compile_and_check(jobs)
 
 
 @pytest.mark.slow

@@ -8,16 +8,33 @@
 //   the same permutation for both operands, so every dot product is unchanged. Each warp takes
 //   U consecutive steps (U * 64 contiguous bytes per row) and loads all of them before its mmas;
 //   PIPE = 1 issues the next iteration's loads before this one's mmas (ping-pong registers).
-//   K is split across the CTA's WARPS warps (shared-memory reduction) and, on sm_90, across the
-//   CLUSTER CTAs of a cluster (distributed shared memory; one launch, no workspace).
-//   Grid: x = cdiv(N, 16 * RT) * cdiv(M, 8 * NT), the token groups of one weight tile adjacent
-//   (a weight tile read by two groups is served from L2 the second time); z = CLUSTER.
+//   WMAP = 0: K is split across the CTA's WARPS warps (shared-memory reduction); WMAP = 1: each warp
+//   owns its own RT weight tiles over the CTA's whole K range, so the warps of a CTA load the same
+//   token fragments at the same k and all but the first hit L1 (at M = 16 the tokens are as many
+//   bytes per k-step as one 16-row weight tile: with WMAP = 0 every warp fetches them from L2).
+//   On sm_90 K is also split across the CLUSTER CTAs of a cluster (distributed shared memory; one
+//   launch, no workspace).
+//   Grid: x = cdiv(N, ROWS_CTA) * cdiv(M, 8 * NT) (ROWS_CTA = 16 * RT, times WARPS with WMAP = 1),
+//   the token groups of one weight tile adjacent (a weight tile read by two groups is served from
+//   L2 the second time); z = CLUSTER.
 //   Any M, N, K >= 1: edge rows/tokens are clamped loads whose results are never stored; K % 8
 //   != 0 or misaligned operands take 2-byte loads with zero fill.
 // Knobs arrive as #defines (template.toml); preludes: mma_sync.cuh, decode.cuh.
 
 #define THREADS (WARPS * 32)
 #define FR (RT * NT * 4)   // accumulator floats per thread
+#ifndef WMAP
+#define WMAP 0
+#endif
+#if WMAP
+#define ROWS_CTA (16 * RT * WARPS)  // each warp its own 16 * RT rows, the CTA's whole K range
+#define WSTART 0
+#define WSTRIDE U
+#else
+#define ROWS_CTA (16 * RT)          // the warps split the CTA's K steps, U at a time
+#define WSTART (warp * U)
+#define WSTRIDE (WARPS * U)
+#endif
 
 // One iteration's fragments: U consecutive k32 steps from step s of RT weight tile pairs (rows g,
 // g + 8) and NT token tiles, all loaded before any mma. Steps at or past s1 are zeros. KMAP picks
@@ -68,6 +85,16 @@ __device__ __forceinline__ void swab_mma(float (&acc)[RT][NT][4], const SwabFrag
       }
 }
 
+// A warp's accumulators into its row of the CTA's reduction buffer, fragment-major (index f * 32 + lane).
+__device__ __forceinline__ void swab_stash(float* row, const float (&acc)[RT][NT][4], int lane) {
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) row[((r * NT + j) * 4 + c) * 32 + lane] = acc[r][j][c];
+}
+
 extern "C" __global__ void DEC_CLUSTER_DIMS __launch_bounds__(THREADS)
 evo_swab(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ C,
          int M_, int N_, int K_) {
@@ -75,7 +102,8 @@ evo_swab(const unsigned short* __restrict__ A, const unsigned short* __restrict_
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int groups = (M + 8 * NT - 1) / (8 * NT);
-  const int n0 = (blockIdx.x / groups) * (16 * RT), m0 = (blockIdx.x % groups) * (8 * NT);
+  const int nc = (blockIdx.x / groups) * ROWS_CTA, m0 = (blockIdx.x % groups) * (8 * NT);  // the CTA's tile
+  const int n0 = nc + (WMAP ? warp * 16 * RT : 0);                                          // this warp's rows
 
   int s0, s1;  // this CTA's k32 steps
   dec_k_range((K + 31) >> 5, s0, s1);
@@ -103,15 +131,15 @@ evo_swab(const unsigned short* __restrict__ A, const unsigned short* __restrict_
 #if PIPE
   // Ping-pong: the next iteration's fragments are in flight while this one's mmas run.
   SwabFrag f0, f1;
-  swab_load(f0, s0 + warp * U, s1, q, wlo, whi, xr, K, vec);
-  for (int s = s0 + warp * U; s < s1; s += 2 * WARPS * U) {
-    swab_load(f1, s + WARPS * U, s1, q, wlo, whi, xr, K, vec);
+  swab_load(f0, s0 + WSTART, s1, q, wlo, whi, xr, K, vec);
+  for (int s = s0 + WSTART; s < s1; s += 2 * WSTRIDE) {
+    swab_load(f1, s + WSTRIDE, s1, q, wlo, whi, xr, K, vec);
     swab_mma(acc, f0);
-    swab_load(f0, s + 2 * WARPS * U, s1, q, wlo, whi, xr, K, vec);
+    swab_load(f0, s + 2 * WSTRIDE, s1, q, wlo, whi, xr, K, vec);
     swab_mma(acc, f1);
   }
 #else
-  for (int s = s0 + warp * U; s < s1; s += WARPS * U) {
+  for (int s = s0 + WSTART; s < s1; s += WSTRIDE) {
     SwabFrag f;
     swab_load(f, s, s1, q, wlo, whi, xr, K, vec);
     swab_mma(acc, f);
@@ -120,14 +148,26 @@ evo_swab(const unsigned short* __restrict__ A, const unsigned short* __restrict_
 
   // Fragment float c of (r, j) at this lane is C[m][n] with n = n0 + 16r + g + 8(c >= 2),
   // m = m0 + 8j + 2q + (c & 1). Index e = f * 32 + lane, f = (r * NT + j) * 4 + c.
-#if WARPS > 1 || CLUSTER > 1
+#if WMAP && CLUSTER > 1
+  // Each warp's own outputs (no sum over warps) meet those of the cluster's other CTAs: every CTA
+  // finishes WARPS * FR * 32 / CLUSTER of them from all CTAs' red.
   __shared__ float red[WARPS][FR * 32];
+  swab_stash(red[warp], acc, lane);
+  dec_cluster_sync();
+  const unsigned int rank = dec_cluster_rank();
+  for (int e = rank + tid * CLUSTER; e < WARPS * FR * 32; e += THREADS * CLUSTER) {
+    float s = 0.f;
 #pragma unroll
-  for (int r = 0; r < RT; ++r)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) red[warp][((r * NT + j) * 4 + c) * 32 + lane] = acc[r][j][c];
+    for (int z = 0; z < CLUSTER; ++z) s += dec_ld_peer(&red[0][0] + e, z);
+    const int w = e / (FR * 32), f = (e >> 5) % FR, l = e & 31, c = f & 3, rj = f >> 2;
+    const int n = nc + w * 16 * RT + (rj / NT) * 16 + (l >> 2) + (c >> 1) * 8;
+    const int m = m0 + (rj % NT) * 8 + (l & 3) * 2 + (c & 1);
+    if (n < N && m < M) C[(long long)m * N + n] = dec_f2h(s);
+  }
+  dec_cluster_sync();  // no CTA leaves while another still reads its shared memory
+#elif !WMAP && (WARPS > 1 || CLUSTER > 1)
+  __shared__ float red[WARPS][FR * 32];
+  swab_stash(red[warp], acc, lane);
   __syncthreads();
 #if CLUSTER > 1
   // warp sums land in red[0] (each element read and written by one thread), then the cluster's

@@ -116,11 +116,14 @@ def grid(name: str, shape: Shape) -> list[dict]:
                 for warps in (4, 8):
                     for u in (1, 2, 3, 4, 6, 8):
                         for cluster in (1, 2, 4, 8):
-                            iters = cdiv(cdiv(cdiv(k, 32), cluster), warps * u)
-                            ctas = cdiv(n, 16 * rt) * cdiv(m, 8 * nt) * cluster
-                            for pipe in ((0, 1) if iters > 1 else (0,)):
-                                if iters <= 2 + 2 * pipe and ctas >= 100 and not (u == 8 and rt == 4):
-                                    out.append(dict(RT=rt, NT=nt, WARPS=warps, U=u, PIPE=pipe, CLUSTER=cluster))
+                            for wmap in (0, 1):  # 1: each warp its own rows over the CTA's K (swab's WMAP)
+                                per_warp = 1 if wmap else warps  # warps sharing one row tile's K steps
+                                iters = cdiv(cdiv(cdiv(k, 32), cluster), per_warp * u)
+                                ctas = cdiv(n, 16 * rt * (warps if wmap else 1)) * cdiv(m, 8 * nt) * cluster
+                                for pipe in ((0, 1) if iters > 1 else (0,)):
+                                    if iters <= 2 + 2 * pipe + 2 * wmap and ctas >= 100 and not (u == 8 and rt == 4):
+                                        out.append(dict(RT=rt, NT=nt, WARPS=warps, U=u, PIPE=pipe, CLUSTER=cluster,
+                                                        WMAP=wmap))
     return out
 
 

@@ -51,6 +51,7 @@ class Job:
     rounds: Optional[int] = None            # fixed device-timer replays (else budget_s / max_rounds)
     budget_s: Optional[float] = None
     max_rounds: Optional[int] = None
+    min_rounds: Optional[int] = None        # the budget's floor (evaluators.PRECISE_JOB: 12)
     settle_s: Optional[float] = None
     settle_min_s: Optional[float] = None
     prewarm: Optional[bool] = None

@@ -12,7 +12,7 @@ always), ``memo_check`` (False: never) and ``rotations`` (time the device timer 
 freshly allocated rotations and report the median of their medians, with each one kept);
 ``host_timers`` (``"elites"``, the default: the offline and server timers run only where the
 device speedup reaches ``elite_threshold``; ``"always"``),
-``rounds``, ``budget_s``, ``max_rounds``, ``settle_s``, ``settle_min_s`` and ``prewarm`` tune the
+``rounds``, ``budget_s``, ``max_rounds``, ``min_rounds``, ``settle_s``, ``settle_min_s`` and ``prewarm`` tune the
 device timer (see :func:`evaluators.run._timers.device_timer`; ``evaluators.PRECISE_JOB`` is the preset for
 a measurement that must repeat across worker starts). The
 result has ``status``/``message`` for the job and one dict per shape (status, message,

@@ -62,15 +62,27 @@ class Floors:
         """One empty launch per rotation set, graph-replayed: the launch floor inside a graph."""
         return graph_us(sets, lambda a, w, c: self._launch("evo_floor_empty", 1, 32, ()))
 
-    def read_us(self, sets: list, graph_us: Callable[[list, Callable], float]) -> tuple[float, str]:
-        """Best streaming read of each set's weights (w), us and the launch shape that gave it."""
-        cp = self.cp
-        best: tuple[float, str] = (float("inf"), "")
+    def read_launcher(self, cfg: tuple[str, int, int]) -> Callable[[Any, Any, Any], None]:
+        """launch(a, w, c) streaming w's bytes with one of ``READ_CONFIGS`` (kernel, threads, blocks per SM)."""
+        name, threads, per_sm = cfg
+
+        def launch(a: Any, w: Any, c: Any) -> None:
+            n16 = w.numel() * 2 // 16
+            self._launch(name, self.sms * per_sm, threads, (w.data_ptr(), self.cp.int64(n16), self.sink.data_ptr()))
+        return launch
+
+    def best_read(self, sets: list, graph_us: Callable[[list, Callable], float]
+                  ) -> tuple[float, str, Callable[[Any, Any, Any], None]]:
+        """The fastest streaming read of each set's weights (w): us, its launch shape, its launcher."""
+        best: tuple[float, str, Callable[[Any, Any, Any], None]] = (float("inf"), "", lambda a, w, c: None)
         for name, threads, per_sm in READ_CONFIGS:
-            def launch(a: Any, w: Any, c: Any, name: str = name, threads: int = threads, per_sm: int = per_sm) -> None:
-                n16 = w.numel() * 2 // 16
-                self._launch(name, self.sms * per_sm, threads, (w.data_ptr(), cp.int64(n16), self.sink.data_ptr()))
+            launch = self.read_launcher((name, threads, per_sm))
             t = graph_us(sets, launch)
             if t < best[0]:
-                best = (t, f"{name[-5:]}x{threads}x{per_sm}")
+                best = (t, f"{name[-5:]}x{threads}x{per_sm}", launch)
         return best
+
+    def read_us(self, sets: list, graph_us: Callable[[list, Callable], float]) -> tuple[float, str]:
+        """Best streaming read of each set's weights (w), us and the launch shape that gave it."""
+        t, label, _ = self.best_read(sets, graph_us)
+        return t, label

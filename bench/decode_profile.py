@@ -55,7 +55,7 @@ def contenders(shape: Shape, templates: dict[str, Any]) -> list[tuple[str, Any]]
 def profile(args: argparse.Namespace) -> int:
     import torch
     from decode_dev import Loaded, compile_all, cublas, graph_us, load_peer, peer_best, reference, rel_error, rotation
-    from decode_floors import READ_CONFIGS, Floors
+    from decode_floors import Floors
 
     templates = load_templates()
     shapes = [Shape.parse(s) for s in args.shapes]
@@ -81,12 +81,12 @@ def profile(args: argparse.Namespace) -> int:
                 print(f"{s} {label}: wrong (rel err {err:.2e})", flush=True)
                 continue
             runs.append((f"evo {label}", launch))
-        t_peer, cfg, peer_launch = peer_best(peer, fns, s, sets, ref)
+        _, cfg, peer_launch = peer_best(peer, fns, s, sets, ref)
         if peer_launch is not None:
             runs.append((f"peer {cfg}", peer_launch))
         runs.append(("cuBLAS TN", cublas))
-        best_read = min(READ_CONFIGS, key=lambda c: _read_us(floors, sets, c, graph_us))
-        runs.append((f"read floor {best_read[0][-5:]}x{best_read[1]}x{best_read[2]}", _read_launch(floors, best_read)))
+        _, read_cfg, read_launch = floors.best_read(sets, graph_us)
+        runs.append((f"read floor {read_cfg}", read_launch))
         timed = {label: graph_us(sets, launch) for label, launch in runs}  # graph replay, for the table beside
         torch.cuda.synchronize()
         for label, launch in runs:
@@ -102,19 +102,6 @@ def profile(args: argparse.Namespace) -> int:
         torch.cuda.empty_cache()
     Path(args.out, "profile_order.json").write_text(json.dumps(order, indent=1))
     return 0
-
-
-def _read_launch(floors: Any, cfg: tuple[str, int, int]) -> Any:
-    name, threads, per_sm = cfg
-
-    def launch(a: Any, w: Any, c: Any) -> None:
-        floors._launch(name, floors.sms * per_sm, threads, (w.data_ptr(), floors.cp.int64(w.numel() * 2 // 16),
-                                                              floors.sink.data_ptr()))
-    return launch
-
-
-def _read_us(floors: Any, sets: list, cfg: tuple[str, int, int], graph_us: Any) -> float:
-    return graph_us(sets, _read_launch(floors, cfg))
 
 
 # ncu raw-page columns (one row per kernel, a units row first): column -> title
@@ -154,17 +141,17 @@ def summarize(csv_path: Path, order_path: Path) -> int:
     GEMM and its reduction): their times add up to one launch."""
     order = json.loads(order_path.read_text())
     kernels = _kernels(csv_path)
-    groups: list[tuple[str, str, float, int]] = []  # (shape, label, graph us, launches)
+    groups: list[tuple[str, str, int]] = []  # (shape, label, launches), in launch order
     for o in order:
         if groups and groups[-1][:2] == (o["shape"], o["label"]):
-            groups[-1] = groups[-1][:3] + (groups[-1][3] + 1,)
+            groups[-1] = groups[-1][:2] + (groups[-1][2] + 1,)
         else:
-            groups.append((o["shape"], o["label"], o["graph_us"], 1))
+            groups.append((o["shape"], o["label"], 1))
     print("| shape | contender | kernels | ncu us | DRAM % of peak | DRAM TB/s | L2 % | achieved occupancy % | regs | "
           "grid x block | top stalls (warps per issue) |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---|")
     i = 0
-    for gi, (shape, label, _, n) in enumerate(groups):
+    for gi, (shape, label, n) in enumerate(groups):
         pre = _prefix(label)
         launches: list[list[dict[str, Any]]] = []
         if pre is not None:

@@ -50,7 +50,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -118,8 +118,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         args.evo_module = "fake_evo" if args.evo_module == "evo" else args.evo_module
         if args.arms == ",".join(ARMS):
             args.arm_list = list(TINY_ARMS)
-    args.adapters = sorted(((adapter_version(a), a) for a in args.adapter), key=lambda va: va[0])
-    args.adapter = args.adapters[-1][1] if args.adapters else None  # the latest: the bandit's
+    set_adapters(args, args.adapter)
     if len(args.adapters) > 1 and "knob+llm_adapter" in args.arm_list:  # one arm per version, in order
         i = args.arm_list.index("knob+llm_adapter")
         args.arm_list[i:i + 1] = [f"knob+llm_adapter@v{v}" for v, _ in args.adapters]
@@ -138,6 +137,21 @@ def adapter_version(folder: Path) -> int:
     except (OSError, ValueError, KeyError, TypeError):
         m = re.match(r"^v(\d+)$", folder.name)
         return int(m.group(1)) if m else 0
+
+
+def set_adapters(args: argparse.Namespace, folders: Iterable[Path]) -> None:
+    """``args.adapters``: (version, folder) in version order; ``args.adapter``: the latest (the bandit's)."""
+    args.adapters = sorted(((adapter_version(a), a) for a in folders), key=lambda va: va[0])
+    args.adapter = args.adapters[-1][1] if args.adapters else None
+
+
+def missing_adapter(args: argparse.Namespace, arm: str) -> Optional[str]:
+    """Why an adapter arm cannot run (no adapter, or none of its version given); None when it can,
+    and for every arm that needs none."""
+    m = VERSIONED.match(arm)
+    if not (arm in NEEDS_ADAPTER or m) or arm_adapter(args, arm) is not None:
+        return None
+    return "no --adapter given" if m is None else f"no adapter of version {m.group(1)} given"
 
 
 def arm_adapter(args: argparse.Namespace, arm: str) -> Optional[Path]:
@@ -237,9 +251,9 @@ class CallClock:
 def run_arm(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shape],
             clock: Optional[CallClock] = None) -> dict[str, Any]:
     archive = args.out / "runs" / arm / f"s{seed}"
-    if (arm in NEEDS_ADAPTER or VERSIONED.match(arm)) and arm_adapter(args, arm) is None:
-        return {"arm": arm, "seed": seed, "skipped": "no --adapter given" if arm in NEEDS_ADAPTER
-                else f"no adapter of version {VERSIONED.match(arm).group(1)} given"}
+    why = missing_adapter(args, arm)
+    if why:
+        return {"arm": arm, "seed": seed, "skipped": why}
     if (archive / "done.json").is_file():  # resumable: a finished run is read (measured again), not run again
         return read_run(archive)
     clock = clock or CallClock(0.0, 0.0)
@@ -325,8 +339,7 @@ def report_only(args: argparse.Namespace, argv: Sequence[str]) -> int:
         args.llm_device = (o.get("llm-device") or [args.llm_device])[0]
         for a in o.get("llm-adapter", []):
             adapters[a] = Path(a)
-    args.adapters = sorted(((adapter_version(a), a) for a in adapters.values()), key=lambda va: va[0])
-    args.adapter = args.adapters[-1][1] if args.adapters else None
+    set_adapters(args, adapters.values())
     shapes = [Shape.parse(s) for s in opts.get("shape", [])]
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"source": f"the runs under {runs_dir}"}
@@ -628,8 +641,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{', '.join(meta.get('test_models', [])) or '-'})")
         for seed in args.seed_list:
             for arm in args.arm_list:
-                if (arm in NEEDS_ADAPTER or VERSIONED.match(arm)) and arm_adapter(args, arm) is None:
-                    print(f"operator_ablation: {arm} s{seed}: not run (no --adapter given)")
+                why = missing_adapter(args, arm)
+                if why:
+                    print(f"operator_ablation: {arm} s{seed}: not run ({why})")
                     continue
                 cmd = run_command(args, arm, seed, shapes, args.out / "runs" / arm / f"s{seed}")
                 print(f"operator_ablation: {arm} s{seed}: {shlex.join(cmd[1:])}")

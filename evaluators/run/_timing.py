@@ -298,7 +298,7 @@ def _rounds(job: Mapping[str, Any]) -> dict[str, Any]:
     """The device timer's sample count from a job: fixed ``rounds``, or a ``budget_s`` of replays
     per arm within ``min_rounds``..``max_rounds``."""
     return {"rounds": job.get("rounds"), "budget_s": float(job.get("budget_s", DEVICE_BUDGET_S)),
-            "max_rounds": int(job.get("max_rounds", DEVICE_MAX_ROUNDS)), "min_rounds": int(job.get("min_rounds", 3))}
+            "max_rounds": int(job.get("max_rounds", DEVICE_MAX_ROUNDS)), "min_rounds": int(job.get("min_rounds", DeviceTiming.min_rounds))}
 
 
 class _PhaseClock:

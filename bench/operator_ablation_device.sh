@@ -27,7 +27,7 @@
 # carry the last call's train.tgz and abl_runs.tgz back in .carry_abl/ (CARRY_ABL) and a fresh machine
 # resumes from them (finished runs are read, not run again).
 #
-# Knobs (env), defaults in brackets: TRAIN_SHAPES [6] TRAIN_GPU_S [90] RL_STEPS [8] SHAPES [4] GPU_S [40]
+# Knobs (env), defaults in brackets: TRAIN_SHAPES [6] TRAIN_GPU_S [60] RL_STEPS [40] SHAPES [4] GPU_S [40]
 #   SEEDS_PER_TEMPLATE [1] SEEDS [0,1,2] ARMS [knob,knob+optuna,knob+llm,knob+llm_adapter,bandit]
 #   LLM_DEVICE [cuda] CALL_S [train 330, ablate 525] (from this script's start;
 #   a call that first joins and installs the carried wheels, ~10 s, keeps those 330 s under 350)
@@ -71,6 +71,12 @@
 #     ~3 s = ~260-300 s of 330 (the model's first load, ~36 s, now comes before evo run's budget clock,
 #     no longer beside it: CALL_S 330, was 280). The evo run's wall is capped at the time left minus 100 s, and
 #     `evo rl train --max-seconds` stops GRPO early and still saves the adapter.
+# Online RL (since 2026-12-03's second session): `evo rl train --measure` times every sampled edit
+#   no archive has measured (the pool on the same GPU, the policy under its lease) instead of scoring
+#   it the unmapped penalty of -1. Adapter v1 of the first session was trained offline: of its 8 x 8
+#   samples nearly all were unmeasured, its sampled reward mean sat at -1.0 to +0.002, and GRPO taught
+#   it to repeat measured edits. The evolve step now gets TRAIN_GPU_S 60 and the budget leaves 170 s
+#   to GRPO (RL_STEPS 40 at most; a step with 8 new edits to compile and time ~8-12 s).
 set -u
 STAGE=${1:?train, train2 or ablate}
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -118,7 +124,7 @@ train)
   train_shapes 1
   log "evolve ${#SH[@]} training shapes (${SH[*]}) with knob:1,llm:1 on ${LLM_DEVICE:-cuda} (leased)"
   gpu python3 -m evo run --archive "$W/train" "${args[@]}" --operators knob:1,llm:1 --llm-device "${LLM_DEVICE:-cuda}" \
-    --gpu-seconds "${TRAIN_GPU_S:-90}" --budget "$(( $(left) - 100 ))" --seeds-per-template "${SEEDS_PER_TEMPLATE:-1}" \
+    --gpu-seconds "${TRAIN_GPU_S:-60}" --budget "$(( $(left) - 170 ))" --seeds-per-template "${SEEDS_PER_TEMPLATE:-1}" \
     --progress plain > "$W/train.log" 2>&1
   echo "train run rc=$?"; tail -n 8 "$W/train.log" | cut -c1-300
   gpu python3 scripts/operator_shares.py --archive "$W/train" | tail -n 14
@@ -126,10 +132,11 @@ train)
   gpu python3 -m evo rl export "$W/train" --out "$W/rows.jsonl" --reward improvement
   rm -rf "$W/adapters/v1"
   gpu python3 -m evo rl train --dataset "$W/rows.jsonl" --archive "$W/train" --out "$W/adapters/v1" --device cuda \
-    --steps "${RL_STEPS:-8}" --reward improvement --version 1 --max-seconds "$(( $(left) - 25 ))"
+    --steps "${RL_STEPS:-40}" --reward improvement --version 1 --max-seconds "$(( $(left) - 35 ))" \
+    --measure "$W/rl_measured" --compile-workers 8
   echo "rl train rc=$?"
   log "done"
-  [ -n "$DRY" ] || tar -czf "$OUT/train.tgz" -C "$W" split.json train rows.jsonl adapters train.log 2>/dev/null
+  [ -n "$DRY" ] || tar -czf "$OUT/train.tgz" -C "$W" split.json train rows.jsonl adapters train.log rl_measured 2>/dev/null
   ;;
 train2)
   [ -n "$DRY" ] || [ -f "$W/adapters/v1/evo-adapter.json" ] || { echo "train2 needs adapter v1: run the train stage first" >&2; exit 2; }
@@ -137,7 +144,7 @@ train2)
   log "evolve ${#SH[@]} other training shapes (${SH[*]}) with knob:1,llm:1 on adapter v1 (leased)"
   rm -rf "$W/train2"
   gpu python3 -m evo run --archive "$W/train2" "${args[@]}" --operators knob:1,llm:1 --llm-device "${LLM_DEVICE:-cuda}" \
-    --llm-adapter "$W/adapters/v1" --gpu-seconds "${TRAIN_GPU_S:-90}" --budget "$(( $(left) - 100 ))" \
+    --llm-adapter "$W/adapters/v1" --gpu-seconds "${TRAIN_GPU_S:-60}" --budget "$(( $(left) - 170 ))" \
     --seeds-per-template "${SEEDS_PER_TEMPLATE:-1}" --progress plain > "$W/train2.log" 2>&1
   echo "train2 run rc=$?"; tail -n 8 "$W/train2.log" | cut -c1-300
   gpu python3 scripts/operator_shares.py --archive "$W/train2" | tail -n 14
@@ -145,11 +152,11 @@ train2)
   gpu python3 -m evo rl export "$W/train2" --out "$W/rows2.jsonl" --reward improvement
   rm -rf "$W/adapters/v2"
   gpu python3 -m evo rl train --dataset "$W/rows2.jsonl" --archive "$W/train" --archive "$W/train2" \
-    --init-adapter "$W/adapters/v1" --out "$W/adapters/v2" --device cuda --steps "${RL_STEPS:-8}" --reward improvement \
-    --max-seconds "$(( $(left) - 25 ))"
+    --init-adapter "$W/adapters/v1" --out "$W/adapters/v2" --device cuda --steps "${RL_STEPS:-40}" --reward improvement \
+    --max-seconds "$(( $(left) - 35 ))" --measure "$W/rl_measured" --compile-workers 8
   echo "rl train rc=$?"
   log "done"
-  [ -n "$DRY" ] || tar -czf "$OUT/train2.tgz" -C "$W" rows2.jsonl adapters/v2 train2.log 2>/dev/null
+  [ -n "$DRY" ] || tar -czf "$OUT/train2.tgz" -C "$W" rows2.jsonl adapters/v2 train2.log rl_measured 2>/dev/null
   ;;
 ablate)
   AD=(); for a in "$W"/adapters/v*/; do [ -f "$a/evo-adapter.json" ] && AD+=(--adapter "${a%/}"); done

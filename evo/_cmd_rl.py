@@ -9,7 +9,9 @@ prompt/completion format plus reward, advantage, group and provenance columns; e
 runs GRPO with LoRA on the dataset's knob-edit groups; rewards of sampled completions come from
 the dataset's own rows and the given archives (completions that map to no measured candidate
 get a penalty), the group's archived completions and its parent's best archived children are
-replayed beside the samples, and writes a peft adapter with its evo-adapter.json manifest. Exit 2 on bad input.
+replayed beside the samples, and writes a peft adapter with its evo-adapter.json manifest. With
+``--measure ARCHIVE`` the evaluator is in the loop: sampled edits no archive measured are timed on
+the local GPUs and recorded there (evo.rl._measure), instead of scoring the penalty. Exit 2 on bad input.
 
 ``evo rl split --layers llm_layers.csv --out SPLIT.json [--test-model M...] [--seed S]
 [--grid-size N...]`` splits the shapes by model (evo.rl._split): no test shape's model, and no
@@ -22,7 +24,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._cmd_args import fail
+from ._cmd_args import UsageError, add_gpus, fail, parse_gpus
 
 __all__ = ["add_parser", "run"]
 
@@ -57,6 +59,12 @@ def add_parser(subparsers: Any) -> None:
     t.add_argument("--version", type=int, help="version number (default: the init adapter's + 1, else 1)")
     t.add_argument("--max-seconds", type=float, default=0.0, metavar="S",
                    help="no GRPO step starts S seconds after the start (the adapter is still saved); 0: no limit")
+    t.add_argument("--measure", metavar="ARCHIVE",
+                   help="online RL: measure every sampled edit no archive has a reward for on the local GPUs (the "
+                        "evaluator in the loop) and record it in this archive (created if missing, read as rewards "
+                        "when it exists); without it such an edit scores the unmapped penalty")
+    add_gpus(t)
+    t.add_argument("--compile-workers", type=int, default=4, metavar="N", help="with --measure: NVRTC workers (default 4)")
     s = sub.add_parser("split", help="split llm_layers.csv's shapes into train and test by model (JSON)")
     s.add_argument("--layers", required=True, metavar="CSV", help="M,N,K,model,layer rows (llm_layers.csv)")
     s.add_argument("--out", required=True, metavar="SPLIT.json")
@@ -110,7 +118,7 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train(args: argparse.Namespace) -> int:
+def _train(args: argparse.Namespace, pool_factory: Any = None) -> int:
     import time
 
     deadline = time.monotonic() + args.max_seconds if args.max_seconds > 0 else None
@@ -147,21 +155,65 @@ def _train(args: argparse.Namespace) -> int:
     templates = load_templates(errors="warn")
     if not prompts_from_rows(rows, templates)[0]:
         return fail("rl train", "no trainable rows (knob edits of a loaded template's parent) in the dataset")
-    backend = load_backend(args.model or DEFAULT_MODEL, args.device)
-    policy = Policy(backend, seed=args.seed, init_adapter=args.init_adapter)
+    measurer = gate = None
+    if args.measure:
+        try:
+            measurer, gate = _measurer(args, table, pool_factory)
+        except (ArchiveError, UsageError) as exc:
+            return fail("rl train", exc)
+        except Exception as exc:  # a pool that cannot start (no GPU, a worker failing): one line
+            return fail("rl train", f"--measure: cannot start the evaluator pool: {type(exc).__name__}: {exc}")
     try:
+        backend = load_backend(args.model or DEFAULT_MODEL, args.device)
+        policy = Policy(backend, seed=args.seed, init_adapter=args.init_adapter, gate=gate)
         manifest = train_adapter(rows, args.out, policy=policy, templates=templates, table=table, config=config,
                                  version=version, parent_adapter=parent, log=lambda m: print(m, flush=True),
-                                 demos=archives, deadline=deadline)
+                                 demos=archives, deadline=deadline,
+                                 evaluate_many=measurer.evaluate_many if measurer else None)
     finally:
         for a in archives:
             a.close()
+        if measurer is not None:
+            measurer.close()
+            measurer.pool.close()
+    if measurer is not None:
+        print(f"evo rl train: {measurer.measured} new edits measured on the GPU ({measurer.lost} lost) -> {args.measure}")
     print(f"evo rl train: adapter {manifest['name']} -> {args.out} "
           f"(rewards from {manifest['reward_sources']})")
     return 0
 
 
-def run(args: argparse.Namespace) -> int:
+def _measurer(args: argparse.Namespace, table: Any, pool_factory: Any) -> tuple[Any, Any]:
+    """The evaluator in the loop (evo.rl._measure) and the lease the policy holds when its model
+    shares one of the pool's GPUs; the archive's earlier measurements join ``table``."""
+    from populations import Archive
+
+    from ._config import PoolConfig
+    from ._orchestrate import make_pool
+    from .rl._measure import Measurer, colocated_gate
+
+    gpus = parse_gpus(args.gpus)
+    if args.compile_workers < 1:
+        raise UsageError(f"--compile-workers {args.compile_workers}: needs at least 1")
+    archive = Archive(args.measure, mode="w")  # before the pool: a bad path costs no worker start
+    try:
+        table.add_archive(archive)
+        pool = (pool_factory or make_pool)(PoolConfig(gpus=list(range(gpus)) if isinstance(gpus, int) else gpus or [],
+                                                      compile_workers=args.compile_workers))
+    except BaseException:
+        archive.close()
+        raise
+    pool_gpus = list(getattr(pool, "gpus", ()) or ())
+    gate = colocated_gate(args.device, pool_gpus)
+    print(f"evo rl train: measuring new edits on GPU(s) {pool_gpus} -> {args.measure}"
+          + ("; the model is co-located: generation and training wait for timed regions (GPU lease)" if gate else ""),
+          flush=True)
+    return Measurer(pool, archive), gate
+
+
+def run(args: argparse.Namespace, *, pool_factory: Any = None) -> int:
+    """``pool_factory``: the evaluator pool ``train --measure`` uses instead of the GPUs' (for
+    programs embedding the command line, as the tests do with their stand-in pool)."""
     if args.rl_command == "split":
         return _split(args)
-    return _export(args) if args.rl_command == "export" else _train(args)
+    return _export(args) if args.rl_command == "export" else _train(args, pool_factory)

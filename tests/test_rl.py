@@ -394,3 +394,63 @@ def test_an_adapter_switch_waits_for_a_timed_region_and_loads_inside_a_slice(tra
         assert gate.slices == 1 and backend.adapter == ""
     finally:
         backend.load_adapter(None, "")
+
+
+# -- online RL: the evaluator in the loop (evo rl train --measure) --------------------------------
+
+
+@needs_llm
+@needs_peft
+def test_rl_train_measure_scores_new_edits_with_the_pool_and_records_them(archive_dir: Path, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    """With --measure, a sampled edit no archive measured is submitted to the evaluator pool (here
+    the test double tests/fake_pool.py:FakeEvaluatorPool, synthetic timings: the CPU has no GPU)
+    instead of scoring the unmapped penalty; every result lands in the --measure archive, which a
+    second training run reads back as rewards rather than measuring again."""
+    from fake_pool import FakeEvaluatorPool
+
+    data = tmp_path / "d.jsonl"
+    assert main(["rl", "export", str(archive_dir), "--out", str(data), "--reward", "improvement"]) == 0
+    pools: list[FakeEvaluatorPool] = []
+
+    def factory(config):
+        pools.append(FakeEvaluatorPool(fail=0.0, incorrect=0.0, crash=0.0, raise_=0.0))
+        return pools[-1]
+
+    measured = tmp_path / "measured"
+    argv = ["rl", "train", "--dataset", str(data), "--steps", "2", "--group-size", "4", "--reward", "improvement",
+            "--measure", str(measured)]
+    assert main([*argv, "--out", str(tmp_path / "v1")], pool_factory=factory) == 0
+    out = capsys.readouterr().out
+    manifest = json.loads((tmp_path / "v1" / "evo-adapter.json").read_text())
+    sources = manifest["reward_sources"]
+    assert sources.get("evaluator", 0) >= 1 and "penalty" not in sources, sources
+    submitted = set(pools[0].submitted)
+    with Archive(measured) as a:
+        recorded = {c.id for s in a.shapes() for c in a.candidates(s)}
+        assert recorded == submitted and all(a.evaluations(SHAPE, cid) for cid in recorded)
+    assert f"{len(pools[0].submitted)} new edits measured on the GPU (0 lost)" in out
+    # the same seed again: the edits it samples were measured and are read from the archive
+    assert main([*argv, "--out", str(tmp_path / "v1b")], pool_factory=factory) == 0
+    assert pools[1].submitted == [] and "0 new edits measured" in capsys.readouterr().out
+
+
+def test_rl_train_measure_bad_archive_path_is_one_line(archive_dir: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    data = tmp_path / "d.jsonl"
+    assert main(["rl", "export", str(archive_dir), "--out", str(data)]) == 0
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["rl", "train", "--dataset", str(data), "--out", str(tmp_path / "v1"), "--measure", str(blocker)],
+                pool_factory=lambda config: pytest.fail("no pool for a bad archive")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("evo rl train: error:") and err.count("\n") == 1 and not (tmp_path / "v1").exists()
+
+
+def test_a_policy_on_a_timing_gpu_gets_its_lease() -> None:
+    from evo.rl._measure import colocated_gate
+
+    assert colocated_gate("cpu", [0]) is None
+    assert colocated_gate("cuda:1", [0]) is None  # its own GPU: nothing to wait for
+    gate = colocated_gate("cuda", [0, 1])
+    assert gate is not None and hasattr(gate, "slice")

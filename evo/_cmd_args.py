@@ -14,7 +14,7 @@ from typing import Any, NoReturn, Optional, Union
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_BAD_INPUT", "EXIT_DAMAGED", "EXIT_INTERRUPTED", "SHAPE_METAVAR",
            "UsageError", "add_archive", "archive_of", "add_shapes", "add_arch", "resolve_arch", "add_gpus",
-           "parse_gpus", "add_json", "fail", "warn", "open_writer"]
+           "parse_gpus", "gpu_list", "add_json", "fail", "warn", "open_writer"]
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DAMAGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 SHAPE_METAVAR = "MxNxK[:TN|NN][:f32|f16]"
@@ -113,6 +113,12 @@ def parse_gpus(text: Optional[str]) -> Union[None, int, list[int]]:
     if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
         raise UsageError(f"--gpus {text!r}: indices must be distinct and >= 0")
     return gpus
+
+
+def gpu_list(text: Optional[str]) -> Optional[list[int]]:
+    """--gpus as a pool's index list: ``count:N`` is the first N; None for every visible GPU."""
+    gpus = parse_gpus(text)
+    return list(range(gpus)) if isinstance(gpus, int) else gpus
 
 
 def open_writer(command: str, path: Any) -> Any:

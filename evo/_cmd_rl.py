@@ -24,7 +24,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._cmd_args import UsageError, add_gpus, fail, parse_gpus
+from ._cmd_args import UsageError, add_gpus, fail, gpu_list
 
 __all__ = ["add_parser", "run"]
 
@@ -192,14 +192,13 @@ def _measurer(args: argparse.Namespace, table: Any, pool_factory: Any) -> tuple[
     from ._orchestrate import make_pool
     from .rl._measure import Measurer, colocated_gate
 
-    gpus = parse_gpus(args.gpus)
+    gpus = gpu_list(args.gpus)
     if args.compile_workers < 1:
         raise UsageError(f"--compile-workers {args.compile_workers}: needs at least 1")
     archive = Archive(args.measure, mode="w")  # before the pool: a bad path costs no worker start
     try:
         table.add_archive(archive)
-        pool = (pool_factory or make_pool)(PoolConfig(gpus=list(range(gpus)) if isinstance(gpus, int) else gpus or [],
-                                                      compile_workers=args.compile_workers))
+        pool = (pool_factory or make_pool)(PoolConfig(gpus=gpus or [], compile_workers=args.compile_workers))
     except BaseException:
         archive.close()
         raise

@@ -12,7 +12,7 @@ import sys
 from typing import Any, Optional
 
 from ._cmd_args import (EXIT_INTERRUPTED, SHAPE_HELP, SHAPE_METAVAR, UsageError, add_archive,
-                        add_gpus, add_json, archive_of, fail, open_writer, parse_gpus, resolve_arch)
+                        add_gpus, add_json, archive_of, fail, gpu_list, open_writer, resolve_arch)
 from ._config import ConfigError, RunConfig, load_config, merge
 from ._orchestrate import PoolFactory, known_model, run_search
 
@@ -61,10 +61,9 @@ def add_parser(subparsers: Any) -> None:
 def _gpus(text: Optional[str]) -> Optional[list[int]]:
     """--gpus as the pool's index list (count:N is the first N; None: the file's or every visible GPU)."""
     try:
-        gpus = parse_gpus(text)
+        return gpu_list(text)
     except UsageError as exc:
         raise ConfigError(str(exc)) from None
-    return list(range(gpus)) if isinstance(gpus, int) else gpus
 
 
 def _arch(text: Optional[str]) -> Optional[str]:

@@ -128,7 +128,7 @@ train)
     --progress plain > "$W/train.log" 2>&1
   echo "train run rc=$?"; tail -n 8 "$W/train.log" | cut -c1-300
   gpu python3 scripts/operator_shares.py --archive "$W/train" | tail -n 14
-  log "export (improvement reward) and train adapter v1 (GRPO stops at $(( $(left) - 25 )) s)"
+  log "export (improvement reward) and train adapter v1 (GRPO stops within $(( $(left) - 35 )) s, its --max-seconds)"
   gpu python3 -m evo rl export "$W/train" --out "$W/rows.jsonl" --reward improvement
   rm -rf "$W/adapters/v1"
   gpu python3 -m evo rl train --dataset "$W/rows.jsonl" --archive "$W/train" --out "$W/adapters/v1" --device cuda \
@@ -148,7 +148,7 @@ train2)
     --seeds-per-template "${SEEDS_PER_TEMPLATE:-1}" --progress plain > "$W/train2.log" 2>&1
   echo "train2 run rc=$?"; tail -n 8 "$W/train2.log" | cut -c1-300
   gpu python3 scripts/operator_shares.py --archive "$W/train2" | tail -n 14
-  log "export (improvement reward) and train adapter v2 from v1 (GRPO stops at $(( $(left) - 25 )) s)"
+  log "export (improvement reward) and train adapter v2 from v1 (GRPO stops within $(( $(left) - 35 )) s, its --max-seconds)"
   gpu python3 -m evo rl export "$W/train2" --out "$W/rows2.jsonl" --reward improvement
   rm -rf "$W/adapters/v2"
   gpu python3 -m evo rl train --dataset "$W/rows2.jsonl" --archive "$W/train" --archive "$W/train2" \

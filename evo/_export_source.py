@@ -41,6 +41,8 @@ def launcher(shape: Shape, cand: Candidate, kernels: list[str], tag: str = "", s
         if cand.plan.zero_workspace:
             lines.append(f"  {{ cudaError_t e = cudaMemsetAsync(workspace, 0, {workspace}ull, stream); if (e) return (int)e; }}")
     pointers = {"A": "(void*)A", "B": "(void*)B", "C": "C", "workspace": "workspace"}
+    for copy in cand.plan.staged_copies(shape):  # the alignment transform's copies, inside the workspace
+        pointers[f"staged{copy.operand}"] = f"(void*)((char*)workspace + {copy.offset}ull)"
     used_maps = sorted({a[1] for rl in launches for a in rl.args if isinstance(a, tuple)})
     for name in used_maps:
         spec = cand.plan.tensor_maps[name]
@@ -48,7 +50,7 @@ def launcher(shape: Shape, cand: Candidate, kernels: list[str], tag: str = "", s
         lines.append(f"  alignas(64) CUtensorMap tm_{name};")
         lines.append(f"  {{ const cuuint64_t dim[2] = {{{d0}ull, {d1}ull}}; const cuuint64_t pitch[1] = {{{pitch}ull}};")
         lines.append(f"    const cuuint32_t box[2] = {{{b0}u, {b1}u}}; const cuuint32_t es[2] = {{1u, 1u}};")
-        lines.append(f"    if (evo_encode(&tm_{name}, {pointers[spec.matrix]}, dim, pitch, box, es, {SWIZZLE_ENUM[spec.swizzle]})) return -4; }}")
+        lines.append(f"    if (evo_encode(&tm_{name}, {pointers[spec.pointer]}, dim, pitch, box, es, {SWIZZLE_ENUM[spec.swizzle]})) return -4; }}")
     for j, rl in enumerate(launches):
         idx = kernels.index(rl.kernel)
         values, params = [], []

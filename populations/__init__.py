@@ -4,7 +4,8 @@ This package imports nothing else of ours (the import rule: docs/design.md, sect
 """
 from ._codec import SCHEMA_VERSION, CodecError, decode, encode, from_plain, to_plain
 from ._expr import ExprError, evaluate
-from ._plan import Launch, LaunchPlan, PlanError, ResolvedLaunch, TensorMapSpec
+from ._plan import (POINTER_ARGS, Launch, LaunchPlan, PlanError, ResolvedLaunch, StagedCopy, TensorMapSpec,
+                    staged_pitch, stored_dims)
 from ._records import Candidate, Evaluation, KernelStats, Status, TimerResult, candidate_id
 from ._shape import Shape, ShapeError
 from ._knobs import Constraint, Knob, KnobSpace, TemplateError, knob_key
@@ -18,7 +19,8 @@ from ._roofline import (CALIBRATION_FILE, H200_DEFAULTS, Calibration, attainable
 __all__ = [
     "SCHEMA_VERSION", "CodecError", "decode", "encode", "from_plain", "to_plain",
     "ExprError", "evaluate",
-    "Launch", "LaunchPlan", "PlanError", "ResolvedLaunch", "TensorMapSpec",
+    "POINTER_ARGS", "Launch", "LaunchPlan", "PlanError", "ResolvedLaunch", "StagedCopy", "TensorMapSpec",
+    "staged_pitch", "stored_dims",
     "Candidate", "Evaluation", "KernelStats", "Status", "TimerResult", "candidate_id",
     "Shape", "ShapeError",
     "Constraint", "Knob", "KnobSpace", "TemplateError", "knob_key", "Template", "load_template", "load_templates",

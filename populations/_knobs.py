@@ -39,7 +39,8 @@ LAYOUT_NAMES = frozenset({"LAYOUT_TN", "LAYOUT_NN"})
 ARCH_NAME = "ARCH"
 #: ``when = "true"`` reads naturally in TOML; these two names are bound everywhere.
 LITERALS = {"true": 1, "false": 0}
-_RESERVED = SHAPE_NAMES | LAYOUT_NAMES | set(LITERALS) | {ARCH_NAME, "lda", "ldb", "ldc", "A", "B", "C", "workspace"}
+_RESERVED = SHAPE_NAMES | LAYOUT_NAMES | set(LITERALS) | {ARCH_NAME, "lda", "ldb", "ldc", "ldsa", "ldsb",
+                                                                   "A", "B", "C", "workspace", "stagedA", "stagedB"}
 
 
 def layout_env(layout: str) -> dict[str, int]:

@@ -13,7 +13,13 @@ of the knob space), snapped down to the largest value of the knob's domain that 
 result (the smallest value when none is), e.g. a split-K factor that fills the SMs; and
 ``prelude = ["mma_sync.cuh"]``: files of ``templates/_prelude/`` whose text the renderer puts
 between the ``#define`` header and the source (code several families share; a candidate may
-not ``#include`` our own headers, so it travels as text).
+not ``#include`` our own headers, so it travels as text); ``fit = { STAGE = "expr" }``: knobs
+set from the shape for every first pick (every heuristic rule's and the defaults), after the
+rule's own knobs, so that one rule over shape features (e.g. which operands a ragged K forces
+into staging) serves every tile rule; a string knob's expression gives its value's index; and in
+``[plan]``, ``staging = { A = "expr", B = "expr" }``: the pitch multiple of each operand's staged
+copy (0: not staged), knob-level expressions (populations/_plan.py says what staging is); a
+staged operand's tensor maps then read the copy.
 """
 from __future__ import annotations
 
@@ -27,9 +33,10 @@ from typing import Any, Mapping, Optional, Union
 from ._expr import ExprError, check_expr, evaluate, names_in, substitute
 from ._knobs import (LAYOUT_NAMES, LITERALS, SHAPE_NAMES, Constraint, Knob, KnobSpace, KnobValue, TemplateError,
                      knob_key, layout_env)
-from ._plan import Launch, LaunchPlan, PlanError, TensorMapSpec
+from ._plan import POINTER_ARGS, STAGEABLE, Launch, LaunchPlan, PlanError, TensorMapSpec, staged_pitch, stored_dims
 from ._records import Candidate
 from ._shape import CONTRACTS, LAYOUTS, Shape
+from ._staging import with_staging
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,14 +49,15 @@ TEMPLATES_DIR = Path(__file__).parent / "templates"
 PRELUDE_DIR = "_prelude"  # under the templates' root; load_templates skips folders starting with "_"
 FAMILIES = ("A", "B", "T")
 _TOP_KEYS = {"name", "family", "description", "min_arch", "arch_features", "layouts", "contracts",
-             "source", "knobs", "derived", "constraints", "heuristic", "plan", "applies", "prelude", "generic"}
+             "source", "knobs", "derived", "constraints", "heuristic", "plan", "applies", "prelude", "generic",
+             "fit", "stageable"}
 _REQUIRED = {"name", "family", "min_arch", "layouts", "contracts", "source", "knobs", "plan"}
 _KNOB_KEYS = {"values", "default", "axis", "doc"}
-_PLAN_KEYS = {"workspace", "zero_workspace", "launches", "tensor_maps", "coresident"}
+_PLAN_KEYS = {"workspace", "zero_workspace", "launches", "tensor_maps", "coresident", "staging"}
 _LAUNCH_KEYS = {"kernel", "grid", "block", "smem", "args", "when"}
 _TMAP_KEYS = {"matrix", "box", "swizzle"}
-_POINTERS = {"A", "B", "C", "workspace"}
-_LD_NAMES = {"lda", "ldb", "ldc"}
+_POINTERS = set(POINTER_ARGS)
+_LD_NAMES = {"lda", "ldb", "ldc", "ldsa", "ldsb"}
 _FEATURES = {"sm_90a"}
 _SHAPE_ONLY = SHAPE_NAMES | LAYOUT_NAMES | set(LITERALS)
 _RULE_KEYS = {"when", "knobs", "derive"}
@@ -105,6 +113,8 @@ class Template:
     #: knob that must hold a shape-dependent extent): a generic candidate claims every M, N, K and is
     #: checked at ragged ones, so such a template's candidates are always specialised to their shape.
     generic: bool = True
+    #: knob -> expression of the shape and the other knobs, applied to every first pick (module docstring)
+    fit: Mapping[str, str] = None  # type: ignore[assignment]
 
     def for_arch(self, arch: Union[int, str, None]) -> "Template":
         """This template with ``arch`` as the default target of :meth:`check`, :meth:`heuristic`,
@@ -162,6 +172,7 @@ class Template:
         picks = [self._derive(self.space.complete(k), derive, shape)
                  for when, k, derive in self.heuristics if evaluate(when, senv)]
         picks.append(self.space.defaults())
+        picks = [self.fitted(k, shape) if k is not None else None for k in picks]
         for knobs in picks:
             if knobs is None:
                 continue
@@ -171,6 +182,31 @@ class Template:
             seen.add(key)
             out.append(knobs)
         return out
+
+    def fitted(self, knobs: Mapping[str, KnobValue], shape: Shape) -> Optional[dict[str, KnobValue]]:
+        """``knobs`` (completed) with the template's ``fit`` knobs set for ``shape`` (None if an
+        expression cannot be evaluated); unchanged for a template without ``fit``. Operators and
+        transfer use it too: a knob set moved to a ragged shape gets the staging that shape needs."""
+        full = self.space.complete(knobs)
+        if not self.fit:
+            return full
+        try:
+            env = self.space.env(full, shape)
+            for name, expr in self.fit.items():
+                knob = self.space.knobs[name]
+                value = evaluate(expr, env)
+                if knob.kind == "str":
+                    if not 0 <= value < len(knob.values):
+                        return None
+                    full[name] = knob.values[value]
+                elif knob.kind == "bool":
+                    full[name] = bool(value)
+                else:
+                    full[name] = _snap(knob, value)
+                env = self.space.env(full, shape)
+        except ExprError:
+            return None
+        return full
 
     def _derive(self, knobs: dict[str, KnobValue], derive: Mapping[str, str],
                 shape: Shape) -> Optional[dict[str, KnobValue]]:
@@ -229,10 +265,19 @@ class Template:
                          template=self.name, knobs=self.space.complete(knobs), **provenance)
 
     def _plan(self, env: dict[str, int], shape: Shape, specialize: bool) -> LaunchPlan:
+        spec = self.plan_spec
+        try:
+            staging = {op: int(evaluate(text, env)) for op, text in (spec.get("staging") or {}).items()}
+        except ExprError as exc:
+            raise TemplateError(f"template {self.name}: staging does not render for {shape}: {exc}") from None
+        staging = {op: p for op, p in staging.items() if p}
         bind = dict(env)
         if specialize:
             bind.update(shape.env())
-            bind.update(lda=shape.k, ldb=shape.k if shape.layout == "TN" else shape.n, ldc=shape.n)
+            lda, ldb = stored_dims("A", shape)[1], stored_dims("B", shape)[1]
+            bind.update(lda=lda, ldb=ldb, ldc=shape.n, ldsa=lda, ldsb=ldb)
+            for op, p in staging.items():
+                bind[f"lds{op.lower()}"] = staged_pitch(stored_dims(op, shape)[1], p)
         inline = {n: self.space.derived[n] for n in self.space.shape_dependent()}
 
         def expr(text: Any) -> Any:
@@ -240,7 +285,6 @@ class Template:
                 text = _inline(text, inline)
             return substitute(text, bind)
 
-        spec = self.plan_spec
         launches = []
         try:
             for lt in spec["launches"]:
@@ -251,11 +295,11 @@ class Template:
                 launches.append(Launch(kernel=lt["kernel"], grid=tuple(expr(g) for g in lt["grid"]),
                                        block=block, smem=expr(lt.get("smem", 0)), args=args))
             tmaps = {name: TensorMapSpec(matrix=t["matrix"], box=tuple(evaluate(b, env) for b in t["box"]),
-                                         swizzle=int(t.get("swizzle", 128)))
+                                         swizzle=int(t.get("swizzle", 128)), staged=staging.get(t["matrix"], 0))
                      for name, t in (spec.get("tensor_maps") or {}).items()}
             return LaunchPlan(launches=tuple(launches), workspace=expr(spec.get("workspace", 0)),
                               zero_workspace=bool(spec.get("zero_workspace", False)), tensor_maps=tmaps,
-                              coresident=bool(spec.get("coresident", False)))
+                              coresident=bool(spec.get("coresident", False)), staging=staging)
         except (ExprError, PlanError) as exc:
             raise TemplateError(f"template {self.name}: plan does not render for {shape}: {exc}") from None
 
@@ -304,6 +348,11 @@ def _build(folder: Path, data: Mapping[str, Any]) -> Template:
     """A template from its folder and parsed ``template.toml``, every part checked (one
     TemplateError naming the first problem)."""
     _unknown(data, _TOP_KEYS, "the top level")
+    stageable = data.get("stageable", False)
+    if not isinstance(stageable, bool):
+        raise TemplateError(f"stageable must be true or false, got {stageable!r}")
+    if stageable:  # the alignment transform (populations/_staging.py)
+        data = with_staging(data)
     missing = _REQUIRED - set(data)
     if missing:
         raise TemplateError(f"missing required key(s) {sorted(missing)}")
@@ -324,11 +373,16 @@ def _build(folder: Path, data: Mapping[str, Any]) -> Template:
     generic = data.get("generic", True)
     if not isinstance(generic, bool):
         raise TemplateError(f"generic must be true or false, got {generic!r}")
+    fit = dict(data.get("fit", {}))
+    for k, expr in fit.items():
+        if k not in space.knobs:
+            raise TemplateError(f"fit: {k!r} is not a knob")
+        check_expr(str(expr), space.names)
     return Template(
         name=name, family=data["family"], description=data.get("description", ""), min_arch=data["min_arch"],
         arch_features=features, layouts=layouts, contracts=contracts, source_name=data["source"],
         source_text=src.read_text(), space=space, heuristics=heuristics, plan_spec=plan,
-        applies=applies, path=folder, prelude_text=prelude, generic=generic,
+        applies=applies, path=folder, prelude_text=prelude, generic=generic, fit=fit,
     )
 
 
@@ -406,6 +460,11 @@ def _check_plan(plan: Mapping[str, Any], space: KnobSpace) -> None:
     check_expr(str(plan.get("workspace", 0)), plan_names)
     if not plan.get("launches"):
         raise TemplateError("[plan] needs at least one [[plan.launches]]")
+    staging = plan.get("staging") or {}
+    for op, text in staging.items():
+        if op not in STAGEABLE:
+            raise TemplateError(f"[plan.staging]: {op!r} cannot be staged (only {list(STAGEABLE)})")
+        check_expr(str(text), knob_level)
     tmaps = plan.get("tensor_maps") or {}
     for tname, t in tmaps.items():
         _unknown(t, _TMAP_KEYS, f"[plan.tensor_maps.{tname}]")

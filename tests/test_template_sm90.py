@@ -95,24 +95,33 @@ def test_invalid_knob_sets_are_refused_with_reasons(tpl, knobs, words):
         tpl.render(knobs, BIG)
 
 
-@pytest.mark.parametrize("m, n, k, layouts, words", [
-    (1000, 1000, 1001, ("TN", "NN"), "K % 8 == 0"),
-    (129, 257, 64, ("NN",), "N % 8"),
+@pytest.mark.parametrize("m, n, k, layouts, staged", [
+    (1000, 1000, 1001, ("TN", "NN"), None),  # A always; B in TN (pitch K), not in NN (pitch N = 1000)
+    (129, 257, 64, ("NN",), "B"),
 ])
-def test_shapes_tma_cannot_describe_are_refused(tpl, m, n, k, layouts, words):
+def test_ragged_pitches_must_be_staged(tpl, m, n, k, layouts, staged):
+    """TMA cannot describe a row pitch that is not a multiple of 16 bytes: unstaged knob sets are
+    refused with the reason, and the first picks stage exactly the ragged operands."""
     for layout in layouts:
         shape = Shape(m, n, k, layout, "f32")
         reasons = tpl.check({}, shape)
-        assert any(words in r for r in reasons), reasons
-        assert not tpl.applicable(shape, 90) and not tpl.heuristic(shape)
+        assert any("stage" in r and "16 bytes" in r for r in reasons), reasons
+        want = staged or ("AB" if layout == "TN" else "A")
+        picks = tpl.heuristic(shape)
+        assert tpl.applicable(shape, 90) and picks and {p["STAGE"] for p in picks} == {want}
+        for bad in {"none", "A", "B", "AB"} - {want}:
+            assert tpl.check({"STAGE": bad}, shape), bad  # a ragged operand left, or an aligned one copied
+        cand = tpl.candidate(picks[0], shape)
+        assert set(cand.plan.staging) == set(want)
+        assert {s.matrix for s in cand.plan.tensor_maps.values() if s.staged} == set(want)
 
 
 def test_odd_n_is_accepted_in_tn_only(tpl):
-    """TN reads B (N x K) with TMA over K, and C is written with guarded stores: any N works;
-    NN's B (K x N) needs N % 8 == 0 for the TMA row pitch."""
+    """TN reads B (N x K) with TMA over K, and C is written with guarded stores: any N works
+    unstaged; NN's B (K x N) needs N % 8 == 0 for the TMA row pitch, or staging."""
     tn, nn = Shape(129, 257, 64, "TN", "f32"), Shape(129, 257, 64, "NN", "f32")
     assert tpl.applicable(tn, 90) and tpl.heuristic(tn, 90) and not tpl.check({}, tn)
-    assert not tpl.applicable(nn, 90) and tpl.check({}, nn)
+    assert tpl.check({}, nn) and not tpl.check({"STAGE": "B"}, nn)
     assert not tpl.check({}, None)  # layout unknown: the layout's constraint waits for a shape
 
 

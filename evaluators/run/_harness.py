@@ -235,8 +235,9 @@ class GpuHandler(TimingPhase):
             instances: list[Shape] = []
             large: Optional[Shape] = None
             if job.get("generic"):
+                # dimensions a tensor map uses as a row pitch in place (a staged copy has its own)
                 pitch = {("K" if spec.matrix in ("A",) or (spec.matrix == "B" and shape.layout == "TN") else "N")
-                         for spec in kernels.plan.tensor_maps.values()}
+                         for spec in kernels.plan.tensor_maps.values() if not spec.staged}
                 instances = ragged_instances(shape, pitch, rng)
                 large = large_ragged(shape, pitch, rng)
                 if large != shape:

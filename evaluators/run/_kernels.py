@@ -59,16 +59,20 @@ class CandidateKernels:
                     raise PlanError(f"launch of {ln.kernel}: {exc}") from None
             if self.plan.coresident:
                 self._check_resident(self.fns[key], ln)
-            tables = tuple((i, self.plan.tensor_maps[name].matrix, self.tmaps.table(self.plan.tensor_maps[name], shape), name)
+            tables = tuple((i, self.plan.tensor_maps[name].pointer, self.tmaps.table(self.plan.tensor_maps[name], shape), name)
                            for i, name in enumerate(pack.tmap_names))
             steps.append((self.loader.launcher(self.fns[key], ln.grid, ln.block, ln.smem), pack, pack.pointer_names, tables))
         zero = self.plan.zero_workspace and ws > 0
         stream_of = _raw_stream_getter()
+        # the alignment transform's copies: pointers into the workspace, after the plan's own part
+        staged = tuple((f"staged{c.operand}", c.offset) for c in self.plan.staged_copies(shape))
 
         def call(ptrs: Mapping[str, int], wtensor: Optional[torch.Tensor]) -> None:
             stream = stream_of()
             if zero and wtensor is not None:
                 wtensor.zero_()
+            if staged:
+                ptrs = {**ptrs, **{name: ptrs["workspace"] + off for name, off in staged}}
             for go, pack, names, tables in steps:
                 pack.set_pointers([ptrs[n] for n in names])
                 for i, matrix, get, name in tables:

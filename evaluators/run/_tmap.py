@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from populations import Shape, TensorMapSpec
+from populations import Shape, TensorMapSpec, staged_pitch, stored_dims
 
 __all__ = ["TensorMapError", "TmapGeometry", "matrix_dims", "tmap_geometry", "encode_tensor_map", "ParamPack", "TmapCache"]
 
@@ -34,13 +34,9 @@ class TensorMapError(ValueError):
 
 def matrix_dims(matrix: str, shape: Shape) -> tuple[int, int]:
     """(rows, cols) of A, B or C as stored for ``shape``."""
-    if matrix == "A":
-        return shape.m, shape.k
-    if matrix == "B":
-        return (shape.n, shape.k) if shape.layout == "TN" else (shape.k, shape.n)
-    if matrix == "C":
-        return shape.m, shape.n
-    raise TensorMapError(f"no matrix {matrix!r}")
+    if matrix not in ("A", "B", "C"):
+        raise TensorMapError(f"no matrix {matrix!r}")
+    return stored_dims(matrix, shape)
 
 
 @dataclass(frozen=True)
@@ -55,7 +51,9 @@ class TmapGeometry:
 def tmap_geometry(spec: TensorMapSpec, shape: Shape) -> TmapGeometry:
     """The encoding arguments for ``spec`` at ``shape``; raises :class:`TensorMapError` if illegal."""
     rows, cols = matrix_dims(spec.matrix, shape)
-    pitch = cols * 2
+    # a staged copy (the plan's alignment transform) has the matrix's rows and columns and a
+    # pitch rounded up; TMA zero-fills the columns past ``cols``, so the pad is never read
+    pitch = (staged_pitch(cols, spec.staged) if spec.staged else cols) * 2
     if pitch % 16:
         raise TensorMapError(f"tensor map over {spec.matrix} ({rows}x{cols}) needs a row pitch that is a multiple "
                              f"of 16 bytes; {cols} fp16 columns give {pitch}")

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from populations import Candidate, PlanError, Shape
+from populations import POINTER_ARGS, Candidate, PlanError, Shape
 
 from ._lex import Token
 from ._macros import _match
@@ -252,7 +252,7 @@ def _check_plan(candidate: Candidate, kernels: Mapping[str, _Kernel], arch: str 
             continue
         for pos, (arg, param) in enumerate(zip(launch.args, k.params)):
             kind = _param_kind(param)
-            want = "pointer" if arg in ("A", "B", "C", "workspace") else \
+            want = "pointer" if arg in POINTER_ARGS else \
                 "grid_constant" if arg.startswith("tmap:") else "int"
             if kind != want and not (want == "int" and kind == "other"):
                 text = " ".join(t.text for t in param)

@@ -1,0 +1,335 @@
+"""One GPU call for issue 34's kernel work: the alignment transform on ragged shapes and the wgmma
+tile space on mid shapes, against cuBLAS (and the pad peer), about 5 minutes on an H200.
+
+    python bench/align_mid_check.py [--out DIR] [--sections stage,ragged,mid,eval] [--peer-dir DIR]
+
+- ``stage``: the pre-pass kernels alone (``_prelude/stage.cuh``, compiled from the sm90_wgmma
+  template with STAGE AB): every staged copy equal to the zero-padded operand (odd and even
+  column counts, a source that is not 16-byte aligned), and the copy's bandwidth (bytes read plus
+  bytes written over GPU time).
+- ``ragged``: shapes with a ragged K (TN; NN with ragged N too): every first pick of sm90_wgmma and
+  streamk90 (which stage exactly the ragged operands) and their STAGE_PITCH / STAGE_FUSED
+  variants, each checked against an fp32 reference (C NaN-poisoned) and timed beside cuBLAS in
+  both layouts; with ``--peer-dir`` the pad peer (``pad_cublas.py``, imported at run time, never
+  copied in) is run in this process on the same shapes.
+- ``mid``: mid shapes (M 64-2047): sm90_wgmma over a grid of tiles, schedules, split-K and
+  clusters, and streamk90's picks, against cuBLAS; the best variant per shape and where the first
+  pick ranks.
+- ``eval``: staged first picks through the evaluator itself (LocalPool: the correctness cascade
+  with its generic ragged instances, hack checks, device timer).
+
+Launches go through the evaluator's own binder (``evaluators.run._kernels.CandidateKernels``), so
+the staged pointers and tensor maps are those the evaluator and an export use. Timing: CUDA-graph
+replay over rotating operand sets > 3x L2 (``decode_dev.graph_us``). Prints tables last; writes
+``align_mid_check.json`` under --out. Exit 1 when anything is wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from decode_dev import compile_all, cublas_us, evaluate_candidates, graph_us, rotation  # noqa: E402
+from populations import Candidate, Shape, load_templates  # noqa: E402
+
+RAGGED = ["777x1536x2883", "2000x3000x1001", "4096x4096x4095", "8192x8192x8191", "1000x5000x3001", "4000x11000x5003",
+          "512x4096x1001", "300x1001x2050:NN", "129x4100x1030:NN"]
+MID = ["200x11008x4096", "777x1536x2880", "256x14336x4096", "512x6144x4096", "128x8192x2048", "384x5120x5120",
+       "1024x4096x1024", "1536x2816x3584", "96x12288x4096", "640x2560x10240"]
+EVAL = ["777x1536x2883", "300x1001x2050:NN", "65x8191x2057", "2000x3000x1001"]
+STAGE_CASES = [(777, 2883, 64), (4096, 4095, 64), (1000, 1001, 8), (33, 7, 8), (5000, 3001, 64)]
+
+
+def launcher(kernels: Any, shape: Shape) -> Callable[[Any, Any, Any], None]:
+    """launch(a, b, c) through the evaluator's binder; the workspace starts as 0xFF bytes."""
+    import torch
+
+    call, ws, _ = kernels.bind(shape)
+    wbuf = torch.full((max(ws, 1),), 0xFF, dtype=torch.uint8, device="cuda")
+
+    def launch(a: Any, b: Any, c: Any) -> None:
+        call({"A": a.data_ptr(), "B": b.data_ptr(), "C": c.data_ptr(), "workspace": wbuf.data_ptr()}, wbuf if ws else None)
+    return launch
+
+
+def layout_sets(shape: Shape, sets: list) -> list:
+    """The rotation's (a, w, c) with w as the shape's B is stored (N x K for TN, K x N for NN)."""
+    return sets if shape.layout == "TN" else [(a, w.t().contiguous(), c) for a, w, c in sets]
+
+
+def check(shape: Shape, sets: list, launch: Callable) -> float:
+    """Relative error of one call on set 0 (C NaN-poisoned) against fp32; inf if not finite."""
+    import torch
+
+    a, b, c = sets[0]
+    ref = a.float() @ (b.float().t() if shape.layout == "TN" else b.float())
+    c.fill_(float("nan"))
+    launch(a, b, c)
+    torch.cuda.synchronize()
+    if not torch.isfinite(c).all():
+        return float("inf")
+    return ((c.float() - ref).norm() / max(ref.norm().item(), 1e-6)).item()
+
+
+def roofline_us(s: Shape) -> float:
+    return max(s.flops / 790e12, s.min_bytes / 4.5e12) * 1e6
+
+
+class Kernels:
+    """Compiled candidates by source, loaded once, bound per shape."""
+
+    def __init__(self, cands: list[Candidate]) -> None:
+        from evaluators.run._kernels import CandidateKernels
+        from evaluators.run._loader import DriverLoader
+        from evaluators.run._tmap import TmapCache
+
+        self.compiled = compile_all(cands)
+        self.loader, self.tmaps, self.cls = DriverLoader(), TmapCache(), CandidateKernels
+        self.loaded: dict[str, Any] = {}
+
+    def get(self, cand: Candidate) -> Any:
+        res = self.compiled[cand.source]
+        if not res.ok:
+            raise RuntimeError(f"compile: {res.status} {res.message[-300:]}")
+        if cand.source not in self.loaded:
+            self.loaded[cand.source] = self.cls(self.loader, res.cubin, cand.plan, self.tmaps)
+        k = self.loaded[cand.source]
+        k.plan = cand.plan  # specialised or not, one source: the plan is the candidate's
+        return k
+
+
+def time_variants(shape: Shape, variants: list[tuple[str, Candidate]], kern: Kernels, rows: list, bad: list) -> None:
+    import torch
+
+    sets = rotation(shape)
+    cb_us, cb_layout = cublas_us(sets)
+    tn_us = graph_us(sets, lambda a, w, c: torch.matmul(a, w.t(), out=c))
+    lsets = layout_sets(shape, sets)
+    for label, cand in variants:
+        row = {"shape": str(shape), "variant": label, "template": cand.template, "knobs": cand.knobs,
+               "cublas_us": cb_us, "cublas_layout": cb_layout, "cublas_tn_us": tn_us, "roof_us": roofline_us(shape)}
+        try:
+            launch = launcher(kern.get(cand), shape)
+            row["err"] = check(shape, lsets, launch)
+            if not row["err"] < 2e-3:
+                bad.append(f"{shape} {label}: error {row['err']}")
+            row["us"] = graph_us(lsets, launch)
+            row["x"] = cb_us / row["us"]
+        except Exception as exc:  # noqa: BLE001 - a failing variant is a row, not the end
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            bad.append(f"{shape} {label}: {row['error']}")
+        rows.append(row)
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k != "knobs"}), flush=True)
+    del sets, lsets
+    torch.cuda.empty_cache()
+
+
+def stage_section(templates: dict, out: dict, bad: list) -> None:
+    """The pre-pass kernels against torch's zero-padded copy, and their bandwidth."""
+    import torch
+
+    t = templates["sm90_wgmma"]
+    shape = Shape.parse("777x1536x2883")
+    cand = t.candidate(t.heuristic(shape, 90)[0], shape)
+    kern = Kernels([cand])
+    res = kern.compiled[cand.source]
+    from evaluators.run._loader import DriverLoader
+    drv = DriverLoader()
+    module = drv.load(res.cubin)
+    fn = drv.function(module, "evo_stage", 0)
+    rows = []
+    for r, c, p in STAGE_CASES:
+        pitch = -(-c // p) * p
+        for offset in (0, 1):
+            base = torch.randn(r * c + offset, device="cuda", dtype=torch.half)
+            src = base[offset:]
+            dst = torch.full((r * pitch,), float("nan"), device="cuda", dtype=torch.half)
+            from evaluators.run._tmap import ParamPack
+            grid = (min(-(-(r * pitch // 8) // 256), 1056), 1, 1)
+            go = drv.launcher(fn, grid, (256, 1, 1), 0)
+            pack = ParamPack(["src", "dst", r, c, pitch], {"src": src.data_ptr(), "dst": dst.data_ptr()})
+            stream = torch.cuda.current_stream().cuda_stream
+            go(stream, pack)
+            torch.cuda.synchronize()
+            want = torch.zeros(r, pitch, device="cuda", dtype=torch.half)
+            want[:, :c] = src.view(r, c)
+            same = bool(torch.equal(dst.view(r, pitch), want))
+            if not same:
+                bad.append(f"stage {r}x{c} pitch {pitch} offset {offset}: copy differs")
+            us = graph_us([(src, dst, None)], lambda a, w, _c: go(torch.cuda.current_stream().cuda_stream, pack))
+            gbs = (r * c * 2 + r * pitch * 2) / us / 1e3
+            rows.append({"rows": r, "cols": c, "pitch": pitch, "src_offset": offset, "same": same, "us": us, "GBps": gbs})
+            print(json.dumps(rows[-1]), flush=True)
+    out["stage"] = rows
+
+
+def ragged_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]]:
+    out, seen = [], set()
+    for name in ("sm90_wgmma", "streamk90"):
+        t = templates[name]
+        if not t.applicable(shape, 90):
+            continue
+        picks = t.heuristic(shape, 90)
+        extra = []
+        for k in picks[:1]:
+            for pitch in (8, 64):
+                for fused in (True, False):
+                    extra.append(dict(k, STAGE_PITCH=pitch, STAGE_FUSED=fused))
+        for i, k in enumerate(picks + extra):
+            if t.check(k, shape, 90):
+                continue
+            c = t.candidate(k, shape)
+            if c.source + json.dumps(c.plan.to_dict(), sort_keys=True) in seen:
+                continue
+            seen.add(c.source + json.dumps(c.plan.to_dict(), sort_keys=True))
+            label = f"{name}:{'pick' + str(i) if i < len(picks) else 'p' + str(k['STAGE_PITCH']) + ('f' if k['STAGE_FUSED'] else 's')}"
+            out.append((label, c))
+    return out
+
+
+def mid_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]]:
+    """sm90_wgmma over a tile x schedule x split-K grid, and streamk90's picks (valid ones)."""
+    t = templates["sm90_wgmma"]
+    out, seen = [], set()
+
+    def add(label: str, tt: Any, k: dict) -> None:
+        k = tt.fitted(k, shape) or k
+        if tt.check(k, shape, 90):
+            return
+        c = tt.candidate(k, shape)
+        if c.id not in seen:
+            seen.add(c.id)
+            out.append((label, c))
+    for i, k in enumerate(t.heuristic(shape, 90)):
+        add(f"wgmma:pick{i}", t, k)
+    for bm, bn, cons, sched in [(64, 128, 1, "coop"), (64, 256, 1, "coop"), (64, 192, 1, "coop"), (128, 128, 2, "coop"),
+                                (128, 256, 2, "coop"), (128, 192, 2, "coop"), (128, 128, 2, "pingpong"),
+                                (64, 256, 2, "pingpong"), (128, 64, 2, "pingpong"), (256, 128, 2, "coop")]:
+        for split in (1, 2, 3, 4):
+            for epi in ("smem", "direct"):
+                if split > 1 and epi == "smem":
+                    continue
+                stages = {64: 6, 128: 4, 192: 4, 256: 3}[max(bm, bn) if bm <= 128 else 256]
+                k = dict(BM=bm, BN=bn, CONSUMERS=cons, SCHED=sched, SPLIT_K=split, EPI=epi, STAGES=stages, PERSISTENT=True,
+                         GROUP=8, RASTER="M", CLUSTER_M=1)
+                add(f"wgmma:{bm}x{bn}c{cons}{sched[0]}{'' if split == 1 else f'k{split}'}{epi[0]}", t, k)
+    sk = templates["streamk90"]
+    if sk.applicable(shape, 90):
+        for i, k in enumerate(sk.heuristic(shape, 90)):
+            add(f"streamk90:pick{i}", sk, k)
+    return out
+
+
+def peer_rows(peer_dir: str, shapes: list[Shape]) -> list[dict]:
+    """The pad peer (``pad_cublas.py`` from ``peer_dir``) run in this process on the TN shapes."""
+    path = Path(peer_dir) / "pad_cublas.py"
+    if not path.is_file():
+        print(f"pad peer not found at {path}; skipped", flush=True)
+        return []
+    spec = importlib.util.spec_from_file_location("pad_cublas_peer", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    with tempfile.TemporaryDirectory() as tmp:
+        table, dump = Path(tmp) / "shapes.csv", Path(tmp) / "peer.json"
+        with open(table, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["M", "N", "K"])
+            for s in shapes:
+                if s.layout == "TN":
+                    w.writerow([s.m, s.n, s.k])
+        argv = sys.argv
+        sys.argv = ["pad_cublas.py", str(table), "--json", str(dump)]
+        try:
+            mod.main()
+        finally:
+            sys.argv = argv
+        return json.loads(dump.read_text()) if dump.is_file() else []
+
+
+def summarize(rows: list[dict], peers: list[dict]) -> list[str]:
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["shape"], []).append(r)
+    peer = {f"{p['M']}x{p['N']}x{p['K']}:TN:f32": p for p in peers}
+    lines = ["| shape | cuBLAS us (layout) | cuBLAS roof | pick0 x | best x | best variant | best roof | pad_both x | pad_a x |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for shape, rs in by.items():
+        ok = [r for r in rs if "x" in r and r.get("err", 1) < 2e-3]
+        if not ok:
+            lines.append(f"| {shape} | - | - | - | - | none ok | - | - | - |")
+            continue
+        best = max(ok, key=lambda r: r["x"])
+        pick0 = next((r for r in ok if r["variant"].endswith("pick0")), None)
+        p = peer.get(shape)
+        lines.append(f"| {shape} | {best['cublas_us']:.2f} ({best['cublas_layout']}) | {best['roof_us'] / best['cublas_us']:.2f} | "
+                     f"{pick0['x'] if pick0 else float('nan'):.3f} | {best['x']:.3f} | {best['variant']} | "
+                     f"{best['roof_us'] / best['us']:.2f} | {p['both_x'] if p else float('nan'):.3f} | "
+                     f"{p['a_x'] if p else float('nan'):.3f} |")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--sections", default="stage,ragged,mid,eval")
+    ap.add_argument("--peer-dir", default=None, help="folder holding pad_cublas.py (e.g. .carry_shared/peers)")
+    ap.add_argument("--mid", nargs="*", default=MID)
+    ap.add_argument("--ragged", nargs="*", default=RAGGED)
+    args = ap.parse_args()
+    sections = set(args.sections.split(","))
+    import torch
+    torch.zeros(1, device="cuda")  # the primary context, which the driver loader then shares
+    templates = load_templates()
+    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    bad: list[str] = []
+    t0 = time.time()
+    if "stage" in sections:
+        stage_section(templates, out, bad)
+    tables = []
+    for name, shapes, make in (("ragged", args.ragged, ragged_variants), ("mid", args.mid, mid_variants)):
+        if name not in sections:
+            continue
+        shapes = [Shape.parse(s) for s in shapes]
+        plan = [(s, make(templates, s)) for s in shapes]
+        kern = Kernels([c for _, vs in plan for _, c in vs])
+        print(f"{name}: {sum(len(v) for _, v in plan)} variants, {len(kern.compiled)} sources compiled "
+              f"({sum(not r.ok for r in kern.compiled.values())} failed) at {time.time() - t0:.0f} s", flush=True)
+        rows: list[dict] = []
+        for s, vs in plan:
+            time_variants(s, vs, kern, rows, bad)
+        peers = peer_rows(args.peer_dir, shapes) if name == "ragged" and args.peer_dir else []
+        out[name] = {"rows": rows, "peer": peers}
+        tables.append((name, summarize(rows, peers)))
+    if "eval" in sections:
+        cands = []
+        for text in EVAL:
+            s = Shape.parse(text)
+            for n in ("sm90_wgmma", "streamk90"):
+                t = templates[n]
+                if t.applicable(s, 90):
+                    cands.append(t.candidate(t.heuristic(s, 90)[0], s))
+        out["eval_bad"] = evaluate_candidates(cands)
+        if out["eval_bad"]:
+            bad.append(f"evaluator: {out['eval_bad']} staged first picks not ok or flagged")
+    out["bad"] = bad
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "align_mid_check.json").write_text(json.dumps(out, indent=1, default=str))
+    for name, lines in tables:
+        print(f"\n## {name}\n" + "\n".join(lines))
+    print(f"\n{len(bad)} problems" + "".join(f"\n  {b}" for b in bad[:20]) + f"\n{time.time() - t0:.0f} s")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

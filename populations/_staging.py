@@ -1,0 +1,100 @@
+"""The alignment transform, added to a template by the loader: staging knobs, rules and launches.
+
+A template whose kernels read A and B through TMA tensor maps needs 16-byte row pitches: K % 8
+== 0 (and N % 8 == 0 for NN's B). A template that says ``stageable = true`` in its
+``template.toml`` gets, from here rather than from text repeated in every TOML file:
+
+- knobs ``STAGE`` (which operands a pre-pass copies into aligned workspace buffers: ``none``,
+  ``A``, ``B``, ``AB``), ``STAGE_PITCH`` (the copies' pitch multiple: 8 is what TMA needs, 64 puts
+  each row on a 128-byte line) and ``STAGE_FUSED`` (both copies in one launch, or one each);
+- constraints: a ragged pitch must be staged, an aligned one is never staged (a copy that buys
+  nothing), and the knobs that do not matter stay at their defaults (no duplicate knob sets);
+- a ``fit`` rule that sets ``STAGE`` from the shape for every first pick, so each of the
+  template's tile rules serves ragged shapes too (seeding "applies it wherever N or K is not a
+  multiple of 8");
+- ``[plan.staging]`` and the pre-pass launches (``evo_stage``/``evo_stage2`` of
+  ``_prelude/stage.cuh``) ahead of the template's own, so its tensor maps read the copies.
+
+The template's kernels are unchanged: a staged tensor map has the matrix's rows and columns and
+only a larger pitch, and TMA zero-fills what lies past the columns.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+__all__ = ["with_staging", "STAGE_KNOBS"]
+
+STAGE_KNOBS = ("STAGE", "STAGE_PITCH", "STAGE_FUSED")
+_PRELUDE = "stage.cuh"
+
+_A = "(STAGE == STAGE_A or STAGE == STAGE_AB)"
+_B = "(STAGE == STAGE_B or STAGE == STAGE_AB)"
+_A_RAGGED = "K % 8 != 0"
+_B_RAGGED = "(K % 8 != 0 if LAYOUT_TN else N % 8 != 0)"
+#: B as stored: N x K in TN, K x N in NN
+_B_ROWS, _B_COLS = "(N if LAYOUT_TN else K)", "(K if LAYOUT_TN else N)"
+#: one 256-thread block per 256 16-byte vectors of the copies, at most 8 blocks per SM of an H200
+_GRID = "min(cdiv({vectors}, 256), 1056)"
+
+_KNOBS = {
+    "STAGE": {"values": ["none", "A", "B", "AB"], "default": "none", "axis": "padding",
+              "doc": "the alignment transform: operands a pre-pass copies into workspace buffers with 16-byte "
+                     "aligned rows (TMA needs them; a ragged K or NN's ragged N has none)"},
+    "STAGE_PITCH": {"values": [8, 64], "default": 64, "axis": "padding",
+                    "doc": "row pitch multiple (elements) of the staged copies: 8 is what TMA needs, 64 starts "
+                           "every row on a 128-byte line"},
+    "STAGE_FUSED": {"values": [True, False], "default": True, "axis": "padding",
+                    "doc": "with STAGE AB: both copies in one pre-pass launch (true) or one launch each"},
+}
+
+_CONSTRAINTS = [
+    {"expr": f"not ({_A_RAGGED}) or {_A}",
+     "reason": "K % 8 != 0: A's row pitch is not a multiple of 16 bytes, which TMA needs; stage A (STAGE A or AB)"},
+    {"expr": f"not {_B_RAGGED} or {_B}",
+     "reason": "B's row pitch (K in TN, N in NN) is not a multiple of 16 bytes, which TMA needs; stage B (STAGE B or AB)"},
+    {"expr": f"not {_A} or {_A_RAGGED}",
+     "reason": "A's pitch is aligned already: staging it would only add a copy (STAGE none or B)"},
+    {"expr": f"not {_B} or {_B_RAGGED}",
+     "reason": "B's pitch is aligned already: staging it would only add a copy (STAGE none or A)"},
+    {"expr": "STAGE == STAGE_AB or STAGE_FUSED",
+     "reason": "STAGE_FUSED only matters with STAGE AB: keep it at its default (true)"},
+    {"expr": "STAGE != STAGE_none or STAGE_PITCH == 64",
+     "reason": "STAGE_PITCH only matters with staging: keep it at its default (64)"},
+]
+
+#: 0 none, 1 A, 2 B, 3 AB: exactly the ragged operands
+_FIT = f"(1 if {_A_RAGGED} else 0) + (2 if {_B_RAGGED} else 0)"
+
+_A_ARGS = ["A", "stagedA", "M", "K", "ldsa"]
+_B_ARGS = ["B", "stagedB", _B_ROWS, _B_COLS, "ldsb"]
+_LAUNCHES = [
+    {"kernel": "evo_stage", "when": "STAGE == STAGE_A or (STAGE == STAGE_AB and not STAGE_FUSED)",
+     "grid": [_GRID.format(vectors="M * (ldsa // 8)"), 1, 1], "block": [256, 1, 1], "smem": 0, "args": _A_ARGS},
+    {"kernel": "evo_stage", "when": "STAGE == STAGE_B or (STAGE == STAGE_AB and not STAGE_FUSED)",
+     "grid": [_GRID.format(vectors=f"{_B_ROWS} * (ldsb // 8)"), 1, 1], "block": [256, 1, 1], "smem": 0,
+     "args": _B_ARGS},
+    {"kernel": "evo_stage2", "when": "STAGE == STAGE_AB and STAGE_FUSED",
+     "grid": [_GRID.format(vectors=f"M * (ldsa // 8) + {_B_ROWS} * (ldsb // 8)"), 1, 1], "block": [256, 1, 1],
+     "smem": 0, "args": _A_ARGS + _B_ARGS},
+]
+
+
+def with_staging(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` (a parsed ``template.toml`` with ``stageable = true``) with the alignment transform
+    added; raises ValueError where the template already uses a name the transform adds."""
+    out = copy.deepcopy(dict(data))
+    out.pop("stageable", None)
+    clash = set(STAGE_KNOBS) & set(out.get("knobs", {}))
+    if clash:
+        raise ValueError(f"stageable template defines {sorted(clash)} itself")
+    plan = out.setdefault("plan", {})
+    if "staging" in plan:
+        raise ValueError("stageable template has its own [plan.staging]")
+    out["knobs"] = {**out.get("knobs", {}), **copy.deepcopy(_KNOBS)}
+    out["constraints"] = list(out.get("constraints", [])) + copy.deepcopy(_CONSTRAINTS)
+    out["fit"] = {**out.get("fit", {}), "STAGE": _FIT}
+    out["prelude"] = list(out.get("prelude", [])) + [_PRELUDE]
+    plan["staging"] = {"A": f"STAGE_PITCH if {_A} else 0", "B": f"STAGE_PITCH if {_B} else 0"}
+    plan["launches"] = copy.deepcopy(_LAUNCHES) + list(plan.get("launches", []))
+    return out

@@ -97,6 +97,11 @@ class Row:
         return {"shape": self.shape, "M": self.m, "N": self.n, "K": self.k, "model": self.model, "layer": self.layer,
                 "origin": self.origin, "classes": list(self.classes), "weight_mb": round(self.weight_bytes / 1e6, 3)}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Row":
+        """The row :meth:`to_dict` wrote."""
+        return cls(int(d["M"]), int(d["N"]), int(d["K"]), d.get("model", ""), d.get("layer", ""), d.get("origin", "csv"))
+
 
 def read_rows(path: Path) -> list[Row]:
     """One row per distinct (M, N, K) of a CSV with M, N, K columns (model, layer optional)."""

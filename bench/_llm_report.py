@@ -23,6 +23,10 @@ it with the figures in the row. The library's cuBLAS fallback runs in the caller
 here: ``a @ w.t()``), while the reference is the better of TN and NN; so every row also has
 ``evo_x_tn`` (against cuBLAS TN, what the fallback can control), and the targets show the
 strict figure (better layout, no roofline rule) and the same-layout figure beside the judged one.
+
+The pieces take their classes, goals and extra columns as arguments (:func:`class_summary`,
+:func:`class_table`, :func:`geo_target`, :func:`each_target`, :func:`plot`, :func:`write_files`):
+``_rand_report`` builds the random-shape benchmark's report (issue 34) from them.
 """
 from __future__ import annotations
 
@@ -35,9 +39,9 @@ from populations import H200_DEFAULTS, Shape, roofline_time
 
 from _llm_sample import CLASSES, LABELS
 
-__all__ = ["derive", "never_slower", "class_summary", "class_table", "geo_target", "each_target", "targets", "markdown",
-           "plot", "write_report", "geomean", "clean", "fmt", "met_cell", "target_table", "never_cell", "path_cell", "METHOD", "NOISE",
-           "CUBLAS_AT_ROOF", "ROOF_TARGET", "ROOFLINE_TEXT"]
+__all__ = ["derive", "never_slower", "class_summary", "class_table", "geo_target", "each_target", "make_target",
+           "targets", "target_table", "markdown", "plot", "write_files", "write_report", "geomean", "clean", "fmt",
+           "met_cell", "never_cell", "path_cell", "METHOD", "NOISE", "CUBLAS_AT_ROOF", "ROOF_TARGET", "ROOFLINE_TEXT"]
 
 NOISE = 0.02            # "never slower": a speedup >= 1 - NOISE counts (two medians of the same kernel differ this much)
 CUBLAS_AT_ROOF = 0.8    # cuBLAS at or above this fraction: the roofline target replaces the speedup target
@@ -142,7 +146,7 @@ def class_table(summary: list[dict[str, Any]], extra: Sequence[tuple[str, str]] 
     return lines
 
 
-def _target(name: str, goal: float, value: Optional[float], shapes: list[str], n: int, how: str) -> dict[str, Any]:
+def make_target(name: str, goal: float, value: Optional[float], shapes: list[str], n: int, how: str) -> dict[str, Any]:
     met = None if value is None else value >= goal
     miss = None if value is None or met else goal - value
     return {"target": name, "goal": goal, "value": value, "met": met, "missed_by": miss, "failing": shapes,
@@ -159,13 +163,13 @@ def geo_target(rows: list[dict[str, Any]], name: str, goal: float, sel: Select, 
     rs = [r for r in rows if sel(r) and (_speed_judged(r) or not roof_rule) and r.get("evo_x")]
     how = ("geomean of evo / better cuBLAS layout" + (" (shapes where cuBLAS < 0.8 of the roofline)" if roof_rule
                                                      else " over every shape, no roofline rule (shown, not the issue's test)"))
-    return _target(name, goal, geomean(r["evo_x"] for r in rs), [r["shape"] for r in rs if r["evo_x"] < goal], len(rs), how)
+    return make_target(name, goal, geomean(r["evo_x"] for r in rs), [r["shape"] for r in rs if r["evo_x"] < goal], len(rs), how)
 
 
 def each_target(rows: list[dict[str, Any]], name: str, goal: float, sel: Select, key: str, how: str) -> dict[str, Any]:
     """A per-shape target: the minimum of ``key`` over the rows ``sel`` picks (where measured)."""
     rs = [r for r in rows if sel(r) and r.get(key) is not None]
-    return _target(name, goal, min((r[key] for r in rs), default=None), [r["shape"] for r in rs if r[key] < goal],
+    return make_target(name, goal, min((r[key] for r in rs), default=None), [r["shape"] for r in rs if r[key] < goal],
                    len(rs), how)
 
 
@@ -181,7 +185,7 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     geo("sample geomean >= 1.15x", 1.15, lambda r: True)
     for c in class_summary(rows):
-        out.append(_target(f"class {c['label']} >= {c['target']}x", c["target"], c["evo_x"],
+        out.append(make_target(f"class {c['label']} >= {c['target']}x", c["target"], c["evo_x"],
                            [c["min_shape"]] if c["min_x"] is not None and c["min_x"] < 1.0 else [], c["timed"],
                            "geomean of every timed shape of the class (worst listed when below 1.0x)"))
     each("every decode row >= the plain peer", 1.0, lambda r: "decode" in r["classes"], "evo_vs_peer",
@@ -317,17 +321,24 @@ def clean(x: Any) -> Any:
     return x
 
 
-def write_report(results: dict[str, Any], out: Path) -> dict[str, Path]:
-    """``summary.md``, ``summary.json`` (classes and targets) and ``speedup_vs_roofline.png`` under ``out``."""
+def write_files(out: Path, md: str, summary: dict[str, Any], rows: list[dict[str, Any]],
+                plot_fn: Callable[[list[dict[str, Any]], Path], bool]) -> dict[str, Path]:
+    """``summary.md`` (``md``), ``summary.json`` (``summary`` and the rows, each with its
+    never-slower judgement) and ``speedup_vs_roofline.png`` (``plot_fn``) under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    rows = [derive(r) for r in results.get("rows", [])]
     files = {"md": out / "summary.md", "json": out / "summary.json"}
-    files["md"].write_text(markdown(rows, results.get("meta", {})))
+    files["md"].write_text(md)
     for r in rows:
         r["never_slower"] = never_slower(r)
-    files["json"].write_text(json.dumps(clean({"classes": class_summary(rows), "targets": targets(rows), "rows": rows}),
-                                        indent=1, allow_nan=False, default=str))
+    files["json"].write_text(json.dumps(clean({**summary, "rows": rows}), indent=1, allow_nan=False, default=str))
     png = out / "speedup_vs_roofline.png"
-    if plot(rows, png):
+    if plot_fn(rows, png):
         files["png"] = png
     return files
+
+
+def write_report(results: dict[str, Any], out: Path) -> dict[str, Path]:
+    """The LLM-layer report under ``out`` (:func:`write_files`)."""
+    rows = [derive(r) for r in results.get("rows", [])]
+    return write_files(out, markdown(rows, results.get("meta", {})),
+                       {"classes": class_summary(rows), "targets": targets(rows)}, rows, plot)

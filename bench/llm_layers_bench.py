@@ -12,7 +12,7 @@ a shape counts in every class it is in; the M=8 rows also at M=16, and the misal
 more token counts where the CSV has too few (marked in ``origin``).
 
 Stages (each can be run alone; state in ``WORK/state.json``, so a cut call resumes; the machinery is
-``_bench_stages``, shared with ``random_shapes_bench.py``):
+``_bench_stages`` and ``_bench_time``, shared with ``random_shapes_bench.py``):
 
 - ``evolve``: ``evo run`` over the sample through the engine (the ``python -m evo run`` command in
   a child process, so a hang cannot take the benchmark with it), in two waves: ``--anchors``
@@ -54,8 +54,8 @@ sys.path.insert(0, str(HERE))
 
 import _llm_sample as smp  # noqa: E402
 from _bench_stages import (OneLineParser, Run, UsageError, add_stage_args, check_stage_args, evolve,  # noqa: E402,F401
-                           first_file, library_path, manifest_claim, pack, restore, run_child, run_main, shared_files,
-                           stage_export, stage_time, summarize, time_shapes)
+                           first_file, pack, restore, run_child, run_main, shared_files, stage_export, summarize)
+from _bench_time import library_path, manifest_claim, stage_time, time_shapes  # noqa: E402,F401
 from _llm_report import write_report  # noqa: E402
 
 CSV_DEFAULTS = shared_files("shapes/llm_layers.csv")

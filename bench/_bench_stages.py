@@ -170,20 +170,37 @@ class Run:
 
 def run_child(cmd: list[str], timeout_s: float, log: Callable[[str], None]) -> int:
     """Run ``cmd`` (its output goes to ours); past ``timeout_s`` interrupt it (SIGINT to its own
-    process group: evo run then finishes in-flight work and commits), then kill that group."""
+    process group: evo run then finishes in-flight work and commits), then kill that group. When
+    this process is stopped meanwhile (SIGTERM, as ``timeout`` sends on the device, or Ctrl-C),
+    the child's group is stopped too before we exit, so no ``evo run`` outlives the benchmark."""
     proc = subprocess.Popen(cmd, start_new_session=True, cwd=str(ROOT),
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                                  "PYTHONUNBUFFERED": "1"})
+    previous = signal.signal(signal.SIGTERM, _exit_on_term)
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        log(f"{cmd[3] if len(cmd) > 3 else cmd[0]} ran past {timeout_s:.0f} s: interrupting it")
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            return proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            return proc.wait()
+        return _stop(proc, 90, log, f"{cmd[3] if len(cmd) > 3 else cmd[0]} ran past {timeout_s:.0f} s: interrupting it")
+    except BaseException:
+        _stop(proc, 5, log, "stopped: interrupting the child before exiting")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_term(signum: int, frame: Any) -> None:
+    sys.exit(128 + signum)
+
+
+def _stop(proc: subprocess.Popen, grace_s: float, log: Callable[[str], None], why: str) -> int:
+    """SIGINT to ``proc``'s process group, SIGKILL after ``grace_s``; its exit status."""
+    log(why)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        return proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
 
 
 # -- stages ----------------------------------------------------------------------------------

@@ -365,3 +365,67 @@ def test_the_roofline_rule_governs_where_cublas_is_near_the_roofline() -> None:
     rows[1]["cublas_roof"] = 0.85  # were cuBLAS near the roofline, 0.86 of it would count
     again = {x["target"]: x for x in rrep.targets(rows)}
     assert again["mid: best evolved kernel >= 1.0x on >= 80% of the rows"]["value"] == 1.0
+
+
+def test_the_time_stage_runs_the_timer_then_the_pad_peer_then_the_best_kernels(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage's wiring, with stand-ins for the two GPU passes: the timer gets the seed in its
+    meta and every decode M for the peer, the best evolved figures come from the export manifest,
+    and the report under --out is this seed's."""
+    work, seen = tmp_path / "w", []
+    rows = gen.generate(8)
+    mid = next(r for r in rows if "mid" in r.classes)
+
+    def stand_in_timer(run: Any, meta: dict[str, Any], peer_ms: list[int]) -> bool:  # test double: no GPU
+        seen.append(("time", meta["seed"], peer_ms))
+        bench.stg.write_json(run.results_path, {"meta": meta, "rows": [
+            {**r.to_dict(), "cublas_tn_s": 2e-5, "cublas_nn_s": 3e-5, "evo_s": 1e-5} for r in run.sample]})
+        return True
+
+    def stand_in_pad(run: Any, path: Any) -> bool:  # test double: no GPU
+        seen.append(("pad", json.loads(run.results_path.read_text())["rows"][0].get("best_evolved_src")))
+        return True
+    monkeypatch.setattr(bench.btime, "stage_time", stand_in_timer)
+    monkeypatch.setattr(bench.rtime, "stage_pad", stand_in_pad)
+    (work / "lib").mkdir(parents=True)
+    (work / "lib" / "manifest.json").write_text(json.dumps({"paths": {mid.shape: {"verify": {"candidates": [
+        {"candidate": "c", "speedup": 1.07, "speedup_same_layout": 1.2, "s": 1.5e-5}]}}}}))
+    assert bench.main(["--seed", "8", "--work", str(work), "--out", str(tmp_path / "o"), "--stages", "time"]) == 0
+    assert seen == [("time", 8, list(range(1, 17))), ("pad", None)]  # the best kernels come after the pad peer
+    out = json.loads((tmp_path / "o" / "results.json").read_text())
+    got = {r["shape"]: r for r in out["rows"]}
+    assert got[mid.shape]["best_evolved_x"] == 1.07 and got[mid.shape]["best_evolved_src"] == "export re-timing"
+    assert all(r["best_evolved_src"] == "none" for s, r in got.items() if s != mid.shape)  # no archive here
+    assert (tmp_path / "o" / "summary.md").read_text().startswith("# Random-shape benchmark (issue 34), seed 8:")
+
+
+def test_a_terminated_benchmark_takes_its_evo_child_with_it(tmp_path: Path) -> None:
+    """SIGTERM (the device runner's ``timeout``) while ``run_child`` waits: the child's process
+    group is stopped before the benchmark exits, so no ``evo run`` outlives it."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    script = (f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import _bench_stages as s; "
+              f"s.run_child([sys.executable, '-c', {child!r}], 60, print)")
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not pid_file.is_file() or not pid_file.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    child_pid = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM and "interrupting the child" in out
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    assert not alive(child_pid)

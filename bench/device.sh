@@ -17,7 +17,7 @@
 #   rl-check     issue 8's learning check with the GPU evaluator in the loop (bench/rl_learning_check.py;
 #                needs the llm wheels on PYTHONPATH)
 #   ray-scaling  issue 10's Ray pool, 1 GPU against 2 (bench/ray_scaling.py; a 2-GPU machine, ray installed)
-# Knobs (environment): EVOLVE (llm-layers evolve budget, default 2m; random-shapes, default 5m: with export and
+# Knobs (environment): EVOLVE (llm-layers evolve budget, default 2m; random-shapes, default 4m: with export and
 # time it fits one 10-minute call), TIME_MAX (llm-layers: seconds from the
 # benchmark's start after which its time stage starts no new shape, evolution included, default 240; random-shapes
 # default 500), SEED, STAGES (random-shapes: default evolve,export,time), RESTORE (random-shapes: a tarball an earlier
@@ -72,10 +72,10 @@ for part in "$@"; do
     echo "rc=$?"; tail -n 40 "$OUT/llm_layers.log" | cut -c1-300 ;;
   random-shapes)
     : "${SEED:?random-shapes needs SEED, a seed bench/RESULTS.md does not record}"
-    timeout 590 python3 bench/random_shapes_bench.py --seed "$SEED" --budget "${EVOLVE:-5m}" --work "/tmp/evo34_$SEED" \
+    timeout 590 python3 bench/random_shapes_bench.py --seed "$SEED" --budget "${EVOLVE:-4m}" --work "/tmp/evo34_$SEED" \
       --out "$OUT/random_$SEED" --stages "${STAGES:-evolve,export,time}" --time-max-seconds "${TIME_MAX:-500}" \
       ${RESTORE:+--restore "$RESTORE"} --pack "$OUT/random_$SEED.tgz" > "$OUT/random_shapes_$SEED.log" 2>&1
-    echo "rc=$?"; grep -E "^\[|^random_shapes_bench" "$OUT/random_shapes_$SEED.log" | tail -n 25 | cut -c1-300
+    echo "rc=$?"; grep -E "^\[ *[0-9]|^random_shapes_bench" "$OUT/random_shapes_$SEED.log" | tail -n 25 | cut -c1-300
     sed -n '/^## Per class/,$p' "$OUT/random_$SEED/summary.md" 2>/dev/null | cut -c1-400 ;;
   e2e)
     bash bench/model_e2e_device.sh "${E2E_CALL:-1}"; echo "rc=$?" ;;

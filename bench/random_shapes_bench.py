@@ -76,7 +76,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = stg.OneLineParser(prog=PROG, description=__doc__.splitlines()[0],
                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(__doc__.splitlines()[4:]))
     p.add_argument("--seed", type=int, help="the draw's seed (required; a seed not used before: see bench/RESULTS.md)")
-    p.add_argument("--count", type=int, default=100, help="rows drawn before the quotas' conditional draws (default 100)")
+    p.add_argument("--count", type=int, default=100, help="rows drawn before the quotas' conditional draws (default 100, the issue's least)")
     stg.add_stage_args(p, work="/tmp/evo_random_shapes", budget_s=600.0, operators="auto", anchors=12)
     p.add_argument("--pad-peer", type=Path, help="the pad peer (default ../shared/peers/pad_cublas.py, or the carried copy)")
     p.add_argument("--list", action="store_true", help="print the shapes, their classes and waves; no GPU")

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Hashable, Iterable, Sequence
 
-__all__ = ["Row", "CLASSES", "LABELS", "EXTRA_M", "classes_of", "read_rows", "candidate_pool", "sample",
+__all__ = ["GemmRow", "Row", "CLASSES", "LABELS", "EXTRA_M", "classes_of", "read_rows", "candidate_pool", "sample",
            "class_counts", "waves", "interleave"]
 
 CLASSES = ("decode", "m17_128", "m129_1024", "m2048", "small", "misaligned")
@@ -63,18 +63,22 @@ def classes_of(m: int, n: int, k: int) -> tuple[str, ...]:
     return tuple(out)
 
 
-@dataclass(frozen=True)
-class Row:
+class GemmRow:
+    """What the benchmarks' stages (``_bench_stages``) use of a row, for a frozen dataclass with
+    fields ``m``, ``n``, ``k`` and ``classes``: its classes set from the subclass's
+    ``classes_of(m, n, k)`` when it is made, the ``evo`` shape string, the key and sizes."""
+
     m: int
     n: int
     k: int
-    model: str = ""
-    layer: str = ""
-    origin: str = "csv"
-    classes: tuple[str, ...] = field(default=(), compare=False)
+    classes: tuple[str, ...]
+
+    @staticmethod
+    def classes_of(m: int, n: int, k: int) -> tuple[str, ...]:
+        raise NotImplementedError
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "classes", classes_of(self.m, self.n, self.k))
+        object.__setattr__(self, "classes", self.classes_of(self.m, self.n, self.k))
 
     @property
     def shape(self) -> str:
@@ -90,12 +94,37 @@ class Row:
         return 2 * self.n * self.k
 
     @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    def base_dict(self) -> dict:
+        """The fields every benchmark's ``to_dict`` starts with."""
+        return {"shape": self.shape, "M": self.m, "N": self.n, "K": self.k, "classes": list(self.classes),
+                "weight_mb": round(self.weight_bytes / 1e6, 3)}
+
+
+@dataclass(frozen=True)
+class Row(GemmRow):
+    m: int
+    n: int
+    k: int
+    model: str = ""
+    layer: str = ""
+    origin: str = "csv"
+    classes: tuple[str, ...] = field(default=(), compare=False)
+    classes_of = staticmethod(classes_of)
+
+    @property
     def mclass(self) -> str:
         return next((c for c in self.classes if c.startswith(("decode", "m"))), "other")
 
     def to_dict(self) -> dict:
-        return {"shape": self.shape, "M": self.m, "N": self.n, "K": self.k, "model": self.model, "layer": self.layer,
-                "origin": self.origin, "classes": list(self.classes), "weight_mb": round(self.weight_bytes / 1e6, 3)}
+        return {**self.base_dict(), "model": self.model, "layer": self.layer, "origin": self.origin}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Row":
+        """The row :meth:`to_dict` wrote."""
+        return cls(int(d["M"]), int(d["N"]), int(d["K"]), d.get("model", ""), d.get("layer", ""), d.get("origin", "csv"))
 
 
 def read_rows(path: Path) -> list[Row]:

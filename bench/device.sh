@@ -9,13 +9,19 @@
 #                pre-hardening checkout) the elites of an archive that tree's evo run made (bench/false_rejections.py)
 #   profile      the GPU worker under cProfile for PROFILE_N candidates at 4096^3: where the time goes
 #   llm-layers   issue 26's benchmark: evolve a sample of llm_layers.csv, export, re-time (bench/llm_layers_bench.py)
+#   random-shapes  issue 34's benchmark: shapes drawn from SEED (required: a seed bench/RESULTS.md does not record),
+#                evolve, export, re-time beside cuBLAS and the plain and pad peers (bench/random_shapes_bench.py);
+#                work in /tmp/evo34_$SEED, results in $OUT/random_$SEED, the work folder packed to $OUT/random_$SEED.tgz
 #   e2e          issue 19's end-to-end model benchmark (bench/model_e2e_device.sh; E2E_CALL=1 or 2, the
 #                smollm2 wheel needs a second call: see that script)
 #   rl-check     issue 8's learning check with the GPU evaluator in the loop (bench/rl_learning_check.py;
 #                needs the llm wheels on PYTHONPATH)
 #   ray-scaling  issue 10's Ray pool, 1 GPU against 2 (bench/ray_scaling.py; a 2-GPU machine, ray installed)
-# Knobs (environment): EVOLVE (llm-layers evolve budget, default 2m), TIME_MAX (llm-layers: seconds from the
-# benchmark's start after which its time stage starts no new shape, evolution included, default 240), N (throughput candidates per shape, default 200), REDTEAM_S (red-team submit
+# Knobs (environment): EVOLVE (llm-layers evolve budget, default 2m; random-shapes, default 4m: with export and
+# time it fits one 10-minute call), TIME_MAX (llm-layers: seconds from the
+# benchmark's start after which its time stage starts no new shape, evolution included, default 240; random-shapes
+# default 500), SEED, STAGES (random-shapes: default evolve,export,time), RESTORE (random-shapes: a tarball an earlier
+# call packed, unpacked into the work folder first, for a second call on a fresh machine), N (throughput candidates per shape, default 200), REDTEAM_S (red-team submit
 # budget, default 150), MODELS / BUDGET (e2e), GPU_TESTS_ARGS (extra pytest arguments), PER_TEMPLATE / FR_S
 # (false-rejections seeds per template, default 4; submit budget per part in s, default 150), OLD_RUN_S /
 # OLD_SHAPES (the old tree's evo run), PROFILE_N (default 16), RL_MIN (rl-check minutes, default 8), RAY_S
@@ -64,6 +70,13 @@ for part in "$@"; do
     python3 bench/llm_layers_bench.py --budget "${EVOLVE:-2m}" --work /tmp/evo26 --out "$OUT/llm" \
       --time-max-seconds "${TIME_MAX:-240}" > "$OUT/llm_layers.log" 2>&1
     echo "rc=$?"; tail -n 40 "$OUT/llm_layers.log" | cut -c1-300 ;;
+  random-shapes)
+    : "${SEED:?random-shapes needs SEED, a seed bench/RESULTS.md does not record}"
+    timeout 590 python3 bench/random_shapes_bench.py --seed "$SEED" --budget "${EVOLVE:-4m}" --work "/tmp/evo34_$SEED" \
+      --out "$OUT/random_$SEED" --stages "${STAGES:-evolve,export,time}" --time-max-seconds "${TIME_MAX:-500}" \
+      ${RESTORE:+--restore "$RESTORE"} --pack "$OUT/random_$SEED.tgz" > "$OUT/random_shapes_$SEED.log" 2>&1
+    echo "rc=$?"; grep -E "^\[ *[0-9]|^random_shapes_bench" "$OUT/random_shapes_$SEED.log" | tail -n 25 | cut -c1-300
+    sed -n '/^## Per class/,$p' "$OUT/random_$SEED/summary.md" 2>/dev/null | cut -c1-400 ;;
   e2e)
     bash bench/model_e2e_device.sh "${E2E_CALL:-1}"; echo "rc=$?" ;;
   rl-check)
@@ -73,7 +86,7 @@ for part in "$@"; do
   ray-scaling)
     timeout 540 python3 bench/ray_scaling.py --seconds "${RAY_S:-80}" --out "$OUT/ray" > "$OUT/ray_scaling.log" 2>&1
     echo "rc=$?"; tail -n 12 "$OUT/ray_scaling.log" | cut -c1-400 ;;
-  *) echo "unknown part: $part (gpu-tests, redteam, throughput, false-rejections, profile, llm-layers, e2e, rl-check, ray-scaling)" >&2; exit 2 ;;
+  *) echo "unknown part: $part (gpu-tests, redteam, throughput, false-rejections, profile, llm-layers, random-shapes, e2e, rl-check, ray-scaling)" >&2; exit 2 ;;
   esac
 done
 log "done"

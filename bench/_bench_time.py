@@ -8,7 +8,9 @@ resumes; a lost CUDA context ends the stage and its row is skipped the next time
 from __future__ import annotations
 
 import importlib.util
+import faulthandler
 import json
+import os
 import random
 import sys
 import time
@@ -131,6 +133,10 @@ def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optiona
     return ok
 
 
+#: seconds one row may take before the process is ended (its row stays marked fatal)
+ROW_TIMEOUT_S = int(os.environ.get("EVO_BENCH_ROW_TIMEOUT_S", "90"))
+
+
 def time_shapes(order: list[Any], have: dict[str, dict[str, Any]], one: Callable[[Any], dict[str, Any]],
                 save: Callable[[], None], log: Callable[[str], None], *, cap: Optional[float] = None,
                 retime: bool = False, clock: Callable[[], float] = time.monotonic) -> bool:
@@ -146,6 +152,12 @@ def time_shapes(order: list[Any], have: dict[str, dict[str, Any]], one: Callable
         if cap is not None and clock() > cap:
             log(f"time: cap reached; {len(order) - i} shape(s) not timed")
             break
+        # A row that hangs (a peer kernel that never returns) must not take the call's remaining
+        # rows with it: marked fatal before it starts, so a killed process skips it next time,
+        # and past ROW_TIMEOUT_S faulthandler prints where it hung and ends the process.
+        have[row.shape] = {**row.to_dict(), "fatal": True, "notes": f"did not finish within {ROW_TIMEOUT_S} s"}
+        save()
+        faulthandler.dump_traceback_later(ROW_TIMEOUT_S, exit=True)
         try:
             rec = one(row)
         except Exception as exc:  # one shape's failure is recorded; a dead context ends the stage
@@ -156,6 +168,8 @@ def time_shapes(order: list[Any], have: dict[str, dict[str, Any]], one: Callable
                 save()
                 log(f"time: CUDA context lost at {row.shape}: {exc}")
                 break
+        finally:
+            faulthandler.cancel_dump_traceback_later()
         have[row.shape] = rec
         save()
         d = derive(rec) if rec.get("cublas_tn_s") else rec

@@ -75,7 +75,18 @@ for part in "$@"; do
     timeout 590 python3 bench/random_shapes_bench.py --seed "$SEED" --budget "${EVOLVE:-4m}" --work "/tmp/evo34_$SEED" \
       --out "$OUT/random_$SEED" --stages "${STAGES:-evolve,export,time}" --time-max-seconds "${TIME_MAX:-500}" \
       ${RESTORE:+--restore "$RESTORE"} --pack "$OUT/random_$SEED.tgz" > "$OUT/random_shapes_$SEED.log" 2>&1
-    echo "rc=$?"; grep -E "^\[ *[0-9]|^random_shapes_bench" "$OUT/random_shapes_$SEED.log" | tail -n 25 | cut -c1-300
+    rc=$?
+    # a row past its watchdog (bench/_bench_time.py ROW_TIMEOUT_S) ends the process and stays marked:
+    # the time stage resumes with the rows after it while the call has time left
+    for again in 1 2 3; do
+      [ "$rc" -ne 0 ] && [ $(( $(date +%s) - T0 )) -lt "${RESUME_BEFORE_S:-470}" ] || break
+      echo "time stage again ($again) after rc=$rc"
+      timeout $(( 585 - ($(date +%s) - T0) )) python3 bench/random_shapes_bench.py --seed "$SEED" --work "/tmp/evo34_$SEED" \
+        --out "$OUT/random_$SEED" --stages time --time-max-seconds "$(( 560 - ($(date +%s) - T0) ))" \
+        --pack "$OUT/random_$SEED.tgz" >> "$OUT/random_shapes_$SEED.log" 2>&1
+      rc=$?
+    done
+    echo "rc=$rc"; grep -E "^\[ *[0-9]|^random_shapes_bench" "$OUT/random_shapes_$SEED.log" | tail -n 25 | cut -c1-300
     sed -n '/^## Per class/,$p' "$OUT/random_$SEED/summary.md" 2>/dev/null | cut -c1-400 ;;
   e2e)
     bash bench/model_e2e_device.sh "${E2E_CALL:-1}"; echo "rc=$?" ;;

@@ -163,22 +163,26 @@ def test_time_stage_resumes_retries_failures_and_skips_a_shape_that_lost_the_con
     have = {rows[0].shape: {"cublas_tn_s": 1e-6}, rows[1].shape: {"notes": "RuntimeError: x"},
             rows[2].shape: {"fatal": True}}
     tried, saves, now = [], [], [0.0]
+    current = [have]  # the dict the call under test fills
 
     def stand_in_timer(row: smp.Row) -> dict[str, Any]:  # test double for the GPU timing of one shape
         tried.append(row.shape)
+        # saved as fatal before it runs: a process its watchdog ends leaves the row skipped next time
+        assert current[0].get(row.shape, {}).get("fatal")
         now[0] += 1.0
         if row is rows[4]:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return {**row.to_dict(), "cublas_tn_s": 2e-6, "cublas_nn_s": 3e-6, "evo_s": 1e-6}
     ok = bench.time_shapes(rows, have, stand_in_timer, lambda: saves.append(1), lambda m: None)
     assert not ok and tried == [rows[1].shape, rows[3].shape, rows[4].shape]  # 0 done, 2 fatal, stop at 4
-    assert have[rows[4].shape]["fatal"] and rows[5].shape not in have and len(saves) == 3
+    assert have[rows[4].shape]["fatal"] and rows[5].shape not in have and len(saves) == 6  # before and after each
     tried.clear()
     assert bench.time_shapes(rows, have, stand_in_timer, lambda: None, lambda m: None)
     assert tried == [rows[5].shape]  # the next call goes on with the rest
     tried.clear()
     now[0] = 0.0  # each timing takes 1 s: shapes start at 0 and 1, not at 2
-    bench.time_shapes(rows, {}, stand_in_timer, lambda: None, lambda m: None, cap=1.5, clock=lambda: now[0])
+    current[0] = {}
+    bench.time_shapes(rows, current[0], stand_in_timer, lambda: None, lambda m: None, cap=1.5, clock=lambda: now[0])
     assert tried == [rows[0].shape, rows[1].shape]
 
 

@@ -228,3 +228,32 @@ def test_staged_first_picks_are_ok_in_the_evaluator(templates):
     bad = [(str(c.shapes[0]), c.template, e.status.value, e.flags, e.message[:200])
            for c, evs in results for e in evs if e.status.value != "ok" or e.flags]
     assert not bad, bad
+
+
+def test_extern_c_kernels_finds_every_kernel_launched_or_not():
+    from evo._export_source import extern_c_kernels
+
+    src = ('extern "C" __global__ void __launch_bounds__(256, 1) EVO_CLUSTER\nk_one(int* p) {}\n'
+           'extern "C" __global__ void k_two(const __grid_constant__ int x) { }\n'
+           '__global__ void not_c(int* p) {}\nextern "C" int host_fn(int x) { return x; }\n')
+    assert extern_c_kernels(src) == ["k_one", "k_two"]
+
+
+def test_a_library_of_staged_kernels_links(tmp_path):
+    """Every staged unit defines evo_stage and evo_stage2 (extern "C", one of them unlaunched): the
+    export renames both per shape, so units link together (a real nvcc build)."""
+    import shutil
+
+    from archive_fixture import ok as ok_eval
+    from evo._export import NVCC, export
+    from populations import Archive
+    if not Path(NVCC).exists() and not shutil.which("nvcc"):
+        pytest.skip("nvcc is not installed")
+    t = load_templates()["sm90_wgmma"]
+    with Archive(tmp_path / "arch", "w") as a:
+        for text in ("777x1536x2883", "512x4096x1001"):
+            s = Shape.parse(text)
+            c = t.candidate(t.heuristic(s, 90)[0], s)
+            a.record(c, [ok_eval(c, s, 1.5)])
+    manifest = export(tmp_path / "arch", tmp_path / "lib")
+    assert manifest["skipped"] == [] and len(manifest["kernels"]) == 2

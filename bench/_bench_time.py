@@ -102,8 +102,8 @@ def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optiona
     peer, peer_note = None, ""
     try:
         t = time.monotonic()
-        peer = PeerRunner(import_peer(first_file(args.peer, shared_files("peers/plain_gemv.py"), "peer")),
-                          decode_ms) if decode_ms else None
+        peer_path = first_file(args.peer, shared_files("peers/plain_gemv.py"), "peer")
+        peer = PeerRunner(import_peer(peer_path), decode_ms) if decode_ms else None
         run.log(f"peer built for M in {decode_ms} in {time.monotonic() - t:.1f} s")
     except Exception as exc:  # no cupy, no file: the peer columns stay empty, with the reason
         peer_note = f"peer unavailable: {type(exc).__name__}: {str(exc)[:160]}"
@@ -125,8 +125,20 @@ def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optiona
         results["rows"] = [have[r.shape] for r in run.sample if r.shape in have]
         write_json(run.results_path, results)
 
+    hung: set = set()
+    if peer is not None:  # the peer's configurations that never return, found in a child (bench/_peer_screen.py)
+        from _peer_screen import screen
+
+        jobs = [(r.m, r.n, r.k, name) for r in run.sample if r.m <= 16 and r.k % 8 == 0
+                and not have.get(r.shape, {}).get("cublas_tn_s") for name in peer.names(r.m)]
+        t = time.monotonic()
+        hung = screen(peer_path, jobs, log=run.log) if jobs else set()
+        run.log(f"peer screen: {len(jobs)} launches, {len(hung)} hanging, {time.monotonic() - t:.1f} s")
+        results["meta"]["peer_hangs"] = sorted(f"{m}x{n}x{k} {name}" for m, n, k, name in hung)
+
     def one(row: Any) -> dict[str, Any]:
-        return time_one(row, lib, peer, l2, args.reps, rng, Sets, rel_error, time_arms, REL_TOL)
+        skip = frozenset(name for m, n, k, name in hung if (m, n, k) == (row.m, row.n, row.k))
+        return time_one(row, lib, peer, l2, args.reps, rng, Sets, rel_error, time_arms, REL_TOL, peer_skip=skip)
 
     ok = time_shapes(smp.interleave(run.sample, args.seed), have, one, save, run.log, cap=run.cap(), retime=args.retime)
     save()
@@ -188,7 +200,7 @@ def _r(x: Optional[float]) -> str:
 
 
 def time_one(row: Any, lib: Any, peer: Any, l2: int, reps: int, rng: random.Random, Sets: Any, rel_error: Any,
-             time_arms: Any, tol: float) -> dict[str, Any]:
+             time_arms: Any, tol: float, peer_skip: frozenset = frozenset()) -> dict[str, Any]:
     """One row on the GPU: cuBLAS TN and NN, the library's ``evo_hgemm`` (checked first), the peer."""
     import torch
 
@@ -211,7 +223,9 @@ def time_one(row: Any, lib: Any, peer: Any, l2: int, reps: int, rng: random.Rand
         if row.k % 8:
             rec["peer_note"] = "the peer needs K % 8 == 0"
         else:
-            launch, cfg, screened = peer.best(sets, ref, row.m, rng)
+            launch, cfg, screened = peer.best(sets, ref, row.m, rng, skip=peer_skip)
+            if peer_skip:
+                rec["peer_hangs"] = sorted(peer_skip)
             rec.update(peer_cfg=cfg, peer_configs=len(screened))
             if launch is not None:
                 arms["peer"] = launch

@@ -40,17 +40,36 @@ class PeerRunner:
         return ([("gemv", m, r, w) for r, w in mod.CONFIGS]
                 + [("mma", (m + 7) // 8, r, w) for r, w in mod.MMA_CONFIGS])
 
-    def best(self, sets: Sets, ref: torch.Tensor, m: int, rng: random.Random) -> tuple[Optional[Launch], str, dict]:
-        """(launch of the fastest passing config, its name, {config: screened seconds})."""
+    @staticmethod
+    def name(kind: str, mm: int, r: int, w: int) -> str:
+        return f"{kind}<{mm},{r},{w}>"
+
+    def names(self, m: int) -> list[str]:
+        """The names of the configurations built for ``m`` (what :meth:`best` tries)."""
+        return [self.name(*c) for c in self.configs(m) if c in self.fns]
+
+    def launch_of(self, name: str) -> Callable[[Any, Any, Any], None]:
+        """launch(a, w, c) of the configuration ``name`` (for bench/_peer_screen.py's child)."""
+        for key in self.fns:
+            if self.name(*key) == name:
+                return self.mod.ours(key[0], self.fns[key], key[2], key[3])
+        raise KeyError(name)
+
+    def best(self, sets: Sets, ref: torch.Tensor, m: int, rng: random.Random,
+             skip: frozenset = frozenset()) -> tuple[Optional[Launch], str, dict]:
+        """(launch of the fastest passing config, its name, {config: screened seconds}); ``skip``:
+        names not to launch (those bench/_peer_screen.py found hanging at this shape)."""
         screened: dict[str, float] = {}
         launches: dict[str, Launch] = {}
         for kind, mm, r, w in self.configs(m):
             fn = self.fns.get((kind, mm, r, w))
-            if fn is None:
+            name = self.name(kind, mm, r, w)
+            if fn is None or name in skip:
+                if name in skip:
+                    screened[name] = math.nan
                 continue
             raw = self.mod.ours(kind, fn, r, w)
             launch = (lambda raw: lambda i: raw(sets.a[i], sets.w[i], sets.c[i]))(raw)
-            name = f"{kind}<{mm},{r},{w}>"
             try:
                 launch(0)
                 torch.cuda.synchronize()

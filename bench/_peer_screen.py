@@ -1,0 +1,120 @@
+"""Screen the plain peer's launch configurations for hangs in a child process (GPU machine).
+
+The plain peer (``../shared/peers/plain_gemv.py``) is timed in the benchmark's own process, beside
+cuBLAS and evo. On 2026-12-04 two of its configurations never returned on small decode rows
+(1x80x432, 1x480x144), and a hung kernel takes the whole process with it. So before the time
+stage, every (row, configuration) pair is launched once in a child process, one at a time; the
+parent waits ``timeout_s`` for each, kills the child at the first that does not finish, records
+that pair as hanging and starts a new child for the rest. The time stage then skips the hanging
+pairs; the timing itself stays in the benchmark's process.
+
+    python3 bench/_peer_screen.py --child PEER_PY < jobs.json      # the child (used by screen())
+
+Protocol: the child reads the jobs (``[[m, n, k, name], ...]``) as JSON on stdin and, for each,
+prints ``start I`` and then ``done I`` (or ``error I MESSAGE``) on stdout, flushed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+__all__ = ["screen", "Job"]
+
+Job = tuple[int, int, int, str]  # (m, n, k, configuration name as PeerRunner names it)
+
+
+def screen(peer: Path, jobs: Sequence[Job], *, timeout_s: float = 20.0, start_s: float = 120.0,
+           log: Callable[[str], None] = print, command: Optional[list[str]] = None) -> set[Job]:
+    """The jobs whose launch did not finish within ``timeout_s`` (``start_s`` for a child's first,
+    which builds the peer's kernels). A job that raised is not a hang (the time stage's own check
+    refuses it). ``command``: the child's command line (default: this file with ``--child``)."""
+    command = command or [sys.executable, str(Path(__file__).resolve()), "--child", str(peer)]
+    todo, hung = list(jobs), set()
+    while todo:
+        child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(json.dumps([list(j) for j in todo]))
+        child.stdin.close()
+        finished, limit = 0, start_s
+        try:
+            while finished < len(todo):
+                line = _readline(child, limit)
+                if line is None:  # no word within the limit: the job in hand hangs
+                    hung.add(todo[finished])
+                    log(f"peer screen: {todo[finished]} did not finish in {limit:.0f} s; skipped in the time stage")
+                    finished += 1
+                    break
+                if line.startswith(("done ", "error ")):
+                    finished += 1
+                    limit = timeout_s
+                elif line == "":  # the child died: what it was doing counts as a failure, not a hang
+                    log(f"peer screen: the child ended at {todo[finished]} (code {child.poll()})")
+                    finished += 1
+                    break
+        finally:
+            child.kill()
+            child.wait()
+        todo = todo[finished:]
+    return hung
+
+
+def _readline(child: subprocess.Popen, limit: float) -> Optional[str]:
+    """The child's next line, '' at its end, None when nothing came within ``limit`` seconds."""
+    assert child.stdout is not None
+    deadline = time.monotonic() + limit
+    fd = child.stdout.fileno()
+    buf = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            return None
+        chunk = os.read(fd, 1)
+        if not chunk:
+            return ""
+        if chunk == b"\n":
+            return buf.decode(errors="replace")
+        buf += chunk
+
+
+def _child(peer_path: str) -> int:  # pragma: no cover - runs on the GPU machine
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _bench_time import import_peer
+    from _llm_timer import PeerRunner
+
+    jobs = [tuple(j) for j in json.load(sys.stdin)]
+    runner = PeerRunner(import_peer(Path(peer_path)), sorted({j[0] for j in jobs}))
+    operands: dict[tuple[int, int, int], Any] = {}
+    for i, (m, n, k, name) in enumerate(jobs):
+        print(f"start {i}", flush=True)
+        try:
+            if (m, n, k) not in operands:
+                operands.clear()
+                operands[(m, n, k)] = (torch.randn(m, k, device="cuda", dtype=torch.half),
+                                       torch.randn(n, k, device="cuda", dtype=torch.half),
+                                       torch.empty(m, n, device="cuda", dtype=torch.half))
+            a, w, c = operands[(m, n, k)]
+            launch = runner.launch_of(name)
+            launch(a, w, c)
+            torch.cuda.synchronize()
+            print(f"done {i}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - reported, the next job goes on
+            print(f"error {i} {type(exc).__name__}: {str(exc)[:120]}".replace("\n", " "), flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        sys.exit(_child(sys.argv[2]))
+    print("usage: _peer_screen.py --child PEER_PY < jobs.json", file=sys.stderr)
+    sys.exit(2)

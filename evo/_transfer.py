@@ -45,13 +45,15 @@ def transfer_candidates(target: Shape, known: Iterable[Shape], elites_of: Elites
             template: Optional[Template] = templates.get(cand.template or "")
             if template is None or cand.knobs is None or not template.applicable(target, arch):
                 continue  # free-form (LLM) code cannot be re-rendered; it would need its own shape logic
-            key = (template.name, knob_key(cand.knobs))
-            if key in seen or template.check(cand.knobs, target):
+            # shape-fitted knobs (a tile from an aligned neighbour stages what a ragged target needs)
+            knobs = template.fitted(cand.knobs, target) or dict(cand.knobs)
+            key = (template.name, knob_key(knobs))
+            if key in seen or template.check(knobs, target):
                 continue
             seen.add(key)
             try:
                 out.append(template.candidate(
-                    cand.knobs, target, specialize=specialize, operator="transfer", parents=(cand.id,),
+                    knobs, target, specialize=specialize, operator="transfer", parents=(cand.id,),
                     meta={"transfer_from": str(neighbor), "transfer_fitness": ev.fitness}))
             except TemplateError:
                 continue

@@ -257,3 +257,19 @@ def test_a_library_of_staged_kernels_links(tmp_path):
             a.record(c, [ok_eval(c, s, 1.5)])
     manifest = export(tmp_path / "arch", tmp_path / "lib")
     assert manifest["skipped"] == [] and len(manifest["kernels"]) == 2
+
+
+def test_transfer_from_an_aligned_neighbour_stages_a_ragged_target(templates):
+    """An elite of an aligned shape moved to a ragged one keeps its tile and gets the staging the
+    target needs (the template's fit rule), instead of failing the target's constraints."""
+    from evo._transfer import transfer_candidates
+
+    t = templates["sm90_wgmma"]
+    near, target = Shape.parse("1024x1024x1024"), Shape.parse("1024x1024x1027")
+    elite = t.candidate(t.heuristic(near, 90)[0], near)
+    from archive_fixture import ok as ok_eval
+
+    got = transfer_candidates(target, [near], lambda s, n: [(elite, ok_eval(elite, near, 1.1))], {"sm90_wgmma": t})
+    assert len(got) == 1 and got[0].knobs["STAGE"] == "AB" and set(got[0].plan.staging) == {"A", "B"}
+    assert {k: v for k, v in got[0].knobs.items() if k != "STAGE"} == \
+        {k: v for k, v in elite.knobs.items() if k != "STAGE"}

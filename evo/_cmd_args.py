@@ -14,7 +14,8 @@ from typing import Any, NoReturn, Optional, Union
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_BAD_INPUT", "EXIT_DAMAGED", "EXIT_INTERRUPTED", "SHAPE_METAVAR",
            "UsageError", "add_archive", "archive_of", "add_shapes", "add_arch", "resolve_arch", "add_gpus",
-           "parse_gpus", "gpu_list", "add_json", "fail", "warn", "open_writer"]
+           "parse_gpus", "gpu_list", "add_json", "fail", "warn", "open_writer", "open_reader", "add_allow_damaged",
+           "refuse_damage"]
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DAMAGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 SHAPE_METAVAR = "MxNxK[:TN|NN][:f32|f16]"
@@ -122,18 +123,55 @@ def gpu_list(text: Optional[str]) -> Optional[list[int]]:
 
 
 def open_writer(command: str, path: Any) -> Any:
-    """``Archive(path, "w")`` with the damage its opening found (torn tails cut and kept in side
-    files, unreadable shape logs) printed as one warning line each instead of Python warnings."""
+    """``Archive(path, "w")``, every log checksummed at open, with the damage its opening found
+    (torn tails cut and kept in side files, damaged regions, lost records, unreadable shape logs)
+    printed as one warning line each instead of Python warnings: a resume is never silent."""
     import warnings
 
     from populations import Archive
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        archive = Archive(path, mode="w")
-    for problem in archive.problems(all_shapes=False):
+        archive = Archive(path, mode="w", verify=True)
+        problems = archive.problems()
+    for problem in problems:
         warn(command, problem)
     return archive
+
+
+def open_reader(command: str, path: Any, *, verify: bool = True) -> tuple[Any, list[str]]:
+    """(``Archive(path, "r")``, its damage): every log opened and (with ``verify``) checksummed end
+    to end, each problem printed once as a warning line. ArchiveError propagates."""
+    import warnings
+
+    from populations import Archive
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        archive = Archive(path, mode="r", verify=verify)
+        try:
+            problems = archive.problems()
+        except BaseException:
+            archive.close()
+            raise
+    for problem in problems:
+        warn(command, problem)
+    return archive, problems
+
+
+def add_allow_damaged(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--allow-damaged", action="store_true",
+                   help=f"go on with a damaged archive (exit status 3 without it): the damage is still reported "
+                        f"on stderr and {what} lists what was skipped")
+
+
+def refuse_damage(command: str, path: str, problems: list[str], allow: bool) -> Optional[int]:
+    """The exit status refusing a damaged archive (nothing written), or None to go on."""
+    if not problems or allow:
+        return None
+    return fail(command, f"{path}: the archive is damaged ({len(problems)} problem(s) above); nothing written. "
+                         f"--allow-damaged goes on without what was lost; evo archive check {path} --repair "
+                         "writes a clean copy beside it", EXIT_DAMAGED)
 
 
 def add_json(p: argparse.ArgumentParser, what: str = "the result") -> None:

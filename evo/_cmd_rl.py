@@ -24,7 +24,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._cmd_args import UsageError, add_gpus, fail, gpu_list
+from ._cmd_args import UsageError, add_gpus, fail, gpu_list, open_reader
 
 __all__ = ["add_parser", "run"]
 
@@ -94,14 +94,14 @@ def _split(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from populations import Archive, ArchiveError
+    from populations import ArchiveError
 
     from .rl import export_rows, write_jsonl
 
     archives = []
     try:
         for path in args.archives:
-            archives.append(Archive(path, mode="r"))
+            archives.append(open_reader("rl export", path)[0])  # damage: one warning line per problem
         from .rl import RewardConfig
         rows = export_rows(archives, since=args.since, last=args.last, config=RewardConfig(kind=args.reward))
     except ArchiveError as exc:

@@ -54,12 +54,17 @@ def seed_shapes(shapes: Sequence[Shape], templates: Mapping[str, Template], per_
 
 
 def write_seeds(archive: Archive, per_shape: Mapping[Shape, Sequence[Candidate]]) -> int:
-    """Add the seeds to an archive open for writing and commit; returns how many were given."""
-    for cands in per_shape.values():
+    """Add the seeds to an archive open for writing and commit; returns how many were new (a seed
+    already in the archive, from an earlier evo seed, is not written again)."""
+    new = 0
+    for shape, cands in per_shape.items():
+        present = set(archive.candidate_ids(shape))
         for c in cands:
+            new += c.id not in present
+            present.add(c.id)
             archive.add(c)
     archive.commit()
-    return sum(len(c) for c in per_shape.values())
+    return new
 
 
 # -- pools --------------------------------------------------------------------------------------

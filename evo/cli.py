@@ -17,6 +17,7 @@ COMMANDS = {
     "run": "evo._cmd_run",
     "eval": "evo._cmd_eval",
     "inspect": "evo._cmd_inspect",
+    "archive": "evo._cmd_archive",
     "export": "evo._cmd_export",
     "shapes": "evo._cmd_shapes",
     "report": "evo._cmd_report",

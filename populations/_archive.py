@@ -75,10 +75,13 @@ class Archive:
     the other. Within a log, what survives is always a prefix of what was appended.
     """
 
-    def __init__(self, path: Union[str, os.PathLike], mode: str = "r") -> None:
+    def __init__(self, path: Union[str, os.PathLike], mode: str = "r", *, verify: bool = False) -> None:
         if mode not in ("r", "w"):
             raise ValueError(f"mode must be 'r' or 'w', got {mode!r}")
         self.path, self.mode = os.path.abspath(os.fspath(path)), mode
+        #: checksum every frame of every log at open, the side index only compared against (what
+        #: commands that publish or resume from an archive need: damage must not go unseen)
+        self.verify = verify
         self._shape_logs: dict[Shape, ShapeLog] = {}
         self._bad: dict[Shape, str] = {}      # shape logs that cannot be opened, and why
         self._problems: list[str] = []        # records that do not decode
@@ -161,7 +164,7 @@ class Archive:
             if not os.path.exists(path) and not (create and self.mode == "w"):
                 return None
             try:
-                log = RecordLog(path, writable=self.mode == "w")
+                log = RecordLog(path, writable=self.mode == "w", verify=self.verify)
             except OSError as exc:  # LogError, or the OS refusing to open or read it
                 self._bad[shape] = str(exc) if isinstance(exc, LogError) else f"{path}: {why(exc)}"
                 return self._shape_log(shape, create)
@@ -175,10 +178,23 @@ class Archive:
         shape's log is opened first, so the list is complete."""
         if all_shapes:
             self._all_shape_logs()
-        out = list(self._bad.values())
+        out = list(self._bad.values()) + (self._orphans() if all_shapes else [])
         for shape_log in self._shape_logs.values():
-            out += shape_log.log.problems()
+            out += shape_log.log.problems() + shape_log.dangling()
         return out + self._problems
+
+    def _orphans(self) -> list[str]:
+        """Side indexes whose log is gone: a removed log, whose records the index still counts."""
+        from ._index import read_index
+
+        out = []
+        for name in sorted(os.listdir(self.path)):
+            log_path = os.path.join(self.path, name[: -len(INDEX_SUFFIX)])
+            if name.endswith(SUFFIX + INDEX_SUFFIX) and not os.path.exists(log_path):
+                info = read_index(log_path)
+                held = f"{len(info.entries)} record(s) in {info.covered} bytes" if info else "an unknown number of records"
+                out.append(f"{log_path}: missing: its index lists {held}, all lost")
+        return out
 
     def _all_shape_logs(self) -> list[ShapeLog]:
         return [p for p in (self._shape_log(s) for s in self.shapes()) if p is not None]
@@ -266,9 +282,9 @@ class Archive:
         sizes = {}
         for shape_log in shape_logs:
             before = os.path.getsize(shape_log.log.path)
+            if os.path.exists(shape_log.log.path + INDEX_SUFFIX):  # it describes the old file: gone first,
+                os.unlink(shape_log.log.path + INDEX_SUFFIX)       # or a crash would make it say records were lost
             rewrite(shape_log.log.path, self._kept_frames(shape_log, keep))
-            if os.path.exists(shape_log.log.path + INDEX_SUFFIX):
-                os.unlink(shape_log.log.path + INDEX_SUFFIX)  # it describes the old file
             shape_log.log.close()
             shape_log.log = RecordLog(shape_log.log.path, writable=True)
             shape_log.rebuild()
@@ -428,9 +444,17 @@ class Archive:
             raise KeyError(f"unknown candidate id {prefix!r}")
         raise KeyError(f"candidate id prefix {prefix!r} is ambiguous ({len(ids)} candidates)")
 
-    def lineage(self, candidate_id: str) -> LineageNode:
-        """The ancestry tree of a candidate (a unique id prefix will do), across all shapes."""
-        return build_lineage(self.resolve(candidate_id), self._all_shape_logs())
+    def lineage(self, candidate_id: str, *, missing_ok: bool = False) -> LineageNode:
+        """The ancestry tree of a candidate (a unique id prefix will do), across all shapes. With
+        ``missing_ok`` an id no log holds (a candidate lost to damage, whose evaluations survived)
+        is a tree of one node without a candidate instead of a KeyError."""
+        try:
+            full = self.resolve(candidate_id)
+        except KeyError:
+            if not missing_ok:
+                raise
+            full = candidate_id
+        return build_lineage(full, self._all_shape_logs())
 
     def __repr__(self) -> str:
         return f"Archive({self.path!r}, mode={self.mode!r})"

@@ -19,9 +19,9 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from typing import Optional
+from typing import NamedTuple, Optional
 
-__all__ = ["INDEX_SUFFIX", "load_index", "save_index"]
+__all__ = ["INDEX_SUFFIX", "IndexInfo", "load_index", "read_index", "save_index"]
 
 INDEX_SUFFIX = ".idx"
 _MAGIC = b"EVOIDX"
@@ -50,14 +50,24 @@ def save_index(path: str, fd: int, entries: list, covered: int, header: int) -> 
     atomic_write(path + INDEX_SUFFIX, (body, struct.pack("<I", zlib.crc32(body))))
 
 
-def load_index(path: str, fd: int, header: int) -> Optional[tuple[list, int]]:
-    """(entries, covered length) from ``path``'s index when it is whole and describes this log
-    as it is now; None otherwise (the caller scans)."""
+class IndexInfo(NamedTuple):
+    """A whole, self-consistent index: what the log held when its writer closed it. Also what a
+    damaged log is compared against (records the index lists that the log no longer holds)."""
+
+    entries: list
+    covered: int
+    mtime: int
+    tail_crc: int
+
+
+def read_index(path: str) -> Optional[IndexInfo]:
+    """``path``'s index when the index file itself is whole (its checksum and sizes agree), whether
+    or not it still describes the log; None when there is none or it is damaged."""
     from ._log import FRAME_SIZE, Entry
 
     try:
         with open(path + INDEX_SUFFIX, "rb") as fh:
-            data = fh.read()
+            data = fh.read(64 << 20)
     except OSError:
         return None
     if len(data) < _HEAD.size + 4 or zlib.crc32(memoryview(data)[:-4]) != struct.unpack_from("<I", data, len(data) - 4)[0]:
@@ -65,9 +75,6 @@ def load_index(path: str, fd: int, header: int) -> Optional[tuple[list, int]]:
     magic, version, covered, mtime, tail_crc, count, key_bytes = _HEAD.unpack_from(data)
     rows_end = _HEAD.size + count * _ROW.size
     if magic != _MAGIC or version != _VERSION or rows_end + key_bytes + 4 != len(data):
-        return None
-    st = os.fstat(fd)
-    if covered < header or (st.st_size, st.st_mtime_ns) != (covered, mtime) or _tail_crc(fd, covered, header) != tail_crc:
         return None
     keys = data[rows_end:rows_end + key_bytes]
     entries, pos = [], 0
@@ -80,4 +87,17 @@ def load_index(path: str, fd: int, header: int) -> Optional[tuple[list, int]]:
         return None
     if entries and entries[-1].end != covered:
         return None
-    return entries, covered
+    return IndexInfo(entries, covered, mtime, tail_crc)
+
+
+def load_index(path: str, fd: int, header: int, info: Optional[IndexInfo] = None) -> Optional[tuple[list, int]]:
+    """(entries, covered length) from ``path``'s index (``info``, read here when not given) when it
+    is whole and describes this log as it is now; None otherwise (the caller scans)."""
+    info = info if info is not None else read_index(path)
+    if info is None:
+        return None
+    st = os.fstat(fd)
+    if (info.covered < header or (st.st_size, st.st_mtime_ns) != (info.covered, info.mtime)
+            or _tail_crc(fd, info.covered, header) != info.tail_crc):
+        return None
+    return info.entries, info.covered

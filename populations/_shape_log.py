@@ -212,6 +212,17 @@ class ShapeLog:
             info = self.infos[cid] = CandidateInfo.of(cand) if cand.model else _NO_MODEL  # type: ignore[union-attr]
         return None if info is _NO_MODEL else info
 
+    def dangling(self) -> list[str]:
+        """Evaluations whose candidate this log does not hold (every log stands alone, so its
+        candidate was lost to damage): one sentence, or none."""
+        orphans = [i for i in range(len(self.evals)) if self.sums[i] is not None
+                   and self.sums[i].candidate_id not in self.cands]  # type: ignore[union-attr]
+        if not orphans:
+            return []
+        ids = {self.sums[i].candidate_id for i in orphans}  # type: ignore[union-attr]
+        return [f"{self.log.path}: {len(orphans)} evaluation(s) of {len(ids)} candidate(s) this log no longer holds "
+                f"(lost to damage; first at offset {self.evals[orphans[0]].offset})"]
+
     def summary(self, i: int) -> Summary:
         """Evaluation ``i``'s summary, from its key, or decoded if the key is not one."""
         summary = self.sums[i]

@@ -25,13 +25,16 @@ from typing import Any
 
 from populations import Candidate, LaunchPlan, PlanError, Shape, ShapeError, to_plain
 
-from ._cmd_args import UsageError, add_gpus, add_json, add_shapes, fail, parse_gpus
+from ._cmd_args import UsageError, add_arch, add_gpus, add_json, add_shapes, fail, parse_gpus, resolve_arch
 
 EPILOG = """plan in the source (when --plan is not given): the file starts with one comment
   /* evo-plan: {"launches": [{"kernel": "k", "grid": ["cdiv(N, 16)", "cdiv(M, 16)", 1],
      "block": [16, 16, 1], "args": ["A", "B", "C", "M", "N", "K"]}], "workspace": 0} */
 holding LaunchPlan.to_dict() as JSON (contracts.md section 1 and 2 name the fields).
-exit status: 0 every shape ok, 1 otherwise, 2 bad input or no usable GPU."""
+without a GPU (or with --compile-only): the static scan, the compile, ptxas' registers, spills and
+shared memory per kernel, and the plan's launches per shape; nothing is run or timed.
+exit status: 0 every shape ok, 1 otherwise, 2 bad input or no usable GPU (after the static report);
+with --compile-only 0 when it compiles and the plan resolves at every shape, 1 otherwise."""
 #: The timers a kernel can be measured with (evaluators' names).
 TIMERS = ("device", "offline", "server")
 #: The largest kernel source and plan file read (real ones are tens of KB).
@@ -57,6 +60,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--quick", action="store_true",
                    help="time as a run does (fewer device-timer replays, one rotation) instead of the precise "
                         "preset (evaluators.PRECISE_JOB: 4x the replays over 3 fresh rotations, repeatable across starts)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="no GPU needed: the static scan, the compile, ptxas' registers/spills/shared memory per "
+                        "kernel and the plan's launches per shape (what evo eval prints first where no GPU is visible)")
+    add_arch(p)
     add_json(p, "the Evaluations")
 
 
@@ -107,6 +114,23 @@ def build_candidate(args: argparse.Namespace) -> Candidate:
                      meta={"file": str(args.file)})
 
 
+def _static(args: argparse.Namespace, cand: Candidate) -> int:
+    """The CPU-only part (evo._eval_static); without --compile-only, then the one-line error that
+    there is no GPU to time it on."""
+    from ._eval_static import render_static, static_report
+
+    doc = static_report(cand, resolve_arch(args.arch) or "sm_90a")
+    if args.json:
+        print(json.dumps({"format": "evo-eval-static/1", **doc}, indent=1))
+    else:
+        sys.stdout.write(render_static(doc))
+    if args.compile_only:
+        return 0 if doc["ok"] and not any("error" in s for s in doc["shapes"]) else 1
+    sys.stdout.flush()
+    return fail("eval", "no GPU is visible, so the kernel was compiled and checked but not run or timed (above); "
+                        "evo eval --compile-only asks for only that (exit 0), evo run on a GPU machine times it")
+
+
 def parse_timers(text: str) -> tuple[str, ...]:
     """``--timers`` as a tuple of known timer names; UsageError naming the unknown ones."""
     names = tuple(t.strip() for t in text.split(","))
@@ -125,8 +149,10 @@ def run(args: argparse.Namespace) -> int:
         return fail("eval", f"{exc.filename or args.file}: {exc.strerror or exc}")
     except (ValueError, PlanError, ShapeError, json.JSONDecodeError, UsageError) as exc:  # UnicodeDecodeError too
         return fail("eval", f"{args.file}: {exc}" if isinstance(exc, UnicodeDecodeError) else exc)
-    from evaluators import PRECISE_JOB, LocalPool, WorkerUnavailable
+    from evaluators import PRECISE_JOB, LocalPool, WorkerUnavailable, visible_gpus
 
+    if args.compile_only or (gpus is None and not visible_gpus()):
+        return _static(args, cand)
     try:
         with LocalPool(gpus=gpus, compile_workers=1, timers=timers,
                        job_options=None if args.quick else PRECISE_JOB, worker_options={"loader": args.loader}) as pool:

@@ -96,7 +96,7 @@ def _exportable(archive: Any, path: str, arch: str) -> str:
         what = f"{len(shapes)} shape(s) but no ok, unflagged evaluation" if shapes else "no shapes"
         raise ValueError(f"{path}: nothing to export: the archive has {what}; evaluate kernels first "
                          f"(evo run {path} --shape ...)")
-    return measured if arch == "auto" else resolve_arch(arch)  # type: ignore[return-value]
+    return measured if arch.lower() == "auto" else resolve_arch(arch)  # type: ignore[return-value]
 
 
 def run(args: Any) -> int:
@@ -113,7 +113,7 @@ def run(args: Any) -> int:
             refused = refuse_damage("export", path, problems, args.allow_damaged)  # type: ignore[arg-type]
             if refused is not None:
                 return refused
-            arch = _exportable(archive, path, args.arch.strip().lower())  # type: ignore[arg-type]
+            arch = _exportable(archive, path, args.arch)  # type: ignore[arg-type]
         finally:
             archive.close()
         verify, verify_why = verify_plan(args.verify, arch, args.verify_top, args.verify_margin, args.verify_against)
@@ -123,6 +123,9 @@ def run(args: Any) -> int:
         return fail("export", exc)
     except OSError as exc:
         return fail("export", f"--out {args.out}: cannot write the library there: {exc.strerror or exc}")
+    if manifest.get("test_double"):
+        warn("export", "the timings behind this library come from a test double (provenance pool=fake), not from a "
+                       "GPU; manifest.json says test_double: true")
     if not manifest["kernels"]:
         if not existed:
             shutil.rmtree(out, ignore_errors=True)  # a library of 0 kernels is no success: leave nothing

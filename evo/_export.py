@@ -187,6 +187,12 @@ def _entry(shape: Shape, elite: Elite, unit: str, workspace: int, arch: str) -> 
     }
 
 
+def from_test_double(evaluation: Any) -> bool:
+    """The evaluation was made by a test double (the fake pool's ``provenance["pool"]``), not measured
+    on a GPU: a library or report built on it must say so, or it reads as a measured one."""
+    return (evaluation.provenance or {}).get("pool") == "fake"
+
+
 _FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-w"]
 
 
@@ -371,6 +377,7 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
         manifest = {"format": MANIFEST_FORMAT, "arch": arch, "library": LIBRARY, "evo": _evo_version(),
                     "archive": archive.path, "kernels": entries, "skipped": skipped, "paths": paths,
                     "damage": list(damage),
+                    "test_double": any(from_test_double(e.elite.latest) for e in trials),
                     "verify": ({"ran": True, "timer": verify.name, "top_k": verify.top_k, "margin": verify.margin,
                                 "against": verify.against}
                                if verify is not None else {"ran": False, "why": verify_why or "not asked for"}),

@@ -216,13 +216,21 @@ def _plots(rows: list[dict[str, Any]], timers: list[str], out: Path) -> Optional
 
 
 # -- the page --------------------------------------------------------------------------------
-def _damage(damage: Sequence[str]) -> str:
-    """The archive's damage the report went on past: what it does not show, at the top of the page."""
-    if not damage:
-        return ""
-    items = "\n".join(f"<li>{_e(d)}</li>" for d in damage)
-    return (f'<div class="damage"><strong>This archive is damaged: {len(damage)} problem(s); what was lost is not '
-            f'in this report.</strong><ul>{items}</ul></div>')
+def _warnings(damage: Sequence[str], rows: list[dict[str, Any]]) -> str:
+    """What the reader must know first, at the top of the page: the archive's damage the report went
+    on past (what was lost is not shown), and timings that come from a test double, not a GPU."""
+    from ._export import from_test_double
+
+    out = []
+    if damage:
+        items = "\n".join(f"<li>{_e(d)}</li>" for d in damage)
+        out.append(f'<div class="damage"><strong>This archive is damaged: {len(damage)} problem(s); what was lost '
+                   f'is not in this report.</strong><ul>{items}</ul></div>')
+    fake = [str(r["shape"]) for r in rows if r["best"] is not None and from_test_double(r["best"].latest)]
+    if fake:
+        out.append(f'<div class="damage"><strong>Not measured on a GPU:</strong> the timings of {len(fake)} shape(s) '
+                   f'({_e(", ".join(fake))}) come from a test double (provenance pool=fake).</div>')
+    return "\n".join(out)
 
 
 def build_report(archive_path: Union[str, os.PathLike, Archive], out: Union[str, os.PathLike],
@@ -245,7 +253,7 @@ def build_report(archive_path: Union[str, os.PathLike, Archive], out: Union[str,
         except Exception:  # pragma: no cover - best effort
             version = "unknown"
         page = Template(TEMPLATE.read_text()).substitute(
-            title=_e(os.path.basename(archive.path)), archive=_e(archive.path), nshapes=len(rows), damage=_damage(damage),
+            title=_e(os.path.basename(archive.path)), archive=_e(archive.path), nshapes=len(rows), damage=_warnings(damage, rows),
             generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), version=_e(version),
             summary=_summary(rows, timers),
             plots=plots or '<p class="meta">matplotlib is not installed: no plots.</p>',

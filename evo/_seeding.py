@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from populations import Candidate, KnobSpace, Shape, Template, knob_key
 
-__all__ = ["seed_population", "knob_distance", "spread", "coverage", "POOL_FACTOR"]
+__all__ = ["seed_population", "knob_distance", "spread", "POOL_FACTOR"]
 
 #: How many valid samples to draw per wanted diverse pick before choosing the spread subset.
 POOL_FACTOR = 12
@@ -76,10 +76,3 @@ def seed_population(shape: Shape, templates: Sequence[Template], per_template: i
                     seen.add(cand.id)
                     out.append(cand)
     return out
-
-
-def coverage(templates: Sequence[Template]) -> str:
-    """What the templates cover, for the message of a shape none applies to."""
-    return "; ".join(f"{t.name}: {'/'.join(t.layouts)}, {'/'.join(t.contracts)}"
-                     + (f", needs {'/'.join(t.arch_features)}" if t.arch_features else "")
-                     for t in sorted(templates, key=lambda t: t.name))

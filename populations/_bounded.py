@@ -73,6 +73,6 @@ def load_toml(path: Union[str, os.PathLike], limit: int = MIB, what: str = "conf
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise InputFileError(f"{what} {name} is not valid TOML: {exc}") from None
+        raise InputFileError(f"{what} {name} is not readable TOML: {exc}") from None
     except RecursionError:
         raise InputFileError(f"{what} {name}: TOML nested too deeply to read") from None

@@ -8,8 +8,9 @@ archive that is whole.
 
 :func:`repair_archive` writes a new archive beside the damaged one (never touching it) holding
 every record that survived: candidates first where an evaluation needs one the damage moved
-away, evaluations whose candidate is lost everywhere left out and counted. The copy is a
-normal archive; the damaged original stays for a closer look.
+away, evaluations whose candidate is lost everywhere left out and counted. It is written to
+``<out>.partial`` and renamed into place when whole, so a killed repair never leaves a copy that
+looks finished. The copy is a normal archive; the damaged original stays for a closer look.
 """
 from __future__ import annotations
 
@@ -76,16 +77,19 @@ def repair_archive(path: Union[str, os.PathLike], out: Union[str, os.PathLike, N
     dest = os.path.abspath(os.fspath(out)) if out is not None else src_path.rstrip(os.sep) + ".repaired"
     if os.path.lexists(dest):
         raise ArchiveError(f"{dest} exists; the repaired copy goes to a new directory (name another with --out)")
+    staging = dest + ".partial"  # a repair killed half-way leaves this, never a plausible-looking copy
+    shutil.rmtree(staging, ignore_errors=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         src = Archive(src_path, "r", verify=True)
         try:
             result = RepairResult(src.path, dest)
-            with Archive(dest, "w") as dst:
+            with Archive(staging, "w") as dst:
                 _copy(src, dst, result)
-            _copy_side_files(src.path, dest)
+            _copy_side_files(src.path, staging)
+            os.rename(staging, dest)
         except BaseException:
-            shutil.rmtree(dest, ignore_errors=True)  # nothing half-written is left behind
+            shutil.rmtree(staging, ignore_errors=True)  # nothing half-written is left behind
             raise
         finally:
             src.close()

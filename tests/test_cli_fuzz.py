@@ -287,3 +287,104 @@ def test_random_damage_is_reported_and_refused(capsys: pytest.CaptureFixture[str
 def test_random_damage_long_sweep(capsys: pytest.CaptureFixture[str], kind: str, which: int, where: float,
                                   xor: int) -> None:
     _damage_case(capsys, kind, which, where, xor)
+
+
+# -- choices checked before work starts (issue 38) --------------------------------------------------
+CHOICES = {  # argv after the archive-taking command, needle in the one error line
+    "model_missing_path": (["propose", "{a}", "--shape", "64x64x64", "--model", "transformers:/nonexistent/model"],
+                           "does not exist"),
+    "vllm_missing_path": (["propose", "{a}", "--shape", "64x64x64", "--model", "vllm:/nonexistent"], "does not exist"),
+    "model_not_a_model": (["propose", "{a}", "--shape", "64x64x64", "--model", "transformers:{t}"], "holds no model"),
+    "url_garbage": (["propose", "{a}", "--shape", "64x64x64", "--model", "openai:foo@not a url"], "does not parse"),
+    "server_down": (["propose", "{a}", "--shape", "64x64x64", "--model", "openai:foo@http://127.0.0.1:9/v1"],
+                    "no answer"),
+    "llm_config_missing": (["propose", "{a}", "--shape", "64x64x64", "--llm-config", "{t}/none.toml"], "does not exist"),
+    "llm_config_malformed": (["propose", "{a}", "--shape", "64x64x64", "--llm-config", "{t}/bad.toml"], "bad.toml"),
+    "llm_config_not_tables": (["propose", "{a}", "--shape", "64x64x64", "--llm-config", "{t}/flat.toml"], "[table]"),
+    "device_bogus": (["propose", "{a}", "--shape", "64x64x64", "--llm-device", "bogus"], "cpu, cuda or cuda:N"),
+    "device_cuda_abc": (["propose", "{a}", "--shape", "64x64x64", "--llm-device", "cuda:abc"], "cuda:N"),
+    "device_empty": (["propose", "{a}", "--shape", "64x64x64", "--llm-device="], "cpu, cuda or cuda:N"),
+    "threads_negative": (["propose", "{a}", "--shape", "64x64x64", "--llm-threads", "-1"], "--llm-threads"),
+    "arch_sm99_seed": (["seed", "{a}", "--shape", "64x64x64", "--arch", "sm_99"], "sm_99"),
+    "arch_space_seed": (["seed", "{a}", "--shape", "64x64x64", "--arch", "sm_90a "], "sm_90a "),
+    "arch_sm99_propose": (["propose", "{a}", "--shape", "64x64x64", "--operator", "knob_mutation", "--arch", "sm_99"],
+                          "sm_99"),
+    "arch_sm99_run": (["run", "{a}", "--shape", "64x64x64", "--arch", "sm_99"], "sm_99"),
+    "gpus_empty": (["run", "{a}", "--shape", "64x64x64", "--gpus="], "--gpus"),
+    "gpus_blank": (["run", "{a}", "--shape", "64x64x64", "--gpus= "], "--gpus"),
+    "gpus_ALL": (["run", "{a}", "--shape", "64x64x64", "--gpus", "ALL"], "--gpus"),
+    "max_evals_huge": (["run", "{a}", "--shape", "64x64x64", "--max-evals", "9" * 30], "1,000,000,000"),
+    "tokens_empty_item": (["shapes", "LlamaConfig", "--tokens", "1,,2"], "--tokens"),
+    "tokens_huge": (["shapes", "LlamaConfig", "--tokens", "1000000000000"], "limit"),
+    "last_negative": (["rl", "export", "{a}", "--out", "{t}/o.jsonl", "--last", "-1"], "--last"),
+    "config_fifo": (["run", "--config", "{t}/fifo.toml", "--max-evals", "1"], "FIFO"),
+    "config_dev_zero": (["run", "--config", "/dev/zero", "--max-evals", "1"], "device"),
+    "config_deep": (["run", "--config", "{t}/deep.toml", "--max-evals", "1"], "nested too deeply"),
+    "eval_dev_zero": (["eval", "/dev/zero", "--shape", "64x64x64"], "device"),
+    "rl_split_missing": (["rl", "split", "--layers", "{t}/none.csv", "--out", "{t}/s.json"], "does not exist"),
+    "rl_split_garbage": (["rl", "split", "--layers", "{t}/bad.toml", "--out", "{t}/s.json"], "bad.toml"),
+    "shapes_dev_zero": (["shapes", "/dev/zero"], "device"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHOICES))
+def test_choices_are_checked_before_work_starts(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _archive(tmp_path / "a")
+    (tmp_path / "t").mkdir()
+    t = tmp_path / "t"
+    (t / "bad.toml").write_bytes(b"[x\n\xff")
+    (t / "flat.toml").write_text("x = 5\n")
+    (t / "deep.toml").write_text("a = " + "[" * 4000 + "]" * 4000 + "\n")
+    os.mkfifo(t / "fifo.toml")
+    argv, needle = CHOICES[case]
+    argv = [a.format(a=root, t=t) for a in argv]
+    before = _snapshot(tmp_path)
+    code, out, err = _run(capsys, argv)
+    command = " ".join(argv[:2]) if argv[0] == "rl" else argv[0]
+    _check(code, err, 2, command, needle)
+    assert err.count("\n") == 1 and _snapshot(tmp_path) == before and out == ""
+
+
+# -- property-based: the grammars ------------------------------------------------------------------
+_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.one_of(_TEXT, st.from_regex(r"(count:)?-?\d{0,3}(,\d{0,3}){0,3} ?", fullmatch=True)))
+def test_gpus_grammar(text: str) -> None:
+    from evo._cmd_args import UsageError, parse_gpus
+
+    try:
+        got = parse_gpus(text)
+    except UsageError as exc:
+        assert "\n" not in str(exc) and "--gpus" in str(exc)
+        return
+    assert got is None and text == "all" or (isinstance(got, int) and got >= 1 and text.startswith("count:")) or (
+        isinstance(got, list) and got and all(g >= 0 for g in got) and len(set(got)) == len(got))
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.one_of(_TEXT, st.from_regex(r"(sm_?)?\d\.?\d[a]? ?", fullmatch=True)))
+def test_arch_grammar(text: str) -> None:
+    from evo._cmd_args import KNOWN_ARCHS, UsageError, resolve_arch
+
+    if text.lower() == "auto":
+        return  # asks nvidia-smi
+    try:
+        got = resolve_arch(text)
+    except UsageError as exc:
+        assert "\n" not in str(exc) and "--arch" in str(exc)
+        return
+    assert got in KNOWN_ARCHS and text == text.strip()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tokens=st.one_of(_TEXT, st.from_regex(r"-?\d{0,14}(,-?\d{0,14}){0,3}", fullmatch=True)))
+def test_tokens_grammar(tokens: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, ["shapes", "LlamaConfig", f"--tokens={tokens}"])
+    assert "Traceback" not in err
+    if code == 0:
+        items = tokens.split(",")
+        assert all(i.strip().lstrip("+").isdigit() and int(i) >= 1 for i in items) and out
+    else:
+        assert code == 2 and err.count("\n") == 1 and err.startswith("evo shapes: error: ") and out == ""

@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
                        job_options=None if args.quick else PRECISE_JOB, worker_options={"loader": args.loader}) as pool:
             evals = pool.evaluate([cand])
     except WorkerUnavailable as exc:
-        return fail("eval", exc)
+        return fail("eval", f"{exc}; evo eval --compile-only scans and compiles the kernel without a GPU")
     from evaluators import buffers_warning
 
     for why in sorted({w for w in (buffers_warning(e.provenance or {}) for e in evals) if w}):

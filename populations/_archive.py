@@ -30,7 +30,7 @@ from collections import Counter
 from typing import Callable, Iterable, Iterator, Optional, Union
 
 from ._codec import encode
-from ._index import INDEX_SUFFIX
+from ._index import INDEX_SUFFIX, orphans
 from ._lineage import LineageNode, build_lineage
 from ._lock import WriterLock, why
 from ._log import KIND_CANDIDATE, KIND_EVALUATION, LogError, RecordLog, atomic_write, rewrite
@@ -178,23 +178,10 @@ class Archive:
         shape's log is opened first, so the list is complete."""
         if all_shapes:
             self._all_shape_logs()
-        out = list(self._bad.values()) + (self._orphans() if all_shapes else [])
+        out = list(self._bad.values()) + (orphans(self.path, SUFFIX) if all_shapes else [])
         for shape_log in self._shape_logs.values():
             out += shape_log.log.problems() + shape_log.dangling()
         return out + self._problems
-
-    def _orphans(self) -> list[str]:
-        """Side indexes whose log is gone: a removed log, whose records the index still counts."""
-        from ._index import read_index
-
-        out = []
-        for name in sorted(os.listdir(self.path)):
-            log_path = os.path.join(self.path, name[: -len(INDEX_SUFFIX)])
-            if name.endswith(SUFFIX + INDEX_SUFFIX) and not os.path.exists(log_path):
-                info = read_index(log_path)
-                held = f"{len(info.entries)} record(s) in {info.covered} bytes" if info else "an unknown number of records"
-                out.append(f"{log_path}: missing: its index lists {held}, all lost")
-        return out
 
     def _all_shape_logs(self) -> list[ShapeLog]:
         return [p for p in (self._shape_log(s) for s in self.shapes()) if p is not None]

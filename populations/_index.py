@@ -21,7 +21,7 @@ import struct
 import zlib
 from typing import NamedTuple, Optional
 
-__all__ = ["INDEX_SUFFIX", "IndexInfo", "load_index", "read_index", "save_index"]
+__all__ = ["INDEX_SUFFIX", "IndexInfo", "load_index", "orphans", "read_index", "save_index"]
 
 INDEX_SUFFIX = ".idx"
 _MAGIC = b"EVOIDX"
@@ -58,6 +58,33 @@ class IndexInfo(NamedTuple):
     covered: int
     mtime: int
     tail_crc: int
+
+    def missing(self, entries: list, size: int) -> str:
+        """What this index lists that ``entries`` (a scan of the log, now ``size`` bytes) lacks, in one
+        sentence (records, bytes, where); empty when nothing is missing."""
+        found = {(e.offset, e.key) for e in entries}
+        gone = [e for e in self.entries if (e.offset, e.key) not in found]
+        if not gone:
+            return ""
+        cut = f"; the log is {size} bytes, the index recorded {self.covered}" if size < self.covered else ""
+        return (f"{len(gone)} record(s) that the index lists are lost ({sum(e.end - e.offset for e in gone)} bytes "
+                f"from offset {gone[0].offset}{cut})")
+
+    def lost(self) -> str:
+        """What the log held by this index, for a message about a log that cannot be read at all."""
+        return f"its index lists {len(self.entries)} record(s) in {self.covered} bytes, all lost"
+
+
+def orphans(directory: str, log_suffix: str) -> list[str]:
+    """Side indexes in ``directory`` whose log is gone (a removed log the index still counts), one
+    sentence each naming the log."""
+    out = []
+    for name in sorted(os.listdir(directory)):
+        log_path = os.path.join(directory, name[: -len(INDEX_SUFFIX)])
+        if name.endswith(log_suffix + INDEX_SUFFIX) and not os.path.exists(log_path):
+            info = read_index(log_path)
+            out.append(f"{log_path}: missing: " + (info.lost() if info else "its index is there, the records are lost"))
+    return out
 
 
 def read_index(path: str) -> Optional[IndexInfo]:

@@ -211,8 +211,7 @@ def _frames_in(fd: int, lo: int, hi: int) -> int:
 
 
 def _index_says(index: Optional[IndexInfo]) -> str:
-    """What a log's index says it held, for a message about a log that cannot be read."""
-    return f"; its index lists {len(index.entries)} record(s) in {index.covered} bytes, all lost" if index else ""
+    return f"; {index.lost()}" if index else ""
 
 
 def _fsync_dir(path: str) -> None:
@@ -316,17 +315,11 @@ class RecordLog:
     def _compare(self, index: IndexInfo) -> None:
         """Damage only an index can show: records it lists that the scan did not find (a log cut
         at a frame boundary reads as a shorter, intact log, so the scan alone cannot see it)."""
-        found = {(e.offset, e.key) for e in self.entries}
-        gone = [e for e in index.entries if (e.offset, e.key) not in found]
-        if not gone:
-            return
-        size = os.fstat(self._fd).st_size
-        cut = f"; the log is {size} bytes, the index recorded {index.covered}" if size < index.covered else ""
-        msg = (f"{self.path}: {len(gone)} record(s) that the index lists are lost ({sum(e.end - e.offset for e in gone)} "
-               f"bytes from offset {gone[0].offset}{cut})")
-        self.lost.append(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=4)
-        log.warning(msg)
+        msg = index.missing(self.entries, os.fstat(self._fd).st_size)
+        if msg:
+            self.lost.append(f"{self.path}: {msg}")
+            warnings.warn(self.lost[-1], RuntimeWarning, stacklevel=4)
+            log.warning(self.lost[-1])
 
     def _scan_more(self) -> None:
         size = os.fstat(self._fd).st_size

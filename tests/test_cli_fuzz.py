@@ -1,7 +1,11 @@
-"""Malformed input to every subcommand: bad TOML (also not UTF-8), bad shapes, bad paths and
+"""Malformed input to every subcommand: bad TOML (also not UTF-8), bad shapes, bad paths, choices
+that cannot work (models, devices, archs, GPU lists, counts, files that are FIFOs or devices) and
 damaged archives. Each case must end in a non-zero exit with the documented code, no traceback,
 an ``evo CMD: error: ...`` (or, for damage, ``warning``) line naming the input, and nothing left
-behind (no new files, no ``*.tmp``)."""
+behind (no new files, no ``*.tmp``). Property-based parts (hypothesis): random damage to a real
+archive (every reader reports it, export/report refuse it) and random strings for the --gpus,
+--arch and --tokens grammars; a longer damage sweep is marked slow. bench/cli_fuzz.py runs the
+same cases as a table."""
 from __future__ import annotations
 
 import os
@@ -274,7 +278,7 @@ def _damage_case(capsys: pytest.CaptureFixture[str], kind: str, which: int, wher
             assert len(err.splitlines()) == len(set(err.splitlines()))  # each problem once
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(DAMAGE_KINDS), which=st.integers(0, 5), where=st.floats(0, 1), xor=st.integers(1, 255))
 def test_random_damage_is_reported_and_refused(capsys: pytest.CaptureFixture[str], kind: str, which: int,
                                                where: float, xor: int) -> None:

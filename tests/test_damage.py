@@ -283,3 +283,15 @@ def test_report_from_a_test_double_says_so(tmp_path: Path, capsys: pytest.Captur
     assert code == 0, err
     assert "come from a test double" in (tmp_path / "r" / "index.html").read_text()
     shutil.rmtree(tmp_path / "r")
+
+
+def test_inspect_checksums_everything_unless_fast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "a"
+    _build(root, 30)
+    data = bytearray(_log(root).read_bytes())
+    data[len(data) // 4] ^= 0x40  # under a valid index (size, mtime and tail checksum unchanged)
+    _keep_mtime(_log(root), bytes(data))
+    code, _, err = _run(capsys, ["inspect", str(root)])
+    assert code == 3 and "damaged bytes skipped" in err
+    code, _, err = _run(capsys, ["inspect", str(root), "--fast", "--top", "1"])
+    assert code == 0 and err == ""  # the documented trade: --fast trusts the index

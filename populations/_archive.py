@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Iterator, Optional, Union
 from ._codec import encode
 from ._index import INDEX_SUFFIX, orphans
 from ._lineage import LineageNode, build_lineage
-from ._lock import WriterLock, why
+from ._lock import WriterLock, why, writer_active
 from ._log import KIND_CANDIDATE, KIND_EVALUATION, LogError, RecordLog, atomic_write, rewrite
 from ._ranking import Elite, rank
 from ._records import Candidate, Evaluation, Status
@@ -174,13 +174,15 @@ class Archive:
     def problems(self, *, all_shapes: bool = True) -> list[str]:
         """Every piece of damage seen, one sentence each naming the file: shape logs that could
         not be opened, damaged regions skipped, torn tails (cut by a writer, kept in a side
-        file, or pending for a reader), records that did not decode. With ``all_shapes`` every
-        shape's log is opened first, so the list is complete."""
+        file, or pending for a reader: not while a writer holds the lock, whose tail is a write in
+        progress), records that did not decode. With ``all_shapes`` every shape's log is opened
+        first, so the list is complete."""
         if all_shapes:
             self._all_shape_logs()
         out = list(self._bad.values()) + (orphans(self.path, SUFFIX) if all_shapes else [])
-        for shape_log in self._shape_logs.values():
-            out += shape_log.log.problems() + shape_log.dangling()
+        live = self.mode == "r" and writer_active(os.path.join(self.path, LOCK))
+        for shape_log in self._shape_logs.values():  # a live writer's tail is a write in progress, not damage
+            out += shape_log.log.problems(tail=not live) + shape_log.dangling()
         return out + self._problems
 
     def _all_shape_logs(self) -> list[ShapeLog]:

@@ -369,14 +369,14 @@ class RecordLog:
         else:
             self._scan_more()
 
-    def problems(self) -> list[str]:
+    def problems(self, *, tail: bool = True) -> list[str]:
         """The damage seen in this log, one sentence each: skipped damaged regions, a torn
         tail a writer cut (and where its bytes were kept), or, for a reader, bytes past the
         last intact frame (a torn tail, or a frame a live writer is still writing)."""
         out = [f"{self.path}: {hi - lo} damaged bytes skipped at offset {lo} "
                f"(about {self._lost_counts.get(lo, 1)} record(s) lost)" for lo, hi in self.damaged]
         out += self.lost + self.recovered
-        if self.tail:
+        if self.tail and tail:
             out.append(f"{self.path}: torn tail: {self.tail} bytes at offset {self._end} are not a whole record "
                        "(a killed writer, or one still writing); the next writer keeps them in a .torn file")
         return out

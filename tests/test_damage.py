@@ -295,3 +295,15 @@ def test_inspect_checksums_everything_unless_fast(tmp_path: Path, capsys: pytest
     assert code == 3 and "damaged bytes skipped" in err
     code, _, err = _run(capsys, ["inspect", str(root), "--fast", "--top", "1"])
     assert code == 0 and err == ""  # the documented trade: --fast trusts the index
+
+
+def test_a_live_writers_tail_is_not_damage(tmp_path: Path) -> None:
+    _build(tmp_path)
+    with Archive(tmp_path, "w") as w:  # holds the lock: a tail now is a write in progress
+        with open(_log(tmp_path), "ab") as fh:
+            fh.write(_log(tmp_path).read_bytes()[8:40])  # half a frame, as a reader can catch a write
+        assert _problems(tmp_path, verify=True) == []
+        w.add(_cand(77))
+    with open(_log(tmp_path), "ab") as fh:  # no writer now: the same bytes are a torn tail
+        fh.write(b"\xe5voR" + b"\0" * 20)
+    assert any("torn tail" in p for p in _problems(tmp_path, verify=True))

@@ -125,27 +125,29 @@ def _write(path: Path, data: bytes) -> None:
 
 def damage_cases(base: Path, work: Path, rng: random.Random, table: Counter, notes: list[str]) -> None:
     logs = sorted(p.name for p in base.glob("*.evolog"))
-    for name, hurt in damages(rng).items():
-        for log in logs:
-            root = work / "a"
-            shutil.rmtree(work, ignore_errors=True)
-            shutil.copytree(base, root)
-            hurt(root / log)
-            shape = log[: -len(".evolog")].replace("_", ":")
-            for argv in (["inspect", str(root)], ["archive", "check", str(root)],
-                         ["export", str(root), "--out", str(work / "lib"), "--verify", "off"],
-                         ["report", str(root), "--out", str(work / "rep")],
-                         ["rl", "export", str(root), "--out", str(work / "d.jsonl")],
-                         ["seed", str(root), "--shape", shape, "--per-template", "1", "--arch", "sm_90a"]):
-                kind, code, err = call(argv)
-                outcome = classify(kind, code, err, str(root / log))
-                if argv[0] in ("export", "report") and code == 0:
-                    outcome = "false success"  # they must refuse a damaged archive
-                if argv[0] == "seed" and code == 2 and "no template covers" in err:
-                    outcome = "clean error"  # the f16 shape: refused before the archive is touched
-                table[("damage", outcome)] += 1
-                if outcome not in ("clean error", "warned success"):
-                    notes.append(f"{outcome}: damage {name} on {log}: evo {' '.join(argv[:2])} -> {code}: {err[-300:]!r}")
+    cases = [(name, hurt, log) for name, hurt in damages(rng).items() for log in logs]
+    cases += [("manifest garbage", lambda p: _write(p, b"{not json"), "archive.json"),
+              ("manifest removed", lambda p: p.unlink(), "archive.json")]
+    for name, hurt, log in cases:
+        root = work / "a"
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(base, root)
+        hurt(root / log)
+        shape = log[: -len(".evolog")].replace("_", ":") if log.endswith(".evolog") else "64x64x64"
+        for argv in (["inspect", str(root)], ["archive", "check", str(root)],
+                     ["export", str(root), "--out", str(work / "lib"), "--verify", "off"],
+                     ["report", str(root), "--out", str(work / "rep")],
+                     ["rl", "export", str(root), "--out", str(work / "d.jsonl")],
+                     ["seed", str(root), "--shape", shape, "--per-template", "1", "--arch", "sm_90a"]):
+            kind, code, err = call(argv)
+            outcome = classify(kind, code, err, str(root / log) if log.endswith(".evolog") else str(root))
+            if argv[0] in ("export", "report") and code == 0:
+                outcome = "false success"  # they must refuse a damaged archive
+            if argv[0] == "seed" and code == 2 and "no template covers" in err:
+                outcome = "clean error"  # the f16 shape: refused before the archive is touched
+            table[("damage", outcome)] += 1
+            if outcome not in ("clean error", "warned success"):
+                notes.append(f"{outcome}: damage {name} on {log}: evo {' '.join(argv[:2])} -> {code}: {err[-300:]!r}")
 
 
 # -- bad input ---------------------------------------------------------------------------------------

@@ -31,7 +31,12 @@ class UsageError(ValueError):
 
 
 def fail(command: str, message: Union[str, BaseException], code: int = EXIT_BAD_INPUT) -> int:
-    """Print ``evo COMMAND: error: MESSAGE`` (one line) on stderr and return ``code``."""
+    """Print ``evo COMMAND: error: MESSAGE`` (one line) on stderr and return ``code`` (always
+    EXIT_DAMAGED for an archive too damaged to open, whichever command met it)."""
+    from populations import ArchiveDamagedError
+
+    if isinstance(message, ArchiveDamagedError):
+        code = EXIT_DAMAGED
     text = " ".join(str(message).split()) or type(message).__name__
     print(f"evo {command}: error: {text}", file=sys.stderr)
     return code

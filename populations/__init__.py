@@ -11,7 +11,7 @@ from ._records import Candidate, Evaluation, KernelStats, Status, TimerResult, c
 from ._shape import Shape, ShapeError
 from ._knobs import Constraint, Knob, KnobSpace, TemplateError, knob_key
 from ._template import Template, load_template, load_templates
-from ._archive import LOCK, MANIFEST, Archive, ArchiveError, ArchiveLockedError, CandidateInfo, LineageNode
+from ._archive import LOCK, MANIFEST, Archive, ArchiveDamagedError, ArchiveError, ArchiveLockedError, CandidateInfo, LineageNode
 from ._bounded import InputFileError, load_toml, read_bounded
 from ._check import CheckResult, RepairResult, check_archive, repair_archive
 from ._ranking import DISQUALIFYING, Elite, disqualifies, elite_fitness, elite_order, rank
@@ -26,7 +26,7 @@ __all__ = [
     "Candidate", "Evaluation", "KernelStats", "Status", "TimerResult", "candidate_id",
     "Shape", "ShapeError",
     "Constraint", "Knob", "KnobSpace", "TemplateError", "knob_key", "Template", "load_template", "load_templates",
-    "DISQUALIFYING", "LOCK", "MANIFEST", "Archive", "ArchiveError", "ArchiveLockedError", "CandidateInfo", "Elite",
+    "DISQUALIFYING", "LOCK", "MANIFEST", "Archive", "ArchiveDamagedError", "ArchiveError", "ArchiveLockedError", "CandidateInfo", "Elite",
     "LineageNode", "InputFileError", "load_toml", "read_bounded", "CheckResult", "RepairResult", "check_archive", "repair_archive", "atomic_write", "disqualifies", "elite_fitness", "elite_order", "rank",
     "CALIBRATION_FILE", "H200_DEFAULTS", "Calibration", "attainable_frac", "attainable_time",
     "read_calibration", "roofline_frac", "roofline_time", "write_calibration",

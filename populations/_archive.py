@@ -37,9 +37,9 @@ from ._log import KIND_CANDIDATE, KIND_EVALUATION, LogError, RecordLog, atomic_w
 from ._ranking import Elite, rank
 from ._records import Candidate, Evaluation, Status
 from ._shape import Shape, ShapeError
-from ._shape_log import ArchiveError, ArchiveLockedError, CandidateInfo, Record, ShapeLog, Summary
+from ._shape_log import ArchiveDamagedError, ArchiveError, ArchiveLockedError, CandidateInfo, Record, ShapeLog, Summary
 
-__all__ = ["Archive", "ArchiveError", "ArchiveLockedError", "CandidateInfo", "Elite", "LineageNode"]
+__all__ = ["Archive", "ArchiveDamagedError", "ArchiveError", "ArchiveLockedError", "CandidateInfo", "Elite", "LineageNode"]
 
 FORMAT = "evo-archive"
 VERSION = 1
@@ -103,14 +103,21 @@ class Archive:
             with open(os.path.join(self.path, MANIFEST), encoding="utf-8") as f:
                 manifest = json.load(f)
         except FileNotFoundError:
-            raise ArchiveError(f"{self.path}: not an evo archive (no {MANIFEST})") from None
+            raise self._manifest_error(f"not an evo archive (no {MANIFEST})") from None
         except (OSError, ValueError) as exc:  # ValueError: bad JSON or not UTF-8
-            raise ArchiveError(f"{self.path}: unreadable {MANIFEST}: {why(exc)}") from None
+            raise self._manifest_error(f"unreadable {MANIFEST}: {why(exc)}") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise ArchiveError(f"{self.path}: {MANIFEST} does not describe an evo archive")
+            raise self._manifest_error(f"{MANIFEST} does not describe an evo archive")
         version = manifest.get("version")
         if not isinstance(version, int) or version > VERSION:
             raise ArchiveError(f"{self.path}: archive version {version!r} is newer than this evo (v{VERSION})")
+
+    def _manifest_error(self, what: str) -> ArchiveError:
+        """A bad manifest beside record logs is damage to an archive; without logs, no archive."""
+        if any(name.endswith(SUFFIX) for name in os.listdir(self.path)):
+            return ArchiveDamagedError(f"{self.path}: damaged archive: {what} (the record logs are there: "
+                                       f"restore {MANIFEST} as {{\"format\": \"{FORMAT}\", \"version\": {VERSION}}})")
+        return ArchiveError(f"{self.path}: {what}")
 
     def _open_writer(self) -> None:
         try:

@@ -17,7 +17,7 @@ from ._log import KIND_CANDIDATE, KIND_EVALUATION, Entry, LogError, RecordLog
 from ._records import Candidate, Evaluation, Status
 from ._shape import Shape
 
-__all__ = ["ArchiveError", "ArchiveLockedError", "CandidateInfo", "Record", "ShapeLog", "Summary"]
+__all__ = ["ArchiveError", "ArchiveDamagedError", "ArchiveLockedError", "CandidateInfo", "Record", "ShapeLog", "Summary"]
 
 Record = Union[Candidate, Evaluation]
 #: Decoded candidates kept per shape; more are re-read from disk when asked for.
@@ -26,6 +26,11 @@ CANDIDATE_CACHE = 4096
 
 class ArchiveError(Exception):
     """A directory that is not an archive, or an archive used in a way it cannot be."""
+
+
+class ArchiveDamagedError(ArchiveError):
+    """An archive too damaged to open at all (its manifest unreadable while its logs are there):
+    damage, exit status 3, not a path that is no archive."""
 
 
 class ArchiveLockedError(ArchiveError):

@@ -307,3 +307,20 @@ def test_a_live_writers_tail_is_not_damage(tmp_path: Path) -> None:
     with open(_log(tmp_path), "ab") as fh:  # no writer now: the same bytes are a torn tail
         fh.write(b"\xe5voR" + b"\0" * 20)
     assert any("torn tail" in p for p in _problems(tmp_path, verify=True))
+
+
+@pytest.mark.parametrize("manifest", [b"", b"{not json", b'{"format": "other"}', None])
+def test_a_damaged_manifest_beside_logs_is_damage(tmp_path: Path, manifest: bytes, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "a"
+    _build(root)
+    if manifest is None:
+        (root / "archive.json").unlink()
+    else:
+        (root / "archive.json").write_bytes(manifest)
+    for argv in (["inspect", str(root)], ["archive", "check", str(root)], ["report", str(root), "--out", str(tmp_path / "r")]):
+        code, _, err = _run(capsys, argv)
+        assert code == 3 and "damaged archive" in err and err.count("\n") == 1, (argv, err)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "archive.json").write_text("{}")  # no logs: not an archive, bad input
+    code, _, err = _run(capsys, ["inspect", str(tmp_path / "plain")])
+    assert code == 2 and "does not describe an evo archive" in err

@@ -131,7 +131,7 @@ class Archive:
         os.makedirs(self.path, exist_ok=True)
         fresh = not os.path.exists(os.path.join(self.path, MANIFEST))
         if fresh and set(os.listdir(self.path)) - {LOCK, MANIFEST + ".tmp"}:
-            raise ArchiveError(f"{self.path}: not an evo archive and not empty; refusing to write there")
+            raise self._manifest_error("not an evo archive and not empty; refusing to write there")
         self._lock()
         try:
             if fresh:

@@ -324,3 +324,11 @@ def test_a_damaged_manifest_beside_logs_is_damage(tmp_path: Path, manifest: byte
     (tmp_path / "plain" / "archive.json").write_text("{}")  # no logs: not an archive, bad input
     code, _, err = _run(capsys, ["inspect", str(tmp_path / "plain")])
     assert code == 2 and "does not describe an evo archive" in err
+
+
+def test_a_writer_refuses_logs_without_their_manifest_as_damage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "a"
+    _build(root)
+    (root / "archive.json").unlink()
+    code, _, err = _run(capsys, ["seed", str(root), "--shape", "256x256x256", "--arch", "sm_90a"])
+    assert code == 3 and "damaged archive" in err and not (root / "archive.json").exists()

@@ -14,12 +14,15 @@ from typing import Any, NoReturn, Optional, Union
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_BAD_INPUT", "EXIT_DAMAGED", "EXIT_INTERRUPTED", "SHAPE_METAVAR",
            "UsageError", "add_archive", "archive_of", "add_shapes", "add_arch", "resolve_arch", "add_gpus",
-           "parse_gpus", "gpu_list", "add_json", "fail", "warn", "open_writer"]
+           "parse_gpus", "gpu_list", "add_json", "fail", "warn", "open_writer", "open_reader", "add_allow_damaged", "count",
+           "refuse_damage"]
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DAMAGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 SHAPE_METAVAR = "MxNxK[:TN|NN][:f32|f16]"
 SHAPE_HELP = "a shape, MxNxK with optional :TN or :NN layout and :f32 or :f16 contract (default TN, f32)"
 ARCH_HELP = "target architecture: sm_80, sm_86, sm_89, sm_90a or auto (default: the visible GPU's, else sm_90a)"
+#: The architectures evo targets (the templates' sm_80 code runs on sm_86 and sm_89 too).
+KNOWN_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a")
 _ARCH = re.compile(r"(?:sm_?)?(\d)\.?(\d)(a?)")
 
 
@@ -28,7 +31,12 @@ class UsageError(ValueError):
 
 
 def fail(command: str, message: Union[str, BaseException], code: int = EXIT_BAD_INPUT) -> int:
-    """Print ``evo COMMAND: error: MESSAGE`` (one line) on stderr and return ``code``."""
+    """Print ``evo COMMAND: error: MESSAGE`` (one line) on stderr and return ``code`` (always
+    EXIT_DAMAGED for an archive too damaged to open, whichever command met it)."""
+    from populations import ArchiveDamagedError
+
+    if isinstance(message, ArchiveDamagedError):
+        code = EXIT_DAMAGED
     text = " ".join(str(message).split()) or type(message).__name__
     print(f"evo {command}: error: {text}", file=sys.stderr)
     return code
@@ -76,15 +84,18 @@ def resolve_arch(text: Optional[str], *, fallback: Optional[str] = "sm_90a") -> 
     """The canonical ``sm_XY[a]`` for any accepted spelling (``sm_90a``, ``sm90a``, ``90a``, ``90``,
     ``9.0``); ``auto`` (or None) is the first visible GPU's architecture, else ``fallback``.
     Compute capability 9.0 always means ``sm_90a`` (the Hopper templates need the ``a`` features)."""
-    if text is None or text.strip().lower() == "auto":
+    if text is None or text.lower() == "auto":
         from evaluators import gpu_arch  # nvidia-smi; None where there is no GPU
 
         return gpu_arch(0) or fallback
-    m = _ARCH.fullmatch(text.strip().lower())
-    if not m:
-        raise UsageError(f"--arch {text!r}: write sm_80, sm_86, sm_89, sm_90a or auto")
-    major, minor = m.group(1), m.group(2)
-    return "sm_90a" if (major, minor) == ("9", "0") else f"sm_{major}{minor}{m.group(3)}"
+    m = _ARCH.fullmatch(text.lower())  # no stripping: 'sm_90a ' is a typo in a script, not sm_90a
+    arch = None
+    if m:
+        major, minor = m.group(1), m.group(2)
+        arch = "sm_90a" if (major, minor) == ("9", "0") else f"sm_{major}{minor}{m.group(3)}"
+    if arch not in KNOWN_ARCHS:
+        raise UsageError(f"--arch {text!r}: write {', '.join(KNOWN_ARCHS)} or auto")
+    return arch
 
 
 def add_gpus(p: argparse.ArgumentParser) -> None:
@@ -95,9 +106,12 @@ def add_gpus(p: argparse.ArgumentParser) -> None:
 
 def parse_gpus(text: Optional[str]) -> Union[None, int, list[int]]:
     """None (every visible GPU), a count (``count:N``) or a list of distinct indices."""
-    if text is None or text.strip().lower() in ("", "all"):
+    if text is None or text == "all":
         return None
-    raw = text.strip().lower()
+    if text != text.strip() or not text:
+        raise UsageError(f"--gpus {text!r}: a comma-separated list of GPU indices (0,1), all, or count:N "
+                         "(no spaces; leave the flag out for every visible GPU)")
+    raw = text
     if raw.startswith("count:"):
         try:
             n = int(raw[6:])
@@ -122,18 +136,70 @@ def gpu_list(text: Optional[str]) -> Optional[list[int]]:
 
 
 def open_writer(command: str, path: Any) -> Any:
-    """``Archive(path, "w")`` with the damage its opening found (torn tails cut and kept in side
-    files, unreadable shape logs) printed as one warning line each instead of Python warnings."""
+    """``Archive(path, "w")``, every log checksummed at open, with the damage its opening found
+    (torn tails cut and kept in side files, damaged regions, lost records, unreadable shape logs)
+    printed as one warning line each instead of Python warnings: a resume is never silent."""
     import warnings
 
     from populations import Archive
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        archive = Archive(path, mode="w")
-    for problem in archive.problems(all_shapes=False):
+        archive = Archive(path, mode="w", verify=True)
+        problems = archive.problems()
+    for problem in problems:
         warn(command, problem)
     return archive
+
+
+def open_reader(command: str, path: Any, *, verify: bool = True) -> tuple[Any, list[str]]:
+    """(``Archive(path, "r")``, its damage): every log opened and (with ``verify``) checksummed end
+    to end, each problem printed once as a warning line. ArchiveError propagates."""
+    import warnings
+
+    from populations import Archive
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        archive = Archive(path, mode="r", verify=verify)
+        try:
+            problems = archive.problems()
+        except BaseException:
+            archive.close()
+            raise
+    for problem in problems:
+        warn(command, problem)
+    return archive, problems
+
+
+def add_allow_damaged(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--allow-damaged", action="store_true",
+                   help=f"go on with a damaged archive (exit status 3 without it): the damage is still reported "
+                        f"on stderr and {what} lists what was skipped")
+
+
+def refuse_damage(command: str, path: str, problems: list[str], allow: bool) -> Optional[int]:
+    """The exit status refusing a damaged archive (nothing written), or None to go on."""
+    if not problems or allow:
+        return None
+    return fail(command, f"{path}: the archive is damaged ({len(problems)} problem(s) above); nothing written. "
+                         f"--allow-damaged goes on without what was lost; evo archive check {path} --repair "
+                         "writes a clean copy beside it", EXIT_DAMAGED)
+
+
+def count(lo: int = 1, hi: int = 10 ** 9) -> Any:
+    """An argparse ``type`` for a whole number in ``[lo, hi]``: anything else is a one-line usage error
+    naming the limits (a negative count or a 30-digit one is a typo, never a request)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is outside {lo}..{hi:,}")
+        return value
+    parse.__name__ = "count"  # argparse names the type in its message
+    return parse
 
 
 def add_json(p: argparse.ArgumentParser, what: str = "the result") -> None:

@@ -15,8 +15,11 @@ cuBLAS in both layouts first, and a shape keeps the fastest only where it beats 
 better of both layouts); the manifest records both timings. Load it in Python with
 ``evo.load_library(LIB)``. ``--arch auto`` (the default) is the architecture the archive's best
 kernels were measured on.
+Every log of the archive is checksummed first; damage is reported on stderr (file, offset, bytes,
+records lost) and refused (exit 3, nothing written) unless --allow-damaged, which exports what
+survived and lists the damage in the manifest (``damage``).
 Exit status 0, or 2 with one line on stderr and nothing written for bad input, an unwritable
-LIB, an archive with nothing to export, or a failed build.
+LIB, an archive with nothing to export, or a failed build; 3 for a damaged archive.
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ._cmd_args import EXIT_BAD_INPUT, add_archive, add_arch, add_json, archive_of, fail, resolve_arch, warn
+from ._cmd_args import (EXIT_BAD_INPUT, add_allow_damaged, add_archive, add_arch, add_json, archive_of, fail,
+                        open_reader, refuse_damage, resolve_arch, warn)
 from ._export_verify import MARGIN, TOP_K, Verify, child_timer
 
 __all__ = ["add_parser", "run", "measured_arch", "verify_plan"]
@@ -53,6 +57,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--verify-against", choices=("layout", "best"), default="layout",
                    help="the cuBLAS to beat: layout (default) cuBLAS in the shape's own layout, the call the "
                         "fallback makes; best the better of the TN and NN calls")
+    add_allow_damaged(p, "the manifest's damage list")
     add_json(p, "the library's manifest")
 
 
@@ -83,21 +88,15 @@ def measured_arch(archive: Any) -> Optional[str]:
     return archs.most_common(1)[0][0] if archs else None
 
 
-def _exportable(path: str, arch: str) -> str:
+def _exportable(archive: Any, path: str, arch: str) -> str:
     """The concrete arch to build for; ExportError-worthy problems raise ValueError with what would work."""
-    from populations import Archive
-
-    archive = Archive(path, "r")
-    try:
-        measured = measured_arch(archive)
-        if measured is None:
-            shapes = archive.shapes()
-            what = f"{len(shapes)} shape(s) but no ok, unflagged evaluation" if shapes else "no shapes"
-            raise ValueError(f"{path}: nothing to export: the archive has {what}; evaluate kernels first "
-                             f"(evo run {path} --shape ...)")
-    finally:
-        archive.close()
-    return measured if arch == "auto" else resolve_arch(arch)  # type: ignore[return-value]
+    measured = measured_arch(archive)
+    if measured is None:
+        shapes = archive.shapes()
+        what = f"{len(shapes)} shape(s) but no ok, unflagged evaluation" if shapes else "no shapes"
+        raise ValueError(f"{path}: nothing to export: the archive has {what}; evaluate kernels first "
+                         f"(evo run {path} --shape ...)")
+    return measured if arch.lower() == "auto" else resolve_arch(arch)  # type: ignore[return-value]
 
 
 def run(args: Any) -> int:
@@ -109,20 +108,32 @@ def run(args: Any) -> int:
     existed = out.exists()
     try:
         path = archive_of(args)
-        arch = _exportable(path, args.arch.strip().lower())  # type: ignore[arg-type]
+        archive, problems = open_reader("export", path)
+        try:
+            refused = refuse_damage("export", path, problems, args.allow_damaged)  # type: ignore[arg-type]
+            if refused is not None:
+                return refused
+            arch = _exportable(archive, path, args.arch)  # type: ignore[arg-type]
+        finally:
+            archive.close()
         verify, verify_why = verify_plan(args.verify, arch, args.verify_top, args.verify_margin, args.verify_against)
-        manifest = export(path, args.out, arch, keep_slower=args.keep_slower, verify=verify, verify_why=verify_why)
+        manifest = export(path, args.out, arch, keep_slower=args.keep_slower, verify=verify, verify_why=verify_why,
+                          damage=problems)
     except (ExportError, ArchiveError, ValueError) as exc:
         return fail("export", exc)
     except OSError as exc:
         return fail("export", f"--out {args.out}: cannot write the library there: {exc.strerror or exc}")
+    if manifest.get("test_double"):
+        warn("export", "the timings behind this library come from a test double (provenance pool=fake), not from a "
+                       "GPU; manifest.json says test_double: true")
     if not manifest["kernels"]:
         if not existed:
             shutil.rmtree(out, ignore_errors=True)  # a library of 0 kernels is no success: leave nothing
-        reasons = "; ".join(f"{s['shape']}: {s['reason']}" for s in manifest["skipped"][:3])
-        return fail("export", f"no kernel could be exported for {arch} ({reasons}); try --arch auto "
-                              "(the architecture the kernels were measured on), or --keep-slower where every kernel "
-                              "lost to cuBLAS", EXIT_BAD_INPUT)
+        reasons = "; ".join(f"{s['shape']}: {s['reason']}" for s in manifest["skipped"])
+        tries = ([] if args.arch.strip().lower() == "auto" else
+                 ["--arch auto (the architecture the kernels were measured on)"]) + ["--keep-slower where every kernel lost to cuBLAS"]
+        return fail("export", f"no kernel could be exported for {arch} ({reasons}); try " + ", or ".join(tries),
+                    EXIT_BAD_INPUT)
     if args.json:
         json.dump(manifest, sys.stdout, indent=1, sort_keys=True, default=str)
         sys.stdout.write("\n")

@@ -11,11 +11,12 @@ import argparse
 import json
 import random
 import sys
+import time
 from typing import Any
 
 from operators import OperatorContext, ParentView, get_operator
 
-from ._cmd_args import SHAPE_METAVAR, add_archive, add_arch, add_json, archive_of, fail, resolve_arch
+from ._cmd_args import SHAPE_METAVAR, add_archive, add_arch, add_json, archive_of, fail, open_reader, resolve_arch
 from ._cmd_run import add_llm_flags, llm_options
 from ._config import ConfigError
 from populations import Archive, ArchiveError, Shape, ShapeError, load_templates
@@ -28,7 +29,8 @@ def add_parser(subparsers: Any) -> None:
                               description=__doc__.split("\n\n")[1])
     add_archive(p, "archive directory (read only)")
     p.add_argument("--shape", required=True, metavar=SHAPE_METAVAR, help="the shape")
-    p.add_argument("--operator", default="llm", help="operator name (default llm; see operators/settings.toml)")
+    p.add_argument("--operator", default="llm",
+                   help="operator name (default llm; see operators/settings.toml), or optuna (the tpe operator)")
     p.add_argument("--mode", choices=("knobs", "edits", "source"), help="answer format for LLM operators")
     p.add_argument("-n", type=int, default=2, help="proposals per elite (default 2)")
     p.add_argument("--top", type=int, default=3, help="how many elites to use as parents (default 3)")
@@ -55,7 +57,8 @@ def propose(archive: Archive, shape: Shape, args: argparse.Namespace) -> list[di
     """The rows of the report: one per proposal (or failure), parents the top elites in rank order."""
     options = {**llm_options(args), **({"mode": args.mode} if args.mode else {})}
     arch = resolve_arch(args.arch)
-    op = get_operator(args.operator, **options) if args.operator.startswith("llm") else get_operator(args.operator)
+    name = operator_name(args.operator)
+    op = get_operator(name, **options) if name.startswith("llm") else get_operator(name)
     cands = {c.id: c for c in archive.candidates(shape)}
     history = [(cands[e.candidate_id], e) for e in archive.evaluations(shape) if e.candidate_id in cands]
     context = OperatorContext(history, load_templates(errors="warn"), arch=arch)  # type: ignore[arg-type]
@@ -63,11 +66,35 @@ def propose(archive: Archive, shape: Shape, args: argparse.Namespace) -> list[di
     views = [ParentView(e.candidate, e.latest) for e in elites]
     rng = random.Random(args.seed)
     rows = []
+    if views and args.operator.startswith("llm"):
+        say(f"{args.operator}: the first call loads the model ({', '.join(options.get('models') or ['the default'])}); "
+            "that takes seconds to minutes on a CPU")
     for i, parent in enumerate(views):
         parents = [parent] + [v for v in views if v is not parent][:max(op.arity - 1, 0)]
-        for p in op.propose(parents[:max(op.arity, 1)], shape, rng, args.n, context):
-            rows.append(_row(parent, p))
+        t0 = time.monotonic()
+        say(f"parent {i + 1}/{len(views)} ({parent.id[:12]}): asking {args.operator} for {args.n} proposal(s)")
+        got = [_row(parent, p) for p in op.propose(parents[:max(op.arity, 1)], shape, rng, args.n, context)]
+        say(f"parent {i + 1}/{len(views)}: {sum(r['ok'] for r in got)} of {len(got)} ok in {time.monotonic() - t0:.1f} s")
+        rows += got
     return rows
+
+
+def operator_name(name: str) -> str:
+    """The registered operator ``--operator`` names: an alias of one operator (``optuna``: ``tpe``, as
+    in ``evo run --operators``) is that operator; an alias of several is a KeyError naming them."""
+    from ._orchestrate import ALIASES
+
+    members = ALIASES.get(name)
+    if members is None:
+        return name
+    if len(members) == 1:
+        return next(iter(members))
+    raise KeyError(f"--operator {name} names a group ({', '.join(members)}); evo propose asks one operator: name one of them")
+
+
+def say(message: str) -> None:
+    """A progress line on stderr (stdout stays the result, --json a document)."""
+    print(f"evo propose: {message}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         llm_options(args)  # an unknown model fails here, at once and offline
         resolve_arch(args.arch)
         shape = Shape.parse(args.shape)
-        archive = Archive(archive_of(args), mode="r")  # type: ignore[arg-type]
+        archive = open_reader("propose", archive_of(args))[0]  # damage: one warning line each
     except (ShapeError, ArchiveError, ValueError, ConfigError) as exc:
         return fail("propose", exc)
     try:

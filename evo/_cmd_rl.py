@@ -24,7 +24,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._cmd_args import UsageError, add_gpus, fail, gpu_list
+from ._cmd_args import UsageError, add_gpus, count, fail, gpu_list, open_reader, open_writer
 
 __all__ = ["add_parser", "run"]
 
@@ -35,23 +35,25 @@ def add_parser(subparsers: Any) -> None:
     sub = p.add_subparsers(dest="rl_command", metavar="ACTION")
     sub.required = True
     e = sub.add_parser("export", help="write an archive's LLM-made candidates as a JSONL RL dataset")
-    e.add_argument("archives", nargs="+", metavar="ARCHIVE", help="archive directories")
+    e.add_argument("archives", nargs="+", metavar="ARCHIVE", help="archive directories (read only; damage is reported)")
     e.add_argument("--out", required=True, metavar="DATASET.jsonl", help="output file (JSON lines)")
     e.add_argument("--since", type=float, default=0.0, metavar="T", help="only candidates created at or after T (unix time)")
-    e.add_argument("--last", type=int, metavar="N", help="only the newest N rows")
+    e.add_argument("--last", type=count(1), metavar="N", help="only the newest N rows (N >= 1)")
     e.add_argument("--reward", choices=("speedup", "improvement"), default="speedup",
                    help="speedup: log speedup over cuBLAS (default); improvement: log gain over the parent in GPU "
                         "time, 0 for an invalid or slower child")
     t = sub.add_parser("train", help="GRPO + LoRA on a dataset; writes a versioned adapter")
-    t.add_argument("--dataset", required=True, metavar="DATASET.jsonl")
+    t.add_argument("--dataset", required=True, metavar="DATASET.jsonl", help="the rows evo rl export wrote")
     t.add_argument("--archive", action="append", default=[], metavar="DIR", help="more rewards (repeatable)")
-    t.add_argument("--out", required=True, metavar="ADAPTER_DIR")
+    t.add_argument("--out", required=True, metavar="ADAPTER_DIR",
+                   help="adapter folder; each training writes a new version folder inside it")
     t.add_argument("--model", default=None, help="the base model (default: the LLM operator's default)")
-    t.add_argument("--device", default="cpu")
-    t.add_argument("--steps", type=int, default=8)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--group-size", type=int, default=8)
-    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--device", default="cpu", help="where the model trains: cpu (default), cuda or cuda:N")
+    t.add_argument("--steps", type=count(1, 10 ** 6), default=8, metavar="N", help="GRPO steps (default 8)")
+    t.add_argument("--seed", type=int, default=0, help="random seed for sampling and prompt order (default 0)")
+    t.add_argument("--group-size", type=count(2, 4096), default=8, metavar="G",
+                   help="completions sampled per prompt; their rewards are compared within the group (default 8)")
+    t.add_argument("--lr", type=float, default=2e-3, help="LoRA learning rate (default 0.002)")
     t.add_argument("--beta", type=float, default=0.02, help="KL weight against the base model")
     t.add_argument("--init-adapter", metavar="DIR", help="continue training this adapter")
     t.add_argument("--reward", choices=("speedup", "improvement"), default="speedup",
@@ -67,10 +69,10 @@ def add_parser(subparsers: Any) -> None:
     t.add_argument("--compile-workers", type=int, default=4, metavar="N", help="with --measure: NVRTC workers (default 4)")
     s = sub.add_parser("split", help="split llm_layers.csv's shapes into train and test by model (JSON)")
     s.add_argument("--layers", required=True, metavar="CSV", help="M,N,K,model,layer rows (llm_layers.csv)")
-    s.add_argument("--out", required=True, metavar="SPLIT.json")
+    s.add_argument("--out", required=True, metavar="SPLIT.json", help="where the split is written (JSON)")
     s.add_argument("--test-model", action="append", dest="test_models", metavar="MODEL",
                    help="a test model (repeatable; default: a third of the models, drawn with --seed)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="random seed for drawing the test models (default 0)")
     s.add_argument("--grid-size", action="append", dest="grid", type=int, metavar="N",
                    help="add the grid of these sizes (every M, N, K among them) to training (repeatable)")
 
@@ -86,22 +88,21 @@ def _split(args: argparse.Namespace) -> int:
         split = split_by_model(rows, test_models=args.test_models, seed=args.seed, grid=grid)
         split.write(args.out)
     except (OSError, ValueError, KeyError) as exc:
-        print(f"evo rl split: error: {exc}", file=sys.stderr)
-        return 2
+        return fail("rl split", exc)
     print(f"evo rl split: {len(split.train)} train shapes ({', '.join(split.train_models)}), {len(split.test)} test "
           f"shapes ({', '.join(split.test_models)}), {len(split.withheld)} withheld -> {args.out}")
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
-    from populations import Archive, ArchiveError
+    from populations import ArchiveError
 
     from .rl import export_rows, write_jsonl
 
     archives = []
     try:
         for path in args.archives:
-            archives.append(Archive(path, mode="r"))
+            archives.append(open_reader("rl export", path)[0])  # damage: one warning line per problem
         from .rl import RewardConfig
         rows = export_rows(archives, since=args.since, last=args.last, config=RewardConfig(kind=args.reward))
     except ArchiveError as exc:
@@ -122,13 +123,17 @@ def _train(args: argparse.Namespace, pool_factory: Any = None) -> int:
     import time
 
     deadline = time.monotonic() + args.max_seconds if args.max_seconds > 0 else None
-    from populations import Archive, ArchiveError, load_templates
+    from populations import ArchiveError, load_templates
 
     from .rl import DatasetError, read_jsonl
     from .rl._adapters import read_manifest, table_from_rows, train_adapter
     from .rl._grpo import GRPOConfig
 
     try:
+        from evaluators import visible_gpus
+        from operators.llm import check_device
+
+        check_device(args.device, len(visible_gpus()) if args.device != "cpu" else 0)
         rows = read_jsonl(args.dataset)
         config = GRPOConfig(steps=args.steps, group_size=args.group_size, lr=args.lr, beta=args.beta, seed=args.seed)
         version, parent = 1, None
@@ -138,7 +143,7 @@ def _train(args: argparse.Namespace, pool_factory: Any = None) -> int:
         version = args.version if args.version is not None else version
         from .rl import RewardConfig
         table = table_from_rows(rows, RewardConfig(kind=args.reward))
-        archives = [Archive(path, mode="r") for path in args.archive]
+        archives = [open_reader("rl train", path)[0] for path in args.archive]  # damage: warned
         for a in archives:
             table.add_archive(a)
         if Path(args.out).exists() and any(Path(args.out).iterdir()):
@@ -186,8 +191,6 @@ def _train(args: argparse.Namespace, pool_factory: Any = None) -> int:
 def _measurer(args: argparse.Namespace, table: Any, pool_factory: Any) -> tuple[Any, Any]:
     """The evaluator in the loop (evo.rl._measure) and the lease the policy holds when its model
     shares one of the pool's GPUs; the archive's earlier measurements join ``table``."""
-    from populations import Archive
-
     from ._config import PoolConfig
     from ._orchestrate import make_pool
     from .rl._measure import Measurer, colocated_gate
@@ -195,7 +198,7 @@ def _measurer(args: argparse.Namespace, table: Any, pool_factory: Any) -> tuple[
     gpus = gpu_list(args.gpus)
     if args.compile_workers < 1:
         raise UsageError(f"--compile-workers {args.compile_workers}: needs at least 1")
-    archive = Archive(args.measure, mode="w")  # before the pool: a bad path costs no worker start
+    archive = open_writer("rl train", args.measure)  # before the pool: a bad path costs no worker start
     try:
         table.add_archive(archive)
         pool = (pool_factory or make_pool)(PoolConfig(gpus=gpus or [], compile_workers=args.compile_workers))

@@ -67,7 +67,7 @@ def _gpus(text: Optional[str]) -> Optional[list[int]]:
 
 
 def _arch(text: Optional[str]) -> Optional[str]:
-    if text is None or text.strip().lower() == "auto":
+    if text is None or text.lower() == "auto":
         return None if text is None else "auto"
     try:
         return resolve_arch(text)
@@ -120,6 +120,10 @@ def add_llm_flags(p: argparse.ArgumentParser) -> None:
                         "its version is recorded on every candidate they write")
 
 
+#: The most CPU threads an in-process model is given (beyond any real machine: a typo guard).
+MAX_THREADS = 4096
+
+
 def llm_options(args: argparse.Namespace) -> dict[str, Any]:
     """Options for the LLM operators from the flags; an unknown model or bad config is a ConfigError."""
     out: dict[str, Any] = {}
@@ -127,9 +131,11 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
         out["models"] = list(dict.fromkeys(args.models))
     if getattr(args, "llm_config", None):
         out["model_config"] = list(args.llm_config)
-    if getattr(args, "llm_device", None):
+    if getattr(args, "llm_device", None) is not None:
         out["device"] = args.llm_device
     if getattr(args, "llm_threads", None) is not None:
+        if not 1 <= args.llm_threads <= MAX_THREADS:
+            raise ConfigError(f"--llm-threads must be between 1 and {MAX_THREADS}, got {args.llm_threads}")
         out["threads"] = args.llm_threads
     if getattr(args, "llm_batch", None) is not None:
         if args.llm_batch < 1:
@@ -141,15 +147,38 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
             read_manifest(args.llm_adapter)
         except ValueError as exc:
             raise ConfigError(f"--llm-adapter: {exc}") from None
-    if out.get("models") or out.get("model_config"):
-        from operators.llm import resolve_model
-        try:
-            for m in out.get("models", ()):
-                known_model(m, out.get("model_config", ()))
-                resolve_model(m, out.get("model_config", ()))
-        except (ValueError, OSError) as exc:
-            raise ConfigError(f"--model: {exc}") from None
+    _check_llm_choices(out)
     return out
+
+
+def _check_llm_choices(out: dict[str, Any]) -> None:
+    """ConfigError, before any work starts, for LLM choices that cannot work: a config file missing
+    or malformed, a device that is not there, a model path without a model, a server that does not
+    parse or answer (operators.llm.check_spec)."""
+    from operators.llm import check_device, check_spec, load_models, resolve_model
+
+    files = out.get("model_config", ())
+    if files:
+        try:
+            load_models(*files)
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"--llm-config: {exc}") from None
+    visible = None
+    if "device" in out or out.get("models"):
+        from evaluators import visible_gpus
+
+        visible = len(visible_gpus())
+    if "device" in out:
+        try:
+            check_device(out["device"], visible)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ConfigError(f"--llm-device: {exc}") from None
+    try:
+        for m in out.get("models", ()):
+            known_model(m, files)
+            check_spec(resolve_model(m, files, device=out.get("device")), visible_gpus=visible)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"--model: {exc}") from None
 
 
 def run(args: argparse.Namespace, *, pool_factory: Optional[PoolFactory] = None) -> int:

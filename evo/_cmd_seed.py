@@ -68,14 +68,16 @@ def run(args: argparse.Namespace) -> int:
         path, per_shape = _seed(args)
     except UsageError as exc:
         return fail("seed", exc)
+    written = 0
     if not args.dry_run:
         try:
             with open_writer("seed", path) as archive:
-                write_seeds(archive, per_shape)
+                written = write_seeds(archive, per_shape)
         except ArchiveError as exc:
             return fail("seed", exc)
     if args.json:
         doc = {"format": "evo-seed/1", "archive": None if args.dry_run else path, "dry_run": bool(args.dry_run),
+               "written": written,
                "shapes": [{"shape": str(s), "candidates": [{"id": c.id, "template": c.template, "origin": c.meta.get("seed"),
                                                             "knobs": dict(c.knobs or {})} for c in cands]}
                           for s, cands in per_shape.items()]}
@@ -91,5 +93,7 @@ def run(args: argparse.Namespace) -> int:
             for c in cands:
                 print(f"  {c.id} {c.template} {c.meta.get('seed')} {dict(c.knobs or {})}")
     if not args.dry_run:
-        print(f"wrote {sum(len(c) for c in per_shape.values())} candidates to {path}")
+        given = sum(len(c) for c in per_shape.values())
+        already = f" ({given - written} of the {given} were already there)" if written < given else ""
+        print(f"wrote {written} new candidates to {path}{already}")
     return 0

@@ -40,7 +40,7 @@ def run(args: Any) -> int:
     from ._shapes import ShapesError, load_config, model_layers, rows, to_csv, to_toml
 
     try:
-        tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
+        tokens = [int(t) for t in args.tokens.split(",")]  # '1,,2' is a typo, not 1,2
     except ValueError:
         return _fail("--tokens", f"{args.tokens!r} is not a comma-separated list of whole numbers")
     models = []

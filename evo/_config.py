@@ -19,16 +19,16 @@ from populations import Shape, ShapeError
 from ._budget import AllocationConfig
 from ._opbandit import BanditConfig
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 __all__ = ["ConfigError", "RunConfig", "SelectionConfig", "PoolConfig", "TransferConfig",
            "parse_duration", "parse_operators", "load_config", "merge"]
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+#: The largest count (evaluations, tokens, a window) a run accepts: far beyond any real run, small
+#: enough that arithmetic on it stays cheap (a 30-digit count would never be reached, only waited for).
+COUNT_LIMIT = 10 ** 9
+#: The largest run configuration file read (a real one is a few KB).
+CONFIG_LIMIT = 1 << 20
 
 
 class ConfigError(ValueError):
@@ -180,6 +180,9 @@ class RunConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConfigError(f"{name}: must be a positive integer, got {v!r}")
+            if v is not None and v > COUNT_LIMIT:
+                raise ConfigError(f"{name}: {v} is more than this evo will count to ({COUNT_LIMIT:,}); "
+                                  "leave it out for no limit")
         if self.gpu_seconds is not None and not self.gpu_seconds > 0:
             raise ConfigError(f"gpu_seconds: must be positive, got {self.gpu_seconds!r}")
         if not 0 <= self.converge_threshold < 10:
@@ -224,17 +227,13 @@ _TOP = {"shapes", "archive", "budget", "gpu_seconds", "max_evals", "max_tokens",
 
 def load_config(path: Union[str, Path]) -> dict[str, Any]:
     """Read a TOML file into the plain overrides :func:`merge` takes; unknown keys are errors."""
+    from populations import InputFileError, load_toml
+
     path = Path(path)
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"config: {path} does not exist") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config: {path} is not UTF-8 text (byte {exc.start}), so not TOML") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise ConfigError(f"config: {path} is not readable TOML: {why}") from None
+        data = load_toml(path, CONFIG_LIMIT, "config:")
+    except InputFileError as exc:
+        raise ConfigError(str(exc)) from None
     extra = set(data) - _TOP
     if extra:
         raise ConfigError(f"config {path}: unknown key(s) {sorted(extra)}; known: {sorted(_TOP)}")

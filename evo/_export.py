@@ -51,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 from populations import Archive, Elite, PlanError, Shape
 
@@ -187,6 +187,12 @@ def _entry(shape: Shape, elite: Elite, unit: str, workspace: int, arch: str) -> 
     }
 
 
+def from_test_double(evaluation: Any) -> bool:
+    """The evaluation was made by a test double (the fake pool's ``provenance["pool"]``), not measured
+    on a GPU: a library or report built on it must say so, or it reads as a measured one."""
+    return (evaluation.provenance or {}).get("pool") == "fake"
+
+
 _FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-w"]
 
 
@@ -309,7 +315,7 @@ def _verified(tmp: Path, trials: list[_Trial], gencode: str, verify: Verify,
 
 def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], arch: str = "sm_90a",
            *, jobs: Optional[int] = None, keep_slower: bool = False, verify: Optional[Verify] = None,
-           verify_why: str = "") -> dict[str, Any]:
+           verify_why: str = "", damage: Sequence[str] = ()) -> dict[str, Any]:
     """Build the library at ``out`` (which must not exist, or be an earlier export); returns the manifest.
 
     Without ``verify``, a shape whose best kernel is not faster than cuBLAS in the archive's GPU
@@ -320,7 +326,8 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
     per shape; ``verify_why`` says why a re-timing did not run). A kernel nvcc refuses is left
     out too, with nvcc's error; when every kernel fails, or the launchers do not build, nothing
     is. The manifest's ``paths`` says, for every shape of the archive, which path it takes
-    (``evolved`` or ``cublas``) and why; ``skipped`` lists the shapes without an exported kernel."""
+    (``evolved`` or ``cublas``) and why; ``skipped`` lists the shapes without an exported kernel;
+    ``damage`` the archive's damage the caller chose to go on past (what was skipped)."""
     gencode = _gencode(arch)
     out = Path(out).resolve()
     if out.exists() and not (out / "manifest.json").is_file():
@@ -369,6 +376,8 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
             o.unlink()
         manifest = {"format": MANIFEST_FORMAT, "arch": arch, "library": LIBRARY, "evo": _evo_version(),
                     "archive": archive.path, "kernels": entries, "skipped": skipped, "paths": paths,
+                    "damage": list(damage),
+                    "test_double": any(from_test_double(e.elite.latest) for e in trials),
                     "verify": ({"ran": True, "timer": verify.name, "top_k": verify.top_k, "margin": verify.margin,
                                 "against": verify.against}
                                if verify is not None else {"ran": False, "why": verify_why or "not asked for"}),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Te
 from populations import Archive, Candidate, Shape, Template, load_templates
 
 from ._config import ConfigError, PoolConfig, RunConfig
-from ._seeding import coverage, seed_population
+from ._seeding import seed_population
 
 if TYPE_CHECKING:
     from evaluators import EvaluatorPool
@@ -46,20 +46,27 @@ def seed_shapes(shapes: Sequence[Shape], templates: Mapping[str, Template], per_
     rng = random.Random(seed)
     per_shape = {s: seed_population(s, list(templates.values()), per_template, rng, arch=arch, specialize=specialize)
                  for s in shapes}
-    empty = [str(s) for s, cands in per_shape.items() if not cands]
+    empty = [s for s, cands in per_shape.items() if not cands]
     if empty:
-        raise ValueError(f"no template covers {', '.join(empty)} on {arch}, so nothing was written; "
-                         f"templates cover {coverage(list(templates.values()))}")
+        whys = "; ".join(f"{t.name}: {t.why_not(empty[0], arch) or 'no valid knob set at this shape'}"
+                         for t in sorted(templates.values(), key=lambda t: t.name))
+        raise ValueError(f"no template covers {', '.join(map(str, empty))} on {arch}, so nothing was written; "
+                         f"at {empty[0]}: {whys}")
     return per_shape
 
 
 def write_seeds(archive: Archive, per_shape: Mapping[Shape, Sequence[Candidate]]) -> int:
-    """Add the seeds to an archive open for writing and commit; returns how many were given."""
-    for cands in per_shape.values():
+    """Add the seeds to an archive open for writing and commit; returns how many were new (a seed
+    already in the archive, from an earlier evo seed, is not written again)."""
+    new = 0
+    for shape, cands in per_shape.items():
+        present = set(archive.candidate_ids(shape))
         for c in cands:
+            new += c.id not in present
+            present.add(c.id)
             archive.add(c)
     archive.commit()
-    return sum(len(c) for c in per_shape.values())
+    return new
 
 
 # -- pools --------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 from string import Template
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 from populations import Archive, LineageNode, Shape, Status
 
@@ -147,7 +147,7 @@ def _lineage(archive: Archive, rows: list[dict[str, Any]]) -> str:
             continue
         shape: Shape = r["shape"]
         fitness = archive.fitness(shape)  # from the ranking summaries: no record decoded
-        root: LineageNode = archive.lineage(r["best"].candidate_id)
+        root: LineageNode = archive.lineage(r["best"].candidate_id, missing_ok=True)  # its record may be lost
         out.append(f"<h3>{_e(shape)} &middot; best {_speed(r['fitness'])}</h3>")
         out.append('<ul class="lineage">')
         for depth, node in root.walk():
@@ -216,9 +216,28 @@ def _plots(rows: list[dict[str, Any]], timers: list[str], out: Path) -> Optional
 
 
 # -- the page --------------------------------------------------------------------------------
-def build_report(archive_path: Union[str, os.PathLike, Archive], out: Union[str, os.PathLike]) -> Path:
+def _warnings(damage: Sequence[str], rows: list[dict[str, Any]]) -> str:
+    """What the reader must know first, at the top of the page: the archive's damage the report went
+    on past (what was lost is not shown), and timings that come from a test double, not a GPU."""
+    from ._export import from_test_double
+
+    out = []
+    if damage:
+        items = "\n".join(f"<li>{_e(d)}</li>" for d in damage)
+        out.append(f'<div class="damage"><strong>This archive is damaged: {len(damage)} problem(s); what was lost '
+                   f'is not in this report.</strong><ul>{items}</ul></div>')
+    fake = [str(r["shape"]) for r in rows if r["best"] is not None and from_test_double(r["best"].latest)]
+    if fake:
+        out.append(f'<div class="damage"><strong>Not measured on a GPU:</strong> the timings of {len(fake)} shape(s) '
+                   f'({_e(", ".join(fake))}) come from a test double (provenance pool=fake).</div>')
+    return "\n".join(out)
+
+
+def build_report(archive_path: Union[str, os.PathLike, Archive], out: Union[str, os.PathLike],
+                 damage: Sequence[str] = ()) -> Path:
     """Write the report directory ``out`` (new, or an earlier report to replace); returns index.html.
-    ``archive_path`` may be an open Archive (the command checks it first and opens it once)."""
+    ``archive_path`` may be an open Archive (the command checks it first and opens it once);
+    ``damage`` is the archive's damage the caller chose to go on past, listed on the page."""
     out = Path(out).resolve()
     if out.exists() and not (out / "index.html").is_file():
         raise ReportError(f"{out} exists and is not an evo report; refusing to overwrite it")
@@ -234,7 +253,7 @@ def build_report(archive_path: Union[str, os.PathLike, Archive], out: Union[str,
         except Exception:  # pragma: no cover - best effort
             version = "unknown"
         page = Template(TEMPLATE.read_text()).substitute(
-            title=_e(os.path.basename(archive.path)), archive=_e(archive.path), nshapes=len(rows),
+            title=_e(os.path.basename(archive.path)), archive=_e(archive.path), nshapes=len(rows), damage=_warnings(damage, rows),
             generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), version=_e(version),
             summary=_summary(rows, timers),
             plots=plots or '<p class="meta">matplotlib is not installed: no plots.</p>',

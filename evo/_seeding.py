@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from populations import Candidate, KnobSpace, Shape, Template, knob_key
 
-__all__ = ["seed_population", "knob_distance", "spread", "coverage", "POOL_FACTOR"]
+__all__ = ["seed_population", "knob_distance", "spread", "POOL_FACTOR"]
 
 #: How many valid samples to draw per wanted diverse pick before choosing the spread subset.
 POOL_FACTOR = 12
@@ -90,9 +90,3 @@ def _native(t: Template, arch: str) -> bool:
     """Whether ``t`` needs the arch-specific features ``arch`` has (``sm_90a``'s wgmma and TMA)."""
     return bool(t.arch_features) and t.supports_arch(arch) and str(arch).strip().lower().endswith("a")
 
-
-def coverage(templates: Sequence[Template]) -> str:
-    """What the templates cover, for the message of a shape none applies to."""
-    return "; ".join(f"{t.name}: {'/'.join(t.layouts)}, {'/'.join(t.contracts)}"
-                     + (f", needs {'/'.join(t.arch_features)}" if t.arch_features else "")
-                     for t in sorted(templates, key=lambda t: t.name))

@@ -28,7 +28,7 @@ try:
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from populations import Shape
+from populations import Shape, ShapeError
 
 __all__ = ["ShapesError", "Layer", "ModelShapes", "FUSE_MODES", "load_config", "model_layers", "rows",
            "to_csv", "to_toml", "DEFAULT_TOKENS"]
@@ -87,10 +87,12 @@ def load_config(spec: Union[str, os.PathLike]) -> tuple[str, dict[str, Any]]:
     path = Path(spec)
     if path.is_dir():
         path = path / "config.json"
-    if path.is_file():
+    if path.exists() and not path.is_dir():
+        from populations import read_bounded
+
         try:
-            cfg = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            cfg = json.loads(read_bounded(path, 16 << 20, "config").decode("utf-8"))  # a FIFO or device: refused
+        except (OSError, ValueError) as exc:  # InputFileError, not UTF-8, not JSON
             raise ShapesError(f"{spec}: not a readable JSON config ({exc})") from None
         if not isinstance(cfg, dict):
             raise ShapesError(f"{spec}: a config must be a JSON object")
@@ -173,8 +175,11 @@ def rows(models: Iterable[ModelShapes], tokens: Sequence[int] = DEFAULT_TOKENS) 
     """Every (model, layer, token count) as a shape, models and layers in order, tokens ascending."""
     if not tokens or any(isinstance(t, bool) or not isinstance(t, int) or t <= 0 for t in tokens):
         raise ShapesError(f"token counts must be positive integers, got {list(tokens)!r}")
-    return [Row(Shape(m, layer.n, layer.k, layer.layout), ms.model, layer)
-            for ms in models for layer in ms.layers for m in sorted(set(tokens))]
+    try:
+        return [Row(Shape(m, layer.n, layer.k, layer.layout), ms.model, layer)
+                for ms in models for layer in ms.layers for m in sorted(set(tokens))]
+    except ShapeError as exc:  # a token count beyond a shape's limits: the input's fault, one line
+        raise ShapesError(str(exc)) from None
 
 
 CSV_FIELDS = ("M", "N", "K", "model", "layer", "layout", "module", "count", "note")

@@ -17,6 +17,7 @@ COMMANDS = {
     "run": "evo._cmd_run",
     "eval": "evo._cmd_eval",
     "inspect": "evo._cmd_inspect",
+    "archive": "evo._cmd_archive",
     "export": "evo._cmd_export",
     "shapes": "evo._cmd_shapes",
     "report": "evo._cmd_report",
@@ -70,7 +71,12 @@ def main(argv: Optional[Sequence[str]] = None, **library: Any) -> int:
     args = parser.parse_args(argv)
     mod = importlib.import_module(COMMANDS[args.command])
     try:
-        return int(mod.run(args, **library) or 0)  # type: ignore[attr-defined]
+        code = int(mod.run(args, **library) or 0)  # type: ignore[attr-defined]
+        sys.stdout.flush()  # here, so a reader that went away is seen now and not at interpreter exit
+        return code
+    except BrokenPipeError:  # `evo ... --json | head`: the reader has what it wanted; no message
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         print("evo: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -81,6 +87,23 @@ def main(argv: Optional[Sequence[str]] = None, **library: Any) -> int:
         where = exc.filename if exc.filename is not None else ""
         return fail(args.command, f"{where}: {exc.strerror or exc}" if where else (exc.strerror or str(exc)),
                     EXIT_BAD_INPUT)
+
+
+#: What a shell reports for a command ended by SIGPIPE (128 + 13): ``set -o pipefail`` sees the same
+#: status as for any Unix tool whose reader closed the pipe, never the bad-input code.
+EXIT_BROKEN_PIPE = 141
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not complain again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a real file (a test's capture): nothing to quiet
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -30,16 +30,16 @@ from collections import Counter
 from typing import Callable, Iterable, Iterator, Optional, Union
 
 from ._codec import encode
-from ._index import INDEX_SUFFIX
+from ._index import INDEX_SUFFIX, orphans
 from ._lineage import LineageNode, build_lineage
-from ._lock import WriterLock, why
+from ._lock import WriterLock, why, writer_active
 from ._log import KIND_CANDIDATE, KIND_EVALUATION, LogError, RecordLog, atomic_write, rewrite
 from ._ranking import Elite, rank
 from ._records import Candidate, Evaluation, Status
 from ._shape import Shape, ShapeError
-from ._shape_log import ArchiveError, ArchiveLockedError, CandidateInfo, Record, ShapeLog, Summary
+from ._shape_log import ArchiveDamagedError, ArchiveError, ArchiveLockedError, CandidateInfo, Record, ShapeLog, Summary
 
-__all__ = ["Archive", "ArchiveError", "ArchiveLockedError", "CandidateInfo", "Elite", "LineageNode"]
+__all__ = ["Archive", "ArchiveDamagedError", "ArchiveError", "ArchiveLockedError", "CandidateInfo", "Elite", "LineageNode"]
 
 FORMAT = "evo-archive"
 VERSION = 1
@@ -75,10 +75,13 @@ class Archive:
     the other. Within a log, what survives is always a prefix of what was appended.
     """
 
-    def __init__(self, path: Union[str, os.PathLike], mode: str = "r") -> None:
+    def __init__(self, path: Union[str, os.PathLike], mode: str = "r", *, verify: bool = False) -> None:
         if mode not in ("r", "w"):
             raise ValueError(f"mode must be 'r' or 'w', got {mode!r}")
         self.path, self.mode = os.path.abspath(os.fspath(path)), mode
+        #: checksum every frame of every log at open, the side index only compared against (what
+        #: commands that publish or resume from an archive need: damage must not go unseen)
+        self.verify = verify
         self._shape_logs: dict[Shape, ShapeLog] = {}
         self._bad: dict[Shape, str] = {}      # shape logs that cannot be opened, and why
         self._problems: list[str] = []        # records that do not decode
@@ -100,14 +103,21 @@ class Archive:
             with open(os.path.join(self.path, MANIFEST), encoding="utf-8") as f:
                 manifest = json.load(f)
         except FileNotFoundError:
-            raise ArchiveError(f"{self.path}: not an evo archive (no {MANIFEST})") from None
+            raise self._manifest_error(f"not an evo archive (no {MANIFEST})") from None
         except (OSError, ValueError) as exc:  # ValueError: bad JSON or not UTF-8
-            raise ArchiveError(f"{self.path}: unreadable {MANIFEST}: {why(exc)}") from None
+            raise self._manifest_error(f"unreadable {MANIFEST}: {why(exc)}") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise ArchiveError(f"{self.path}: {MANIFEST} does not describe an evo archive")
+            raise self._manifest_error(f"{MANIFEST} does not describe an evo archive")
         version = manifest.get("version")
         if not isinstance(version, int) or version > VERSION:
             raise ArchiveError(f"{self.path}: archive version {version!r} is newer than this evo (v{VERSION})")
+
+    def _manifest_error(self, what: str) -> ArchiveError:
+        """A bad manifest beside record logs is damage to an archive; without logs, no archive."""
+        if any(name.endswith(SUFFIX) for name in os.listdir(self.path)):
+            return ArchiveDamagedError(f"{self.path}: damaged archive: {what} (the record logs are there: "
+                                       f"restore {MANIFEST} as {{\"format\": \"{FORMAT}\", \"version\": {VERSION}}})")
+        return ArchiveError(f"{self.path}: {what}")
 
     def _open_writer(self) -> None:
         try:
@@ -121,7 +131,7 @@ class Archive:
         os.makedirs(self.path, exist_ok=True)
         fresh = not os.path.exists(os.path.join(self.path, MANIFEST))
         if fresh and set(os.listdir(self.path)) - {LOCK, MANIFEST + ".tmp"}:
-            raise ArchiveError(f"{self.path}: not an evo archive and not empty; refusing to write there")
+            raise self._manifest_error("not an evo archive and not empty; refusing to write there")
         self._lock()
         try:
             if fresh:
@@ -161,7 +171,7 @@ class Archive:
             if not os.path.exists(path) and not (create and self.mode == "w"):
                 return None
             try:
-                log = RecordLog(path, writable=self.mode == "w")
+                log = RecordLog(path, writable=self.mode == "w", verify=self.verify)
             except OSError as exc:  # LogError, or the OS refusing to open or read it
                 self._bad[shape] = str(exc) if isinstance(exc, LogError) else f"{path}: {why(exc)}"
                 return self._shape_log(shape, create)
@@ -171,13 +181,15 @@ class Archive:
     def problems(self, *, all_shapes: bool = True) -> list[str]:
         """Every piece of damage seen, one sentence each naming the file: shape logs that could
         not be opened, damaged regions skipped, torn tails (cut by a writer, kept in a side
-        file, or pending for a reader), records that did not decode. With ``all_shapes`` every
-        shape's log is opened first, so the list is complete."""
+        file, or pending for a reader: not while a writer holds the lock, whose tail is a write in
+        progress), records that did not decode. With ``all_shapes`` every shape's log is opened
+        first, so the list is complete."""
         if all_shapes:
             self._all_shape_logs()
-        out = list(self._bad.values())
-        for shape_log in self._shape_logs.values():
-            out += shape_log.log.problems()
+        out = list(self._bad.values()) + (orphans(self.path, SUFFIX) if all_shapes else [])
+        live = self.mode == "r" and writer_active(os.path.join(self.path, LOCK))
+        for shape_log in self._shape_logs.values():  # a live writer's tail is a write in progress, not damage
+            out += shape_log.log.problems(tail=not live) + shape_log.dangling()
         return out + self._problems
 
     def _all_shape_logs(self) -> list[ShapeLog]:
@@ -266,9 +278,9 @@ class Archive:
         sizes = {}
         for shape_log in shape_logs:
             before = os.path.getsize(shape_log.log.path)
+            if os.path.exists(shape_log.log.path + INDEX_SUFFIX):  # it describes the old file: gone first,
+                os.unlink(shape_log.log.path + INDEX_SUFFIX)       # or a crash would make it say records were lost
             rewrite(shape_log.log.path, self._kept_frames(shape_log, keep))
-            if os.path.exists(shape_log.log.path + INDEX_SUFFIX):
-                os.unlink(shape_log.log.path + INDEX_SUFFIX)  # it describes the old file
             shape_log.log.close()
             shape_log.log = RecordLog(shape_log.log.path, writable=True)
             shape_log.rebuild()
@@ -428,9 +440,17 @@ class Archive:
             raise KeyError(f"unknown candidate id {prefix!r}")
         raise KeyError(f"candidate id prefix {prefix!r} is ambiguous ({len(ids)} candidates)")
 
-    def lineage(self, candidate_id: str) -> LineageNode:
-        """The ancestry tree of a candidate (a unique id prefix will do), across all shapes."""
-        return build_lineage(self.resolve(candidate_id), self._all_shape_logs())
+    def lineage(self, candidate_id: str, *, missing_ok: bool = False) -> LineageNode:
+        """The ancestry tree of a candidate (a unique id prefix will do), across all shapes. With
+        ``missing_ok`` an id no log holds (a candidate lost to damage, whose evaluations survived)
+        is a tree of one node without a candidate instead of a KeyError."""
+        try:
+            full = self.resolve(candidate_id)
+        except KeyError:
+            if not missing_ok:
+                raise
+            full = candidate_id
+        return build_lineage(full, self._all_shape_logs())
 
     def __repr__(self) -> str:
         return f"Archive({self.path!r}, mode={self.mode!r})"

@@ -19,9 +19,9 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from typing import Optional
+from typing import NamedTuple, Optional
 
-__all__ = ["INDEX_SUFFIX", "load_index", "save_index"]
+__all__ = ["INDEX_SUFFIX", "IndexInfo", "load_index", "orphans", "read_index", "save_index"]
 
 INDEX_SUFFIX = ".idx"
 _MAGIC = b"EVOIDX"
@@ -50,14 +50,51 @@ def save_index(path: str, fd: int, entries: list, covered: int, header: int) -> 
     atomic_write(path + INDEX_SUFFIX, (body, struct.pack("<I", zlib.crc32(body))))
 
 
-def load_index(path: str, fd: int, header: int) -> Optional[tuple[list, int]]:
-    """(entries, covered length) from ``path``'s index when it is whole and describes this log
-    as it is now; None otherwise (the caller scans)."""
+class IndexInfo(NamedTuple):
+    """A whole, self-consistent index: what the log held when its writer closed it. Also what a
+    damaged log is compared against (records the index lists that the log no longer holds)."""
+
+    entries: list
+    covered: int
+    mtime: int
+    tail_crc: int
+
+    def missing(self, entries: list, size: int) -> str:
+        """What this index lists that ``entries`` (a scan of the log, now ``size`` bytes) lacks, in one
+        sentence (records, bytes, where); empty when nothing is missing."""
+        found = {(e.offset, e.key) for e in entries}
+        gone = [e for e in self.entries if (e.offset, e.key) not in found]
+        if not gone:
+            return ""
+        cut = f"; the log is {size} bytes, the index recorded {self.covered}" if size < self.covered else ""
+        return (f"{len(gone)} record(s) that the index lists are lost ({sum(e.end - e.offset for e in gone)} bytes "
+                f"from offset {gone[0].offset}{cut})")
+
+    def lost(self) -> str:
+        """What the log held by this index, for a message about a log that cannot be read at all."""
+        return f"its index lists {len(self.entries)} record(s) in {self.covered} bytes, all lost"
+
+
+def orphans(directory: str, log_suffix: str) -> list[str]:
+    """Side indexes in ``directory`` whose log is gone (a removed log the index still counts), one
+    sentence each naming the log."""
+    out = []
+    for name in sorted(os.listdir(directory)):
+        log_path = os.path.join(directory, name[: -len(INDEX_SUFFIX)])
+        if name.endswith(log_suffix + INDEX_SUFFIX) and not os.path.exists(log_path):
+            info = read_index(log_path)
+            out.append(f"{log_path}: missing: " + (info.lost() if info else "its index is there, the records are lost"))
+    return out
+
+
+def read_index(path: str) -> Optional[IndexInfo]:
+    """``path``'s index when the index file itself is whole (its checksum and sizes agree), whether
+    or not it still describes the log; None when there is none or it is damaged."""
     from ._log import FRAME_SIZE, Entry
 
     try:
         with open(path + INDEX_SUFFIX, "rb") as fh:
-            data = fh.read()
+            data = fh.read(64 << 20)
     except OSError:
         return None
     if len(data) < _HEAD.size + 4 or zlib.crc32(memoryview(data)[:-4]) != struct.unpack_from("<I", data, len(data) - 4)[0]:
@@ -65,9 +102,6 @@ def load_index(path: str, fd: int, header: int) -> Optional[tuple[list, int]]:
     magic, version, covered, mtime, tail_crc, count, key_bytes = _HEAD.unpack_from(data)
     rows_end = _HEAD.size + count * _ROW.size
     if magic != _MAGIC or version != _VERSION or rows_end + key_bytes + 4 != len(data):
-        return None
-    st = os.fstat(fd)
-    if covered < header or (st.st_size, st.st_mtime_ns) != (covered, mtime) or _tail_crc(fd, covered, header) != tail_crc:
         return None
     keys = data[rows_end:rows_end + key_bytes]
     entries, pos = [], 0
@@ -80,4 +114,17 @@ def load_index(path: str, fd: int, header: int) -> Optional[tuple[list, int]]:
         return None
     if entries and entries[-1].end != covered:
         return None
-    return entries, covered
+    return IndexInfo(entries, covered, mtime, tail_crc)
+
+
+def load_index(path: str, fd: int, header: int, info: Optional[IndexInfo] = None) -> Optional[tuple[list, int]]:
+    """(entries, covered length) from ``path``'s index (``info``, read here when not given) when it
+    is whole and describes this log as it is now; None otherwise (the caller scans)."""
+    info = info if info is not None else read_index(path)
+    if info is None:
+        return None
+    st = os.fstat(fd)
+    if (info.covered < header or (st.st_size, st.st_mtime_ns) != (info.covered, info.mtime)
+            or _tail_crc(fd, info.covered, header) != info.tail_crc):
+        return None
+    return info.entries, info.covered

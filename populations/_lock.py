@@ -16,7 +16,7 @@ import time
 import weakref
 from typing import Callable
 
-__all__ = ["WriterLock", "why"]
+__all__ = ["WriterLock", "why", "writer_active"]
 
 #: Bytes of the lock file's holder record (JSON: pid, host, since), written in place.
 LOCK_WIDTH = 160
@@ -35,6 +35,24 @@ def _holder(raw: bytes) -> str:
         return f"pid {info['pid']} on {info['host']} since {info['since']}"
     except (ValueError, TypeError, KeyError):
         return f"pid {text or '?'}"
+
+
+def writer_active(path: str) -> bool:
+    """Whether some process holds the writer lock at ``path`` now, found without taking it (a
+    reader must never make a writer's start fail): Linux lists every flock in /proc/locks by
+    device and inode. False where that cannot be read (then a reader treats a tail as damage)."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return False
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[3] == "WRITE" and parts[5] == want:
+            return True
+    return False
 
 
 class WriterLock:

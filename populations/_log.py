@@ -42,7 +42,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple, Optional
 
-from ._index import load_index, save_index
+from ._index import IndexInfo, load_index, read_index, save_index
 
 __all__ = ["LogError", "Entry", "RecordLog", "rewrite", "atomic_write", "KIND_OTHER", "KIND_CANDIDATE", "KIND_EVALUATION"]
 
@@ -200,6 +200,20 @@ def _resync(fd: int, pos: int, limit: int) -> int:
     return nxt
 
 
+def _frames_in(fd: int, lo: int, hi: int) -> int:
+    """How many frames began in the damaged region ``[lo, hi)`` (at least 1): the records it cost."""
+    hits, pos, overlap = 0, lo, len(FRAME_MAGIC) - 1
+    while pos < hi:
+        buf = os.pread(fd, min(_CHUNK, hi - pos) + overlap, pos)
+        hits += buf[:min(_CHUNK, hi - pos) + overlap].count(FRAME_MAGIC)
+        pos += _CHUNK
+    return max(1, hits)
+
+
+def _index_says(index: Optional[IndexInfo]) -> str:
+    return f"; {index.lost()}" if index else ""
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path or ".", os.O_RDONLY)
     try:
@@ -247,8 +261,11 @@ class RecordLog:
     """One log file. ``writable=True`` recovers the file and appends; the caller guarantees a
     single writer (the archive's lock). Read-only logs take no lock and never modify the file."""
 
-    def __init__(self, path: str, *, writable: bool = False) -> None:
-        self.path, self.writable = path, writable
+    def __init__(self, path: str, *, writable: bool = False, verify: bool = False) -> None:
+        #: ``verify``: scan and checksum every frame even where the side index describes the log
+        #: (the index is then only what the scan is compared against: records it lists that the
+        #: log no longer holds are damage)
+        self.path, self.writable, self.verify = path, writable, verify
         if writable and not os.path.exists(path):
             rewrite(path, ())
         self._fd = -1
@@ -269,27 +286,46 @@ class RecordLog:
         except FileNotFoundError:
             raise LogError(f"{self.path}: no such log") from None
         header = os.pread(self._fd, HEADER_SIZE, 0)
+        index = read_index(self.path)
         if len(header) < HEADER_SIZE or header[:6] != FILE_MAGIC:
+            size = os.fstat(self._fd).st_size
             self.close()
-            raise LogError(f"{self.path}: not an evo record log")
+            what = "empty (0 bytes)" if size == 0 else f"damaged header ({size} bytes, no evo log magic)"
+            raise LogError(f"{self.path}: {what}: not an evo record log{_index_says(index)}")
         version = self.version = _FILE_HEADER.unpack(header)[1]
-        if version > FILE_VERSION:
+        if version > FILE_VERSION or version < 1:
             self.close()
-            raise LogError(f"{self.path}: log format v{version} is newer than this evo (v{FILE_VERSION})")
+            raise LogError(f"{self.path}: log format v{version} is unknown to this evo (v{FILE_VERSION}): a newer evo "
+                           f"wrote it, or its header is damaged{_index_says(index)}")
         self._ino = os.fstat(self._fd).st_ino
         self.entries, self.damaged, self._end = [], [], HEADER_SIZE
         #: what opening repaired, one sentence each (a torn tail cut by a writer)
         self.recovered: list[str] = []
-        loaded = load_index(self.path, self._fd, HEADER_SIZE)  # a log unchanged since its index: no scan
-        if loaded is not None:
+        #: damage found by comparing the log with its index (records the index lists, now gone)
+        self.lost: list[str] = []
+        self._lost_counts: dict[int, int] = {}  # damaged region start -> records it held (estimate)
+        loaded = None if self.verify else load_index(self.path, self._fd, HEADER_SIZE, index)
+        if loaded is not None:  # a log unchanged since its index: no scan
             self.entries, self._end = loaded
         self._indexed = self._end if loaded is not None else -1  # what the index on disk covers
         self._scan_more()
+        if loaded is None and index is not None:
+            self._compare(index)
+
+    def _compare(self, index: IndexInfo) -> None:
+        """Damage only an index can show: records it lists that the scan did not find (a log cut
+        at a frame boundary reads as a shorter, intact log, so the scan alone cannot see it)."""
+        msg = index.missing(self.entries, os.fstat(self._fd).st_size)
+        if msg:
+            self.lost.append(f"{self.path}: {msg}")
+            warnings.warn(self.lost[-1], RuntimeWarning, stacklevel=4)
+            log.warning(self.lost[-1])
 
     def _scan_more(self) -> None:
         size = os.fstat(self._fd).st_size
         scan = _scan(self._fd, self._end, size)
         for lo, hi in scan.damaged:
+            self._lost_counts[lo] = _frames_in(self._fd, lo, hi)
             msg = f"{self.path}: skipped {hi - lo} damaged bytes at offset {lo} (corrupt record)"
             warnings.warn(msg, RuntimeWarning, stacklevel=4)
             log.warning(msg)
@@ -333,13 +369,14 @@ class RecordLog:
         else:
             self._scan_more()
 
-    def problems(self) -> list[str]:
+    def problems(self, *, tail: bool = True) -> list[str]:
         """The damage seen in this log, one sentence each: skipped damaged regions, a torn
         tail a writer cut (and where its bytes were kept), or, for a reader, bytes past the
         last intact frame (a torn tail, or a frame a live writer is still writing)."""
-        out = [f"{self.path}: {hi - lo} damaged bytes skipped at offset {lo}" for lo, hi in self.damaged]
-        out += self.recovered
-        if self.tail:
+        out = [f"{self.path}: {hi - lo} damaged bytes skipped at offset {lo} "
+               f"(about {self._lost_counts.get(lo, 1)} record(s) lost)" for lo, hi in self.damaged]
+        out += self.lost + self.recovered
+        if self.tail and tail:
             out.append(f"{self.path}: torn tail: {self.tail} bytes at offset {self._end} are not a whole record "
                        "(a killed writer, or one still writing); the next writer keeps them in a .torn file")
         return out
@@ -358,7 +395,7 @@ class RecordLog:
     def save_index(self) -> None:
         """Writer: record the entries in the side index (populations._index) so the next open
         needs no scan; not for a log with damage (its next open scans and reports it again)."""
-        if not self.writable or self.damaged or self._pending or self._indexed == self._end:
+        if not self.writable or self.damaged or self.lost or self._pending or self._indexed == self._end:
             return
         save_index(self.path, self._fd, self.entries, self._end, HEADER_SIZE)
         self._indexed = self._end

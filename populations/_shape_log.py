@@ -17,7 +17,7 @@ from ._log import KIND_CANDIDATE, KIND_EVALUATION, Entry, LogError, RecordLog
 from ._records import Candidate, Evaluation, Status
 from ._shape import Shape
 
-__all__ = ["ArchiveError", "ArchiveLockedError", "CandidateInfo", "Record", "ShapeLog", "Summary"]
+__all__ = ["ArchiveError", "ArchiveDamagedError", "ArchiveLockedError", "CandidateInfo", "Record", "ShapeLog", "Summary"]
 
 Record = Union[Candidate, Evaluation]
 #: Decoded candidates kept per shape; more are re-read from disk when asked for.
@@ -26,6 +26,11 @@ CANDIDATE_CACHE = 4096
 
 class ArchiveError(Exception):
     """A directory that is not an archive, or an archive used in a way it cannot be."""
+
+
+class ArchiveDamagedError(ArchiveError):
+    """An archive too damaged to open at all (its manifest unreadable while its logs are there):
+    damage, exit status 3, not a path that is no archive."""
 
 
 class ArchiveLockedError(ArchiveError):
@@ -211,6 +216,17 @@ class ShapeLog:
                 return None
             info = self.infos[cid] = CandidateInfo.of(cand) if cand.model else _NO_MODEL  # type: ignore[union-attr]
         return None if info is _NO_MODEL else info
+
+    def dangling(self) -> list[str]:
+        """Evaluations whose candidate this log does not hold (every log stands alone, so its
+        candidate was lost to damage): one sentence, or none."""
+        orphans = [i for i in range(len(self.evals)) if self.sums[i] is not None
+                   and self.sums[i].candidate_id not in self.cands]  # type: ignore[union-attr]
+        if not orphans:
+            return []
+        ids = {self.sums[i].candidate_id for i in orphans}  # type: ignore[union-attr]
+        return [f"{self.log.path}: {len(orphans)} evaluation(s) of {len(ids)} candidate(s) this log no longer holds "
+                f"(lost to damage; first at offset {self.evals[orphans[0]].offset})"]
 
     def summary(self, i: int) -> Summary:
         """Evaluation ``i``'s summary, from its key, or decoded if the key is not one."""

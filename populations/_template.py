@@ -133,11 +133,20 @@ class Template:
 
     def applicable(self, shape: Shape, arch: Union[int, str] = 90) -> bool:
         """True when this template is meant for ``shape`` on ``arch`` (layout, contract, arch, ``applies``)."""
-        if shape.layout not in self.layouts or shape.contract not in self.contracts:
-            return False
+        return self.why_not(shape, arch) is None
+
+    def why_not(self, shape: Shape, arch: Union[int, str] = 90) -> Optional[str]:
+        """Why this template is not meant for ``shape`` on ``arch``, in a few words; None when it is."""
+        if shape.layout not in self.layouts:
+            return f"layout {shape.layout} (it has {'/'.join(self.layouts)})"
+        if shape.contract not in self.contracts:
+            return f"contract {shape.contract} (it has {'/'.join(self.contracts)})"
         if not self.supports_arch(arch):
-            return False
-        return bool(evaluate(self.applies, _shape_env(shape)))
+            return f"arch {arch} (it needs sm_{self.min_arch}+" + (f" with {'/'.join(self.arch_features)})"
+                                                                   if self.arch_features else ")")
+        if not evaluate(self.applies, _shape_env(shape)):
+            return f"its applies rule ({self.applies}) is false at M={shape.m} N={shape.n} K={shape.k}"
+        return None
 
     def compile_arch(self, arch: Union[int, str]) -> str:
         """The NVRTC/nvcc target for this template on ``arch`` (``sm_90a`` when it needs arch features)."""

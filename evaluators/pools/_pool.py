@@ -80,7 +80,7 @@ class LocalPool(CorePool):
         elif isinstance(gpus, int):
             gpus = list(range(gpus))
         if not gpus:
-            raise WorkerUnavailable("no GPU is visible (nvidia-smi lists none); LocalPool needs at least one")
+            raise WorkerUnavailable("no GPU is visible (nvidia-smi lists none): evaluating on this machine needs one")
         self.gpus = list(gpus)
         if arch is None and target == HARNESS_TARGET:
             arch = gpu_arch(self.gpus[0])

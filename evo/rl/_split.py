@@ -13,6 +13,7 @@ and the training runs read the same file.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import random
@@ -34,13 +35,28 @@ class LayerRow:
     layer: str = ""
 
 
+#: The largest layers CSV read (the real one is a few KB).
+LAYERS_LIMIT = 16 << 20
+
+
 def read_layers(path: Union[str, os.PathLike], layout: str = "TN") -> list[LayerRow]:
     """Rows of an ``M,N,K,model,layer`` CSV (``llm_layers.csv``) as shapes in ``layout``."""
+    from populations import read_bounded
+
+    try:
+        text = read_bounded(path, LAYERS_LIMIT, "--layers").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--layers {path}: not UTF-8 text (byte {exc.start}), so not CSV") from None
     out = []
-    with open(path, newline="") as fh:
-        for r in csv.DictReader(fh):
-            out.append(LayerRow(Shape(int(r["M"]), int(r["N"]), int(r["K"]), layout), r["model"].strip(),
-                                (r.get("layer") or "").strip()))
+    try:
+        for line, r in enumerate(csv.DictReader(io.StringIO(text, newline="")), start=2):
+            try:
+                out.append(LayerRow(Shape(int(r["M"]), int(r["N"]), int(r["K"]), layout), r["model"].strip(),
+                                    (r.get("layer") or "").strip()))
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:
+                raise ValueError(f"{path}: line {line} is not an M,N,K,model,layer row ({exc})") from None
+    except csv.Error as exc:
+        raise ValueError(f"{path}: not CSV: {exc}") from None
     return out
 
 

@@ -10,6 +10,7 @@ from ._base import Completion, LLMBackend
 from ._bandit import ModelBandit
 from ._grammar import PREFIX, KnobEditGrammar
 from ._model_cache import load_gguf
+from ._checks import check_device, check_spec, check_url, probe_server
 from ._models import BACKENDS, MODELS_FILE, ModelSpec, get_backend, load_models, resolve_model
 from ._operator import LLMOperator
 from ._parse import Parsed, apply_edits, code_blocks, parse_edits, parse_knob_edit, parse_source
@@ -19,4 +20,5 @@ from ._transformers import DEFAULT_MODEL, TransformersBackend, load_backend
 __all__ = ["LLMBackend", "LLMOperator", "KnobEditGrammar", "PREFIX", "Parsed", "apply_edits", "code_blocks", "parse_edits",
            "parse_knob_edit", "parse_source", "KINDS", "MODES", "PROMPTS_DIR", "load_prompts", "render_messages",
            "DEFAULT_MODEL", "Completion", "TransformersBackend", "load_backend", "ModelBandit", "BACKENDS",
-           "MODELS_FILE", "ModelSpec", "get_backend", "load_gguf", "load_models", "resolve_model"]
+           "MODELS_FILE", "ModelSpec", "get_backend", "load_gguf", "load_models", "resolve_model",
+           "check_device", "check_spec", "check_url", "probe_server"]

@@ -9,18 +9,12 @@ spec's backend once per process, so several operators (``llm``, ``llm_crossover`
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ._base import LLMBackend
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 __all__ = ["ModelSpec", "MODELS_FILE", "BACKENDS", "load_models", "resolve_model", "get_backend"]
 
@@ -85,8 +79,12 @@ def _read(path: str) -> dict[str, ModelSpec]:
 
 @functools.lru_cache(maxsize=16)
 def _read_cached(path: str, mtime_ns: int, size: int) -> dict[str, ModelSpec]:
-    with open(path, "rb") as fh:
-        data = tomllib.load(fh)
+    from populations import load_toml
+
+    data = load_toml(path, 4 << 20, "model configuration")  # bounded: a FIFO or a device is refused, not read
+    bad = [name for name, table in data.items() if not isinstance(table, dict)]
+    if bad:
+        raise ValueError(f"{path}: {bad[0]!r} is not a [table] of model settings")
     return {name: _spec(name, table, path) for name, table in data.items()}
 
 
@@ -94,7 +92,7 @@ def load_models(*files: Union[str, Path]) -> dict[str, ModelSpec]:
     """The model tables: ``models.toml`` first, then each file (a later table replaces a name)."""
     out = dict(_read(str(MODELS_FILE)))
     for f in files:
-        if not Path(f).is_file():
+        if not Path(f).exists():
             raise ValueError(f"model configuration {f} does not exist")
         out.update(_read(str(Path(f).resolve())))
     return out

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any, Iterable, Optional
 
 from operators import OperatorContext, ParentView
 from operators.llm import LLMOperator
 from populations import Archive, Candidate, Evaluation, Template, load_templates
+
+from ._dataset import shape_records
 
 __all__ = ["export_pairs", "edit_completion"]
 
@@ -49,10 +51,7 @@ def export_pairs(archives: Iterable[Archive], *, templates: Optional[dict[str, T
     skipped: Counter = Counter()
     for archive in archives:
         for shape in archive.shapes():
-            cands = {c.id: c for c in archive.candidates(shape)}
-            evals: dict[str, list[Evaluation]] = defaultdict(list)
-            for ev in archive.evaluations(shape):
-                evals[ev.candidate_id].append(ev)
+            cands, evals = shape_records(archive, shape)
             finished = sorted(((ev.created, cands[cid], ev) for cid, evs in evals.items() if cid in cands
                                for ev in evs), key=lambda t: t[0])
             for child in sorted(cands.values(), key=lambda c: c.created):

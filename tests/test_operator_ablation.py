@@ -16,7 +16,7 @@ from populations import Shape  # noqa: E402
 
 def test_tiny_ablation_runs_every_arm_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "abl"
-    rc = ab.main(["--tiny", "--out", str(out), "--seeds", "0", "--arms", "knob,knob+llm_adapter,bandit"])
+    rc = ab.main(["--tiny", "--out", str(out), "--seeds", "0", "--arms", "knob,knob+ranked,knob+llm_adapter,bandit"])
     assert rc == 0
     doc = json.loads((out / "ablation.json").read_text())
     assert doc["format"] == "evo-operator-ablation/1" and doc["shapes"] == ["64x256x512:TN:f32", "8x512x256:TN:f32"]
@@ -26,6 +26,10 @@ def test_tiny_ablation_runs_every_arm_and_reports(tmp_path: Path) -> None:
     assert knob["gpu_s"]["mean"] >= 3.0  # ran to its GPU budget (the stand-in's 0.05 s per evaluation)
     assert knob["improvement_per_gpu_s"]["mean"] is not None and len(knob["best_over_time"]) == len(ab.MARKS)
     assert doc["arms"]["knob+llm_adapter"]["skipped"] == "no --adapter given"
+    from populations import Archive
+    with Archive(out / "runs" / "knob+ranked" / "s0", mode="r") as ar:
+        assert ab.operator_rows(ar)["ranked"]["evaluated"] > 0  # the ranking step's children were timed
+    assert doc["arms"]["knob+ranked"]["llm_gpu_wait_s"]["mean"] == 0.0  # no LLM: nothing held, nothing waited
     assert knob["llm_exercised"] is None and knob["llm_evaluated_total"] is None  # no LLM in the arm
     run = next(r for r in doc["runs"] if r["arm"] == "bandit")
     # every evaluated child counts for its operator's arm, parentless Optuna samples too (vs the

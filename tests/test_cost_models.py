@@ -298,3 +298,18 @@ def test_the_llm_scorer_scores_all_edits_in_one_pass_as_it_would_one_by_one(temp
     alone = [model.logprobs(messages, [e])[0] for e in edits]
     assert together == pytest.approx(alone, abs=1e-3)
     assert all(lp < 0 for lp in together) and len(set(round(x, 3) for x in together)) == 3
+    assert model.take_gpu_seconds() == 0.0  # on the CPU: no GPU seconds to charge
+
+
+def test_the_ranker_hands_on_its_models_gpu_seconds(template: Template) -> None:
+    """A cost model on a GPU is a cost of the ranking step: the engine takes it from the operator."""
+    class OnGpuDouble(ScriptedCostModelDouble):
+        def take_gpu_seconds(self) -> float:
+            return 0.125
+
+        def take_gpu_wait_seconds(self) -> float:
+            return 0.5
+
+    op = RankedOperator(model=OnGpuDouble(lambda k: k["STAGES"]))
+    assert op.take_gpu_seconds() == 0.125 and op.take_gpu_wait_seconds() == 0.5
+    assert RankedOperator(model=ScriptedCostModelDouble(lambda k: 0.0)).take_gpu_seconds() == 0.0

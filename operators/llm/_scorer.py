@@ -3,9 +3,10 @@
 :class:`LLMScorer` scores candidates by the log-likelihood the in-process transformers model
 gives each child's knob edit (``{"KNOB": value, ...}`` of the knobs that differ from the parent,
 what the knob grammar decodes) after the LLM operator's own mutation prompt for the parent at
-the shape: one prefill of the prompt (from the backend's prefix cache when it is there), its KV
-cache expanded to one row per candidate, and one teacher-forced forward pass over all the edits,
-right-padded (a pad after a row's last token cannot change that row's earlier logits). Every
+the shape: one prefill of the prompt (kept in the backend's prefix cache), its KV cache expanded
+to one row per candidate (``rows_per_pass`` rows at a time, since each row copies the prompt's
+cache), and one teacher-forced forward pass over those edits, right-padded (a pad after a row's
+last token cannot change that row's earlier logits). Every
 GPU operation runs inside the backend's lease slices (``gate``), as generation does.
 
 What it learns online: the measured records it is shown become the prompt's history (the
@@ -27,8 +28,9 @@ from populations import Candidate, Shape
 
 from .._base import OperatorContext, ParentView
 from .._costmodel import CostModel, Record
+from ._models import get_backend
 from ._operator import LLMOperator
-from ._transformers import DEFAULT_MODEL, _Cancelled, load_backend
+from ._transformers import DEFAULT_MODEL, _Cancelled
 
 __all__ = ["LLMScorer", "UNSCORED"]
 
@@ -42,32 +44,51 @@ class LLMScorer(CostModel):
     name = "llm"
     learns_online = False
 
-    def __init__(self, *, model: str = DEFAULT_MODEL, device: str = "cpu", threads: int = 0,
-                 adapter: Optional[str] = None, inspirations: int = 2, gate: Any = None) -> None:
+    def __init__(self, *, model: str = DEFAULT_MODEL, model_config: Sequence[str] = (), device: Optional[str] = None,
+                 threads: Optional[int] = None, adapter: Optional[str] = None, inspirations: int = 2,
+                 rows_per_pass: int = 8, gate: Any = None) -> None:
         super().__init__()
-        self.model, self.device, self.threads, self.adapter = model, device, threads, adapter
-        self.gate, self.inspirations = gate, inspirations
-        self.prompter = LLMOperator(model=model, inspirations=inspirations)  # prompts only: loads nothing
-        self.history: dict[str, list[Record]] = defaultdict(list)
+        if rows_per_pass < 1:
+            raise ValueError(f"rows_per_pass must be >= 1, got {rows_per_pass!r}")
+        self.model, self.model_config, self.device, self.threads = model, tuple(model_config), device, threads
+        self.adapter, self.gate, self.inspirations, self.rows_per_pass = adapter, gate, inspirations, rows_per_pass
+        self.prompter = self._prompter()  # prompts, and the model's spec: loads nothing
+        self.history: dict[str, list[Record]] = defaultdict(list)  # measured records by shape: the prompts'
         self._backend: Any = None
         self._templates: Optional[dict[str, Any]] = None
         self._held_s = self._wait_s = 0.0  # GPU seconds of scoring not yet taken (take_gpu_seconds)
+
+    def _prompter(self) -> LLMOperator:
+        return LLMOperator(model=self.model, model_config=self.model_config, device=self.device,
+                           threads=self.threads, inspirations=self.inspirations)
 
     def __getstate__(self) -> dict[str, Any]:  # save(): the records and settings, not the model
         return {**self.__dict__, "_backend": None, "gate": None, "_templates": None, "prompter": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.prompter = LLMOperator(model=self.model, inspirations=self.inspirations)
+        self.prompter = self._prompter()
 
     def backend(self) -> Any:
-        """The in-process model (loaded once per process; the adapter switched in when given)."""
+        """The in-process transformers model, the very backend the LLM operators of the process
+        use for this model (so ``evo run --llm-adapter`` switches it too); ``adapter`` switched
+        in when given."""
         if self._backend is None:
-            backend = load_backend(self.model, self.device, self.threads)
-            if self.adapter and backend.adapter != self.adapter:
+            backend = get_backend(self.prompter._spec(self.model))
+            if not getattr(backend, "steps_under_gate", False) or not hasattr(backend, "_prefill"):
+                raise ValueError(f"model {self.model}: the LLM scorer needs an in-process transformers model")
+            if self.adapter and backend.adapter != str(self.adapter):
                 backend.load_adapter(self.adapter, str(self.adapter), gate=self.gate)
             self._backend = backend
         return self._backend
+
+    def warm(self) -> dict[str, str]:
+        """Load the model and run one pass (inside a lease slice) before a run's clock starts."""
+        try:
+            self.backend().warm(gate=self.gate)
+            return {self.model: "ready"}
+        except Exception as exc:  # reported; scoring then fails as each call's counted failure
+            return {self.model: f"could not load: {type(exc).__name__}: {exc}"}
 
     def _learn(self, records: list[Record]) -> None:
         for cand, ev in records:
@@ -115,27 +136,39 @@ class LLMScorer(CostModel):
         torch = backend.torch
         tok = backend.tokenizer
         seqs = [tok.encode(text, add_special_tokens=False) for text in continuations]
-        width = max(len(s) for s in seqs)
         pad = next(iter(backend.eos)) if backend.eos else 0
-        ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
+        out: list[float] = []
         with backend._lock:
             backend._gate = self.gate
             held0, wait0 = backend._gpu_clock()
             try:
-                past, first = backend._prefill(backend.prompt_ids(messages))
-                backend._reshape_cache(past, repeat=len(seqs))
-                with torch.inference_mode(), warnings.catch_warnings(), backend._leased():
-                    warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renames past_key_values
-                    backend.place()
-                    logits = backend.model(input_ids=ids.to(backend.device), past_key_values=past,
-                                           use_cache=True).logits.float().cpu()
+                prompt = backend.prompt_ids(messages)
+                for at in range(0, len(seqs), self.rows_per_pass):  # the KV cache copied per row: bounded
+                    out += self._pass(backend, prompt, seqs[at:at + self.rows_per_pass], pad)
             except _Cancelled:
-                return [UNSCORED] * len(seqs)
+                out += [UNSCORED] * (len(seqs) - len(out))
             finally:
                 backend._gate = None
                 held1, wait1 = backend._gpu_clock()
                 self._held_s += held1 - held0
                 self._wait_s += wait1 - wait0
+        return out
+
+    @staticmethod
+    def _pass(backend: Any, prompt: list[int], seqs: list[list[int]], pad: int) -> list[float]:
+        """Summed log-probabilities of ``seqs`` after ``prompt``: the prompt's cached prefill,
+        its KV cache expanded to the rows, one teacher-forced pass over the right-padded rows."""
+        torch = backend.torch
+        width = max(len(s) for s in seqs)
+        ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
+        past, first = backend._prefill(prompt)
+        if len(seqs) > 1:
+            backend._reshape_cache(past, repeat=len(seqs))
+        with torch.inference_mode(), warnings.catch_warnings(), backend._leased():
+            warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renames past_key_values
+            backend.place()
+            logits = backend.model(input_ids=ids.to(backend.device), past_key_values=past,
+                                   use_cache=True).logits.float().cpu()
         first_lp = torch.log_softmax(first.double(), dim=-1)
         rest_lp = torch.log_softmax(logits.double(), dim=-1)
         out = []

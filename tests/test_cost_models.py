@@ -128,7 +128,8 @@ def test_predict_gives_one_float_per_candidate_in_order(name: str, template: Tem
     assert len(scores) == len(held) and all(isinstance(s, float) and math.isfinite(s) for s in scores)
     assert len(set(scores)) > 1  # it tells candidates apart
     backwards = model.predict(SHAPE, [c for c, _ in reversed(held)], parent)
-    assert backwards == pytest.approx(list(reversed(scores)))  # a score is the candidate's, not its place's
+    # a score is the candidate's, not its place's (up to float rounding: the LLM pads rows per pass)
+    assert backwards == pytest.approx(list(reversed(scores)), rel=1e-4)
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -13,7 +13,9 @@ sampled once (``--shapes`` of them, seeded, spread over the shape classes) and e
 ``evo run`` on exactly those shapes, from a fresh archive, once per seed, with the same
 ``--gpu-seconds`` budget (the LLM's own GPU seconds count in it: evo charges them), so arms are
 compared at equal GPU cost. Arms (``ARMS`` below): ``knob`` (knob mutation, crossover, random),
-``knob+optuna``, ``knob+llm`` (the base model), ``knob+llm_adapter`` (the model with
+``knob+optuna``, ``knob+ranked`` (the ranking step beside them: issue 35's tabular cost model picks
+4 of 64 knob children), ``knob+llm_ranker`` and ``knob+llm_ranker_adapter`` (the same step ranked by
+the LLM's log-likelihood of each edit, base model and ``--adapter``), ``knob+llm`` (the base model), ``knob+llm_adapter`` (the model with
 ``--adapter``, the RL adapter; skipped and reported when none is given; with ``--adapter`` given
 for several versions, one arm per version, ``knob+llm_adapter@vN``) and ``bandit`` (knob, Optuna
 and the LLM, with the latest adapter when given, under ``--operator-bandit``). The report's version
@@ -25,7 +27,8 @@ timed regions); the default ``cpu`` keeps it off the GPU.
 Per run and per arm (mean and range over seeds): evaluations, valid share (ok and unflagged),
 improving share (children that beat their parent), flagged share, the LLM's tokens (every call, from
 the stop event), proposals, children evaluated and children improving (scripts/operator_shares.py's
-counts), the LLM's GPU seconds,
+counts), the LLM's GPU seconds (held: what evo charges) and the seconds it waited for the GPU lease
+(the old charge was their sum),
 GPU seconds in all, *improvement per GPU-second* (sum over shapes of ``log(best at the end / best
 of the seeds)``, over the run's GPU seconds) and *child gain per GPU-second* (the bandit's
 measure: summed ``max(0, log(child / parent))``), and best speedup over GPU time (geometric mean
@@ -59,20 +62,29 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from evo.rl._split import ShapeSplit, read_layers, split_by_model  # noqa: E402
 from operator_shares import shares as operator_rows  # noqa: E402
+from _ablation_stats import vs_base  # noqa: E402
 from populations import Archive, Shape, Status  # noqa: E402
 
 #: arm -> (operators, extra evo run flags); "{adapter}" is replaced by --adapter's folder
 ARMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "knob": ("knob", ()),
     "knob+optuna": ("knob:1,optuna:1", ()),
+    # issue 35: knob operators beside the ranking step (64 knob children, the tabular cost model's best 4)
+    "knob+ranked": ("knob:1,ranked:1", ()),
     "knob+llm": ("knob:1,llm:1", ()),
     "knob+llm_adapter": ("knob:1,llm:1", ("--llm-adapter", "{adapter}")),
+    # issue 35: the LLM as the ranking step's cost model (llm_ranked: 4 of 64 knob children by the
+    # log-likelihood of their edit), with the base model and with --adapter
+    "knob+llm_ranker": ("knob:1,llm_ranked:1", ()),
+    "knob+llm_ranker_adapter": ("knob:1,llm_ranked:1", ("--llm-adapter", "{adapter}")),
     "bandit": ("knob:1,optuna:1,llm:1", ("--operator-bandit",)),
 }
 NEEDS_ADAPTER = {"knob+llm_adapter"}
+#: every arm that runs with --adapter (the version table compares the generator arms only)
+ADAPTER_ARMS = NEEDS_ADAPTER | {"knob+llm_ranker_adapter"}
 #: an adapter arm of one version: ``knob+llm_adapter@vN`` runs ``knob+llm_adapter`` with adapter vN
 VERSIONED = re.compile(r"^knob\+llm_adapter@v(\d+)$")
-TINY_ARMS = ("knob", "knob+optuna", "bandit")
+TINY_ARMS = ("knob", "knob+optuna", "knob+ranked", "bandit")
 #: GPU-second marks of the best-over-time curve, as fractions of the budget
 MARKS = tuple(i / 20 for i in range(1, 21))
 #: LLM children evaluated (all seeds of an arm together) below which an LLM arm did not measure
@@ -149,7 +161,7 @@ def missing_adapter(args: argparse.Namespace, arm: str) -> Optional[str]:
     """Why an adapter arm cannot run (no adapter, or none of its version given); None when it can,
     and for every arm that needs none."""
     m = VERSIONED.match(arm)
-    if not (arm in NEEDS_ADAPTER or m) or arm_adapter(args, arm) is not None:
+    if not (arm in ADAPTER_ARMS or m) or arm_adapter(args, arm) is not None:
         return None
     return "no --adapter given" if m is None else f"no adapter of version {m.group(1)} given"
 
@@ -160,7 +172,7 @@ def arm_adapter(args: argparse.Namespace, arm: str) -> Optional[Path]:
     m = VERSIONED.match(arm)
     if m:
         return next((a for v, a in args.adapters if v == int(m.group(1))), None)
-    return args.adapter if arm in NEEDS_ADAPTER or arm == "bandit" else None
+    return args.adapter if arm in ADAPTER_ARMS or arm == "bandit" else None
 
 
 # -- shapes -------------------------------------------------------------------------------------
@@ -409,7 +421,8 @@ def measure(archive: Path, shapes: Sequence[Shape], budget_s: float) -> dict[str
             # failed calls included (the stop event's budget), and its children in the archive
             "tokens": int(budget.get("tokens") or 0), "llm_proposals": proposals,
             "llm_evaluated": sum(r["evaluated"] for r in llm_rows), "llm_improved": sum(r["improved"] for r in llm_rows),
-            "llm_gpu_s": float(budget.get("llm_gpu_s") or 0.0),
+            "llm_gpu_s": float(budget.get("llm_gpu_s") or 0.0),  # held (charged); the old charge added the waits
+            "llm_gpu_wait_s": float(budget.get("llm_gpu_wait_s") or 0.0),
             "improvement_per_gpu_s": round(improvement / gpu_s, 6) if gpu_s else None,
             "child_gain_per_gpu_s": round(gain / gpu_s, 6) if gpu_s else None,
             "best_over_time": best_over_time(events, shapes, budget_s), "stop": stop.get("reason"),
@@ -452,7 +465,7 @@ def _geomean(best: dict[str, float], names: set[str]) -> Optional[float]:
 
 # -- report -------------------------------------------------------------------------------------
 FIELDS = ("evaluations", "valid_share", "improving_share", "flagged_share", "tokens", "llm_proposals",
-          "llm_evaluated", "llm_improved", "llm_gpu_s", "gpu_s", "improvement_per_gpu_s", "child_gain_per_gpu_s")
+          "llm_evaluated", "llm_improved", "llm_gpu_s", "llm_gpu_wait_s", "gpu_s", "improvement_per_gpu_s", "child_gain_per_gpu_s")
 
 
 def summarise(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -539,7 +552,7 @@ def write_report(args: argparse.Namespace, shapes: Sequence[Shape], meta: dict[s
     doc = {"format": "evo-operator-ablation/1", "shapes": [str(s) for s in shapes], "meta": meta,
            "gpu_seconds": args.gpu_seconds, "seeds": args.seed_list, "llm_device": args.llm_device,
            "adapter": str(args.adapter) if args.adapter else None, "marks": list(MARKS), "arms": summary,
-           "adapter_versions": versions,
+           "adapter_versions": versions, "vs_knob": vs_base(runs),
            "runs": list(runs), "command": "python bench/operator_ablation.py " + shlex.join(argv)}
     (args.out / "ablation.json").write_text(json.dumps(doc, indent=1))
 
@@ -553,12 +566,12 @@ def write_report(args: argparse.Namespace, shapes: Sequence[Shape], meta: dict[s
              + ", ".join(doc["shapes"]), "",
              f"{args.gpu_seconds:g} GPU-s per run, seeds {','.join(map(str, args.seed_list))}, LLM on {args.llm_device}; means over seeds.", "",
              "| arm | seeds run | evaluations | valid | improving | flagged | tokens | LLM proposals "
-             "| LLM evaluated | LLM improving | LLM GPU-s | GPU-s | wall s "
+             "| LLM evaluated | LLM improving | LLM GPU-s held | LLM lease wait s | GPU-s | wall s "
              "| improvement / GPU-s | child gain / GPU-s | best speedup (end) |",
-             "|" + "---|" * 16]
+             "|" + "---|" * 17]
     for arm, row in summary.items():
         if row["skipped"] and not row["runs"]:
-            lines.append(f"| {arm} | 0 | not run: {row['skipped']} |" + " |" * 13)
+            lines.append(f"| {arm} | 0 | not run: {row['skipped']} |" + " |" * 14)
             continue
         end = next((v for v in reversed(row["best_over_time"]) if v is not None), None)
         name = arm if row.get("llm_exercised") is not False else (
@@ -568,9 +581,21 @@ def write_report(args: argparse.Namespace, shapes: Sequence[Shape], meta: dict[s
         lines.append(f"| {name} | {_seeds_cell(row)} | {cell(row['evaluations'])} | {cell(row['valid_share'], True)} | "
                      f"{cell(row['improving_share'], True)} | {cell(row['flagged_share'], True)} | {cell(row['tokens'])} | "
                      f"{cell(row['llm_proposals'])} | {cell(row['llm_evaluated'])} | {cell(row['llm_improved'])} | "
-                     f"{cell(row['llm_gpu_s'])} | {cell(row['gpu_s'])} | {row['wall_s'] or '-'} | "
+                     f"{cell(row['llm_gpu_s'])} | {cell(row.get('llm_gpu_wait_s'))} | {cell(row['gpu_s'])} | "
+                     f"{row['wall_s'] or '-'} | "
                      f"{cell(row['improvement_per_gpu_s'])} | {cell(row['child_gain_per_gpu_s'])} | "
                      f"{'-' if end is None else f'{end:.3f}'} |")
+    if doc["vs_knob"]:
+        def ci(v: dict[str, Any]) -> str:
+            if v["ratio"] is None:
+                return "-"
+            return f"{v['ratio']:.2f}x" + (f" [{v['lo']:.2f}, {v['hi']:.2f}]" if v["lo"] is not None else "")
+        lines += ["", "Against knob alone, paired by seed: the ratio of the means over the seeds both arms finished, "
+                  "with a bootstrap 95% interval (bench/_ablation_stats.py):", "",
+                  "| arm | pairs | improvement / GPU-s | best speedup (end) |", "|---|---|---|---|"]
+        for arm, row in doc["vs_knob"].items():
+            lines.append(f"| {arm} | {row['improvement_per_gpu_s']['pairs']} | {ci(row['improvement_per_gpu_s'])} | "
+                         f"{ci(row['best_speedup_end'])} |")
     if len(versions) > 1:
         lines += ["", "Adapter versions on the test split (LLM children of all seeds; version 0 is the base model):", "",
                   "| version | arm | seeds | LLM children evaluated | improving their parent | share | above the previous |",

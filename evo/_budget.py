@@ -46,7 +46,8 @@ class Budget:
     used_gpu_s: float = 0.0
     used_evals: int = 0
     used_tokens: int = 0
-    used_llm_gpu_s: float = 0.0  # of used_gpu_s: the LLM's own inference on a GPU
+    used_llm_gpu_s: float = 0.0  # of used_gpu_s: the LLM's own inference on a GPU (seconds it held the lease)
+    used_llm_wait_s: float = 0.0  # not in used_gpu_s: seconds the LLM waited for the lease (issue 35)
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -64,6 +65,11 @@ class Budget:
         """GPU seconds spent outside evaluations: an LLM's inference on a GPU (issue 25)."""
         self.used_gpu_s += max(0.0, float(seconds))
         self.used_llm_gpu_s += max(0.0, float(seconds))
+
+    def note_llm_wait(self, seconds: float) -> None:
+        """Seconds an LLM waited for the GPU lease: reported beside its held seconds, charged to
+        no budget (the timers held the GPU then, and their evaluations pay for it)."""
+        self.used_llm_wait_s += max(0.0, float(seconds))
 
     def charge_tokens(self, tokens: int) -> None:
         self.used_tokens += max(0, int(tokens))
@@ -88,7 +94,8 @@ class Budget:
 
     def summary(self) -> dict[str, float]:
         return {"wall_s": round(self.elapsed, 3), "gpu_s": round(self.used_gpu_s, 3),
-                "evals": self.used_evals, "tokens": self.used_tokens, "llm_gpu_s": round(self.used_llm_gpu_s, 3)}
+                "evals": self.used_evals, "tokens": self.used_tokens, "llm_gpu_s": round(self.used_llm_gpu_s, 3),
+                "llm_gpu_wait_s": round(self.used_llm_wait_s, 3)}
 
 
 class Convergence:

@@ -3,6 +3,8 @@
 ``evo rl export ARCHIVE... --out DATASET.jsonl [--since T] [--last N]`` writes every evaluated
 LLM-made candidate as a (prompt, completion, reward) row in JSON lines (trl's conversational
 prompt/completion format plus reward, advantage, group and provenance columns; evo.rl._dataset).
+With ``--pairs`` it writes every measured parent-child pair of every operator instead, with its
+gain and the prompt rebuilt from the history before the child (evo.rl._pairs).
 
 ``evo rl train --dataset DATASET.jsonl [--archive DIR...] --out ADAPTER_DIR [--model M]
 [--steps N] [--seed S] [--group-size G] [--lr X] [--beta X] [--init-adapter DIR] [--version N]``
@@ -42,6 +44,9 @@ def add_parser(subparsers: Any) -> None:
     e.add_argument("--reward", choices=("speedup", "improvement"), default="speedup",
                    help="speedup: log speedup over cuBLAS (default); improvement: log gain over the parent in GPU "
                         "time, 0 for an invalid or slower child")
+    e.add_argument("--pairs", action="store_true",
+                   help="every measured parent-child pair of every operator (not only the LLM's), with its gain "
+                        "and the prompt rebuilt from the history before the child (evo.rl._pairs)")
     t = sub.add_parser("train", help="GRPO + LoRA on a dataset; writes a versioned adapter")
     t.add_argument("--dataset", required=True, metavar="DATASET.jsonl", help="the rows evo rl export wrote")
     t.add_argument("--archive", action="append", default=[], metavar="DIR", help="more rewards (repeatable)")
@@ -99,12 +104,18 @@ def _export(args: argparse.Namespace) -> int:
 
     from .rl import export_rows, write_jsonl
 
+    if args.pairs and (args.last is not None or args.reward != "speedup"):
+        return fail("rl export", "--pairs writes every pair with its gain; --last and --reward do not apply")
     archives = []
+    skipped: dict = {}
     try:
         for path in args.archives:
             archives.append(open_reader("rl export", path)[0])  # damage: one warning line per problem
-        from .rl import RewardConfig
-        rows = export_rows(archives, since=args.since, last=args.last, config=RewardConfig(kind=args.reward))
+        from .rl import RewardConfig, export_pairs
+        if args.pairs:
+            rows, skipped = export_pairs(archives, since=args.since)
+        else:
+            rows = export_rows(archives, since=args.since, last=args.last, config=RewardConfig(kind=args.reward))
     except ArchiveError as exc:
         return fail("rl export", exc)
     finally:
@@ -115,7 +126,9 @@ def _export(args: argparse.Namespace) -> int:
     except OSError as exc:
         return fail("rl export", f"--out {args.out}: cannot write the dataset there: {exc.strerror or exc}")
     groups = len({r["group"] for r in rows})
-    print(f"evo rl export: {n} rows in {groups} groups -> {args.out}")
+    print(f"evo rl export: {n} {'pairs' if args.pairs else 'rows'} in {groups} groups -> {args.out}")
+    for why, count in sorted(skipped.items(), key=lambda kv: -kv[1]):
+        print(f"evo rl export: left out {count}: {why}")
     return 0
 
 

@@ -142,7 +142,8 @@ class Proposing:
         if tokens > 0:
             self.token_spenders.add(name)
             self.budget.charge_tokens(tokens)
-        llm_gpu_s = float(op.take_gpu_seconds())
+        self.budget.note_llm_wait(float(op.take_gpu_wait_seconds()))  # reported, charged to no one
+        llm_gpu_s = float(op.take_gpu_seconds())  # held seconds only (issue 35)
         if llm_gpu_s > 0:  # the model ran on a GPU: GPU budget, and its operator's cost
             self.budget.charge_gpu(llm_gpu_s)
             if isinstance(self.chooser, OperatorBandit):

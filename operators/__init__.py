@@ -1,18 +1,25 @@
-"""Proposal operators: knob mutation and crossover, random and Optuna samplers (LLM ones later).
+"""Proposal operators: knob mutation and crossover, random and Optuna samplers, the ranking step
+and its cost models (LLM operators in ``operators.llm``).
 
 Every operator takes frozen records (:class:`ParentView`, :class:`OperatorContext`) and returns
 frozen :class:`Proposal` records; it never evaluates and never writes the archive.
 """
 from ._base import OPERATOR_ERROR, Operator, OperatorContext, ParentView, Proposal, score
+from ._costmodel import (COST_MODEL_FORMAT, CostModel, Record, archive_records, cost_models, get_cost_model,
+                         load_cost_model, register_cost_model)
 from ._crossover import KnobCrossover
 from ._mutation import KnobMutation
 from ._optuna import FLOOR_SPEEDUP, PENALTY, OptunaOperator, objective
 from ._random import RandomKnobs
+from ._ranked import RankedOperator
+from ._tabular import TabularCostModel, features
 from ._registry import OperatorSpec, available_operators, get_operator, register_operator, registered_operators
 
 __all__ = [
     "OPERATOR_ERROR", "Operator", "OperatorContext", "ParentView", "Proposal", "score",
-    "KnobCrossover", "KnobMutation", "OptunaOperator", "RandomKnobs",
+    "KnobCrossover", "KnobMutation", "OptunaOperator", "RandomKnobs", "RankedOperator",
+    "COST_MODEL_FORMAT", "CostModel", "Record", "TabularCostModel", "archive_records", "cost_models", "features",
+    "get_cost_model", "load_cost_model", "register_cost_model",
     "FLOOR_SPEEDUP", "PENALTY", "objective",
     "OperatorSpec", "available_operators", "get_operator", "register_operator", "registered_operators",
 ]

@@ -155,7 +155,13 @@ class Operator(abc.ABC):
         return None
 
     def take_gpu_seconds(self) -> float:
-        """Seconds a model of this operator ran on a GPU since the last call. Default 0.0."""
+        """Seconds a model of this operator held a GPU since the last call (its cost: the run's
+        GPU budget and the operator bandit count them). Default 0.0."""
+        return 0.0
+
+    def take_gpu_wait_seconds(self) -> float:
+        """Seconds a model of this operator waited for a shared GPU since the last call (reported
+        beside the held seconds, charged to no one). Default 0.0."""
         return 0.0
 
     def warm(self) -> dict[str, str]:

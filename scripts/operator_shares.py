@@ -8,7 +8,8 @@ beaten by any valid child). Seeds and transfers (no parents) are left out of the
 Where the run's events.jsonl has a stop event, the LLM operators' calls, tokens and proposals
 that never reached the GPU (parse failures, duplicates) are printed from it too, with the LLM's
 own GPU seconds (inference on a GPU: per operator from the candidates' ``gpu_s``, per run from
-the budget), where the model ran (the ``llm_placement`` event), what the GPU lease cost
+the budget; *held* seconds, inside the GPU lease, with the seconds *waited* for the lease and the
+calls' wall seconds beside them, issue 35), where the model ran (the ``llm_placement`` event), what the GPU lease cost
 (``llm_lease``: slices, seconds held and waited) and, under ``--operator-bandit``, the arms.
 
     python scripts/operator_shares.py --archive runs/llm [--json]
@@ -60,6 +61,7 @@ def shares(archive: Archive) -> dict[str, dict[str, Any]]:
                 r["tokens"] += int(cand.meta.get("tokens", 0) or 0)
                 r["llm_seconds"] += float(cand.meta.get("seconds", 0) or 0)
                 r["llm_gpu_s"] += float(cand.meta.get("gpu_s", 0) or 0)
+                r["llm_gpu_wait_s"] += float(cand.meta.get("gpu_wait_s", 0) or 0)
     out = {}
     for key, r in sorted(rows.items()):
         n, p = r["evaluated"], r["with_parent"]
@@ -70,7 +72,8 @@ def shares(archive: Archive) -> dict[str, dict[str, Any]]:
                     "improve_share": round(r["improved"] / p, 4) if p else None,
                     "tokens": int(r["tokens"]),
                     "mean_llm_seconds": round(r["llm_seconds"] / n, 3) if r["tokens"] and n else None,
-                    "llm_gpu_s": round(r["llm_gpu_s"], 3)}
+                    "llm_gpu_s": round(r["llm_gpu_s"], 3), "llm_gpu_wait_s": round(r["llm_gpu_wait_s"], 3),
+                    "llm_wall_s": round(r["llm_seconds"], 3)}
     return out
 
 
@@ -109,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     llm = {"models": stop.get("models", {}),
            "proposal_failures": {k: v for k, v in stop.get("proposal_failures", {}).items() if k.startswith("llm")},
            "tokens": stop.get("budget", {}).get("tokens"), "llm_gpu_s": stop.get("budget", {}).get("llm_gpu_s"),
+           "llm_gpu_wait_s": stop.get("budget", {}).get("llm_gpu_wait_s"),
            "placement": {k: v for k, v in last_event(Path(args.archive), "llm_placement").items() if k not in ("t", "event", "shape")},
            "lease": {k: v for k, v in last_event(Path(args.archive), "llm_lease").items() if k not in ("t", "event", "shape")},
            "bandit": stop.get("bandit")}
@@ -129,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run: failed proposal x{n}: {reason}")
     if llm["placement"]:
         print(f"run: LLM placement {llm['placement'].get('where')} (device {llm['placement'].get('device') or '-'}); "
-              f"LLM GPU seconds {llm['llm_gpu_s'] or 0}")
+              f"LLM GPU seconds held {llm['llm_gpu_s'] or 0}, waited for the lease {llm['llm_gpu_wait_s'] or 0} "
+              "(held is charged, waits are not)")
     if llm["lease"]:
         print("run: GPU lease: " + ", ".join(f"{k} {v}" for k, v in llm["lease"].items()))
     for arm, row in (llm["bandit"] or {}).items():

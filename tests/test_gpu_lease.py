@@ -238,6 +238,64 @@ def test_a_server_request_is_one_slice_and_its_seconds_count_on_a_gpu() -> None:
     assert _Accounted(cpu_op, cpu_op.model, ServerDouble()).complete([]).gpu_s == 0.0
 
 
+class WaitingGate:
+    """A gate double that makes the caller wait ``wait_s`` before each slice (as timers holding
+    the GPU would), and counts slices."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s, self.slices = wait_s, 0
+
+    def slice(self, sync=None, cancel=None):
+        import contextlib
+
+        @contextlib.contextmanager
+        def one():
+            time.sleep(self.wait_s)
+            self.slices += 1
+            yield
+            if sync is not None:
+                sync()
+        return one()
+
+
+def test_waiting_for_the_lease_is_not_charged_to_a_server_request() -> None:
+    from operators.llm import LLMOperator
+    from operators.llm._operator import _Accounted
+
+    gate = WaitingGate(0.2)
+    op = LLMOperator(gate=gate)
+    c = _Accounted(op, op.model, ServerDouble()).complete([], temperature=0.5)
+    assert gate.slices == 1 and c.gpu_s == 0.25 and c.gpu_wait_s >= 0.2
+    assert op.take_gpu_seconds() == 0.25  # held only: the 0.2 s wait is no cost of the model
+    assert op.take_gpu_wait_seconds() >= 0.2 and op.take_gpu_wait_seconds() == 0.0
+    assert op.outcomes[op.model]["gpu_wait_s"] >= 0.2
+
+
+def test_waiting_for_the_lease_is_not_charged_to_in_process_generation(monkeypatch) -> None:
+    """The real model (on the CPU, its held seconds counted as on a GPU) under a gate double that
+    makes every slice wait 50 ms: the waits are reported apart and never inside ``gpu_s``; what
+    is charged fits in the call's wall seconds once the waits are taken out."""
+    from operators import available_operators
+    if "llm" not in available_operators():
+        pytest.skip("the llm extra is not installed")
+    import random
+
+    from operators.llm import LLMOperator, load_backend
+    from operators.llm._operator import _Accounted
+    backend = load_backend()
+    monkeypatch.setattr(backend, "count_gpu_s", True, raising=False)
+    gate = WaitingGate(0.05)
+    op = LLMOperator(gate=gate)
+    cs = _Accounted(op, op.model, backend).complete_many([{"role": "user", "content": "Say hi to the GPU."}], 2,
+                                                         rng=random.Random(0), temperature=0.7, max_new_tokens=3)
+    held, waited, wall = (sum(getattr(c, k) for c in cs) for k in ("gpu_s", "gpu_wait_s", "seconds"))
+    assert gate.slices >= 3 and held > 0
+    assert waited >= 0.05 * gate.slices * 0.95  # every slice's wait is reported...
+    assert held <= wall - waited + 1e-3  # ...and none of it is in the charge
+    assert op.take_gpu_seconds() == pytest.approx(held) and op.take_gpu_wait_seconds() == pytest.approx(waited)
+    assert op.outcomes[op.model]["wall_s"] == pytest.approx(wall)
+
+
 def test_in_process_generation_runs_one_slice_per_forward_pass() -> None:
     from operators import available_operators
     if "llm" not in available_operators():

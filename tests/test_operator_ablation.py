@@ -16,7 +16,7 @@ from populations import Shape  # noqa: E402
 
 def test_tiny_ablation_runs_every_arm_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "abl"
-    rc = ab.main(["--tiny", "--out", str(out), "--seeds", "0", "--arms", "knob,knob+llm_adapter,bandit"])
+    rc = ab.main(["--tiny", "--out", str(out), "--seeds", "0", "--arms", "knob,knob+ranked,knob+llm_adapter,bandit"])
     assert rc == 0
     doc = json.loads((out / "ablation.json").read_text())
     assert doc["format"] == "evo-operator-ablation/1" and doc["shapes"] == ["64x256x512:TN:f32", "8x512x256:TN:f32"]
@@ -26,6 +26,10 @@ def test_tiny_ablation_runs_every_arm_and_reports(tmp_path: Path) -> None:
     assert knob["gpu_s"]["mean"] >= 3.0  # ran to its GPU budget (the stand-in's 0.05 s per evaluation)
     assert knob["improvement_per_gpu_s"]["mean"] is not None and len(knob["best_over_time"]) == len(ab.MARKS)
     assert doc["arms"]["knob+llm_adapter"]["skipped"] == "no --adapter given"
+    from populations import Archive
+    with Archive(out / "runs" / "knob+ranked" / "s0", mode="r") as ar:
+        assert ab.operator_rows(ar)["ranked"]["evaluated"] > 0  # the ranking step's children were timed
+    assert doc["arms"]["knob+ranked"]["llm_gpu_wait_s"]["mean"] == 0.0  # no LLM: nothing held, nothing waited
     assert knob["llm_exercised"] is None and knob["llm_evaluated_total"] is None  # no LLM in the arm
     run = next(r for r in doc["runs"] if r["arm"] == "bandit")
     # every evaluated child counts for its operator's arm, parentless Optuna samples too (vs the
@@ -37,6 +41,8 @@ def test_tiny_ablation_runs_every_arm_and_reports(tmp_path: Path) -> None:
     assert {k: v["children"] for k, v in run["bandit"].items()} == {
         k: made[k]["evaluated"] if k in made else 0 for k in run["bandit"]}
     md = (out / "ablation.md").read_text()
+    assert doc["vs_knob"]["knob+ranked"]["improvement_per_gpu_s"]["pairs"] == 1  # one seed: a ratio, no interval
+    assert "Against knob alone, paired by seed" in md
     assert "| knob | 1 (0) |" in md and "not run: no --adapter given" in md and "Command: `python bench/" in md
     assert "<svg" in (out / "best_over_time.svg").read_text()
     assert (out / "best_over_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -60,6 +66,10 @@ def test_device_arm_commands(tmp_path: Path) -> None:
     assert "--operator-bandit" in bandit and "--llm-adapter" in bandit and "llm" in bandit[bandit.index("--operators") + 1]
     assert "--llm-device" not in ab.run_command(args, "knob", 0, shapes, tmp_path / "c")
     assert "--seeds-per-template" not in bandit
+    ranker = ab.run_command(args, "knob+llm_ranker_adapter", 0, shapes, tmp_path / "d")
+    assert ranker[ranker.index("--operators") + 1] == "knob:1,llm_ranked:1" and "--llm-device" in ranker
+    assert ranker[ranker.index("--llm-adapter") + 1] == str(adapter)
+    assert ab.missing_adapter(ab.parse_args(["--tiny", "--out", str(tmp_path)]), "knob+llm_ranker_adapter")
     args.seeds_per_template = 1
     knob = ab.run_command(args, "knob", 0, shapes, tmp_path / "c", wall_cap=33)
     assert knob[knob.index("--seeds-per-template") + 1] == "1" and knob[knob.index("--budget") + 1] == "33.0"
@@ -209,3 +219,21 @@ def test_the_version_table_compares_each_adapter_with_the_one_before(tmp_path: P
     md = (out / "ablation.md").read_text()
     assert "| 1 | knob+llm_adapter@v1 | 0 | 4 | 2 | 50.0% | yes |" in md
     assert "| 2 | knob+llm_adapter@v2 | 0 | 4 | 1 | 25.0% | **no** |" in md
+
+
+def test_paired_bootstrap_intervals_against_knob() -> None:
+    from _ablation_stats import paired_ratio, vs_base
+
+    def run(arm: str, seed: int, rate: float, best: float) -> dict:
+        return {"arm": arm, "seed": seed, "evaluations": 10, "improvement_per_gpu_s": rate,
+                "best_over_time": [None, best * 0.9, best]}
+
+    runs = [run("knob", s, 1.0 + 0.1 * s, 1.2) for s in range(10)]
+    runs += [run("twice", s, 2 * (1.0 + 0.1 * s), 1.2) for s in range(10)]
+    runs += [run("noisy", s, (1.0 + 0.1 * s) * (0.5 if s % 2 else 1.5), 1.2) for s in range(10)]
+    table = vs_base(runs)
+    twice, noisy = table["twice"]["improvement_per_gpu_s"], table["noisy"]["improvement_per_gpu_s"]
+    assert twice["pairs"] == 10 and twice["ratio"] == 2.0 and twice["lo"] == twice["hi"] == 2.0  # exact pairs
+    assert noisy["lo"] < 1.0 < noisy["hi"]  # a seed-to-seed spread this wide cannot be told from 1.0x
+    assert table["twice"]["best_speedup_end"]["ratio"] == 1.0
+    assert paired_ratio([(1.0, 1.0)])["lo"] is None and paired_ratio([])["ratio"] is None

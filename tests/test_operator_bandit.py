@@ -118,6 +118,9 @@ def test_the_engine_feeds_the_bandit_and_charges_the_llms_gpu_seconds(tmp_path) 
         def take_gpu_seconds(self) -> float:
             return 0.25
 
+        def take_gpu_wait_seconds(self) -> float:  # waits for the lease: reported, never charged
+            return 0.75
+
     cfg = merge({}, {"shapes": ["256x256x256"], "archive": str(tmp_path / "a"), "operators": "knob_mutation,llm",
                      "progress": "none", "max_evals": 60, "bandit": {"enabled": True}})
     ops = make_operators({"knob_mutation": 1.0})
@@ -137,3 +140,4 @@ def test_the_engine_feeds_the_bandit_and_charges_the_llms_gpu_seconds(tmp_path) 
     assert calls > 0 and arms["llm"]["llm_gpu_s"] == pytest.approx(0.25 * calls)
     assert result.budget["llm_gpu_s"] == pytest.approx(0.25 * calls)
     assert result.budget["gpu_s"] >= result.budget["llm_gpu_s"]
+    assert result.budget["llm_gpu_wait_s"] == pytest.approx(0.75 * calls)  # reported beside, not in gpu_s

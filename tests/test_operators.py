@@ -198,6 +198,9 @@ def scenarios(templates: dict[str, Template]) -> dict[str, tuple[list[ParentView
 
 
 SCENARIOS = ["normal", "empty", "unfit", "two_templates", "plain_parent", "not_loaded", "small_nn"]
+#: every available operator; the LLM ranker scores 64 children with the real model per call, about a
+#: minute on this CPU, so it runs under -m slow
+OPERATORS = [pytest.param(n, marks=pytest.mark.slow) if n == "llm_ranked" else n for n in available_operators()]
 
 
 def run(name: str, parents: list[ParentView], context: OperatorContext, shape: Shape, seed: int, n: int = 4) -> list[Proposal]:
@@ -207,7 +210,7 @@ def run(name: str, parents: list[ParentView], context: OperatorContext, shape: S
 
 # -- conformance ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("scenario", SCENARIOS)
-@pytest.mark.parametrize("name", available_operators())
+@pytest.mark.parametrize("name", OPERATORS)
 def test_conformance(name: str, scenario: str, templates: dict[str, Template]) -> None:
     parents, context, shape = scenarios(templates)[scenario]
     op = get_operator(name)
@@ -247,7 +250,7 @@ def test_conformance(name: str, scenario: str, templates: dict[str, Template]) -
         assert not any(p.ok for p in proposals)
 
 
-@pytest.mark.parametrize("name", available_operators())
+@pytest.mark.parametrize("name", OPERATORS)
 def test_conformance_real_templates(name: str, templates: dict[str, Template]) -> None:
     """Every seed template in populations/templates, as a parent pair and as history."""
     real = [t for t in templates.values() if t.name not in ("synth", "other")]

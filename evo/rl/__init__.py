@@ -6,8 +6,9 @@ Importing it imports no torch; the policy and trainer load torch, transformers a
 """
 from ._check import Target, choose_target, edit_text, edits, parent_of, proposal_share, synthetic_archive, transcript_of
 from ._dataset import DatasetError, export_rows, group_advantages, messages_of, read_jsonl, write_jsonl
+from ._pairs import edit_completion, export_pairs
 from ._reward import RewardConfig, RewardTable, reward_of
 
 __all__ = ["RewardConfig", "RewardTable", "reward_of", "DatasetError", "export_rows", "group_advantages",
-           "messages_of", "read_jsonl", "write_jsonl", "edits", "parent_of", "proposal_share", "synthetic_archive",
+           "messages_of", "read_jsonl", "write_jsonl", "export_pairs", "edit_completion", "edits", "parent_of", "proposal_share", "synthetic_archive",
            "transcript_of", "Target", "choose_target", "edit_text"]

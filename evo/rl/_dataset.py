@@ -64,6 +64,15 @@ def _row(cand: Candidate, shape: Shape, evals: list[Evaluation], parent: Optiona
     }
 
 
+def shape_records(archive: Archive, shape: Shape) -> tuple[dict[str, Candidate], dict[str, list[Evaluation]]]:
+    """An archive's candidates at ``shape`` by id, and their evaluations there, in order, by id."""
+    cands = {c.id: c for c in archive.candidates(shape)}
+    evals: dict[str, list[Evaluation]] = defaultdict(list)
+    for ev in archive.evaluations(shape):
+        evals[ev.candidate_id].append(ev)
+    return cands, evals
+
+
 def export_rows(archives: Iterable[Archive], *, config: RewardConfig = RewardConfig(), since: float = 0.0,
                 last: Optional[int] = None) -> list[dict[str, Any]]:
     """Rows for every evaluated LLM-made candidate (it has a model, a prompt and a completion)
@@ -72,10 +81,7 @@ def export_rows(archives: Iterable[Archive], *, config: RewardConfig = RewardCon
     rows: list[dict[str, Any]] = []
     for archive in archives:
         for shape in archive.shapes():
-            cands = {c.id: c for c in archive.candidates(shape)}
-            evals: dict[str, list[Evaluation]] = defaultdict(list)
-            for ev in archive.evaluations(shape):
-                evals[ev.candidate_id].append(ev)
+            cands, evals = shape_records(archive, shape)
             for cand in cands.values():
                 if not (cand.model and cand.prompt and cand.completion is not None) or cand.created < since:
                     continue

@@ -15,10 +15,11 @@ from ._models import BACKENDS, MODELS_FILE, ModelSpec, get_backend, load_models,
 from ._operator import LLMOperator
 from ._parse import Parsed, apply_edits, code_blocks, parse_edits, parse_knob_edit, parse_source
 from ._prompts import KINDS, MODES, PROMPTS_DIR, load_prompts, render_messages
+from ._scorer import UNSCORED, LLMScorer
 from ._transformers import DEFAULT_MODEL, TransformersBackend, load_backend
 
 __all__ = ["LLMBackend", "LLMOperator", "KnobEditGrammar", "PREFIX", "Parsed", "apply_edits", "code_blocks", "parse_edits",
            "parse_knob_edit", "parse_source", "KINDS", "MODES", "PROMPTS_DIR", "load_prompts", "render_messages",
            "DEFAULT_MODEL", "Completion", "TransformersBackend", "load_backend", "ModelBandit", "BACKENDS",
-           "MODELS_FILE", "ModelSpec", "get_backend", "load_gguf", "load_models", "resolve_model",
-           "check_device", "check_spec", "check_url", "probe_server"]
+           "MODELS_FILE", "ModelSpec", "get_backend", "load_gguf", "load_models", "resolve_model", "LLMScorer",
+           "UNSCORED", "check_device", "check_spec", "check_url", "probe_server"]

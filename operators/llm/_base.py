@@ -34,7 +34,8 @@ class Completion:
     finished: bool = True  # False when max_new_tokens cut it off or a grammar hit a dead end
     adapter: str = ""  # the LoRA adapter version that answered (evo.rl); "" for the base model
     error: str = ""  # why there is no answer (a timeout, an HTTP error, a garbage reply); "" when there is one
-    gpu_s: float = 0.0  # seconds the model ran on a GPU for this answer (device-synchronised forward passes)
+    gpu_s: float = 0.0  # seconds the model held a GPU for this answer (its lease slices, device-synchronised)
+    gpu_wait_s: float = 0.0  # seconds it waited for the GPU lease (timers held the GPU): not its cost, a delay
 
 
 class Gate(Protocol):
@@ -119,10 +120,11 @@ class LLMBackend(abc.ABC):
 
     # -- for implementations -----------------------------------------------------------------
     def failure(self, error: str, seconds: float, temperature: float, prompt_tokens: int = 0,
-                gpu_s: float = 0.0) -> Completion:
+                gpu_s: float = 0.0, gpu_wait_s: float = 0.0) -> Completion:
         """The Completion of a call that produced no answer, ``error`` saying why."""
         return Completion(text="", prompt_tokens=prompt_tokens, completion_tokens=0, seconds=seconds,
-                          model=self.name, temperature=temperature, finished=False, error=error, gpu_s=gpu_s)
+                          model=self.name, temperature=temperature, finished=False, error=error, gpu_s=gpu_s,
+                          gpu_wait_s=gpu_wait_s)
 
     @staticmethod
     def json_schema(grammar: Any) -> Optional[dict]:

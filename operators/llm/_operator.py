@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import random
 import threading
+import time
 from collections import Counter
 from typing import Any, Optional, Sequence
 
@@ -90,6 +91,7 @@ class LLMOperator(Operator):
         self._cancel = threading.Event()
         self._unclaimed_tokens = 0
         self._unclaimed_gpu_s = 0.0
+        self._unclaimed_wait_s = 0.0
         self.gate, self.gpu_device = gate, bool(gpu_device or gate is not None)
         self._pending: dict[str, tuple[str, Optional[float]]] = {}  # child id -> (model name, parent fitness)
         #: per model: proposals, and outcomes of their evaluations (compiled, passed, improved)
@@ -238,6 +240,7 @@ class LLMOperator(Operator):
         """Count one model call (``completions``: its rows, whose accounting sums to its cost)."""
         tokens = sum(c.prompt_tokens + c.completion_tokens for c in completions)
         gpu_s = sum(c.gpu_s for c in completions)
+        wait_s = sum(c.gpu_wait_s for c in completions)
         self.bandit.spend(arm, tokens)
         with self._lock:
             self._unclaimed_tokens += tokens
@@ -245,7 +248,10 @@ class LLMOperator(Operator):
             self.outcomes[arm]["rows"] += len(completions)
             self.outcomes[arm]["tokens"] += tokens
             self._unclaimed_gpu_s += gpu_s
-            self.outcomes[arm]["gpu_s"] += gpu_s
+            self._unclaimed_wait_s += wait_s
+            self.outcomes[arm]["gpu_s"] += gpu_s  # held: the model's cost
+            self.outcomes[arm]["gpu_wait_s"] += wait_s  # waited for the lease: charged to no one
+            self.outcomes[arm]["wall_s"] += sum(c.seconds for c in completions)
             self.outcomes[arm]["call_errors"] += sum(bool(c.error) for c in completions)
 
     def cancel(self) -> None:
@@ -260,10 +266,17 @@ class LLMOperator(Operator):
         return tokens
 
     def take_gpu_seconds(self) -> float:
-        """GPU seconds the model used since the last call (every call, failed ones too)."""
+        """GPU seconds the model *held* since the last call (every call, failed ones too): the
+        seconds inside its lease slices, never the seconds it waited for the lease."""
         with self._lock:
             gpu_s, self._unclaimed_gpu_s = self._unclaimed_gpu_s, 0.0
         return gpu_s
+
+    def take_gpu_wait_seconds(self) -> float:
+        """Seconds the model waited for the GPU lease since the last call (reported, not charged)."""
+        with self._lock:
+            wait_s, self._unclaimed_wait_s = self._unclaimed_wait_s, 0.0
+        return wait_s
 
     def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
         """Count the child's outcome for its model; an improvement on its parent rewards the model."""
@@ -288,7 +301,7 @@ class LLMOperator(Operator):
         configured model (``model_name``, the bandit's arm) answered."""
         return {"tokens": c.prompt_tokens + c.completion_tokens, "prompt_tokens": c.prompt_tokens,
                 "completion_tokens": c.completion_tokens, "seconds": round(c.seconds, 4),
-                "gpu_s": round(c.gpu_s, 6),
+                "gpu_s": round(c.gpu_s, 6), "gpu_wait_s": round(c.gpu_wait_s, 6),
                 "temperature": round(c.temperature, 4), "mode": self.mode,
                 "model_name": getattr(backend, "arm", self.model)}
 
@@ -390,14 +403,16 @@ class _Accounted:
             c = self.backend.complete(*args, **kwargs)
         else:  # a server or vLLM: the whole request is one slice; its seconds are GPU seconds on a GPU
             gate = self.op.gate
+            t0 = time.perf_counter()
             try:
                 with (gate.slice(cancel=self.op._cancel) if gate is not None else contextlib.nullcontext()):
+                    waited = time.perf_counter() - t0  # before the slice: the lease's wait, not the model's cost
                     c = self.backend.complete(*args, **kwargs)
             except InterruptedError:  # cancelled while waiting for the GPU lease
                 return Completion("", 0, 0, 0.0, self.arm, kwargs.get("temperature", 0.0), finished=False,
-                                  error="cancelled")
-            if self.op.gpu_device and not c.gpu_s:
-                c = dataclasses.replace(c, gpu_s=c.seconds)
+                                  error="cancelled", gpu_wait_s=time.perf_counter() - t0 if self.op.gpu_device else 0.0)
+            if self.op.gpu_device:
+                c = dataclasses.replace(c, gpu_s=c.gpu_s or c.seconds, gpu_wait_s=waited)
         self.op._spent(self.arm, c)
         return c
 

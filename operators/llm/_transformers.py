@@ -29,7 +29,7 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from ._base import Choices, Completion, Gate, LLMBackend, _rows
 from ._model_cache import load_gguf
@@ -97,7 +97,8 @@ class TransformersBackend(LLMBackend):
         self.adapter = ""  # the version name of the adapter in use (load_adapter)
         self._cache_size = prompt_cache
         self._gate: Optional[Gate] = None  # set per completion (complete(gate=...))
-        self.gpu_s = 0.0  # seconds of forward passes on a GPU, all completions (synchronised)
+        self.gpu_s = 0.0  # seconds held on a GPU (lease slices, synchronised), all completions
+        self.gpu_wait_s = 0.0  # seconds waited for the lease before those slices, all completions
 
     # -- adapters (RL updates, issue 8) -----------------------------------------------------
     def load_adapter(self, folder: Any, name: str, gate: Optional[Gate] = None) -> None:
@@ -155,16 +156,42 @@ class TransformersBackend(LLMBackend):
         return out
 
     # -- model steps ------------------------------------------------------------------------
-    def _leased(self) -> Any:
+    @contextlib.contextmanager
+    def _leased(self) -> Iterator[None]:
         """The context for GPU work of one generation: a gate slice when the model shares a
         timing GPU (waits for timed regions, ends synchronised), else nothing. Every kernel this
-        backend launches (forward passes, the move to the GPU, KV-cache copies) runs inside one."""
+        backend launches (forward passes, the move to the GPU, KV-cache copies) runs inside one.
+
+        Accounting (issue 35): the seconds from entering the slice to the device being
+        synchronised at its end are *held* (:attr:`gpu_s`, on a GPU: the model's cost); the
+        seconds before, waiting for timers to release the lease, are *waited*
+        (:attr:`gpu_wait_s`), a delay the model did not cause and is not charged for."""
         gate = getattr(self, "_gate", None)  # given only when the model shares a timing GPU
-        if gate is None:
-            return contextlib.nullcontext()
         on_gpu = str(self.device).startswith("cuda")
-        return gate.slice(sync=(lambda: self.torch.cuda.synchronize(self.device)) if on_gpu else None,
-                          cancel=getattr(self, "_cancel_event", None))
+        sync = (lambda: self.torch.cuda.synchronize(self.device)) if on_gpu else None
+        t0 = time.perf_counter()
+        with (gate.slice(cancel=getattr(self, "_cancel_event", None)) if gate is not None  # we sync inside
+              else contextlib.nullcontext()):
+            t1 = time.perf_counter()
+            try:
+                yield
+            finally:
+                if sync is not None:  # the slice's kernels end inside its held seconds
+                    sync()
+                held = time.perf_counter() - t1
+                if self._counts_gpu():
+                    self.gpu_s = getattr(self, "gpu_s", 0.0) + held
+                    self.gpu_wait_s = getattr(self, "gpu_wait_s", 0.0) + (t1 - t0)
+
+    def _gpu_clock(self) -> tuple[float, float]:
+        """(held, waited) GPU seconds so far; completions read them as differences."""
+        return getattr(self, "gpu_s", 0.0), getattr(self, "gpu_wait_s", 0.0)
+
+    def _counts_gpu(self) -> bool:
+        """Whether held and waited seconds count as GPU seconds: the model runs on a GPU
+        (``count_gpu_s`` overrides it, for tests of the accounting on the CPU)."""
+        forced = getattr(self, "count_gpu_s", None)
+        return bool(forced) if forced is not None else str(self.device).startswith("cuda")
 
     def place(self) -> None:
         """Move the model to its device (once; call inside :meth:`_leased` on a shared GPU)."""
@@ -180,28 +207,23 @@ class TransformersBackend(LLMBackend):
 
     def _forward_rows(self, rows: Sequence[Sequence[int]], past: Any) -> tuple[Any, Any]:
         """One forward pass of several rows of equal length over a cache of as many rows: the new
-        cache and each row's last-position logits (rows x vocabulary). One gate slice."""
+        cache and each row's last-position logits (rows x vocabulary, float64 on the CPU). One
+        gate slice; host work (the input tensor, the logits' conversion) stays outside it."""
         cancel = getattr(self, "_cancel_event", None)
         if cancel is not None and cancel.is_set():
             raise _Cancelled()
-        on_gpu = str(self.device).startswith("cuda")
-        t0 = time.perf_counter()
+        ids = self.torch.tensor([list(r) for r in rows])  # built on the host before the lease
         try:
-            with self._leased():
-                self.place()
-                with self.torch.inference_mode(), warnings.catch_warnings():
-                    warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renames past_key_values
-                    out = self.model(input_ids=self.torch.tensor([list(r) for r in rows], device=self.device),
-                                     past_key_values=past, use_cache=True,
+            with self.torch.inference_mode(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renames past_key_values
+                with self._leased():
+                    self.place()
+                    out = self.model(input_ids=ids.to(self.device), past_key_values=past, use_cache=True,
                                      logits_to_keep=1)  # no vocabulary projection of the prompt
-                    logits = out.logits[:, -1].double().cpu()  # waits for the pass: its kernels end in the slice
-                if on_gpu and getattr(self, "_gate", None) is None:
-                    self.torch.cuda.synchronize(self.device)
+                    logits = out.logits[:, -1].cpu()  # waits for the pass: its kernels end in the slice
         except InterruptedError:  # cancelled while waiting for the lease
             raise _Cancelled() from None
-        if on_gpu:
-            self.gpu_s = getattr(self, "gpu_s", 0.0) + time.perf_counter() - t0
-        return out.past_key_values, logits
+        return out.past_key_values, logits.double()
 
     def _reshape_cache(self, past: Any, repeat: int = 1, keep: Optional[Sequence[int]] = None) -> None:
         """Expand a one-row KV cache to ``repeat`` rows, or keep only the rows ``keep`` (in place;
@@ -306,14 +328,16 @@ class TransformersBackend(LLMBackend):
         has pending: a row's determined rest goes in one pass when it decodes alone, a token a
         step beside rows that sample), so the cache stays rectangular with no padding."""
         n = len(grammars)
-        t_start, gpu_start = time.perf_counter(), getattr(self, "gpu_s", 0.0)
-        seconds, gpu = [0.0] * n, [0.0] * n
+        t_start, gpu_start = time.perf_counter(), self._gpu_clock()
+        seconds, gpu, waited = [0.0] * n, [0.0] * n, [0.0] * n
 
-        def charge(rows: Sequence[int], t0: float, g0: float) -> None:
-            dt, dg = time.perf_counter() - t0, getattr(self, "gpu_s", 0.0) - g0
+        def charge(rows: Sequence[int], t0: float, g0: tuple[float, float]) -> None:
+            dt = time.perf_counter() - t0
+            (h1, w1), (h0, w0) = self._gpu_clock(), g0
             for i in rows:
                 seconds[i] += dt / len(rows)
-                gpu[i] += dg / len(rows)
+                gpu[i] += (h1 - h0) / len(rows)
+                waited[i] += (w1 - w0) / len(rows)
 
         results: list[Optional[tuple[str, list[int], bool]]] = [None] * n
         gens = []
@@ -336,7 +360,7 @@ class TransformersBackend(LLMBackend):
             charge(fed, t0, g0)
             claims: Optional[dict[str, set[Any]]] = {} if n > 1 else None  # shared by the call's rows
             for i, g in enumerate(grammars):
-                fed, t0, g0 = [i], time.perf_counter(), getattr(self, "gpu_s", 0.0)
+                fed, t0, g0 = [i], time.perf_counter(), self._gpu_clock()
                 gens.append(self._row(g, logits, news[i], temperature, max_new_tokens, rng, shared=n > 1,
                                       claims=claims))
                 try:
@@ -348,7 +372,7 @@ class TransformersBackend(LLMBackend):
                 live = [i for i in cache_rows if results[i] is None]
                 if not live:
                     break
-                fed, t0, g0 = live, time.perf_counter(), getattr(self, "gpu_s", 0.0)
+                fed, t0, g0 = live, time.perf_counter(), self._gpu_clock()
                 if len(live) < len(cache_rows):  # finished rows leave the cache
                     self._reshape_cache(past, keep=[cache_rows.index(i) for i in live])
                     cache_rows = live
@@ -375,12 +399,14 @@ class TransformersBackend(LLMBackend):
         for i in range(n):
             prompt_tokens = share + (i < extra)
             if results[i] is None:  # cancelled before this row finished
-                out.append(self.failure("cancelled", seconds[i], temperature, prompt_tokens, gpu_s=gpu[i]))
+                out.append(self.failure("cancelled", seconds[i], temperature, prompt_tokens, gpu_s=gpu[i],
+                                        gpu_wait_s=waited[i]))
                 continue
             text, new, finished = results[i]
             out.append(Completion(text=prefix + text, prompt_tokens=prompt_tokens, completion_tokens=len(new),
                                   seconds=seconds[i], model=self.name, temperature=temperature, finished=finished,
-                                  adapter=getattr(self, "adapter", ""), gpu_s=gpu[i]))
+                                  adapter=getattr(self, "adapter", ""), gpu_s=gpu[i],
+                                  gpu_wait_s=waited[i]))
         return out
 
     def _row(self, grammar: Optional[Choices], logits: Any, new: list[int], temperature: float,

@@ -82,10 +82,12 @@ def propose(archive: Archive, shape: Shape, args: argparse.Namespace) -> list[di
 def operator_name(name: str) -> str:
     """The registered operator ``--operator`` names: an alias of one operator (``optuna``: ``tpe``, as
     in ``evo run --operators``) is that operator; an alias of several is a KeyError naming them."""
+    from operators import available_operators
+
     from ._orchestrate import ALIASES
 
     members = ALIASES.get(name)
-    if members is None:
+    if members is None or name in available_operators():  # a registered operator ("knob") is itself
         return name
     if len(members) == 1:
         return next(iter(members))

@@ -240,8 +240,20 @@ def test_propose_takes_the_optuna_alias_and_shows_progress(tmp_path: Path, capsy
     code, out, err = _run(capsys, ["propose", str(root), "--shape", str(archive_fixture.S_MMA), "--operator", "optuna",
                                    "-n", "1", "--top", "1"])
     assert code == 0 and "parent 1/1" in err and "asking optuna for 1 proposal(s)" in err and " -> " in out
-    code, _, err = _run(capsys, ["propose", str(root), "--shape", str(archive_fixture.S_MMA), "--operator", "knob"])
-    assert code == 2 and "names a group" in err
+    # "knob" is both a registered operator (knob mutation) and evo run's group alias: the operator wins
+    code, out, err = _run(capsys, ["propose", str(root), "--shape", str(archive_fixture.S_MMA), "--operator", "knob",
+                                   "-n", "1", "--top", "1"])
+    assert code == 0 and "asking knob for 1 proposal(s)" in err
+
+
+def test_propose_refuses_a_group_alias_that_is_no_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    import evo._orchestrate as orch
+    from evo._cmd_propose import operator_name
+
+    monkeypatch.setitem(orch.ALIASES, "both_knobs", {"knob_mutation": 0.5, "knob_crossover": 0.5})
+    with pytest.raises(KeyError, match="names a group"):
+        operator_name("both_knobs")
+    assert operator_name("optuna") == "tpe" and operator_name("knob") == "knob"
 
 
 def test_eval_without_a_gpu_compiles_and_resolves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

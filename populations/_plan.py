@@ -43,7 +43,7 @@ from ._expr import ExprError, check_expr, evaluate
 from ._shape import Shape
 
 __all__ = ["Launch", "TensorMapSpec", "LaunchPlan", "PlanError", "POINTER_ARGS", "DIM_NAMES", "ResolvedLaunch",
-           "StagedCopy", "stored_dims", "staged_pitch"]
+           "StagedCopy", "stored_dims", "staged_pitch", "pitch_env"]
 
 POINTER_ARGS = ("A", "B", "C", "workspace", "stagedA", "stagedB")
 DIM_NAMES = frozenset({"M", "N", "K", "lda", "ldb", "ldc", "ldsa", "ldsb"})
@@ -175,6 +175,17 @@ def staged_pitch(cols: int, multiple: int) -> int:
     return -(-cols // multiple) * multiple
 
 
+def pitch_env(shape: Shape, staging: Mapping[str, int]) -> dict[str, int]:
+    """The leading dimensions a plan's expressions may name at ``shape`` (elements): ``lda``, ``ldb``,
+    ``ldc``, and ``ldsa``/``ldsb``, the staged copies' pitches under ``staging`` (the operand's own
+    pitch where it is not staged)."""
+    lda, ldb = stored_dims("A", shape)[1], stored_dims("B", shape)[1]
+    out = {"lda": lda, "ldb": ldb, "ldc": shape.n, "ldsa": lda, "ldsb": ldb}
+    for op, p in staging.items():
+        out[f"lds{op.lower()}"] = staged_pitch(stored_dims(op, shape)[1], p)
+    return out
+
+
 def _pitch_ok(p: Any) -> bool:
     return isinstance(p, int) and not isinstance(p, bool) and 8 <= p <= MAX_STAGE_PITCH and p % 8 == 0
 
@@ -248,11 +259,7 @@ class LaunchPlan:
 
     def pitches(self, shape: Shape) -> dict[str, int]:
         """``lda``, ``ldb``, ``ldc`` and the staged pitches ``ldsa``, ``ldsb`` (elements) at ``shape``."""
-        lda, ldb = stored_dims("A", shape)[1], stored_dims("B", shape)[1]
-        out = {"lda": lda, "ldb": ldb, "ldc": shape.n, "ldsa": lda, "ldsb": ldb}
-        for op, p in self.staging.items():
-            out[f"lds{op.lower()}"] = staged_pitch(stored_dims(op, shape)[1], p)
-        return out
+        return pitch_env(shape, self.staging)
 
     def staging_layout(self, shape: Shape, own_workspace: int) -> tuple[list[StagedCopy], int]:
         """The staged copies at ``shape`` after ``own_workspace`` bytes, and the total workspace."""

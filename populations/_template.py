@@ -33,7 +33,7 @@ from typing import Any, Mapping, Optional, Union
 from ._expr import ExprError, check_expr, evaluate, names_in, substitute
 from ._knobs import (LAYOUT_NAMES, LITERALS, SHAPE_NAMES, Constraint, Knob, KnobSpace, KnobValue, TemplateError,
                      knob_key, layout_env)
-from ._plan import POINTER_ARGS, STAGEABLE, Launch, LaunchPlan, PlanError, TensorMapSpec, staged_pitch, stored_dims
+from ._plan import POINTER_ARGS, STAGEABLE, Launch, LaunchPlan, PlanError, TensorMapSpec, pitch_env
 from ._records import Candidate
 from ._shape import CONTRACTS, LAYOUTS, Shape
 from ._staging import with_staging
@@ -283,10 +283,7 @@ class Template:
         bind = dict(env)
         if specialize:
             bind.update(shape.env())
-            lda, ldb = stored_dims("A", shape)[1], stored_dims("B", shape)[1]
-            bind.update(lda=lda, ldb=ldb, ldc=shape.n, ldsa=lda, ldsb=ldb)
-            for op, p in staging.items():
-                bind[f"lds{op.lower()}"] = staged_pitch(stored_dims(op, shape)[1], p)
+            bind.update(pitch_env(shape, staging))
         inline = {n: self.space.derived[n] for n in self.space.shape_dependent()}
 
         def expr(text: Any) -> Any:

@@ -194,38 +194,29 @@ class Template:
 
     def fitted(self, knobs: Mapping[str, KnobValue], shape: Shape) -> Optional[dict[str, KnobValue]]:
         """``knobs`` (completed) with the template's ``fit`` knobs set for ``shape`` (None if an
-        expression cannot be evaluated); unchanged for a template without ``fit``. Operators and
-        transfer use it too: a knob set moved to a ragged shape gets the staging that shape needs."""
-        full = self.space.complete(knobs)
-        if not self.fit:
-            return full
-        try:
-            env = self.space.env(full, shape)
-            for name, expr in self.fit.items():
-                knob = self.space.knobs[name]
-                value = evaluate(expr, env)
-                if knob.kind == "str":
-                    if not 0 <= value < len(knob.values):
-                        return None
-                    full[name] = knob.values[value]
-                elif knob.kind == "bool":
-                    full[name] = bool(value)
-                else:
-                    full[name] = _snap(knob, value)
-                env = self.space.env(full, shape)
-        except ExprError:
-            return None
-        return full
+        expression cannot be evaluated); unchanged for a template without ``fit``. Transfer uses it
+        too: a knob set moved to a ragged shape gets the staging that shape needs."""
+        return self._derive(self.space.complete(knobs), self.fit or {}, shape)
 
     def _derive(self, knobs: dict[str, KnobValue], derive: Mapping[str, str],
                 shape: Shape) -> Optional[dict[str, KnobValue]]:
-        """``knobs`` with each ``derive`` knob computed for ``shape`` and snapped to its domain (None if it cannot be)."""
+        """``knobs`` with each of ``derive``'s knobs computed for ``shape`` (a rule's ``derive``, or
+        ``fit``): an int snapped to its domain, a bool by truth, a string by its value's index; None
+        if an expression cannot be evaluated or names no value."""
         if not derive:
             return knobs
         try:
             env = self.space.env(knobs, shape)
             for name, expr in derive.items():
-                knobs[name] = _snap(self.space.knobs[name], evaluate(expr, env))
+                knob, value = self.space.knobs[name], evaluate(expr, env)
+                if knob.kind == "str":
+                    if not 0 <= value < len(knob.values):
+                        return None
+                    knobs[name] = knob.values[value]
+                elif knob.kind == "bool":
+                    knobs[name] = bool(value)
+                else:
+                    knobs[name] = _snap(knob, value)
                 env = self.space.env(knobs, shape)
         except ExprError:
             return None

@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from decode_dev import compile_all, cublas_us, evaluate_candidates, graph_us, rotation  # noqa: E402
-from populations import Candidate, Shape, load_templates  # noqa: E402
+from populations import Candidate, Shape, load_templates, roofline_time  # noqa: E402
 
 RAGGED = ["777x1536x2883", "2000x3000x1001", "4096x4096x4095", "8192x8192x8191", "1000x5000x3001", "4000x11000x5003",
           "512x4096x1001", "300x1001x2050:NN", "129x4100x1030:NN"]
@@ -83,7 +83,7 @@ def check(shape: Shape, sets: list, launch: Callable) -> float:
 
 
 def roofline_us(s: Shape) -> float:
-    return max(s.flops / 790e12, s.min_bytes / 4.5e12) * 1e6
+    return roofline_time(s) * 1e6  # issue 26's roofline with the H200's defaults (790 TFLOP/s, 4.5 TB/s)
 
 
 class Kernels:
@@ -96,17 +96,16 @@ class Kernels:
 
         self.compiled = compile_all(cands)
         self.loader, self.tmaps, self.cls = DriverLoader(), TmapCache(), CandidateKernels
-        self.loaded: dict[str, Any] = {}
+        self.loaded: dict[tuple[str, str], Any] = {}
 
     def get(self, cand: Candidate) -> Any:
         res = self.compiled[cand.source]
         if not res.ok:
             raise RuntimeError(f"compile: {res.status} {res.message[-300:]}")
-        if cand.source not in self.loaded:
-            self.loaded[cand.source] = self.cls(self.loader, res.cubin, cand.plan, self.tmaps)
-        k = self.loaded[cand.source]
-        k.plan = cand.plan  # specialised or not, one source: the plan is the candidate's
-        return k
+        key = (cand.source, json.dumps(cand.plan.to_dict(), sort_keys=True))  # a generic source serves many shapes
+        if key not in self.loaded:
+            self.loaded[key] = self.cls(self.loader, res.cubin, cand.plan, self.tmaps)
+        return self.loaded[key]
 
 
 def time_variants(shape: Shape, variants: list[tuple[str, Candidate]], kern: Kernels, rows: list, bad: list) -> None:
@@ -190,9 +189,9 @@ def ragged_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]
             if t.check(k, shape, 90):
                 continue
             c = t.candidate(k, shape)
-            if c.source + json.dumps(c.plan.to_dict(), sort_keys=True) in seen:
+            if c.id in seen:  # the content hash of source, plan and claim
                 continue
-            seen.add(c.source + json.dumps(c.plan.to_dict(), sort_keys=True))
+            seen.add(c.id)
             label = f"{name}:{'pick' + str(i) if i < len(picks) else 'p' + str(k['STAGE_PITCH']) + ('f' if k['STAGE_FUSED'] else 's')}"
             out.append((label, c))
     return out

@@ -7,7 +7,9 @@ figures added per row:
 
 - the pad peer's speedups over *its own* cuBLAS (the better of its TN and NN): ``pad_both_x``
   (A and B padded every call) and ``pad_a_x`` (weights padded once); evo's speedup over our
-  cuBLAS is compared with them, so the two timers' differences cancel;
+  cuBLAS is compared with them, so the two timers' differences cancel: per call (``evo_x``)
+  against ``pad_both_x``, and with the weights padded once (``evo_wonce_x``: the library's
+  ``prepare_weight`` where the kernel stages B, else ``evo_x``) against ``pad_a_x``;
 - ``best_evolved_x``: the best evolved kernel before the export's fallback (``_rand_time``),
   and its roofline fraction where its re-timed time is known.
 
@@ -39,8 +41,8 @@ CLASS_GOALS = {"mid": 1.10, "misaligned": 2.0, "big": 1.0}
 SET_GOAL = 1.25
 MID_SHARE = 0.80
 NOISE = rep.NOISE
-EXTRA = (("plain peer x", "peer_x"), ("pad both x", "pad_both_x"), ("pad A x", "pad_a_x"),
-         ("best evolved x", "best_evolved_x"))
+EXTRA = (("plain peer x", "peer_x"), ("evo weights once x", "evo_wonce_x"), ("pad both x", "pad_both_x"),
+         ("pad A x", "pad_a_x"), ("best evolved x", "best_evolved_x"))
 
 
 def _ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
@@ -53,8 +55,11 @@ def derive_row(row: dict[str, Any]) -> dict[str, Any]:
     pad_cublas = min((t for t in (r.get("pad_tn_s"), r.get("pad_nn_s")) if t), default=None)
     r["pad_both_x"] = _ratio(pad_cublas, r.get("pad_both_s"))
     r["pad_a_x"] = _ratio(pad_cublas, r.get("pad_a_s"))
+    # evo with the weights padded once (the library's prepare_weight), where its kernel stages B;
+    # elsewhere nothing is copied per call and the figure is evo's own
+    r["evo_wonce_x"] = _ratio(r.get("cublas_s"), r.get("evo_wonce_s")) or r.get("evo_x")
     r["evo_vs_pad_both"] = _ratio(r.get("evo_x"), r["pad_both_x"])
-    r["evo_vs_pad_a"] = _ratio(r.get("evo_x"), r["pad_a_x"])
+    r["evo_vs_pad_a"] = _ratio(r["evo_wonce_x"], r["pad_a_x"])
     r["best_evolved_roof"] = _ratio(r["roofline_us"] * 1e-6, r.get("verify_best_s"))
     return r
 
@@ -63,13 +68,14 @@ def class_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rep.class_summary(rows, CLASSES, LABELS, CLASS_GOALS, None, [k for _, k in EXTRA])
 
 
-def _vs_pad(rows: list[dict[str, Any]], key: str, what: str) -> dict[str, Any]:
-    rs = [r for r in rows if "misaligned" in r["classes"] and r.get("evo_x") and r.get(key)]
-    evo, pad = rep.geomean(r["evo_x"] for r in rs), rep.geomean(r[key] for r in rs)
-    how = (f"geomean evo x {rep.fmt(evo, '.3f')} / geomean pad peer x {rep.fmt(pad, '.3f')} ({what}) over the misaligned "
-           "rows both measured, each against its own timer's better cuBLAS layout")
+def _vs_pad(rows: list[dict[str, Any]], key: str, what: str, evo_key: str = "evo_x") -> dict[str, Any]:
+    """evo (``evo_key``) against the pad peer (``key``) on the misaligned rows both measured."""
+    rs = [r for r in rows if "misaligned" in r["classes"] and r.get(evo_key) and r.get(key)]
+    evo, pad = rep.geomean(r[evo_key] for r in rs), rep.geomean(r[key] for r in rs)
+    how = (f"geomean evo x {rep.fmt(evo, '.3f')} / geomean pad peer x {rep.fmt(pad, '.3f')} ({what}; evo: {evo_key}) "
+           "over the misaligned rows both measured, each against its own timer's better cuBLAS layout")
     return rep.make_target(f"misaligned >= the pad peer, {what} (same run)", 1.0, _ratio(evo, pad),
-                           [r["shape"] for r in rs if r["evo_x"] < r[key]], len(rs), how)
+                           [r["shape"] for r in rs if r[evo_key] < r[key]], len(rs), how)
 
 
 def _mid_share(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -97,7 +103,7 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rep.geo_target(rows, "random set geomean, every shape", SET_GOAL, lambda r: True, roof_rule=False),
         rep.geo_target(rows, f"misaligned >= {CLASS_GOALS['misaligned']}x", CLASS_GOALS["misaligned"], cls("misaligned")),
         _vs_pad(rows, "pad_both_x", "A and B padded every call"),
-        _vs_pad(rows, "pad_a_x", "weights padded once"),
+        _vs_pad(rows, "pad_a_x", "weights padded once", "evo_wonce_x"),
         rep.geo_target(rows, f"mid (M 17-2047) >= {CLASS_GOALS['mid']}x", CLASS_GOALS["mid"], cls("mid")),
         _mid_share(rows),
         rep.geo_target(rows, f">= 1e11 FLOP >= {CLASS_GOALS['big']}x", CLASS_GOALS["big"], cls("big")),
@@ -129,14 +135,15 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
               "weights padded once). Best evolved: the fastest evolved kernel before the export's fallback (re-timed "
               "by the export, else the archive's fitness).", "",
               "| shape | classes | GFLOP | cuBLAS TN us | NN us | roof | evo us | evo x | evo x TN | evo roof | never slower "
-              "| evo path | best evolved x | plain peer x | pad both x | pad A x |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|"]
+              "| evo path | best evolved x | plain peer x | evo weights once x | pad both x | pad A x |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (r["M"], r["N"], r["K"])):
         lines.append(
             f"| {r['M']}x{r['N']}x{r['K']} | {' '.join(r['classes'])} | {r['flops'] / 1e9:.3g} | {_us(r.get('cublas_tn_s'))} "
             f"| {_us(r.get('cublas_nn_s'))} | {rep.fmt(r.get('cublas_roof'))} | {_us(r.get('evo_s'))} "
             f"| {rep.fmt(r.get('evo_x'), '.2f', 'x')} | {rep.fmt(r.get('evo_x_tn'), '.2f', 'x')} | {rep.fmt(r.get('evo_roof'))} "
             f"| {rep.never_cell(r)} | {rep.path_cell(r)} | {_best_cell(r)} | {rep.fmt(r.get('peer_x'), '.2f', 'x')} "
+            f"| {rep.fmt(r.get('evo_wonce_s') and r.get('evo_wonce_x'), '.2f', 'x')} "
             f"| {rep.fmt(r.get('pad_both_x'), '.2f', 'x')} | {rep.fmt(r.get('pad_a_x'), '.2f', 'x')} |")
     lines += ["", f"## Per class, seed {seed} (a shape counts in every class it is in)", "",
               *rep.class_table(class_summary(rows), EXTRA), "", f"## Issue 34 targets, seed {seed}", "",

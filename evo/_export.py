@@ -11,7 +11,10 @@ Export (:func:`export`) takes per shape the best non-flagged ``ok`` candidate
   stream)`` running the plan (cudaLaunchKernel with the argument array; TMA descriptors encoded
   per call with ``cuTensorMapEncodeTiled``, fetched from the driver through the runtime's
   ``cudaGetDriverEntryPointByVersion``, so no ``-lcuda`` stub is needed), and the dispatchers
-  ``evo_hgemm`` (TN) and ``evo_hgemm_nn`` (NN), which return -1 for a shape not exported;
+  ``evo_hgemm`` (TN) and ``evo_hgemm_nn`` (NN), which return -1 for a shape not exported; and
+  where the kernel's plan stages B (the alignment transform: B's pitch is ragged), also
+  ``evo_hgemm_<key>_wb(A, B, ldb, C, M, N, K, workspace, stream)`` for a B the caller padded
+  once (rows ``ldb`` elements apart): no per-call copy of B, named by the entry's ``prepared_b``;
 - ``libevo_hgemm.so`` (nvcc ``-shared``) and ``manifest.json``.
 
 Never slower than cuBLAS: a shape whose best kernel did not beat cuBLAS in GPU time by more than
@@ -28,7 +31,7 @@ Everything is built in a temporary directory beside ``--out`` and renamed into p
 a failure leaves nothing half-written. A kernel unit nvcc refuses is left out of the library
 (listed under ``skipped`` with nvcc's error, the dispatchers do not know its shape); the export
 fails only when no kernel builds or the launchers do not. Launchers return 0, or a ``cudaError_t`` / negative code
-(-1 unknown shape, -2 shape mismatch, -3 missing workspace, -4 tensor map encoding failed).
+(-1 unknown shape, -2 shape mismatch, -3 missing workspace, -4 tensor map encoding failed, -5 bad ``ldb``).
 
 The sources are written by :mod:`evo._export_source`; the loader (``evo.load_library``,
 ``EvoLibrary``) is in :mod:`evo._export_load`, its names re-exported here.
@@ -56,11 +59,11 @@ from typing import Any, Iterator, Optional, Sequence, Union
 from populations import Archive, Elite, PlanError, Shape
 
 from ._export_load import (LIBRARY, MANIFEST_FORMAT, EvoLibrary, ExportError, _read_manifest,  # noqa: F401 (re-exported)
-                           evo_hgemm, load_library)
-from ._export_source import PRELUDE, dispatcher, kernel_unit, launcher
+                           PreparedWeight, evo_hgemm, load_library)
+from ._export_source import PRELUDE, dispatcher, kernel_unit, launcher, prepared_b
 from ._export_verify import MARGIN, Verify, decide
 
-__all__ = ["ExportError", "export", "choose_path", "load_library", "evo_hgemm", "EvoLibrary", "staged_dir", "MANIFEST_FORMAT", "LIBRARY"]
+__all__ = ["ExportError", "export", "choose_path", "load_library", "evo_hgemm", "EvoLibrary", "PreparedWeight", "staged_dir", "MANIFEST_FORMAT", "LIBRARY"]
 
 NVCC = os.environ.get("EVO_NVCC", "/usr/local/cuda/bin/nvcc")
 
@@ -246,6 +249,33 @@ class _Trial:
         assert cand is not None
         return launcher(self.shape, cand, self.kernels, self.tag, symbol)[0]
 
+    def prepared(self) -> Optional[dict[str, Any]]:
+        """The manifest's ``prepared_b`` (the launcher for a B padded once), or None where the plan
+        does not stage B."""
+        cand = self.elite.candidate
+        assert cand is not None
+        copy = prepared_b(cand, self.shape)
+        if copy is None:
+            return None
+        return {"symbol": f"evo_hgemm_{self.shape.key}_wb", "rows": copy.rows, "cols": copy.cols, "pitch_multiple": 8,
+                "abi": "int f(const void* A, const void* B, long long ldb, void* C, int M, int N, int K, "
+                       "void* workspace, cudaStream_t stream); B as stored, rows ldb elements apart (ldb % 8 == 0, "
+                       "ldb >= cols); -5 = bad ldb"}
+
+    def prepared_launcher(self) -> str:
+        cand = self.elite.candidate
+        assert cand is not None
+        return launcher(self.shape, cand, self.kernels, self.tag, f"evo_hgemm_{self.shape.key}_wb", prepared=True)[0]
+
+
+def _unit_kernels(cand: Any) -> list[str]:
+    """The kernels a unit exposes: the plan's, plus ``evo_stage`` where a fused copy of A and B is
+    launched (the prepared-B launcher copies A alone with it)."""
+    names = list(cand.plan.kernel_names)
+    if "evo_stage2" in names and "evo_stage" not in names:
+        names.append("evo_stage")
+    return names
+
 
 def _select(archive: Archive, arch: str, keep_slower: bool, top: int,
             verify: bool) -> tuple[list[_Trial], list[dict[str, str]]]:
@@ -259,7 +289,7 @@ def _select(archive: Archive, arch: str, keep_slower: bool, top: int,
         if not picks or (path == "cublas" and not verify):
             skipped.append({"shape": str(shape), "reason": why})
             continue
-        trials += [_Trial(shape, r, e, why, list(e.candidate.plan.kernel_names)) for r, e in enumerate(picks)]  # type: ignore[union-attr]
+        trials += [_Trial(shape, r, e, why, _unit_kernels(e.candidate)) for r, e in enumerate(picks)]  # type: ignore[union-attr]
     return trials, skipped
 
 
@@ -360,7 +390,9 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
         entries = []
         for t in trials:
             unit = (tmp / "src" / t.unit).read_text()
+            prepared = t.prepared()
             entries.append({**_entry(t.shape, t.elite, unit, t.workspace, arch), "why": t.why,
+                            **({"prepared_b": prepared} if prepared else {}),
                             **({"verify": decisions[str(t.shape)]} if decisions else {})})
         paths = {s["shape"]: {"path": "cublas", "why": s["reason"]} for s in skipped}
         paths.update({e["shape"]: {"path": "evolved", "why": e["why"]} for e in entries})
@@ -369,6 +401,7 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
         tn = [t.shape for t in trials if t.shape.layout == "TN"]
         nn = [t.shape for t in trials if t.shape.layout == "NN"]
         launchers = [PRELUDE, *[t.launcher(f"evo_hgemm_{t.shape.key}") for t in trials],
+                     *[t.prepared_launcher() for t in trials if t.prepared()],
                      dispatcher("evo_hgemm", tn), dispatcher("evo_hgemm_nn", nn)]
         (tmp / "src" / "launchers.cu").write_text("\n".join(launchers))
         _link(tmp / "src", [t.unit[:-3] + ".o" for t in trials], gencode, "launchers.cu", tmp / LIBRARY)

@@ -22,10 +22,11 @@ import json
 import os
 import threading
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-__all__ = ["ExportError", "EvoLibrary", "load_library", "evo_hgemm", "MANIFEST_FORMAT", "LIBRARY"]
+__all__ = ["ExportError", "EvoLibrary", "PreparedWeight", "load_library", "evo_hgemm", "MANIFEST_FORMAT", "LIBRARY"]
 
 MANIFEST_FORMAT = "evo-export/1"
 LIBRARY = "libevo_hgemm.so"
@@ -130,25 +131,43 @@ class EvoLibrary:
             raise RuntimeError(f"library not loaded: {self.reason}")
         return self._function(key), int(self.kernels[key]["workspace_bytes"])
 
-    def evo_hgemm(self, a: Any, b: Any) -> Any:
-        """``a @ b`` (fp16, fp32 accumulation): the exported kernel where one fits, else torch.matmul."""
+    def prepare_weight(self, weight: Any) -> "PreparedWeight":
+        """``weight`` (N x K, fp16, as ``nn.Linear`` stores it: B of the TN layout) with, where an
+        exported kernel of this (N, K) copies B into aligned rows every call (the alignment
+        transform, K % 8 != 0), a zero-padded copy made now (rows a multiple of 64 elements
+        apart), so that :meth:`evo_hgemm` with it copies only A per call. Costs N x K more memory
+        where it pads; holds ``weight`` itself otherwise."""
         import torch
 
+        if weight.dim() != 2 or weight.dtype != torch.float16:
+            raise ValueError("prepare_weight needs a 2-D fp16 weight (N x K)")
+        n, k = weight.shape
+        w = weight.contiguous()
+        wants = self._lib is not None and w.is_cuda and any(
+            e.get("prepared_b") for (_, en, ek, layout), e in self.kernels.items() if (en, ek, layout) == (n, k, "TN"))
+        padded = None
+        if wants:
+            ldb = -(-k // 64) * 64
+            padded = torch.zeros((n, ldb), dtype=torch.float16, device=w.device)
+            padded[:, :k].copy_(w)
+        return PreparedWeight(w, padded)
+
+    def evo_hgemm(self, a: Any, b: Any) -> Any:
+        """``a @ b`` (fp16, fp32 accumulation): the exported kernel where one fits, else torch.matmul.
+
+        ``b`` may be a :class:`PreparedWeight` (from :meth:`prepare_weight`): then ``a @ weight.T``,
+        through the kernel's launcher for a B padded once where it has one."""
+        import torch
+
+        if isinstance(b, PreparedWeight):
+            return self._prepared_hgemm(a, b)
         key = self.route(a, b)
         if key is None:
             return torch.matmul(a, b)
         m, n, k, _ = key
         c = torch.empty((m, n), dtype=torch.float16, device=a.device)
         entry = self.kernels[key]
-        ws = 0
-        if entry["workspace_bytes"]:
-            wkey = (a.device.index or 0, entry["workspace_bytes"])
-            buf = self._workspaces.get(wkey)
-            if buf is None:
-                with self._lock:
-                    buf = self._workspaces.setdefault(
-                        wkey, torch.empty(entry["workspace_bytes"], dtype=torch.uint8, device=a.device))
-            ws = buf.data_ptr()
+        ws = self._workspace(a, int(entry["workspace_bytes"]))
         fn = self._function(key)
         other = a.device.index is not None and a.device.index != torch.cuda.current_device()
         with torch.cuda.device(a.device) if other else nullcontext():  # its runtime follows the current context
@@ -158,6 +177,58 @@ class EvoLibrary:
         if rc:
             raise RuntimeError(f"evo_hgemm_{entry['key']} failed with code {rc}")
         return c
+
+    def _workspace(self, a: Any, nbytes: int) -> int:
+        import torch
+
+        if not nbytes:
+            return 0
+        wkey = (a.device.index or 0, nbytes)
+        buf = self._workspaces.get(wkey)
+        if buf is None:
+            with self._lock:
+                buf = self._workspaces.setdefault(wkey, torch.empty(nbytes, dtype=torch.uint8, device=a.device))
+        return buf.data_ptr()
+
+    def _prepared_hgemm(self, a: Any, pw: "PreparedWeight") -> Any:
+        """``a @ pw.weight.T`` through the launcher for a B padded once, or the plain path."""
+        import torch
+
+        key = self.route(a, pw.weight.t())
+        entry = self.kernels.get(key) if key is not None and key[3] == "TN" else None
+        prep = entry.get("prepared_b") if entry else None
+        if prep is None or pw.padded is None or pw.padded.device != a.device:
+            return self.evo_hgemm(a, pw.weight.t())
+        m, n, k, _ = key
+        fn = self._fns.get((*key, "wb"))
+        if fn is None:
+            fn = getattr(self._lib, prep["symbol"])
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p] + [ctypes.c_int] * 3 \
+                + [ctypes.c_void_p] * 2
+            self._fns[(*key, "wb")] = fn
+        c = torch.empty((m, n), dtype=torch.float16, device=a.device)
+        ws = self._workspace(a, int(entry["workspace_bytes"]))
+        other = a.device.index is not None and a.device.index != torch.cuda.current_device()
+        with torch.cuda.device(a.device) if other else nullcontext():
+            rc = fn(a.data_ptr(), pw.padded.data_ptr(), pw.padded.stride(0), c.data_ptr(), m, n, k, ws,
+                    torch.cuda.current_stream().cuda_stream)
+        if rc == -1:
+            return torch.matmul(a, pw.weight.t())
+        if rc:
+            raise RuntimeError(f"{prep['symbol']} failed with code {rc}")
+        return c
+
+
+@dataclass(frozen=True)
+class PreparedWeight:
+    """A weight (N x K, as ``nn.Linear`` stores it) and, where the library's kernels for its
+    (N, K) would copy it into aligned rows every call, that copy made once (``padded``: N x ldb,
+    ldb a multiple of 64, zeros past K). Made by :meth:`EvoLibrary.prepare_weight`; stays valid
+    while ``weight`` is not changed (prepare it again after an update)."""
+
+    weight: Any
+    padded: Optional[Any]
 
 
 _CURRENT: Optional[EvoLibrary] = None

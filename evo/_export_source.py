@@ -6,11 +6,12 @@ compiler runs here (``evo/_export.py`` builds and links what these functions wri
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from populations import Candidate, Shape
 
-__all__ = ["PRELUDE", "dispatcher", "extern_c_kernels", "kernel_unit", "launcher", "split_includes"]
+__all__ = ["PRELUDE", "dispatcher", "extern_c_kernels", "kernel_unit", "launcher", "prepared_b", "split_includes"]
 
 SWIZZLE_ENUM = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
                 64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}
@@ -24,18 +25,57 @@ def _tmap_geometry(spec: Any, shape: Shape) -> tuple[tuple[int, int], int, tuple
     return g.global_dim, g.global_strides[0], g.box_dim
 
 
-def launcher(shape: Shape, cand: Candidate, kernels: list[str], tag: str = "", symbol: str = "") -> tuple[str, int]:
+def prepared_b(cand: Candidate, shape: Shape) -> Any:
+    """The staged copy of B at ``shape`` (a :class:`populations.StagedCopy`), or None: where the
+    candidate's plan stages B, the export also writes a launcher that takes B already padded
+    (``prepared`` in :func:`launcher`), so a caller whose B is static (``nn.Linear``'s weight)
+    pads it once instead of every call."""
+    return next((c for c in cand.plan.staged_copies(shape) if c.operand == "B"), None)
+
+
+def _without_b_copy(launches: list[Any], kernels: list[str]) -> list[Any]:
+    """``launches`` with the pre-pass copy of B taken out: ``evo_stage`` of B dropped, the fused
+    ``evo_stage2`` (A then B) replaced by ``evo_stage`` of A alone (its grid as _staging sizes it)."""
+    out = []
+    for rl in launches:
+        if "stagedB" not in rl.args or rl.kernel not in ("evo_stage", "evo_stage2"):
+            out.append(rl)
+        elif rl.kernel == "evo_stage2":
+            if "evo_stage" not in kernels:
+                raise ValueError("a prepared-B launcher needs evo_stage among the unit's kernels")
+            a_args = rl.args[:5]  # A, stagedA, M, K, ldsa (populations/_staging.py _A_ARGS)
+            vectors = a_args[2] * (a_args[4] // 8)
+            out.append(replace(rl, kernel="evo_stage", args=a_args, grid=(min(-(-vectors // 256), 1056), 1, 1)))
+    return out
+
+
+def launcher(shape: Shape, cand: Candidate, kernels: list[str], tag: str = "", symbol: str = "",
+             prepared: bool = False) -> tuple[str, int]:
     """The C++ of the launcher ``symbol`` (default ``evo_hgemm_<key>``) for one shape, and its
-    workspace bytes. ``tag`` (default the shape's key) names the unit's kernel accessors."""
+    workspace bytes. ``tag`` (default the shape's key) names the unit's kernel accessors.
+
+    ``prepared`` (only where :func:`prepared_b` is not None) writes the launcher for a B padded
+    once by the caller: ``(A, B, ldb, C, M, N, K, workspace, stream)``, B's rows ``ldb`` elements
+    apart (a multiple of 8, at least B's columns; what lies past the columns is never read: the
+    tensor map's extent stops there), and no pre-pass copy of B."""
     launches, workspace = cand.plan.resolve(shape)
     key = tag or shape.key
-    symbol = symbol or f"evo_hgemm_{shape.key}"
-    lines = [f"// {shape}: candidate {cand.id} ({cand.template or 'free-form'})"]
+    sfx = "_wb" if prepared else ""  # the launcher's own static state, apart from the plain launcher's
+    symbol = symbol or f"evo_hgemm_{shape.key}{sfx}"
+    lines = [f"// {shape}: candidate {cand.id} ({cand.template or 'free-form'})" + (", B prepared" if prepared else "")]
     for i, name in enumerate(kernels):
         lines.append(f'extern "C" const void* evo_{key}_kernel_{i}(void);')
-    lines += [f'extern "C" int {symbol}(const void* A, const void* B, void* C, int M, int N, int K,',
+    b_copy = prepared_b(cand, shape)
+    if prepared and b_copy is None:
+        raise ValueError(f"candidate {cand.id} does not stage B at {shape}: no prepared-B launcher")
+    ldb = "long long ldb, " if prepared else ""
+    lines += [f'extern "C" int {symbol}(const void* A, const void* B, {ldb}void* C, int M, int N, int K,',
               "                               void* workspace, cudaStream_t stream) {",
               f"  if (M != {shape.m} || N != {shape.n} || K != {shape.k}) return -2;"]
+    if prepared:
+        assert b_copy is not None
+        lines.append(f"  if (ldb < {b_copy.cols} || ldb % 8) return -5;")
+        launches = _without_b_copy(launches, kernels)
     if workspace:
         lines.append("  if (workspace == nullptr) return -3;")
         if cand.plan.zero_workspace:
@@ -43,12 +83,15 @@ def launcher(shape: Shape, cand: Candidate, kernels: list[str], tag: str = "", s
     pointers = {"A": "(void*)A", "B": "(void*)B", "C": "C", "workspace": "workspace"}
     for copy in cand.plan.staged_copies(shape):  # the alignment transform's copies, inside the workspace
         pointers[f"staged{copy.operand}"] = f"(void*)((char*)workspace + {copy.offset}ull)"
+    if prepared:
+        pointers["stagedB"] = "(void*)B"  # the caller's padded copy
     used_maps = sorted({a[1] for rl in launches for a in rl.args if isinstance(a, tuple)})
     for name in used_maps:
         spec = cand.plan.tensor_maps[name]
         (d0, d1), pitch, (b0, b1) = _tmap_geometry(spec, shape)
+        row = "(cuuint64_t)ldb * 2ull" if prepared and spec.pointer == "stagedB" else f"{pitch}ull"
         lines.append(f"  alignas(64) CUtensorMap tm_{name};")
-        lines.append(f"  {{ const cuuint64_t dim[2] = {{{d0}ull, {d1}ull}}; const cuuint64_t pitch[1] = {{{pitch}ull}};")
+        lines.append(f"  {{ const cuuint64_t dim[2] = {{{d0}ull, {d1}ull}}; const cuuint64_t pitch[1] = {{{row}}};")
         lines.append(f"    const cuuint32_t box[2] = {{{b0}u, {b1}u}}; const cuuint32_t es[2] = {{1u, 1u}};")
         lines.append(f"    if (evo_encode(&tm_{name}, {pointers[spec.pointer]}, dim, pitch, box, es, {SWIZZLE_ENUM[spec.swizzle]})) return -4; }}")
     for j, rl in enumerate(launches):
@@ -67,13 +110,13 @@ def launcher(shape: Shape, cand: Candidate, kernels: list[str], tag: str = "", s
         lines.append(f"  void* args{j}[] = {{{', '.join(params) or 'nullptr'}}};")
         lines.append(f"  {{ const void* f = evo_{key}_kernel_{idx}();")
         if rl.smem > 48 * 1024:
-            lines.append(f"    if (!evo_smem_ready(f, {rl.smem}, &evo_attr_{key}_{j})) return (int)cudaErrorInvalidValue;")
-            lines.insert(0, f"static unsigned long long evo_attr_{key}_{j} = 0;")
+            lines.append(f"    if (!evo_smem_ready(f, {rl.smem}, &evo_attr_{key}{sfx}_{j})) return (int)cudaErrorInvalidValue;")
+            lines.insert(0, f"static unsigned long long evo_attr_{key}{sfx}_{j} = 0;")
         g, b = rl.grid, rl.block
         if cand.plan.coresident:  # a grid whose CTAs wait on each other: cuBLAS where it cannot be resident
             lines.append(f"    if (!evo_resident(f, {g[0] * g[1] * g[2]}ll, {b[0] * b[1] * b[2]}, {rl.smem}, "
-                         f"evo_fit_{key}_{j})) return -1;")
-            lines.insert(0, f"static unsigned long long evo_fit_{key}_{j}[2] = {{0, 0}};")
+                         f"evo_fit_{key}{sfx}_{j})) return -1;")
+            lines.insert(0, f"static unsigned long long evo_fit_{key}{sfx}_{j}[2] = {{0, 0}};")
         lines.append(f"    cudaError_t e = cudaLaunchKernel(f, dim3({g[0]}, {g[1]}, {g[2]}), dim3({b[0]}, {b[1]}, {b[2]}), "
                      f"args{j}, {rl.smem}, stream); if (e) return (int)e; }}")
     lines += ["  return 0;", "}", ""]

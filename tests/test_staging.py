@@ -229,6 +229,43 @@ def test_staged_first_picks_are_ok_in_the_evaluator(templates):
     assert not bad, bad
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_prepared_b_launcher_copies_only_a(templates, fused):
+    """The launcher for a B padded once: B's tensor map reads the caller's pointer with the caller's
+    pitch, no pre-pass copies B, and A is still copied (fused AB replaced by evo_stage of A)."""
+    from evo._export import _unit_kernels
+    from evo._export_source import launcher, prepared_b
+
+    t, s = templates["sm90_wgmma"], Shape.parse("777x1536x2883")
+    knobs = {**t.heuristic(s, 90)[0], "STAGE_FUSED": fused}
+    cand = t.candidate(knobs, s)
+    kernels = _unit_kernels(cand)
+    assert "evo_stage" in kernels and prepared_b(cand, s).cols == 2883
+    plain, _ = launcher(s, cand, kernels)
+    text, _ = launcher(s, cand, kernels, prepared=True)
+    a, b = cand.plan.staged_copies(s)
+    assert f'int evo_hgemm_{s.key}_wb(const void* A, const void* B, long long ldb, void* C' in text
+    assert "if (ldb < 2883 || ldb % 8) return -5;" in text
+    assert "pitch[1] = {(cuuint64_t)ldb * 2ull}" in text and f"pitch[1] = {{{a.pitch * 2}ull}}" in text
+    assert f"(char*)workspace + {b.offset}ull" not in text and f"(char*)workspace + {a.offset}ull" in text
+    stage = f"evo_{s.key}_kernel_{kernels.index('evo_stage')}()"
+    assert text.count("cudaLaunchKernel") == plain.count("cudaLaunchKernel") - (0 if fused else 1)
+    assert stage in text and "evo_stage2" not in [k for k in kernels if f"kernel_{kernels.index(k)}()" in text]
+    # the A copy's grid: one 256-thread block per 256 vectors of A's copy
+    vectors = 777 * (a.pitch // 8)
+    assert f"dim3({min(-(-vectors // 256), 1056)}, 1, 1), dim3(256, 1, 1)" in text
+
+
+def test_no_prepared_b_launcher_without_a_staged_b(templates):
+    from evo._export_source import launcher, prepared_b
+
+    t, s = templates["sm90_wgmma"], Shape.parse("512x4096x1024")
+    cand = t.candidate(t.heuristic(s, 90)[0], s)
+    assert prepared_b(cand, s) is None
+    with pytest.raises(ValueError, match="does not stage B"):
+        launcher(s, cand, list(cand.plan.kernel_names), prepared=True)
+
+
 def test_extern_c_kernels_finds_every_kernel_launched_or_not():
     from evo._export_source import extern_c_kernels
 
@@ -256,6 +293,55 @@ def test_a_library_of_staged_kernels_links(tmp_path):
             a.record(c, [ok_eval(c, s, 1.5)])
     manifest = export(tmp_path / "arch", tmp_path / "lib")
     assert manifest["skipped"] == [] and len(manifest["kernels"]) == 2
+    # both stage B (K % 8 != 0): each has a launcher for a B padded once, in the library
+    preps = {e["shape"]: e.get("prepared_b") for e in manifest["kernels"]}
+    assert all(p and p["symbol"].endswith("_wb") for p in preps.values()), preps
+    nm = shutil.which("nm")
+    if nm:
+        import subprocess
+
+        syms = subprocess.run([nm, "-D", "--defined-only", str(tmp_path / "lib" / "libevo_hgemm.so")],
+                              capture_output=True, text=True, check=True).stdout
+        assert all(p["symbol"] in syms for p in preps.values())
+
+
+@pytest.mark.gpu
+def test_prepared_weights_give_the_same_product(tmp_path):
+    """A library of staged kernels on the GPU: ``evo_hgemm(a, w.t())`` and ``evo_hgemm(a,
+    prepare_weight(w))`` (B padded once, only A copied per call) both match an fp32 reference,
+    whatever lies in the padding."""
+    import torch
+
+    from archive_fixture import ok as ok_eval
+    from evo._export import export, load_library
+    from populations import Archive
+
+    t = load_templates()["sm90_wgmma"]
+    texts = ("777x1536x2883", "64x4096x1001")
+    with Archive(tmp_path / "arch", "w") as a:
+        for text in texts:
+            s = Shape.parse(text)
+            c = t.candidate(t.heuristic(s, 90)[0], s)
+            a.record(c, [ok_eval(c, s, 1.5)])
+    export(tmp_path / "arch", tmp_path / "lib")
+    lib = load_library(tmp_path / "lib")
+    assert lib.active, lib.reason
+    g = torch.Generator(device="cuda").manual_seed(7)
+    for text in texts:
+        s = Shape.parse(text)
+        a = torch.randn(s.m, s.k, device="cuda", generator=g).half()
+        w = torch.randn(s.n, s.k, device="cuda", generator=g).half()
+        ref = (a.float() @ w.float().t())
+        pw = lib.prepare_weight(w)
+        assert pw.padded is not None and pw.padded.stride(0) % 64 == 0
+        pw.padded[:, s.k:] = float("nan")  # never read: the tensor map stops at K
+        for out in (lib.evo_hgemm(a, w.t()), lib.evo_hgemm(a, pw)):
+            torch.cuda.synchronize()
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            assert err < 2e-3, (text, err)
+    assert lib.prepare_weight(torch.randn(96, 64, device="cuda").half()).padded is None  # not exported
+
+
 
 
 def test_transfer_from_an_aligned_neighbour_stages_a_ragged_target(templates):

@@ -85,6 +85,8 @@ def add_stage_args(p: argparse.ArgumentParser, *, work: str, budget_s: float, op
     p.add_argument("--time-max-seconds", type=float, default=0.0, help="seconds from this invocation's start (not the time stage's) after which the time stage "
                         "starts no new shape; with the evolve stage in the same call, include its budget (0: no cap)")
     p.add_argument("--retime", action="store_true", help="time shapes again that results.json already has")
+    p.add_argument("--retime-class", metavar="CLASS",
+                   help="time again the rows of this class only (e.g. decode, with the plain peer beside them)")
     p.add_argument("--pack", type=Path, help="after the stages, write a tar.gz of the work folder's archive, library and state")
     p.add_argument("--restore", type=Path, help="before the stages, unpack such a tar.gz into an empty work folder")
     p.add_argument("--summarize", type=Path, metavar="JSON", help="only rebuild summary.md/json and the plot")

@@ -120,6 +120,10 @@ def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optiona
                        "timer": f"bench/_llm_timer.py, {args.reps} rounds, rotation > 2x L2 ({l2 >> 20} MB)",
                        **({"peer": peer_note} if peer_note else {}), **(meta or {})}
     rng = random.Random(args.seed)
+    again = getattr(args, "retime_class", None)
+
+    def retime(row: Any) -> bool:  # --retime: every row; --retime-class C: the rows of class C
+        return bool(args.retime or (again and again in getattr(row, "classes", ())))
 
     def save() -> None:
         results["rows"] = [have[r.shape] for r in run.sample if r.shape in have]
@@ -130,9 +134,9 @@ def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optiona
         from _peer_screen import screen
 
         jobs = [(r.m, r.n, r.k, name) for r in run.sample if r.m <= 16 and r.k % 8 == 0
-                and not have.get(r.shape, {}).get("cublas_tn_s") for name in peer.names(r.m)]
+                and (retime(r) or not have.get(r.shape, {}).get("cublas_tn_s")) for name in peer.names(r.m)]
         t = time.monotonic()
-        hung = screen(peer_path, jobs, log=run.log) if jobs else set()
+        hung = screen(peer_path, jobs, log=run.log, deadline_s=SCREEN_DEADLINE_S) if jobs else set()
         run.log(f"peer screen: {len(jobs)} launches, {len(hung)} hanging, {time.monotonic() - t:.1f} s")
         results["meta"]["peer_hangs"] = sorted(f"{m}x{n}x{k} {name}" for m, n, k, name in hung)
 
@@ -140,26 +144,29 @@ def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optiona
         skip = frozenset(name for m, n, k, name in hung if (m, n, k) == (row.m, row.n, row.k))
         return time_one(row, lib, peer, l2, args.reps, rng, Sets, rel_error, time_arms, REL_TOL, peer_skip=skip)
 
-    ok = time_shapes(smp.interleave(run.sample, args.seed), have, one, save, run.log, cap=run.cap(), retime=args.retime)
+    ok = time_shapes(smp.interleave(run.sample, args.seed), have, one, save, run.log, cap=run.cap(), retime=retime)
     save()
     return ok
 
 
 #: seconds one row may take before the process is ended (its row stays marked fatal)
 ROW_TIMEOUT_S = int(os.environ.get("EVO_BENCH_ROW_TIMEOUT_S", "90"))
+#: seconds the plain peer's hang screen may take; configurations left then are not timed
+SCREEN_DEADLINE_S = float(os.environ.get("EVO_BENCH_SCREEN_S", "150"))
 
 
 def time_shapes(order: list[Any], have: dict[str, dict[str, Any]], one: Callable[[Any], dict[str, Any]],
                 save: Callable[[], None], log: Callable[[str], None], *, cap: Optional[float] = None,
-                retime: bool = False, clock: Callable[[], float] = time.monotonic) -> bool:
+                retime: Any = False, clock: Callable[[], float] = time.monotonic) -> bool:
     """Time ``order`` into ``have`` (shape -> row), saving after each: rows timed already are
-    skipped (unless ``retime``), failed ones are tried again, a lost CUDA context ends the loop
-    and marks its shape ``fatal`` (skipped next time); no new shape starts after ``cap``.
-    False when a shape failed."""
+    skipped (unless ``retime``: True, or a predicate on the row), failed ones are tried again, a
+    lost CUDA context ends the loop and marks its shape ``fatal`` (skipped next time); no new
+    shape starts after ``cap``. False when a shape failed."""
     ok = True
     for i, row in enumerate(order):
         done = have.get(row.shape, {})
-        if not retime and (done.get("cublas_tn_s") or done.get("fatal")):
+        again = retime(row) if callable(retime) else retime
+        if not again and (done.get("cublas_tn_s") or done.get("fatal")):
             continue
         if cap is not None and clock() > cap:
             log(f"time: cap reached; {len(order) - i} shape(s) not timed")

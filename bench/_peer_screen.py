@@ -10,8 +10,9 @@ pairs; the timing itself stays in the benchmark's process.
 
     python3 bench/_peer_screen.py --child PEER_PY < jobs.json      # the child (used by screen())
 
-Protocol: the child reads the jobs (``[[m, n, k, name], ...]``) as JSON on stdin and, for each,
-prints ``start I`` and then ``done I`` (or ``error I MESSAGE``) on stdout, flushed.
+Protocol: the child reads the jobs (``[[m, n, k, name], ...]``) as JSON on stdin, builds the peer
+and prints ``ready``, then for each job prints ``start I`` and then ``done I`` (or ``error I
+MESSAGE``) on stdout, flushed.
 """
 from __future__ import annotations
 
@@ -30,29 +31,50 @@ Job = tuple[int, int, int, str]  # (m, n, k, configuration name as PeerRunner na
 
 
 def screen(peer: Path, jobs: Sequence[Job], *, timeout_s: float = 20.0, start_s: float = 120.0,
-           log: Callable[[str], None] = print, command: Optional[list[str]] = None) -> set[Job]:
-    """The jobs whose launch did not finish within ``timeout_s`` (``start_s`` for a child's first,
-    which builds the peer's kernels). A job that raised is not a hang (the time stage's own check
-    refuses it). ``command``: the child's command line (default: this file with ``--child``)."""
+           deadline_s: Optional[float] = None, log: Callable[[str], None] = print,
+           command: Optional[list[str]] = None) -> set[Job]:
+    """The jobs not to time: those whose launch did not finish within ``timeout_s``, and with them
+    the same shape's other configurations of the same kernel family (the name before ``<``: on
+    2026-12-04 every ``mma<...>`` of 2x304x6128 hung, and each hang costs a new child that builds
+    the peer again), and every job still unscreened ``deadline_s`` after the start. A child has
+    ``start_s`` to say ``ready`` (it builds the peer's kernels first). A job that raised is not a
+    hang (the time stage's own check refuses it). ``command``: the child's command line (default:
+    this file with ``--child``)."""
     command = command or [sys.executable, str(Path(__file__).resolve()), "--child", str(peer)]
     todo, hung = list(jobs), set()
+    end = None if deadline_s is None else time.monotonic() + deadline_s
+
+    def left(limit: float) -> float:
+        return limit if end is None else min(limit, end - time.monotonic())
     while todo:
+        if end is not None and time.monotonic() >= end:
+            log(f"peer screen: deadline reached; {len(todo)} configuration(s) not screened, skipped in the time stage")
+            hung.update(todo)
+            break
         child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         assert child.stdin is not None and child.stdout is not None
         child.stdin.write(json.dumps([list(j) for j in todo]))
         child.stdin.close()
-        finished, limit = 0, start_s
+        finished = 0
         try:
+            line = _readline(child, left(start_s))
+            if line != "ready":  # the build hung, died or said something else: nothing can be screened
+                log(f"peer screen: the child did not get ready ({line!r}); {len(todo)} configuration(s) skipped")
+                hung.update(todo)
+                todo = []
+                break
             while finished < len(todo):
-                line = _readline(child, limit)
-                if line is None:  # no word within the limit: the job in hand hangs
-                    hung.add(todo[finished])
-                    log(f"peer screen: {todo[finished]} did not finish in {limit:.0f} s; skipped in the time stage")
+                line = _readline(child, left(timeout_s))
+                if line is None:  # no word within the limit: the job in hand hangs, and its siblings go too
+                    job = todo[finished]
+                    family = [j for j in todo[finished:] if j[:3] == job[:3] and _family(j[3]) == _family(job[3])]
+                    hung.update(family)
+                    log(f"peer screen: {job} did not finish in {timeout_s:.0f} s; it and {len(family) - 1} sibling(s) "
+                        "skipped in the time stage")
                     finished += 1
                     break
                 if line.startswith(("done ", "error ")):
                     finished += 1
-                    limit = timeout_s
                 elif line == "":  # the child died: what it was doing counts as a failure, not a hang
                     log(f"peer screen: the child ended at {todo[finished]} (code {child.poll()})")
                     finished += 1
@@ -60,8 +82,12 @@ def screen(peer: Path, jobs: Sequence[Job], *, timeout_s: float = 20.0, start_s:
         finally:
             child.kill()
             child.wait()
-        todo = todo[finished:]
+        todo = [j for j in todo[finished:] if j not in hung]
     return hung
+
+
+def _family(name: str) -> str:
+    return name.split("<", 1)[0]
 
 
 def _readline(child: subprocess.Popen, limit: float) -> Optional[str]:
@@ -94,6 +120,7 @@ def _child(peer_path: str) -> int:  # pragma: no cover - runs on the GPU machine
 
     jobs = [tuple(j) for j in json.load(sys.stdin)]
     runner = PeerRunner(import_peer(Path(peer_path)), sorted({j[0] for j in jobs}))
+    print("ready", flush=True)
     operands: dict[tuple[int, int, int], Any] = {}
     for i, (m, n, k, name) in enumerate(jobs):
         print(f"start {i}", flush=True)

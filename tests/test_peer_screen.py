@@ -17,6 +17,9 @@ from _peer_screen import screen  # noqa: E402
 STAND_IN = textwrap.dedent('''
     import json, sys, time, os
     jobs = json.load(sys.stdin)
+    if any(name == "nobuild" for _, _, _, name in jobs):
+        time.sleep(60)
+    print("ready", flush=True)
     for i, (m, n, k, name) in enumerate(jobs):
         print(f"start {i}", flush=True)
         if name == "hang":
@@ -42,6 +45,31 @@ def test_a_hanging_job_is_reported_and_the_rest_still_run(tmp_path: Path) -> Non
     assert hung == {(1, 80, 432, "hang"), (2, 64, 64, "hang")}  # an error or a dead child is not a hang
     assert time.monotonic() - t < 20
     assert any("did not finish" in s for s in seen) and any("child ended" in s for s in seen)
+
+
+def test_a_hang_takes_its_family_on_that_shape_and_the_deadline_bounds_the_screen(tmp_path: Path) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(STAND_IN.replace('if name == "hang"', 'if name.startswith("hang")'))
+    jobs = [(2, 304, 6128, "hang<1,1,4>"), (2, 304, 6128, "hang<1,2,8>"), (2, 304, 6128, "ok<1>"),
+            (3, 304, 6128, "hang<1,2,8>"), (3, 304, 6128, "ok<2>")]
+    seen: list[str] = []
+    hung = screen(Path("unused"), jobs, timeout_s=0.5, start_s=5, log=seen.append, command=[sys.executable, str(script)])
+    # one child per hang, not per configuration: the sibling on the same shape goes with the first
+    assert hung == {jobs[0], jobs[1], jobs[3]} and sum("did not finish" in s for s in seen) == 2
+    t = time.monotonic()
+    many = [(1, 64, 64, f"hang<{i}>") for i in range(3)] + [(1 + i, 64, 64, f"hang<{i}>") for i in range(1, 40)]
+    hung = screen(Path("unused"), many, timeout_s=0.5, start_s=5, deadline_s=2.0, log=seen.append,
+                  command=[sys.executable, str(script)])
+    assert hung == set(many) and time.monotonic() - t < 8 and any("deadline reached" in s for s in seen)
+
+
+def test_a_child_that_never_gets_ready_skips_everything(tmp_path: Path) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(STAND_IN)
+    jobs = [(1, 64, 64, "ok"), (1, 64, 64, "nobuild")]
+    seen: list[str] = []
+    assert screen(Path("unused"), jobs, start_s=0.5, log=seen.append, command=[sys.executable, str(script)]) == set(jobs)
+    assert any("did not get ready" in s for s in seen)
 
 
 def test_nothing_to_screen_starts_nothing() -> None:

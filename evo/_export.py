@@ -34,7 +34,7 @@ fails only when no kernel builds or the launchers do not. Launchers return 0, or
 (-1 unknown shape, -2 shape mismatch, -3 missing workspace, -4 tensor map encoding failed, -5 bad ``ldb``).
 
 The sources are written by :mod:`evo._export_source`; the loader (``evo.load_library``,
-``EvoLibrary``) is in :mod:`evo._export_load`, its names re-exported here.
+``EvoLibrary``) is in the runtime wing, :mod:`evo.runtime`, its names re-exported here.
 
 Thread-block clusters: a plan carries no cluster shape; kernels that need clusters declare
 ``__cluster_dims__`` at compile time (the sm90_wgmma template with ``CLUSTER_M`` 2), and such
@@ -58,8 +58,8 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 from populations import Archive, Elite, PlanError, Shape
 
-from ._export_load import (LIBRARY, MANIFEST_FORMAT, EvoLibrary, ExportError, _read_manifest,  # noqa: F401 (re-exported)
-                           PreparedWeight, evo_hgemm, load_library)
+from .runtime._loader import (LIBRARY, MANIFEST_FORMAT, EvoLibrary, ExportError, _read_manifest,  # noqa: F401
+                              PreparedWeight, evo_hgemm, load_library)  # re-exported
 from ._export_source import PRELUDE, dispatcher, kernel_unit, launcher, prepared_b
 from ._export_verify import MARGIN, Verify, decide
 

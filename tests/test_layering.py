@@ -67,3 +67,41 @@ def test_the_private_reach_check_can_fail(tmp_path: Path) -> None:
                    "from operators import _base\n")
     assert _private_reaches(src, "evo") == ["evaluators.run._lease", "operators._base", "populations._archive"]
     assert _private_reaches(src, "populations") == ["evaluators.run._lease", "operators._base"]
+
+
+def _evo_modules_imported(path: Path) -> set[str]:
+    """The evo modules ``path`` (a file under evo/) imports, absolute or relative, as dotted names."""
+    pkg = list(path.relative_to(ROOT).with_suffix("").parts)
+    if pkg[-1] == "__init__":
+        pkg = pkg[:-1]
+    else:
+        pkg = pkg[:-1]  # a module's relative imports start at its package
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "evo")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[:len(pkg) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.split(".")[0] == "evo":
+                found.add(mod)
+                found.update(f"{mod}.{a.name}" for a in node.names)
+    return found
+
+
+def test_the_runtime_wing_imports_nothing_else_of_ours() -> None:
+    """evo/runtime (the loader) imports none of our packages and no other part of evo; evo.torch
+    imports only the runtime; evo/__init__ only the runtime, so ``import evo`` in a serving
+    process loads neither msgpack nor the search side (tests/test_runtime_wing.py runs it)."""
+    bad = {}
+    for path in sorted((ROOT / "evo" / "runtime").rglob("*.py")):
+        if _imports(path) - {"evo"} or {m for m in _evo_modules_imported(path) if not m.startswith("evo.runtime")}:
+            bad[str(path.relative_to(ROOT))] = sorted(_imports(path) | _evo_modules_imported(path))
+    for path in [ROOT / "evo" / "__init__.py", *sorted((ROOT / "evo" / "torch").rglob("*.py"))]:
+        outside = {m for m in _evo_modules_imported(path) if not m.startswith(("evo.runtime", "evo.torch"))}
+        if _imports(path) - {"evo"} or outside:
+            bad[str(path.relative_to(ROOT))] = sorted(outside | (_imports(path) - {"evo"}))
+    assert not bad, f"the runtime wing reaches past itself: {bad}"

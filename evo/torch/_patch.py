@@ -96,7 +96,7 @@ def patch(model: Any, library: Union[Any, str, os.PathLike]) -> PatchReport:
     from ._ops import load_ops, register
 
     if isinstance(library, (str, os.PathLike)):
-        from .._export import load_library
+        from ..runtime import load_library
 
         library = load_library(library)
     load_ops()

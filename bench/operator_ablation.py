@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from evo.rl._split import ShapeSplit, read_layers, split_by_model  # noqa: E402
+from evo.rl import ShapeSplit, read_layers, split_by_model  # noqa: E402
 from operator_shares import shares as operator_rows  # noqa: E402
 from _ablation_stats import vs_base  # noqa: E402
 from populations import Archive, Shape, Status  # noqa: E402

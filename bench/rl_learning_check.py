@@ -152,10 +152,10 @@ def main(argv: Any = None) -> int:
     def say(msg: str) -> None:
         print(f"[{time.monotonic() - start:7.1f}s] {msg}", flush=True)
 
-    from evo.rl._adapters import backends_of, read_manifest, switch_adapter, train_adapter
-    from evo.rl._grpo import GRPOConfig, Prompt, RewardSource
-    from evo.rl._plot import check_figure
-    from evo.rl._policy import Policy
+    from evo.rl import backends_of, read_manifest, switch_adapter, train_adapter
+    from evo.rl import GRPOConfig, Prompt, RewardSource
+    from evo.rl import check_figure
+    from evo.rl import Policy
     from operators.llm import LLMOperator
 
     device = args.llm_device or ("cuda" if args.evaluator == "gpu" else "cpu")

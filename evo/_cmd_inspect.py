@@ -103,7 +103,7 @@ def _shape_report(archive: Archive, shape: Shape, top: int) -> dict[str, Any]:
 
 def _adapters(archive: Archive, shape: Shape) -> list[dict[str, Any]]:
     """Improvement per adapter version of the LLM-made candidates (evo.rl; [] when there are none)."""
-    from .rl._stats import adapter_stats
+    from .rl import adapter_stats
 
     return [{k: _num(v) if isinstance(v, float) else v for k, v in row.items()} for row in adapter_stats(archive, shape)]
 

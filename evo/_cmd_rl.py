@@ -85,7 +85,7 @@ def add_parser(subparsers: Any) -> None:
 def _split(args: argparse.Namespace) -> int:
     from populations import Shape
 
-    from .rl._split import read_layers, split_by_model
+    from .rl import read_layers, split_by_model
 
     try:
         rows = read_layers(args.layers)
@@ -139,8 +139,8 @@ def _train(args: argparse.Namespace, pool_factory: Any = None) -> int:
     from populations import ArchiveError, load_templates
 
     from .rl import DatasetError, read_jsonl
-    from .rl._adapters import read_manifest, table_from_rows, train_adapter
-    from .rl._grpo import GRPOConfig
+    from .rl import read_manifest, table_from_rows, train_adapter
+    from .rl import GRPOConfig
 
     try:
         from evaluators import visible_gpus
@@ -167,8 +167,8 @@ def _train(args: argparse.Namespace, pool_factory: Any = None) -> int:
         return fail("rl train", f"{exc.filename or args.out}: {exc.strerror or exc}")
     from operators.llm import DEFAULT_MODEL, load_backend
 
-    from .rl._grpo import prompts_from_rows
-    from .rl._policy import Policy
+    from .rl import prompts_from_rows
+    from .rl import Policy
 
     templates = load_templates(errors="warn")
     if not prompts_from_rows(rows, templates)[0]:
@@ -206,7 +206,7 @@ def _measurer(args: argparse.Namespace, table: Any, pool_factory: Any) -> tuple[
     shares one of the pool's GPUs; the archive's earlier measurements join ``table``."""
     from ._config import PoolConfig
     from ._orchestrate import make_pool
-    from .rl._measure import Measurer, colocated_gate
+    from .rl import Measurer, colocated_gate
 
     gpus = gpu_list(args.gpus)
     if args.compile_workers < 1:

@@ -142,7 +142,7 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"--llm-batch must be >= 1, got {args.llm_batch}")
         out["batch"] = args.llm_batch
     if getattr(args, "llm_adapter", None):
-        from .rl._adapters import read_manifest
+        from .rl import read_manifest
         try:
             read_manifest(args.llm_adapter)
         except ValueError as exc:

@@ -246,8 +246,8 @@ def _remove_fresh(path: Path) -> None:
 
 def _rl_updater(cfg: RunConfig, operators: dict[str, Any], templates: Any, events: Any, progress: Any) -> Any:
     """The engine hook of ``rl.every`` (evo.rl.RLUpdater)."""
-    from .rl._grpo import GRPOConfig
-    from .rl._updater import RLUpdater
+    from .rl import GRPOConfig
+    from .rl import RLUpdater
 
     r = cfg.rl
     assert cfg.archive is not None
@@ -289,7 +289,7 @@ def _warm_llm(operators: dict[str, Any], events: Any, progress: Any) -> None:
 
 def _load_adapter(folder: str, operators: dict[str, Any], events: Any, progress: Any) -> None:
     """Switch the LLM operators' local models to the adapter in ``folder`` (event ``adapter``)."""
-    from .rl._adapters import read_manifest, switch_adapter
+    from .rl import read_manifest, switch_adapter
 
     name = read_manifest(folder)["name"]
     switched = switch_adapter(operators, folder, name)

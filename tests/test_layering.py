@@ -105,3 +105,28 @@ def test_the_runtime_wing_imports_nothing_else_of_ours() -> None:
         if _imports(path) - {"evo"} or outside:
             bad[str(path.relative_to(ROOT))] = sorted(outside | (_imports(path) - {"evo"}))
     assert not bad, f"the runtime wing reaches past itself: {bad}"
+
+
+def test_evo_rl_is_used_through_its_public_names() -> None:
+    """Outside evo/rl, the product and the benchmarks import what ``evo.rl`` exports, never its
+    private modules (``evo.rl._adapters`` ...): callers see one face, and the package can move
+    its insides without breaking them."""
+    bad = {}
+    for path in [*sorted((ROOT / "evo").rglob("*.py")), *sorted((ROOT / "bench").glob("*.py"))]:
+        if (ROOT / "evo" / "rl") in path.parents:
+            continue
+        reach = sorted(m for m in _evo_modules_imported(path) if m.startswith("evo.rl._")) if path.is_relative_to(
+            ROOT / "evo") else sorted(n for n in _abs_imports(path) if n.startswith("evo.rl._"))
+        if reach:
+            bad[str(path.relative_to(ROOT))] = reach
+    assert not bad, f"private modules of evo.rl imported from outside: {bad}"
+
+
+def _abs_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found

@@ -16,17 +16,21 @@ relocations say which module symbols the code reaches. Refused here:
   test instead of opening a hole). Also there: the base of the generic window onto ``__constant__``
   data (``cvta.const``: a pointer through which constant memory could be written), and any
   register-indexed read of bank 0 (an out-of-range index into a parameter array reaches any of them).
-- **Writable module-scope data**: any relocation whose target lives in ``.nv.global`` or
+- **Writable module-scope data**: a relocation whose target lives in ``.nv.global`` or
   ``.nv.global.init`` (``__device__`` variables const or not, static locals, string literals: all
-  writable, all outlive a call). A variable that no instruction reaches has no relocation and is
-  allowed (helpers the CUDA headers leave behind).
+  writable, all outlive a call). A variable that no instruction reaches (no relocation, or only a
+  slot of the global-address table ``.nv.constant4`` that no instruction reads) is allowed: the
+  helpers the CUDA atomics headers leave behind.
 - **Calls out of the module**: a relocation to an undefined function (``vprintf``, ``malloc``...).
 
 Also read, not refused: which kernels **may wait on other CTAs** (:func:`waiting_kernels`): a loop
 (a backward branch) whose body holds a global or generic atomic with a result (``ATOMG``/``ATOM``),
-a strong (volatile, relaxed or acquire) load or ``NANOSLEEP``. Such a kernel only works
-when its whole grid is resident, so the GPU worker checks residency for it whether or not its plan
-declares ``coresident`` (:class:`populations.LaunchPlan`).
+a strong (volatile, relaxed or acquire) load or ``NANOSLEEP``, in the loop or in a subroutine it
+calls. Such a kernel only works when its whole grid is resident, so the GPU worker checks residency
+for it whether or not its plan declares ``coresident`` (:class:`populations.LaunchPlan`). Not counted:
+``YIELD`` (ptxas puts it in honest loops, e.g. around mbarrier waits), atomics without a result
+(``RED``) and shared-memory atomics. Not found: a spin on a plain (weak) load, which the compiler is
+free to hoist out of the loop; such a kernel still meets the worker's per-phase deadline if it hangs.
 
 Fails closed: no disassembler, or one that cannot read the cubin, is :class:`SassUnavailable`, which
 the compile child reports as a failure without a verdict (``compile_error``, not cached), never a pass.

@@ -8,8 +8,8 @@ shape: heuristic picks, then spread samples, ``--per-template`` per template) on
 LLM-layer sample (``bench/_llm_sample.py`` over ``llm_layers.csv``, as ``llm_layers_bench.py``
 picks it), through the real ``LocalPool``; statuses counted per template and per shape class.
 With ``--static`` (no GPU needed) part (a) instead runs every seed, all of them, through the
-evaluator's compile step only (source scan, NVRTC, the compiled-PTX scan), generic and
-specialised: the static half of "no false rejection", on a CPU machine.
+evaluator's compile step only (source scan, NVRTC, the compiled-PTX scan, the machine-code
+check), generic and specialised: the static half of "no false rejection", on a CPU machine.
 (b) **Archive elites** (``--archive``): the ``--top`` elites of every shape of an archive made
 by an earlier evaluator, re-evaluated now at their shape; statuses counted.
 
@@ -176,7 +176,7 @@ def main(argv: Optional[list[str]] = None, pool_factory: Optional[Callable[..., 
     ap.add_argument("--skip-seeds", action="store_true", help="part (b) only")
     ap.add_argument("--budget-s", type=float, default=1e9, help="no new submissions after this many seconds, per part")
     ap.add_argument("--compile-workers", type=int, default=min(12, os.cpu_count() or 4))
-    ap.add_argument("--static", action="store_true", help="part (a) on the CPU: every seed through scan, compile and PTX scan")
+    ap.add_argument("--static", action="store_true", help="part (a) on the CPU: every seed through scan, compile, PTX scan and SASS check")
     ap.add_argument("--arch", default="sm_90a", help="with --static: the target architecture")
     ap.add_argument("--json", default=None, help="write the summary here")
     args = ap.parse_args(argv)
@@ -187,7 +187,7 @@ def main(argv: Optional[list[str]] = None, pool_factory: Optional[Callable[..., 
             report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                       "command": " ".join(["python3", "bench/false_rejections.py", *(argv or sys.argv[1:])]),
                       "static": static_jobs(jobs, args.arch, cache, workers=args.compile_workers)}
-        _print("static (scan + compile + PTX scan)", report["static"])
+        _print("static (scan + compile + PTX scan + SASS check)", report["static"])
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(report, indent=1, default=str))

@@ -59,6 +59,10 @@ REQUIRED_KINDS = {
                                                            "skip_tile_if_c_written"],
     "ragged edges wrong only on large grids": ["skip_edge_tiles_large_grid", "drop_k_tail_large_grid",
                                                "edge_rows_once_large"],
+    # issue 36: the compiled-output scan blinded, what only the machine code shows, undeclared residency
+    "PTX text scan blinded by directive strings": ["pragma_blinded_globaltimer", "pragma_blinded_table_counter"],
+    "placement read that only the machine code shows": ["smid_tile_memo"],
+    "waits on other CTAs without declaring coresident": ["grid_barrier_undeclared"],
     "attacks on the evaluator's CPU side": ["nested_plan_expression", "unterminated_string_lexer", "unterminated_raw_string",
                                             "macro_substitution_bomb", "shape_claim_flood", "compile_bomb_unroll"],
 }
@@ -178,6 +182,26 @@ def test_runtime_cases_compile(case: HostileCase, compiled: dict) -> None:
     result = compiled[case.name]
     assert result.status is Status.OK, f"{case.name} must reach the GPU: {result.status} {result.message[:300]}"
     assert {k.name for k in result.kernels} >= set(case.candidate.plan.kernel_names)
+
+
+def test_machine_code_findings_of_the_issue_36_cases(compiled: dict) -> None:
+    """The SASS-only case is refused for what its machine code reads; the undeclared grid barrier
+    compiles, is found to wait on other CTAs, and its pool job checks residency as if declared."""
+    from evaluators.pools._pool_core import PoolCore, PoolItem, PoolStats
+
+    smid = compiled["smid_tile_memo"]
+    assert smid.status is Status.REJECTED and "SR_VIRTUALSMID" in smid.message, smid.message
+    barrier = compiled["grid_barrier_undeclared"]
+    case = BY_NAME["grid_barrier_undeclared"]
+    assert not case.candidate.plan.coresident
+    assert set(barrier.waits_on_ctas) == {"hgemm_grid_barrier"}, barrier.waits_on_ctas
+    item = PoolItem(case.candidate, None)  # type: ignore[arg-type]  (no future: job() only reads the rest)
+    item.compiled = barrier
+    core = PoolCore("corpus", timers=("device",), qps=1000.0, job_options=None, cache_dir=None, compile_timeout_s=10.0,
+                    compile_fn=lambda *a, **k: None, slots=1, stats=PoolStats(), arch=ARCH)
+    assert core.job(item).plan.coresident
+    item.compiled = compiled["_good"]
+    assert not core.job(item).plan.coresident  # nothing found, nothing changed
 
 
 def test_good_control_compiles_cleanly(compiled: dict) -> None:

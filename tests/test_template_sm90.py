@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
@@ -20,6 +19,7 @@ import pytest
 from populations import Shape
 from populations._knobs import TemplateError
 from populations._template import TEMPLATES_DIR, load_template
+from evaluators.compile import cuda_tool
 from evaluators.run._loader import nvrtc_cubin
 
 FOLDER = TEMPLATES_DIR / "sm90_wgmma"
@@ -36,24 +36,8 @@ def nvrtc_compile(source: str) -> bytes:
     return nvrtc_cubin(source, "sm_90a")
 
 
-def cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump") or (shutil.which("cuobjdump", path="/usr/local/cuda/bin"))
-    if found:
-        return found
-    try:
-        import nvidia  # type: ignore[import-not-found]
-
-        for base in nvidia.__path__:
-            cand = Path(base) / "cu13" / "bin" / "cuobjdump"
-            if cand.is_file() and (cand.parent / "nvdisasm").is_file():
-                return str(cand)
-    except ImportError:
-        pass
-    return None
-
-
 def sass(cubin: bytes) -> str:
-    tool = cuobjdump()
+    tool = cuda_tool("cuobjdump")
     if tool is None:
         pytest.skip("no cuobjdump here (neither the toolkit's nor the nvidia-cuda-cuobjdump wheel's)")
     with tempfile.TemporaryDirectory() as d:

@@ -1,8 +1,8 @@
 """On-disk cache of compile outcomes, keyed by what determines the cubin.
 
 Key: sha256 over the source, the full flag list, the arch, the back end and the toolkit
-version (plus a format number). Value: one msgpack file holding the cubin, the ptxas log and
-the compile seconds. Writes are atomic (temporary file in the same folder, then
+version (plus a format number). Value: one msgpack file holding the cubin, the ptxas log,
+the compile seconds and the kernels the machine-code check found may wait on other CTAs. Writes are atomic (temporary file in the same folder, then
 ``os.replace``), so concurrent pool workers and crashes never leave a torn entry; an
 unreadable entry is treated as a miss and removed. Nothing expires by itself: ``prune``
 trims the folder to a size, least recently used first. Only compiler verdicts are cached (success
@@ -43,6 +43,7 @@ class CacheEntry:
     cubin: bytes
     log: str
     seconds: float
+    waits: tuple[tuple[str, str], ...] = ()  # (kernel, why): may wait on other CTAs (evaluators.compile._sass)
 
 
 class CubinCache:
@@ -58,7 +59,8 @@ class CubinCache:
         path = self._path(key)
         try:
             data = msgpack.unpackb(path.read_bytes(), raw=False)
-            entry = CacheEntry(bool(data["ok"]), bytes(data["cubin"]), str(data["log"]), float(data["seconds"]))
+            entry = CacheEntry(bool(data["ok"]), bytes(data["cubin"]), str(data["log"]), float(data["seconds"]),
+                               tuple((str(k), str(w)) for k, w in data.get("waits", ())))
             os.utime(path)  # a hit counts as recent use for prune()
             return entry
         except FileNotFoundError:
@@ -71,7 +73,7 @@ class CubinCache:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         blob = msgpack.packb({"ok": entry.ok, "cubin": entry.cubin, "log": entry.log,
-                              "seconds": entry.seconds}, use_bin_type=True)
+                              "seconds": entry.seconds, "waits": [list(w) for w in entry.waits]}, use_bin_type=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".msgpack")
         try:
             with os.fdopen(fd, "wb") as f:

@@ -3,15 +3,19 @@
 The compile step of the evaluation cascade (docs/design.md, section 4). Everything here runs
 on CPUs and never touches a GPU. Statuses (``populations.Status``):
 
-- ``REJECTED``: the static scan refused the source or plan, the compiled-output scan
-  (:mod:`evaluators.compile._ptxscan`, in the compile child) refused the PTX the compiler produced
-  (time sources, writable module state, calls out of the module), or the candidate needs sm_90a
+- ``REJECTED``: the static scan refused the source or plan, the compiled-output scan refused
+  what the compiler produced (in the compile child: :mod:`evaluators.compile._ptxscan` on the PTX,
+  then :mod:`evaluators.compile._sass` on the cubin's machine code: time sources, launch identity,
+  writable module state, calls out of the module), or the candidate needs sm_90a
   (tensor maps, or ``meta["arch_features"]`` naming ``sm_90a``) and the target is ``sm_80``.
 - ``COMPILE_ERROR``: the compiler said no (the log is the message), the compile ran past its
   deadline ("timeout after Xs") or its memory cap ("out of memory ..."), or the cubin breaks
   the resource policy: more than 16 KiB of stack/local memory per thread, static plus dynamic
-  shared memory above the arch's per-block limit, or more than 64 Ki registers per block.
-- ``OK``: ``cubin`` and per-kernel ``KernelStats`` (registers, spills, smem, stack, cmem).
+  shared memory above the arch's per-block limit, or more than 64 Ki registers per block. Also
+  when the machine code cannot be judged (no ``nvdisasm``, or it failed): fails closed, not cached.
+- ``OK``: ``cubin`` and per-kernel ``KernelStats`` (registers, spills, smem, stack, cmem), and
+  ``waits_on_ctas``: the kernels whose machine code may wait on other CTAs (the GPU worker checks
+  their grid's residency whether or not the plan declares ``coresident``).
 
 Compiler verdicts (success or a compile error) are cached on disk (:mod:`evaluators.compile._cache`);
 timeouts and memory failures are not. The resource policy runs on every call, cached or not,
@@ -38,8 +42,9 @@ from ._backends import flags_for
 from ._isolate import DEFAULT_MEM_MB, run_compile_isolated
 from ._ptxas import parse_ptxas, resource_problems
 from ._ptxscan import PTX_SCAN_VERSION, REJECT_MARK
+from ._sass import SASS_CHECK_VERSION
 from ..static import ScanResult, scan, smoke_shapes
-from ._toolkit import BACKENDS, nvcc_path, nvrtc_available, nvrtc_library, toolkit_version
+from ._toolkit import BACKENDS, cuda_tool, nvcc_path, nvrtc_available, nvrtc_library, toolkit_version
 
 __all__ = ["CompileResult", "compile_candidate", "arch_for_capability", "default_backend",
            "ARCHS", "MAX_SMEM_PER_BLOCK", "sm90_requirements"]
@@ -62,6 +67,7 @@ class CompileResult:
     backend: str = ""
     arch: str = ""
     telemetry: Mapping[str, Any] = field(default_factory=dict)
+    waits_on_ctas: Mapping[str, str] = field(default_factory=dict)  # kernel -> why (the machine code's loops)
 
 
 def arch_for_capability(capability: tuple[int, int]) -> str:
@@ -126,17 +132,19 @@ def compile_candidate(candidate: Candidate, arch: str, *, timeout_s: float = 60,
 
     flags = flags_for(backend, arch, tuple(extra_flags))
     cache = CubinCache(cache_dir) if use_cache else None
-    key = cache_key(candidate.source, flags + (PTX_SCAN_VERSION,), arch, backend, toolkit_version(backend))
+    key = cache_key(candidate.source, flags + (PTX_SCAN_VERSION, SASS_CHECK_VERSION), arch, backend,
+                    toolkit_version(backend))
     entry = cache.get(key) if cache is not None else None
     cached = entry is not None
     if entry is None:
         out = run_compile_isolated(backend, candidate.source, flags, timeout_s=timeout_s, mem_mb=mem_mb,
                                    nvcc=nvcc_path() if backend == "nvcc" else None,
-                                   library=nvrtc_library() if backend == "nvrtc" else None)
+                                   library=nvrtc_library() if backend == "nvrtc" else None,
+                                   sass=(cuda_tool("nvdisasm"), arch))
         if out.failure:
             return result(Status.COMPILE_ERROR, out.log, telemetry={**telemetry, "failure": out.failure,
                                                                         "child_pid": out.pid})
-        entry = CacheEntry(out.ok, out.cubin, out.log, out.seconds)
+        entry = CacheEntry(out.ok, out.cubin, out.log, out.seconds, out.waits)
         if cache is not None:
             cache.put(key, entry)
     telemetry["compile_s"] = entry.seconds
@@ -156,7 +164,7 @@ def compile_candidate(candidate: Candidate, arch: str, *, timeout_s: float = 60,
         return result(Status.COMPILE_ERROR, "resource policy: " + "; ".join(problems),
                       kernels=report.kernels, cached=cached, telemetry=telemetry)
     return result(Status.OK, entry.log, cubin=entry.cubin, kernels=report.kernels, cached=cached,
-                  telemetry=telemetry)
+                  telemetry=telemetry, waits_on_ctas=dict(entry.waits))
 
 
 _SCANS: dict[tuple[str, str], ScanResult] = {}

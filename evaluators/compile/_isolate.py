@@ -27,8 +27,10 @@ from pathlib import Path
 
 try:
     from ._ptxscan import REJECT_MARK, scan_ptx
+    from ._sass import SassUnavailable, check_cubin
 except ImportError:  # loaded as a top-level module (the compile child, the fork server)
     from _ptxscan import REJECT_MARK, scan_ptx  # type: ignore[no-redef]
+    from _sass import SassUnavailable, check_cubin  # type: ignore[no-redef]
 
 __all__ = ["ChildOutcome", "run_compile_isolated", "DEFAULT_MEM_MB"]
 
@@ -46,22 +48,28 @@ class ChildOutcome:
     cubin: bytes
     log: str
     seconds: float
-    failure: str = ""  # "", "timeout", "oom", "crash": why there is no compiler verdict
+    failure: str = ""  # "", "timeout", "oom", "crash", "sass": why there is no compiler verdict
     pid: int = 0       # the child's pid, also its process-group id
+    waits: tuple[tuple[str, str], ...] = ()  # (kernel, why) for kernels that may wait on other CTAs (_sass)
 
 
 # -- parent side -----------------------------------------------------------------------------
 def run_compile_isolated(backend: str, source: str, flags: tuple[str, ...], *, timeout_s: float,
                          mem_mb: int = DEFAULT_MEM_MB, nvcc: str | None = None,
-                         library: str | None = None, zygote: bool | None = None) -> ChildOutcome:
+                         library: str | None = None, zygote: bool | None = None,
+                         sass: tuple[str | None, str] | None = None) -> ChildOutcome:
     """Compile in a child; never raises for compiler trouble, reports it in the outcome.
+
+    ``sass`` (``(nvdisasm path or None, arch)``): also judge the cubin's machine code
+    (:mod:`evaluators.compile._sass`) in the child; a missing or failing disassembler is the
+    failure ``"sass"`` (no verdict), never a pass.
 
     ``zygote`` (default: on unless ``$EVO_COMPILE_ZYGOTE=0``) forks the child from a warm fork
     server (:mod:`evaluators.compile._zygote`); otherwise, or when the server cannot start, a fresh
     interpreter is spawned per compile.
     """
     request = {"backend": backend, "source": source, "flags": list(flags), "mem_mb": mem_mb, "nvcc": nvcc,
-               "library": library}
+               "library": library, "sass": list(sass) if sass is not None else None}
     if zygote is None:
         zygote = os.environ.get("EVO_COMPILE_ZYGOTE", "1") != "0"
     if zygote:
@@ -100,7 +108,8 @@ def classify(out: bytes, returncode: int, err: bytes, request: dict, seconds: fl
     """Turn a finished child's pickled result (or its death) into an outcome."""
     backend, mem_mb = request["backend"], request["mem_mb"]
     try:
-        ok, cubin, log = pickle.loads(out)
+        ok, cubin, log, *rest = pickle.loads(out)
+        facts = rest[0] if rest else {}
     except Exception:
         code = returncode
         why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
@@ -113,7 +122,11 @@ def classify(out: bytes, returncode: int, err: bytes, request: dict, seconds: fl
                             "crash", pid)
     if not ok and any(h in log.lower() for h in _OOM_HINTS):
         return ChildOutcome(False, b"", f"out of memory (limit {mem_mb} MiB):\n{log}", seconds, "oom", pid)
-    return ChildOutcome(bool(ok), bytes(cubin), str(log), seconds, "", pid)
+    if facts.get("unavailable"):
+        return ChildOutcome(False, b"", f"the machine-code check could not run: {facts['unavailable']}", seconds,
+                            "sass", pid)
+    return ChildOutcome(bool(ok), bytes(cubin), str(log), seconds, "", pid,
+                        tuple(sorted(dict(facts.get("waits", {})).items())))
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -241,10 +254,13 @@ def _nvcc_compile(source: str, flags: list[str], nvcc: str | None) -> tuple[bool
         return True, out.read_bytes(), log, ptx
 
 
-def compile_request(req: dict) -> tuple[bool, bytes, str]:
+def compile_request(req: dict) -> tuple[bool, bytes, str, dict]:
     """In the child: cap the address space, compile, scan the PTX the compiler produced
     (:func:`evaluators.compile._ptxscan.scan_ptx`; a refusal is a failed result whose log starts with
-    ``REJECT_MARK``, no PTX at all is one too), map exceptions to a failed result."""
+    ``REJECT_MARK``, no PTX at all is one too), then, where ``req["sass"]`` asks, judge the cubin's
+    machine code (:func:`evaluators.compile._sass.check_cubin`: its refusals join the PTX scan's; the
+    kernels that may wait on other CTAs go back in the facts, ``{"waits": {...}}``; no disassembler
+    is ``{"unavailable": why}``), map exceptions to a failed result."""
     import resource
 
     if req["mem_mb"] > 0:
@@ -256,15 +272,24 @@ def compile_request(req: dict) -> tuple[bool, bytes, str]:
         else:
             ok, cubin, log, ptx = _nvcc_compile(req["source"], req["flags"], req["nvcc"])
         if not ok:
-            return ok, cubin, log
+            return ok, cubin, log, {}
         reasons = scan_ptx(ptx) if ptx.strip() else ["the compiler produced no PTX to scan"]
+        facts: dict = {}
+        if req.get("sass") is not None:
+            tool, arch = req["sass"]
+            try:
+                refused, waits = check_cubin(cubin, tool, arch)
+            except SassUnavailable as exc:
+                return False, b"", str(exc), {"unavailable": str(exc)}
+            reasons += [r for r in refused if r not in reasons]
+            facts["waits"] = waits
         if reasons:
-            return False, b"", REJECT_MARK + "; ".join(reasons)
-        return ok, cubin, log
+            return False, b"", REJECT_MARK + "; ".join(reasons), {}
+        return ok, cubin, log, facts
     except MemoryError:
-        return (False, b"", "out of memory (MemoryError in the compile child)")
+        return (False, b"", "out of memory (MemoryError in the compile child)", {})
     except Exception as exc:  # report, never hang the parent
-        return (False, b"", f"compiler raised {type(exc).__name__}: {exc}")
+        return (False, b"", f"compiler raised {type(exc).__name__}: {exc}", {})
 
 
 def _child_main() -> None:

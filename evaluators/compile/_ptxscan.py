@@ -22,9 +22,17 @@ read is named, every module-scope variable is declared. So whatever the source l
 - **Calls out of the module** (refused): ``.extern .func`` declarations (``vprintf``,
   ``malloc``, ``__assertfail``, device-side launches ``cudaLaunchDeviceV2``...).
 
-Comments are removed first (``//`` to the end of the line, ``/* */``), so text in a comment is
-neither a finding nor a hiding place. The scan is a few linear regular-expression passes, and
-it runs in the compile child (:mod:`evaluators.compile._isolate`), under its deadline and memory cap.
+First the text is tokenized (:func:`blank_ptx`): one left-to-right pass that knows string literals
+and both comment forms, so a comment marker inside a string (``.pragma "//";``, which ptxas accepts
+with a warning) neither starts a comment nor hides the instruction after it on that line, and text
+in a comment or a string is neither a finding nor a hiding place (strings become ``""``). Refused
+there too: a string holding a comment marker (no compiler emits one; only an attempt to blind a text
+scan does), debug-info directives (``.file``, ``.loc``, ``.section``, ``@@DWARF``: evo's flags never
+ask for debug info, so only inline asm could put them there), an unterminated comment or string.
+This is the early, cheap refusal; the machine code is judged again after it
+(:mod:`evaluators.compile._sass`), which no text arrangement can blind. The scan is a few linear
+regular-expression passes, and it runs in the compile child (:mod:`evaluators.compile._isolate`),
+under its deadline and memory cap.
 This file imports only the standard library (the child and the fork server load it as a
 top-level module).
 """
@@ -33,14 +41,18 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-__all__ = ["scan_ptx", "REJECT_MARK", "PTX_SCAN_VERSION"]
+__all__ = ["scan_ptx", "blank_ptx", "REJECT_MARK", "PTX_SCAN_VERSION"]
 
 #: A compile child's log starting with this is a refusal by this scan, not a compiler error.
 REJECT_MARK = "evo compiled-output scan refused: "
 #: Part of the cubin cache key: verdicts cached before a rule changed are not trusted.
-PTX_SCAN_VERSION = "ptxscan-1"
+PTX_SCAN_VERSION = "ptxscan-2"
 
-_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+#: One token per match, leftmost first: a string, a line comment, a block comment, or the opening of
+#: an unterminated string or comment (which ptxas would not have accepted).
+_TOKENS = re.compile(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*.*?\*/|"|/\*', re.S)
+_MARKERS = ("//", "/*", "*/")
+_DEBUG_DIRECTIVE = re.compile(r"(?<![\w$%.])\.(file|loc|section)\b|@@DWARF")
 _SREG = re.compile(r"%(clock64|clock_hi|clock|globaltimer_lo|globaltimer_hi|globaltimer|pm[0-7](?:_64)?"
                    r"|envreg\d+|gridid|current_graph_exec)(?![\w$])")
 _SREG_WHY = {
@@ -62,12 +74,39 @@ def _sreg_reason(name: str) -> str:
     return f"the compiled PTX {_SREG_WHY[key]} (%{name}): a kernel's work must not depend on time or launch identity"
 
 
+def blank_ptx(ptx: str) -> tuple[str, list[str]]:
+    """``ptx`` with every comment replaced by a space and every string literal by ``""``, and the
+    reasons to refuse what the tokens themselves show (a string holding a comment marker, an
+    unterminated comment or string); one pass, linear in the length."""
+    out: list[str] = []
+    problems: list[str] = []
+    at = 0
+    for m in _TOKENS.finditer(ptx):
+        tok = m.group(0)
+        out.append(ptx[at:m.start()])
+        at = m.end()
+        if tok in ('"', "/*"):
+            problems.append(f"the compiled PTX has an unterminated {'string' if tok == chr(34) else 'comment'}")
+            out.append(" ")
+            break
+        if tok.startswith('"'):
+            if any(mark in tok for mark in _MARKERS):
+                problems.append(f"the compiled PTX has a string that looks like a comment marker ({tok[:40]}): "
+                                "no compiler emits one; it can only be there to blind a scan of the text")
+            out.append('""')
+        else:
+            out.append("\n" * tok.count("\n") or " ")
+    else:
+        out.append(ptx[at:])
+    return "".join(out), list(dict.fromkeys(problems))
+
+
 def scan_ptx(ptx: str) -> list[str]:
     """Reasons to refuse ``ptx`` (empty when it passes); linear in its length."""
-    text = _COMMENTS.sub(" ", ptx)  # ptxas accepted this PTX, so its comments are terminated
-    if "/*" in text:
-        return ["the compiled PTX has an unterminated comment"]
-    reasons: list[str] = []
+    text, reasons = blank_ptx(ptx)
+    for m in dict.fromkeys(m.group(0) for m in _DEBUG_DIRECTIVE.finditer(text)):
+        reasons.append(f"the compiled PTX has the debug directive {m}: evo compiles without debug information, "
+                       "so only inline asm could have put it there")
     for name in dict.fromkeys(m.group(1) for m in _SREG.finditer(text)):
         reasons.append(_sreg_reason(name))
     for insn in dict.fromkeys(m.group(1) for m in _INSN.finditer(text)):

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 __all__ = ["cuda_home", "include_dirs", "nvcc_path", "nvrtc_available", "nvrtc_library", "toolkit_version",
-           "BACKENDS"]
+           "cuda_tool", "BACKENDS"]
 
 BACKENDS = ("nvrtc", "nvcc")
 
@@ -25,7 +25,7 @@ def _candidates() -> list[Path]:
         import nvidia  # type: ignore[import-not-found]
 
         for base in getattr(nvidia, "__path__", []):
-            for sub in ("cu13", "cu12", "cuda_runtime", "cuda_nvrtc", "cuda_nvcc"):
+            for sub in ("cu13", "cu12", "cuda_runtime", "cuda_nvrtc", "cuda_nvcc", "cuda_nvdisasm", "cuda_cuobjdump"):
                 out.append(Path(base) / sub)
     except ImportError:
         pass
@@ -57,6 +57,24 @@ def nvcc_path() -> str | None:
     if home is not None and (home / "bin" / "nvcc").is_file():
         return str(home / "bin" / "nvcc")
     return shutil.which("nvcc")
+
+
+@functools.lru_cache(maxsize=4)
+def cuda_tool(name: str) -> str | None:
+    """The path of a toolkit binary (``nvdisasm``, ``cuobjdump``...), or None where there is none.
+
+    Looked up in every toolkit root of :func:`_candidates` (``$CUDA_HOME``, ``/usr/local/cuda``, the
+    ``nvidia`` wheels: ``nvidia-cuda-nvdisasm`` puts it in ``nvidia/cu13/bin``), then on ``PATH``. The
+    one finder for the evaluator's SASS check and the tests that read SASS. ``cuobjdump`` counts only
+    with an ``nvdisasm`` beside it or on ``PATH`` (it runs nvdisasm to print SASS).
+    """
+    for root in _candidates():
+        path = root / "bin" / name
+        if path.is_file() and os.access(path, os.X_OK):
+            if name != "cuobjdump" or (root / "bin" / "nvdisasm").is_file() or shutil.which("nvdisasm"):
+                return str(path)
+    found = shutil.which(name)
+    return found if found and (name != "cuobjdump" or shutil.which("nvdisasm")) else None
 
 
 @functools.lru_cache(maxsize=1)

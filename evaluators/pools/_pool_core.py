@@ -9,6 +9,7 @@ per-actor queues with shape affinity and retries).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -217,7 +218,11 @@ class PoolCore:
     def job(self, item: PoolItem) -> Job:
         """The worker job for a compiled item: the pool's options, then the submit's hints."""
         cand = item.candidate
-        job = Job(cubin=item.compiled.cubin, plan=cand.plan, shapes=tuple(cand.shapes), generic=cand.generic,
+        plan = cand.plan
+        if getattr(item.compiled, "waits_on_ctas", None) and not plan.coresident:
+            # the machine code may wait on other CTAs (evaluators.compile._sass): check residency as if declared
+            plan = dataclasses.replace(plan, coresident=True)
+        job = Job(cubin=item.compiled.cubin, plan=plan, shapes=tuple(cand.shapes), generic=cand.generic,
                   timers=self.timers, qps=self.qps, candidate_id=cand.id, meta=dict(cand.meta))
         return job.with_options({**self.job_options, **item.hints})
 

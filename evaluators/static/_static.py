@@ -50,7 +50,7 @@ Inline PTX (string literals)
   ``__globaltimer()``): a GEMM's work must not depend on time; a kernel that can read a clock
   can tell a benchmark loop (calls microseconds apart) from production use and behave
   differently in each, which no output check sees (red-team case ``globaltimer_skip_when_hot``).
-- Telemetry only: ``%smid``, ``nanosleep``, ``trap``.
+- Telemetry only: ``%smid`` (the machine-code check, :mod:`evaluators.compile._sass`, refuses it), ``nanosleep``, ``trap``.
   A kernel that behaves differently when timed is caught at runtime by re-checking outputs
   after timing; a spinning kernel by the GPU worker's deadline.
 

@@ -76,6 +76,14 @@ __device__ __forceinline__ void evo_store(evo_half* __restrict__ C, int M, int N
         }
 }
 
+// This block's whole tile of C, computed honestly (the part an attack skips when it thinks it may).
+__device__ __forceinline__ void evo_full_tile(const evo_half* __restrict__ A, const evo_half* __restrict__ B,
+                                              evo_half* __restrict__ C, int M, int N, int K) {
+    float acc[4][4] = {};
+    evo_mainloop(A, B, M, N, K, 0, K, acc);
+    evo_store(C, M, N, acc);
+}
+
 // Call counting through two words of a workspace that the harness does not zero: every block
 // reads the call index first, then the last block to arrive advances it. atomicInc wraps, so
 // garbage in a fresh workspace only shifts the count. Cases use it to act differently later.

@@ -1,6 +1,7 @@
 """The correctness cascade: does the candidate compute ``C = A·B`` (fp16 in/out, fp32 accumulation)?
 
-Every check draws fresh inputs, poisons C with NaN, calls the candidate, synchronises, then
+Every check draws fresh inputs, poisons C (NaN, or finite values of an output's size, drawn per
+call: :func:`._probes.poison_`), calls the candidate, synchronises, then
 checks the guard bands around A, B, C and the workspace ("wrote outside ..."), that A and B are
 unchanged ("modified input"), that no poison is left in C, and the values against a reference
 computed in float64 (float32 with TF32 off for big shapes) from the same fp16 inputs.
@@ -18,6 +19,13 @@ eps32 = 2**-23, ``R`` the reference):
   cancel around small ones, valid at any K >= 3), large partial sums (above 65504 while the
   result is in range), all-ones at K >= 4096 (fp16 stalls at 2048) and low-entropy inputs.
 
+Random inputs are drawn as the timed calls' inputs are (uniform, then scrambled:
+:func:`._probes.draw_random`) and judged by both tolerances (the smaller of the two: an fp32
+accumulation meets either, a reduced-precision one fails the exact one at small K), and the
+cancellation probe hides in such data (:func:`._probes.embed_cancellation`: no value above 2,
+positions drawn per call), run once on NaN and once on finite poison, so that neither the
+inputs' magnitudes nor C's poison tell a check from a timed call.
+
 Then a NaN planted at a random A[i, k1] must turn exactly row i of C into NaN and one at
 B[k2, j] exactly column j: every k of that row and column was read.
 """
@@ -33,8 +41,9 @@ import torch
 from populations import Shape
 
 from ._buffers import Operands, workspace_fill
-from ._reference import integer_reference, reference
-from ._tolerance import FP64_LIMIT, CheckFailed, tolerance_exact, tolerance_random
+from ._probes import POISONS, draw_random, embed_cancellation, poison_
+from ._reference import integer_reference, reference, reference_scales
+from ._tolerance import FP64_LIMIT, CheckFailed, tolerance_exact, tolerance_random, tolerance_strict
 
 __all__ = ["Cascade", "ragged_instances", "large_ragged"]
 
@@ -57,16 +66,26 @@ class Cascade:
     placements: Optional[random.Random] = None
     gapped: bool = False
     _fills: int = 0
+    _poison: Optional[torch.Tensor] = None
+    #: Draws each call's poison of C (:func:`._probes.poison_`); seeded from ``gen`` by default.
+    poisons: Optional[random.Random] = None
+
+    def __post_init__(self) -> None:
+        if self.poisons is None:
+            self.poisons = random.Random(self.gen.initial_seed())
 
     # -- one call with every invariant checked ------------------------------------------
-    def _run(self, check: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Call the candidate once on fresh poison; (C, pending): ``pending`` holds, on the
+    def _run(self, check: str, poison: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Call the candidate once on fresh poison (``poison``: "nan" or "finite", else drawn at
+        random); (C, pending): ``pending`` holds, on the
         device, whether each canary band (A, B, C, workspace) and each input (A, B) changed.
         :meth:`_compare` reads it with the values in one synchronisation, and raises for it
         first (a write outside the buffers beats a wrong value)."""
         ops = self.ops
         saved_a, saved_b = ops.A.data.view(torch.int16).clone(), ops.B.data.view(torch.int16).clone()
-        ops.C.data.fill_(float("nan"))
+        kind = poison or POISONS[self.poisons.randrange(len(POISONS))]
+        poison_(ops.C.data, kind, self.gen, ops.shape.k)
+        self._poison = ops.C.data.view(torch.int16).clone() if kind == "finite" else None  # for the message
         if ops.workspace_bytes:  # NaN (or huge) in fp16 and fp32, the byte drawn as for timed calls
             ops.W.data.fill_(0 if ops.zero_workspace else workspace_fill(self.placements))
         self.call(ops)  # stream-ordered after the fills
@@ -103,6 +122,10 @@ class Cascade:
             i, j = divmod(idx, c.shape[1])
             nans = int(torch.isnan(c).sum())
             why = f"{nans} elements of C left NaN (not written, or NaN produced); " if nans else ""
+            kept = self._poison
+            if kept is not None and kept.shape == c.shape:
+                left = int((c.view(torch.int16) == kept).sum())
+                why += f"{left} elements of C left holding the poison (finite, not written); " if left else ""
             raise CheckFailed(check, f"{why}{int(bad.sum())} of {c.numel()} elements outside tolerance; first at "
                                      f"C[{i},{j}] = {float(c[i, j])!r} vs reference {float(ref[i, j]):.6g} "
                                      f"(tolerance {float(tol[i, j]):.3g}); max error {worst_f:.4g}", worst_f)
@@ -128,31 +151,36 @@ class Cascade:
 
     # -- the checks -------------------------------------------------------------------
     def random(self, check: str = "random inputs", lo: float = -1.0, hi: float = 1.0) -> None:
+        """Inputs drawn as the timed calls' are (:func:`._probes.draw_random`), judged by the
+        smaller of the random-input and exact tolerances (:func:`tolerance_strict`)."""
         s = self.ops.shape
-        self._fill(self._uniform(s.m, s.k, lo, hi), self._uniform(s.k, s.n, lo, hi))
+        dev = self.ops.A.data.device
+        self._fill(draw_random(s.m, s.k, self.gen, dev, lo, hi), draw_random(s.k, s.n, self.gen, dev, lo, hi))
         c, pending = self._run(check)
-        ref, rss = reference(self.ops.A.data, self.ops.b_kn(), exact_terms=False)
-        self._compare(check, c, ref, tolerance_random(ref, rss), pending=pending)
+        ref, rss, sabs = reference_scales(self.ops.A.data, self.ops.b_kn())
+        self._compare(check, c, ref, tolerance_strict(ref, rss, sabs, s.k), pending=pending)
 
     def exact(self, check: str, a: torch.Tensor, b_kn: torch.Tensor,
-              known: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
+              known: Optional[tuple[torch.Tensor, torch.Tensor]] = None, poison: Optional[str] = None) -> None:
         """An exact probe on ``a``, ``b_kn``; ``known``: its (R, S), when the caller has them
         without a floating-point GEMM (an integer GEMM, or a closed form); else computed from
         the operands after the call (which were checked unchanged)."""
         self._fill(a, b_kn)
-        c, pending = self._run(check)
+        c, pending = self._run(check, poison)
         ref, sabs = known if known is not None else reference(self.ops.A.data, self.ops.b_kn(), exact_terms=True)
         self._compare(check, c, ref, tolerance_exact(ref, sabs, self.ops.shape.k), record=False, pending=pending)
 
-    def cancellation(self) -> None:
-        """+L·b at k=0 and -L·b at k=K-1 around small terms: an fp16 accumulator drops the small ones."""
+    def cancellation(self, poison: Optional[str] = None) -> None:
+        """Exact cancellation hidden in random-looking data (:func:`._probes.embed_cancellation`):
+        a quarter of the rows of C are exactly 0 while their partial sums are sign-coherent and
+        large; no value above 2. ``poison``: C's poison for this call (else drawn)."""
         s = self.ops.shape
-        if s.k < 3:
+        if s.k < 2:
             return
-        a, b = self._uniform(s.m, s.k), self._uniform(s.k, s.n)
-        a[:, 0], a[:, -1] = 1024.0, -1024.0
-        b[-1, :] = b[0, :]
-        self.exact("cancellation probe", a, b)
+        dev = self.ops.A.data.device
+        a, b = draw_random(s.m, s.k, self.gen, dev), draw_random(s.k, s.n, self.gen, dev)
+        embed_cancellation(a, b, self.gen)
+        self.exact("cancellation probe", a, b, poison=poison)
 
     def outlier_cancellation(self) -> None:
         """Random-looking data with a few rows carrying large non-integer outliers of random sign at
@@ -238,7 +266,8 @@ class Cascade:
         self.random()
         self.random("same buffers re-filled with other data", -2.0, 2.0)
         self.planted_nan()
-        self.cancellation()
+        for poison in self.poisons.sample(POISONS, len(POISONS)):  # on each poison, in random order
+            self.cancellation(poison)
         self.outlier_cancellation()
         self.large_values()
         self.special()

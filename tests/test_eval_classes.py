@@ -195,34 +195,36 @@ def test_a_failure_inside_the_scan_is_a_rejection(monkeypatch: pytest.MonkeyPatc
 torch = pytest.importorskip("torch")
 
 
-class _Rotation:
-    """Stand-in for the harness's TimingBuffers (they need a GPU): stacked A, B (TN), C and the
-    timers' perturbation, borrowed from the real class (it only touches these tensors)."""
+def _rotation_double():
+    """Stand-in for the harness's TimingBuffers (they need a GPU): stacked A, B (TN), C, their
+    pristine copy and the timers' perturbation, borrowed from the real class (its methods only
+    touch these tensors)."""
+    from evaluators.run._rotation import TimingBuffers
 
-    def __init__(self, sets: int, shape: Shape) -> None:
-        gen = torch.Generator().manual_seed(3)
-        m, n, k = shape.m, shape.n, shape.k
-        self.n_sets, self._mk = sets, (m, k)
-        self.a_all = torch.empty(sets, m * k, dtype=torch.float16).uniform_(-1, 1, generator=gen)
-        self.bnk_all = torch.empty(sets, n * k, dtype=torch.float16).uniform_(-1, 1, generator=gen)
-        self.bkn_all = self.bnk_all
-        self.cc_all = torch.full((sets, m * n), float("nan"), dtype=torch.float16)
-        self._flipped: set[int] = set()
-        self._row_flips: list = []
+    class _Rotation:
+        scramble, _mask_window, _b_stored = TimingBuffers.scramble, TimingBuffers._mask_window, TimingBuffers._b_stored
+        embed, _run_of_sets, poison_outputs = TimingBuffers.embed, TimingBuffers._run_of_sets, TimingBuffers.poison_outputs
+        unflip, live_inputs = TimingBuffers.unflip, TimingBuffers.live_inputs
 
-    def flip_rows(self, gen) -> None:
-        from evaluators.run._rotation import TimingBuffers
-        TimingBuffers.flip_rows(self, gen)  # type: ignore[arg-type]
-
-    def unflip(self) -> None:
-        from evaluators.run._rotation import TimingBuffers
-        TimingBuffers.unflip(self)  # type: ignore[arg-type]
+        def __init__(self, sets: int, shape: Shape) -> None:
+            gen = torch.Generator().manual_seed(3)
+            m, n, k = shape.m, shape.n, shape.k
+            self.n_sets, self._mk = sets, (m, k)
+            self.a_all = torch.empty(sets, m * k, dtype=torch.float16).uniform_(-1, 1, generator=gen)
+            self.bnk_all = torch.empty(sets, n * k, dtype=torch.float16).uniform_(-1, 1, generator=gen)
+            self.bkn_all = self.bnk_all.clone()
+            self.cc_all = torch.full((sets, m * n), float("nan"), dtype=torch.float16)
+            self._flipped: set[int] = set()
+            self._dirty, self._mask = set(), None
+            self._inputs = [t.view(torch.int16) for t in (self.a_all, self.bnk_all, self.bkn_all)]
+            self._pristine = [t.clone() for t in self._inputs]
+    return _Rotation
 
 
 class _GraphDouble:
     """Test double of a captured CUDA graph of one rotation: replay() calls every set once."""
 
-    def __init__(self, rot: _Rotation, shape: Shape, stale_after: int | None = None) -> None:
+    def __init__(self, rot, shape: Shape, stale_after: int | None = None) -> None:
         self.rot, self.shape, self.stale_after, self.replays = rot, shape, stale_after, 0
 
     def replay(self) -> None:
@@ -238,7 +240,7 @@ class _GraphDouble:
 def _timed(stale_after: int | None, replays: int = 5, shape: Shape = Shape(64, 48, 96, "TN")) -> None:
     from evaluators.run import _rotation
 
-    rot = _Rotation(3, shape)
+    rot = _rotation_double()(3, shape)
     ws = torch.zeros(3, 256, dtype=torch.uint8)
     perturb = _rotation._perturber(rot, shape, ws, random.Random(1))
     graph = _GraphDouble(rot, shape, stale_after)
@@ -262,32 +264,68 @@ def test_a_kernel_idle_when_timed_is_caught_naming_the_call() -> None:
         _timed(stale_after=1, shape=Shape(1024, 32, 48, "TN"))  # 64 random rows of 1024 suffice: all are stale
 
 
-def test_perturbation_changes_every_row_at_random_columns_and_refills_the_workspace() -> None:
-    """Every row of every set's A changes in exactly one element (so every output changes and no
-    kept output is reusable), at columns that differ between calls; the workspace gets bytes from
-    the checked calls' set; unflip restores the inputs bit for bit."""
+def test_perturbation_changes_a_and_b_and_their_magnitudes_and_refills_the_workspace() -> None:
+    """Every set's A and B (as stored) change nearly everywhere, signs and magnitudes alike (so
+    no output kept from an earlier call can be updated cheaply), stay below 2 in magnitude, never
+    in the same pattern twice; the workspace rows get bytes from the checked calls' set; some
+    calls hide the cancellation test, some poison C; unflip restores the inputs bit for bit."""
     from evaluators.correctness import WORKSPACE_FILLS
     from evaluators.run import _rotation
 
     shape = Shape(64, 48, 96, "TN")
-    rot = _Rotation(2, shape)
-    pristine = rot.a_all.clone()
+    rot = _rotation_double()(2, shape)
+    pristine_a, pristine_b, pristine_kn = rot.a_all.clone(), rot.bnk_all.clone(), rot.bkn_all.clone()
     ws = torch.zeros(2, 256, dtype=torch.uint8)
     perturb = _rotation._perturber(rot, shape, ws, random.Random(7))
-    fills, columns = set(), []
+    fills, patterns, poisoned = set(), set(), 0
     for _ in range(40):
-        before = rot.a_all.clone()
+        a0, b0 = rot.a_all.clone(), rot.bnk_all.clone()
+        rot.cc_all.zero_()
         perturb()
-        changed = (rot.a_all != before).view(2, shape.m, shape.k)
-        assert bool((changed.sum(dim=2) == 1).all())  # one element per row, in every set
-        assert torch.equal(changed[0], changed[1])
-        columns.append(tuple(changed[0].int().argmax(dim=1).tolist()))
+        for now, before in ((rot.a_all, a0), (rot.bnk_all, b0)):
+            changed = now.view(torch.int16) != before.view(torch.int16)
+            assert float(changed.float().mean()) > 0.9  # dense: nearly every element
+            ratio = (now.float().abs() / before.float().abs().clamp(min=1e-3))[changed]
+            assert float(ratio.max()) > 2 and float(ratio.min()) < 0.5  # magnitudes, not only signs
+            assert float(((now.float() * before.float()) < 0).float().mean()) > 0.3  # and signs
+            assert float(now.float().abs().max()) < 2.0 and bool(torch.isfinite(now.float()).all())
+        patterns.add(hash(rot.a_all.view(torch.int16)[0, :32].numpy().tobytes()))
         fills.add(int(ws[0, 0]))
+        poisoned += bool((rot.cc_all != 0).any())
         assert bool((ws == ws[0, 0]).all())
-    assert len(set(columns)) == 40  # no pattern repeats
+    assert len(patterns) == 40
     assert fills <= set(WORKSPACE_FILLS) and len(fills) >= 3
+    assert 3 <= poisoned <= 20  # C poisoned on random calls (a quarter of them)
+    assert torch.equal(rot.bkn_all, pristine_kn)  # the other layout's B is the baseline's alone
     rot.unflip()
-    assert torch.equal(rot.a_all.view(torch.int16), pristine.view(torch.int16))
+    assert torch.equal(rot.a_all.view(torch.int16), pristine_a.view(torch.int16))
+    assert torch.equal(rot.bnk_all.view(torch.int16), pristine_b.view(torch.int16))
+
+
+def test_timed_check_judges_timed_outputs_exactly() -> None:
+    """A kernel that is right within the random-input tolerance but loses exactness on the
+    cancellation hidden in timed inputs (fp16 partial sums) is caught on the timed replay."""
+    from evaluators.correctness import CheckFailed
+    from evaluators.run import _rotation
+
+    shape = Shape(64, 48, 256, "TN")
+    rot = _rotation_double()(3, shape)
+
+    class Fp16Partials(_GraphDouble):
+        def replay(self) -> None:
+            m, n, k = shape.m, shape.n, shape.k
+            a = self.rot.a_all.view(-1, m, k).double()
+            b = self.rot.bnk_all.view(-1, n, k).double()
+            acc = sum(torch.bmm(a[..., z:z + 64], b[..., z:z + 64].transpose(1, 2)).half().double()
+                      for z in range(0, k, 64))
+            self.rot.cc_all.copy_(acc.half().view(self.rot.n_sets, -1))
+    perturb = _rotation._perturber(rot, shape, None, random.Random(1))
+    graph = Fp16Partials(rot, shape)
+    for _ in range(3):
+        perturb()
+        graph.replay()
+    with pytest.raises(CheckFailed, match="timed calls verified"):
+        _rotation._check_timed(graph, perturb, rot, shape, "timed replays", lambda: None, random.Random(2))
 
 
 def test_large_ragged_instance_keeps_the_grid_and_cuts_every_tail() -> None:
@@ -307,3 +345,23 @@ def test_large_ragged_instance_keeps_the_grid_and_cuts_every_tail() -> None:
         small = large_ragged(Shape(1, 8, 8, "TN"), {"K", "N"}, rng)
         assert (small.n, small.k) == (8, 8)
         assert large_ragged(Shape(1, 8, 8, "TN"), set(), rng).k < 8
+
+
+def test_workspace_rows_are_guarded_each_and_poisoned_between_calls_without_a_workspace() -> None:
+    """A plan without a workspace still gets a 256-byte row per timing set (its pointer is passed):
+    every row is refilled with a poison byte before each timed replay, and a store past any row,
+    into the band before the next one, is seen."""
+    from evaluators.correctness import WORKSPACE_FILLS
+    from evaluators.run import _rotation
+
+    shape = Shape(64, 48, 96, "TN")
+    rows = _rotation.WorkspaceRows(4, 0, torch.device("cpu"), torch.Generator().manual_seed(1), 0xFF)
+    assert rows.rows.shape == (4, 256) and rows.intact()
+    rows.rows[2].fill_(0x42)  # state a kernel leaves in its row: the next replay's refill erases it
+    perturb = _rotation._perturber(_rotation_double()(4, shape), shape, rows.rows, random.Random(3))
+    perturb()
+    assert int(rows.rows[2, 0]) in WORKSPACE_FILLS and bool((rows.rows == rows.rows[0, 0]).all())
+    assert rows.intact()
+    stride = rows.guard.data.stride(0)
+    rows.guard.data.view(-1)[stride + 256] ^= 1  # one byte past set 1's row
+    assert not rows.intact()

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import itertools
 import random
 import sys
 import time
@@ -365,3 +366,30 @@ def test_workspace_rows_are_guarded_each_and_poisoned_between_calls_without_a_wo
     stride = rows.guard.data.stride(0)
     rows.guard.data.view(-1)[stride + 256] ^= 1  # one byte past set 1's row
     assert not rows.intact()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_generic_instances_cover_every_alignment_class_and_the_small_ranges(seed: int) -> None:
+    """Every combination of aligned (multiple of 8) and ragged M, N, K, each in the small ranges
+    (M 2..6 or 8, N and K below a tile) and at mid sizes; 1x1x1; M, N and K in 2..6, 2..12 and
+    2..16 somewhere; the claimed grid with partial tails and a size past the claim; bounded count."""
+    from evaluators.correctness import MAX_INSTANCES, alignment_class, beyond_claim, large_ragged, ragged_instances
+
+    claim = Shape(512, 512, 1024, "TN")
+    rng = random.Random(seed)
+    got = ragged_instances(claim, set(), rng)
+    assert len(got) <= MAX_INSTANCES and len(set(got)) == len(got)
+    small = [s for s in got if s.m <= 8 and s.n <= 16 and s.k <= 16]
+    mid = [s for s in got if s.m > 16 and s.n > 16 and s.k > 16 and s.k < 4096]
+    combos = set(itertools.product((True, False), repeat=3))
+    assert {alignment_class(s) for s in small if s != Shape(1, 1, 1, "TN")} == combos
+    assert {alignment_class(s) for s in mid} == combos
+    assert any(2 <= s.m <= 6 for s in got) and any(2 <= s.n <= 12 and s.n % 8 for s in got)
+    assert any(2 <= s.k <= 16 and s.k % 8 for s in got) and Shape(1, 1, 1, "TN") in got
+    assert any(s.m % 8 == 0 and s.n % 8 == 0 and s.k % 8 for s in got)  # the class the issue found empty
+    assert any(s.k >= 4096 for s in got)
+    big, past = large_ragged(claim, set(), rng), beyond_claim(claim, set(), rng)
+    assert big.m < claim.m and big.n < claim.n and big.k < claim.k
+    assert past.m > claim.m and past.n > claim.n and past.k > claim.k
+    pitched = beyond_claim(claim, {"K", "N"}, rng)
+    assert pitched.n % 8 == 0 and pitched.k % 8 == 0

@@ -203,9 +203,11 @@ def test_ragged_instances_respect_tma_pitch_and_cover_large_residues():
 
     base = Shape.parse("4096x4096x4096:NN")
     fixed = ragged_instances(base, set())
-    assert [str(s) for s in fixed][:4] == ["1x1x1:NN:f32", "7x13x17:NN:f32", "129x257x65:NN:f32", "100x111x77:NN:f32"]
-    assert fixed[-1].k >= 4096
-    assert [(s.n, s.k) for s in ragged_instances(base, {"K", "N"})][:3] == [(8, 8), (16, 24), (264, 72)]
+    assert str(fixed[0]) == "1x1x1:NN:f32" and fixed[-1].k >= 4096
+    assert fixed == ragged_instances(base, set())  # deterministic by seed
+    pitched = ragged_instances(base, {"K", "N"}, random.Random(4))
+    assert all(s.n % 8 == 0 and s.k % 8 == 0 for s in pitched)
+    assert {(s.m % 8 == 0) for s in pitched} == {True, False}  # M has no pitch: both classes stay
     drawn = ragged_instances(base, set(), random.Random(5))[-2]
     assert all(17 <= d % 64 <= 63 for d in (drawn.m, drawn.n, drawn.k))
 

@@ -38,14 +38,12 @@ from typing import Callable, Optional
 
 import torch
 
-from populations import Shape
-
 from ._buffers import Operands, workspace_fill
 from ._probes import POISONS, draw_random, embed_cancellation, poison_
 from ._reference import integer_reference, reference, reference_scales
 from ._tolerance import FP64_LIMIT, CheckFailed, tolerance_exact, tolerance_random, tolerance_strict
 
-__all__ = ["Cascade", "ragged_instances", "large_ragged"]
+__all__ = ["Cascade"]
 
 
 Call = Callable[[Operands], None]
@@ -278,35 +276,3 @@ class Cascade:
         """The small-instance checks for generic candidates."""
         self.random()
         self.planted_nan()
-
-
-def ragged_instances(shape: Shape, tma_pitch: set[str], rng: Optional[random.Random] = None) -> list[Shape]:
-    """Small ragged problems of ``shape``'s layout for generic candidates (1x1x1, 7x13x17, 129x257x65,
-    100x111x77: residues mod 64 from 1 to 47), with ``rng`` one more with residues drawn at random
-    (17..63 past a multiple of 64), plus a K >= 4096 instance for the all-ones probe. Dimensions
-    used as a tensor-map row pitch (``tma_pitch``: 'K' and/or 'N') are rounded up to a multiple
-    of 8, which TMA requires."""
-    def fix(m: int, n: int, k: int) -> Shape:
-        if "K" in tma_pitch:
-            k = -(-k // 8) * 8
-        if "N" in tma_pitch:
-            n = -(-n // 8) * 8
-        return shape.with_dims(m, n, k)
-    out = [fix(1, 1, 1), fix(7, 13, 17), fix(129, 257, 65), fix(100, 111, 77)]
-    if rng is not None:
-        out.append(fix(*(64 * rng.randint(1, 3) + rng.randint(17, 63) for _ in range(3))))
-    return out + [fix(65, 72, 4104)]
-
-
-def large_ragged(shape: Shape, tma_pitch: set[str], rng: random.Random) -> Shape:
-    """The claimed shape with ragged M, N and K tails: each dimension above 1 cut by 1..63 (at
-    random), so the grid is as large as the claimed one (a kernel cannot tell a check by its
-    size) and every edge tile and the K tail are partial. TMA pitch dimensions stay multiples of 8."""
-    def cut(d: int, pitch: bool) -> int:
-        if d <= 1:
-            return d
-        if pitch and d <= 8:
-            return d  # a pitch must stay a multiple of 8: nothing smaller is left to cut to
-        out = d - max(1, min(d - 1, rng.randint(1, 63)))
-        return max(8, out // 8 * 8) if pitch else out
-    return shape.with_dims(cut(shape.m, False), cut(shape.n, "N" in tma_pitch), cut(shape.k, "K" in tma_pitch))

@@ -1,0 +1,98 @@
+"""The problems a generic candidate (one that claims every M, N and K) is checked on besides its
+claimed shape: a cover of every alignment class, the small ranges and the sizes around the claim.
+
+A dimension is *aligned* when it is a multiple of 8 (what vectorised loads, TMA pitches and
+most tiles need) and *ragged* otherwise. :func:`ragged_instances` draws, deterministically from
+its ``rng`` (a job's seed):
+
+- every one of the 8 combinations of aligned and ragged M, N and K in the small ranges (M in
+  1..8, N and K below a tile: ragged M in 2..6, N in 2..12, K in 2..16) and again at mid sizes
+  (72..384, ragged ones 1..7 past a multiple of 8): a kernel wrong only when M and N are
+  aligned and K is ragged, or only for M in 2..6, meets its class twice;
+- 1x1x1, one instance with residues 17..63 past a multiple of 64 (tails of big tiles) and one
+  with K >= 4096 (the all-ones and cancellation probes);
+
+and :func:`large_ragged` / :func:`beyond_claim` the claimed shape with every tail cut (the same
+grid) and a size past the claim in every dimension (a generic claim admits it). Dimensions used
+as a tensor-map row pitch stay multiples of 8 (TMA requires it): their ragged classes collapse
+into the aligned ones. At most :data:`MAX_INSTANCES` small instances (duplicates dropped), each
+a random-input and a planted-NaN check.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Optional
+
+from populations import Shape
+
+__all__ = ["ragged_instances", "large_ragged", "beyond_claim", "alignment_class", "MAX_INSTANCES"]
+
+#: Most instances :func:`ragged_instances` returns: 2 x 8 alignment classes, 1x1x1, the big
+#: residues and the long K.
+MAX_INSTANCES = 19
+
+_SMALL_RAGGED = {"m": range(2, 7), "n": [2, 3, 4, 5, 6, 7, 9, 10, 11, 12], "k": [2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15]}
+
+
+def alignment_class(shape: Shape) -> tuple[bool, bool, bool]:
+    """(M, N, K) each aligned (a multiple of 8) or not."""
+    return shape.m % 8 == 0, shape.n % 8 == 0, shape.k % 8 == 0
+
+
+def _pitched(shape: Shape, tma_pitch: set[str], m: int, n: int, k: int) -> Shape:
+    if "K" in tma_pitch:
+        k = -(-k // 8) * 8
+    if "N" in tma_pitch:
+        n = -(-n // 8) * 8
+    return shape.with_dims(m, n, k)
+
+
+def _small(dim: str, aligned: bool, rng: random.Random) -> int:
+    if aligned:
+        return 8 if dim != "k" else rng.choice((8, 16))
+    return rng.choice(list(_SMALL_RAGGED[dim]))
+
+
+def _mid(aligned: bool, rng: random.Random) -> int:
+    base = 8 * rng.randint(9, 48)
+    return base if aligned else base + rng.randint(1, 7)
+
+
+def ragged_instances(shape: Shape, tma_pitch: set[str], rng: Optional[random.Random] = None) -> list[Shape]:
+    """The class cover of the module docstring for ``shape``'s layout (``rng``: the draw; a fixed
+    seed without one), duplicates dropped; the long-K instance last."""
+    rng = rng or random.Random(0)
+    out: list[Shape] = [_pitched(shape, tma_pitch, 1, 1, 1)]
+    for am, an, ak in itertools.product((True, False), repeat=3):
+        out.append(_pitched(shape, tma_pitch, _small("m", am, rng), _small("n", an, rng), _small("k", ak, rng)))
+        out.append(_pitched(shape, tma_pitch, _mid(am, rng), _mid(an, rng), _mid(ak, rng)))
+    out.append(_pitched(shape, tma_pitch, *(64 * rng.randint(1, 3) + rng.randint(17, 63) for _ in range(3))))
+    out.append(_pitched(shape, tma_pitch, 65, 72, 4104))
+    seen: set[tuple[int, int, int]] = set()
+    unique = [s for s in out if (s.m, s.n, s.k) not in seen and not seen.add((s.m, s.n, s.k))]
+    return unique[:MAX_INSTANCES - 1] + [unique[-1]] if len(unique) > MAX_INSTANCES else unique
+
+
+def large_ragged(shape: Shape, tma_pitch: set[str], rng: random.Random) -> Shape:
+    """The claimed shape with ragged M, N and K tails: each dimension above 1 cut by 1..63 (at
+    random), so the grid is as large as the claimed one (a kernel cannot tell a check by its
+    size) and every edge tile and the K tail are partial. TMA pitch dimensions stay multiples of 8."""
+    def cut(d: int, pitch: bool) -> int:
+        if d <= 1:
+            return d
+        if pitch and d <= 8:
+            return d  # a pitch must stay a multiple of 8: nothing smaller is left to cut to
+        out = d - max(1, min(d - 1, rng.randint(1, 63)))
+        return max(8, out // 8 * 8) if pitch else out
+    return shape.with_dims(cut(shape.m, False), cut(shape.n, "N" in tma_pitch), cut(shape.k, "K" in tma_pitch))
+
+
+def beyond_claim(shape: Shape, tma_pitch: set[str], rng: random.Random) -> Shape:
+    """Past the claimed shape in every dimension by 1..63 (at random; TMA pitch dimensions by a
+    multiple of 8): a generic claim admits it, and a kernel sized to the claimed grid (a fixed
+    table, a fixed workspace) fails there."""
+    def grow(d: int, pitch: bool) -> int:
+        step = rng.randint(1, 63)
+        return d + (-(-step // 8) * 8 if pitch else step)
+    return shape.with_dims(grow(shape.m, False), grow(shape.n, "N" in tma_pitch), grow(shape.k, "K" in tma_pitch))

@@ -84,8 +84,9 @@ class Cascade:
         kind = poison or POISONS[self.poisons.randrange(len(POISONS))]
         poison_(ops.C.data, kind, self.gen, ops.shape.k)
         self._poison = ops.C.data.view(torch.int16).clone() if kind == "finite" else None  # for the message
-        if ops.workspace_bytes:  # NaN (or huge) in fp16 and fp32, the byte drawn as for timed calls
-            ops.W.data.fill_(0 if ops.zero_workspace else workspace_fill(self.placements))
+        # NaN (or huge) in fp16 and fp32, the byte drawn as for timed calls; the row of a plan
+        # without a workspace too (a timing set's row is refilled the same way)
+        ops.W.data.fill_(0 if ops.zero_workspace and ops.workspace_bytes else workspace_fill(self.placements or self.poisons))
         self.call(ops)  # stream-ordered after the fills
         self.sync()  # launch errors surface here, as the loader's own error
         pending = torch.stack([g.guards_changed() for g in (ops.A, ops.B, ops.C, ops.W)]
@@ -122,7 +123,7 @@ class Cascade:
             why = f"{nans} elements of C left NaN (not written, or NaN produced); " if nans else ""
             kept = self._poison
             if kept is not None and kept.shape == c.shape:
-                left = int((c.view(torch.int16) == kept).sum())
+                left = int(((c.view(torch.int16) == kept) & bad).sum())
                 why += f"{left} elements of C left holding the poison (finite, not written); " if left else ""
             raise CheckFailed(check, f"{why}{int(bad.sum())} of {c.numel()} elements outside tolerance; first at "
                                      f"C[{i},{j}] = {float(c[i, j])!r} vs reference {float(ref[i, j]):.6g} "

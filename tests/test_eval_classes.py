@@ -266,10 +266,10 @@ def test_a_kernel_idle_when_timed_is_caught_naming_the_call() -> None:
 
 
 def test_perturbation_changes_a_and_b_and_their_magnitudes_and_refills_the_workspace() -> None:
-    """Every set's A and B (as stored) change nearly everywhere, signs and magnitudes alike (so
-    no output kept from an earlier call can be updated cheaply), stay below 2 in magnitude, never
-    in the same pattern twice; the workspace rows get bytes from the checked calls' set; some
-    calls hide the cancellation test, some poison C; unflip restores the inputs bit for bit."""
+    """Every call changes A or B (both over the calls) nearly everywhere, signs and magnitudes
+    alike (so no output kept from an earlier call can be updated cheaply), below 2 in magnitude,
+    never in the same pattern twice; the workspace rows get bytes from the checked calls' set;
+    some calls hide the cancellation test, some poison C; unflip restores the inputs bit for bit."""
     from evaluators.correctness import WORKSPACE_FILLS
     from evaluators.run import _rotation
 
@@ -278,22 +278,26 @@ def test_perturbation_changes_a_and_b_and_their_magnitudes_and_refills_the_works
     pristine_a, pristine_b, pristine_kn = rot.a_all.clone(), rot.bnk_all.clone(), rot.bkn_all.clone()
     ws = torch.zeros(2, 256, dtype=torch.uint8)
     perturb = _rotation._perturber(rot, shape, ws, random.Random(7))
-    fills, patterns, poisoned = set(), set(), 0
-    for _ in range(40):
+    fills, patterns, poisoned, dense = set(), set(), 0, {"A": 0, "B": 0}
+    for call in range(40):
         a0, b0 = rot.a_all.clone(), rot.bnk_all.clone()
         rot.cc_all.zero_()
         perturb()
-        for now, before in ((rot.a_all, a0), (rot.bnk_all, b0)):
+        for name, now, before in (("A", rot.a_all, a0), ("B", rot.bnk_all, b0)):
             changed = now.view(torch.int16) != before.view(torch.int16)
-            assert float(changed.float().mean()) > 0.9  # dense: nearly every element
+            assert float(now.float().abs().max()) < 2.0 and bool(torch.isfinite(now.float()).all())
+            if float(changed.float().mean()) < 0.9:
+                continue  # the other operand's turn (or only the hidden cancellation changed it)
+            dense[name] += 1
             ratio = (now.float().abs() / before.float().abs().clamp(min=1e-3))[changed]
             assert float(ratio.max()) > 2 and float(ratio.min()) < 0.5  # magnitudes, not only signs
             assert float(((now.float() * before.float()) < 0).float().mean()) > 0.3  # and signs
-            assert float(now.float().abs().max()) < 2.0 and bool(torch.isfinite(now.float()).all())
-        patterns.add(hash(rot.a_all.view(torch.int16)[0, :32].numpy().tobytes()))
+        assert dense["A"] + dense["B"] >= call + 1  # every call changes one operand densely
+        patterns.add(hash(tuple(t.view(torch.int16)[0, :32].numpy().tobytes() for t in (rot.a_all, rot.bnk_all))))
         fills.add(int(ws[0, 0]))
         poisoned += bool((rot.cc_all != 0).any())
         assert bool((ws == ws[0, 0]).all())
+    assert min(dense.values()) >= 10  # both operands, at random
     assert len(patterns) == 40
     assert fills <= set(WORKSPACE_FILLS) and len(fills) >= 3
     assert 3 <= poisoned <= 20  # C poisoned on random calls (a quarter of them)

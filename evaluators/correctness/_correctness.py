@@ -86,7 +86,8 @@ class Cascade:
         self._poison = ops.C.data.view(torch.int16).clone() if kind == "finite" else None  # for the message
         # NaN (or huge) in fp16 and fp32, the byte drawn as for timed calls; the row of a plan
         # without a workspace too (a timing set's row is refilled the same way)
-        ops.W.data.fill_(0 if ops.zero_workspace and ops.workspace_bytes else workspace_fill(self.placements or self.poisons))
+        zeroed = ops.zero_workspace and ops.workspace_bytes
+        ops.W.data.fill_(0 if zeroed else workspace_fill(self.placements or self.poisons))
         self.call(ops)  # stream-ordered after the fills
         self.sync()  # launch errors surface here, as the loader's own error
         pending = torch.stack([g.guards_changed() for g in (ops.A, ops.B, ops.C, ops.W)]

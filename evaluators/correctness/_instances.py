@@ -32,7 +32,8 @@ __all__ = ["ragged_instances", "large_ragged", "beyond_claim", "alignment_class"
 #: residues and the long K.
 MAX_INSTANCES = 19
 
-_SMALL_RAGGED = {"m": range(2, 7), "n": [2, 3, 4, 5, 6, 7, 9, 10, 11, 12], "k": [2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15]}
+#: The small ragged values per dimension: M in 2..6, N in 2..12 and K in 2..16 (not multiples of 8).
+_SMALL_RAGGED = {"m": list(range(2, 7)), "n": [d for d in range(2, 13) if d % 8], "k": [d for d in range(2, 17) if d % 8]}
 
 
 def alignment_class(shape: Shape) -> tuple[bool, bool, bool]:
@@ -51,7 +52,7 @@ def _pitched(shape: Shape, tma_pitch: set[str], m: int, n: int, k: int) -> Shape
 def _small(dim: str, aligned: bool, rng: random.Random) -> int:
     if aligned:
         return 8 if dim != "k" else rng.choice((8, 16))
-    return rng.choice(list(_SMALL_RAGGED[dim]))
+    return rng.choice(_SMALL_RAGGED[dim])
 
 
 def _mid(aligned: bool, rng: random.Random) -> int:

@@ -257,7 +257,7 @@ class GpuHandler(TimingPhase):
                 try:
                     if inst is shape:
                         cas.full(bool(job.get("generic")))
-                    elif any(inst is s for s in large):  # full-size: one random-input check (every element compared) suffices
+                    elif any(inst is s for s in large):  # full-size: one random-input check (every element) suffices
                         cas.random()
                     else:
                         cas.smoke()

@@ -10,8 +10,8 @@ import torch
 
 from populations import Shape
 
-from ..correctness import (FP64_LIMIT, POISONS, CheckFailed, Guarded, RotationReference, embed_cancellation, poison_, scramble_,
-                           scramble_mask, verify_sets, workspace_fill)
+from ..correctness import (FP64_LIMIT, POISONS, CheckFailed, Guarded, RotationReference, embed_cancellation, poison_,
+                           scramble_, scramble_mask, verify_sets, workspace_fill)
 from ._timers import rotation_sets
 
 
@@ -59,9 +59,9 @@ EMBED_CHANCE, POISON_CHANCE = 0.25, 0.25
 def _perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Tensor],
                rng: random.Random, poison: bool = True) -> Callable[[], None]:
     """What runs before every timed replay (outside the timed events): every element of every
-    set's A and B (as stored for the layout) is scrambled (:meth:`TimingBuffers.scramble`: sign,
-    magnitude within 4x and digits drawn at random, so an output kept from an earlier call
-    cannot be updated for less than a full product), at random the cancellation test is hidden
+    set's A or B (as stored for the layout, one drawn at random) is scrambled
+    (:meth:`TimingBuffers.scramble`: sign, magnitude within 4x and digits drawn at random, so an
+    output kept from an earlier call cannot be updated for less than a full product), at random the cancellation test is hidden
     in some sets and some sets' C are poisoned (``poison``: the device timer's replays, which
     rewrite every set; not the host timers', which call single sets), and the workspace rows
     (``workspaces``: every row a kernel can reach, the 256-byte rows of a plan without a
@@ -210,14 +210,16 @@ class TimingBuffers:
         return mask[off:off + numel]
 
     def scramble(self, gen: torch.Generator, rng: random.Random, layout: str) -> None:
-        """The timers' input perturbation: XOR every fp16 of every set's A and B (as stored for
-        ``layout``) with a window of the scramble mask at a random offset
-        (:func:`evaluators.correctness.scramble_`): sign, magnitude (within 4x, never above 2)
-        and digits of every element change, so an output kept from an earlier call is stale
-        everywhere and cannot be updated for less than a full product. One elementwise kernel
-        per operand; :meth:`unflip` restores the pristine copy."""
-        for t in (self.a_all, self._b_stored(layout)):
-            scramble_(t, mask=self._mask_window(t.numel(), rng, gen))
+        """The timers' input perturbation: XOR every fp16 of every set's A, or of every set's B
+        (as stored for ``layout``), one of the two drawn at random, with a window of the scramble
+        mask at a random offset (:func:`evaluators.correctness.scramble_`): sign, magnitude
+        (within 4x, never above 2) and digits of every element of that operand change, so an
+        output kept from an earlier call is stale everywhere and cannot be updated for less than
+        a full product (a dense change of one operand suffices for that; both change over the
+        replays). One elementwise kernel (6 bytes of traffic per element of the operand), outside
+        the timed events; :meth:`unflip` restores the pristine copy."""
+        t = self.a_all if rng.random() < 0.5 else self._b_stored(layout)
+        scramble_(t, mask=self._mask_window(t.numel(), rng, gen))
         self._dirty |= {0, 1 if layout == "TN" else 2}
 
     def _run_of_sets(self, rng: random.Random) -> tuple[int, int]:

@@ -500,3 +500,21 @@ def test_standin_incremental_update_from_the_set_row_fails_the_cascade() -> None
     assert ops.W.data.numel() == 256 and ops.workspace_bytes == 0
     with pytest.raises(cm.CheckFailed):
         cm.Cascade(ops, _IncrementalInRow(), lambda: None, gen).full(generic=False)
+
+
+def test_a_store_past_the_empty_workspace_row_is_a_guard_violation() -> None:
+    """The 256-byte row of a plan without a workspace is the kernel's to use, not a byte beyond."""
+    import torch
+    cm = _cascade_module()
+    from populations import Shape
+    gen = torch.Generator().manual_seed(8)
+    ops = cm.Operands.allocate(Shape.parse("16x16x16"), 0, False, torch.device("cpu"), gen)
+
+    def past_the_row(o) -> None:
+        o.C.data.copy_((o.A.data.double() @ o.b_kn().double()).half())
+        o.W.full[o.W.band + o.W.data.numel()] ^= 1
+    with pytest.raises(cm.CheckFailed, match="wrote outside the workspace"):
+        cm.Cascade(ops, past_the_row, lambda: None, gen).random()
+    inside = cm.Cascade(ops, lambda o: (o.W.data.fill_(7), o.C.data.copy_((o.A.data.double() @ o.b_kn().double()).half())),
+                        lambda: None, gen)
+    inside.random()  # writing inside the row is allowed (it is refilled before every call)

@@ -515,6 +515,7 @@ def test_a_store_past_the_empty_workspace_row_is_a_guard_violation() -> None:
         o.W.full[o.W.band + o.W.data.numel()] ^= 1
     with pytest.raises(cm.CheckFailed, match="wrote outside the workspace"):
         cm.Cascade(ops, past_the_row, lambda: None, gen).random()
+    ops = cm.Operands.allocate(Shape.parse("16x16x16"), 0, False, torch.device("cpu"), gen)
     inside = cm.Cascade(ops, lambda o: (o.W.data.fill_(7), o.C.data.copy_((o.A.data.double() @ o.b_kn().double()).half())),
                         lambda: None, gen)
     inside.random()  # writing inside the row is allowed (it is refilled before every call)

@@ -7,6 +7,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ._probes import scramble_
 from ._reference import _abs_fp16, _rss_fp16
 from ._tolerance import FP64_LIMIT, CheckFailed, tolerance_strict
 
@@ -40,7 +41,8 @@ def recheck_sets(a3: torch.Tensor, b3: torch.Tensor, c3: torch.Tensor, layout: s
     def change(t3: torch.Tensor, index: tuple) -> None:
         saved.append((t3, index, t3[index].clone()))
         old = t3[index]
-        t3[index] = torch.empty(old.shape, dtype=t3.dtype, device=t3.device).uniform_(-1, 1, generator=gen)
+        fresh = torch.empty(old.shape, dtype=t3.dtype, device=t3.device).uniform_(-1, 1, generator=gen)
+        t3[index] = scramble_(fresh, gen)  # drawn as every other input is (:func:`._probes.draw_random`)
 
     def pick(n: int, count: int) -> torch.Tensor:
         return torch.randperm(n, generator=gen, device=a3.device)[: max(1, min(count, n))]

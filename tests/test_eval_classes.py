@@ -397,3 +397,24 @@ def test_generic_instances_cover_every_alignment_class_and_the_small_ranges(seed
     assert past.m > claim.m and past.n > claim.n and past.k > claim.k
     pitched = beyond_claim(claim, {"K", "N"}, rng)
     assert pitched.n % 8 == 0 and pitched.k % 8 == 0
+
+
+def test_checked_random_inputs_and_timed_inputs_have_one_distribution() -> None:
+    """The checked calls' random inputs and the timed calls' (a rotation after the perturbation)
+    have the same magnitudes and signs: the quantiles of |x| and the share of negatives agree."""
+    from evaluators.correctness import draw_random, scramble_
+    from evaluators.run import _rotation
+
+    shape = Shape(256, 128, 256, "TN")
+    gen = torch.Generator().manual_seed(9)
+    checked = draw_random(256, 256, gen, torch.device("cpu")).float().flatten()
+    rot = _rotation_double()(2, shape)
+    scramble_(rot.a_all, gen)  # the rotation is filled as TimingBuffers fills it: uniform, scrambled
+    perturb = _rotation._perturber(rot, shape, None, random.Random(5))
+    for _ in range(3):
+        perturb()
+    timed = rot.a_all.float().flatten()
+    q = torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95])
+    assert torch.allclose(torch.quantile(checked.abs(), q), torch.quantile(timed.abs(), q), rtol=0.1)
+    assert abs(float((checked < 0).float().mean()) - float((timed < 0).float().mean())) < 0.02
+    assert float(checked.abs().max()) < 2 and float(timed.abs().max()) < 2

@@ -146,6 +146,10 @@ class Cascade:
         self.ops.A.data.copy_(a)
         self.ops.B.data.copy_(b if self.ops.shape.layout == "NN" else b.t())
 
+    def _random(self, rows: int, cols: int) -> torch.Tensor:
+        """Random data as every random-looking input is drawn (:func:`._probes.draw_random`)."""
+        return draw_random(rows, cols, self.gen, self.ops.A.data.device)
+
     def _uniform(self, rows: int, cols: int, lo: float = -1.0, hi: float = 1.0) -> torch.Tensor:
         return torch.empty(rows, cols, dtype=torch.float16, device=self.ops.A.data.device).uniform_(lo, hi, generator=self.gen)
 
@@ -177,8 +181,7 @@ class Cascade:
         s = self.ops.shape
         if s.k < 2:
             return
-        dev = self.ops.A.data.device
-        a, b = draw_random(s.m, s.k, self.gen, dev), draw_random(s.k, s.n, self.gen, dev)
+        a, b = self._random(s.m, s.k), self._random(s.k, s.n)
         embed_cancellation(a, b, self.gen)
         self.exact("cancellation probe", a, b, poison=poison)
 
@@ -191,7 +194,7 @@ class Cascade:
         if s.k < 2:
             return
         dev = self.ops.A.data.device
-        a, b = self._uniform(s.m, s.k), self._uniform(s.k, s.n)
+        a, b = self._random(s.m, s.k), self._random(s.k, s.n)
         pick = torch.randint(0, 2**31 - 1, (2,), generator=self.gen, device=dev).tolist()
         k1, k2 = pick[0] % (s.k // 2) if s.k >= 2 else 0, s.k // 2 + pick[1] % (s.k - s.k // 2)
         rows = torch.randperm(s.m, generator=self.gen, device=dev)[: max(1, s.m // 8)]
@@ -237,7 +240,7 @@ class Cascade:
         """NaN at A[i,k1] must reach exactly row i of C, NaN at B[k2,j] exactly column j."""
         s = self.ops.shape
         check = "planted NaN"
-        a, b = self._uniform(s.m, s.k), self._uniform(s.k, s.n)
+        a, b = self._random(s.m, s.k), self._random(s.k, s.n)
         pick = torch.randint(0, 2**31 - 1, (4,), generator=self.gen, device=a.device).tolist()
         i, k1, k2, j = pick[0] % s.m, pick[1] % s.k, pick[2] % s.k, pick[3] % s.n
         a[i, k1] = float("nan")

@@ -47,11 +47,12 @@ def _signed16(v: int) -> int:
 
 def scramble_(t: torch.Tensor, gen: Optional[torch.Generator] = None, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """XOR every element of fp16 ``t`` (contiguous) with ``mask`` (int16 words of
-    :data:`SCRAMBLE_MASK` bits, as many as ``t`` has), or with fresh ones from ``gen``; in place."""
+    :data:`SCRAMBLE_MASK` bits: as many as ``t`` has, or as its last dimension has, the same
+    for every row), or with fresh ones from ``gen``; in place."""
     bits = t.view(torch.int16)
     if mask is None:
-        mask = scramble_mask(t.numel(), gen, t.device).view(t.shape)
-    return bits.bitwise_xor_(mask.view(bits.shape)).view(torch.float16)
+        mask = scramble_mask(t.numel(), gen, t.device)
+    return bits.bitwise_xor_(mask.view(bits.shape) if mask.numel() == bits.numel() else mask).view(torch.float16)
 
 
 def draw_random(rows: int, cols: int, gen: torch.Generator, device: torch.device, lo: float = -1.0,

@@ -201,12 +201,13 @@ class TimingBuffers:
         return [self._inputs[0], self._inputs[1 if layout == "TN" else 2]]
 
     def _mask_window(self, numel: int, rng: random.Random, gen: torch.Generator) -> torch.Tensor:
-        """``numel`` words of the rotation's scramble mask (:func:`scramble_mask`, made once, with
-        up to :data:`MASK_SLACK` words of room) from an offset drawn at random."""
-        mask = getattr(self, "_mask", None)
+        """``numel`` words of the rotation's scramble mask (:func:`scramble_mask`, made once: one
+        set's row of the widest stack plus :data:`MASK_SLACK` words of room) from an offset drawn
+        at random."""
+        mask = self._mask
         if mask is None:
-            biggest = max(self.a_all.numel(), self.bnk_all.numel(), self.bkn_all.numel())
-            mask = self._mask = scramble_mask(biggest + min(biggest, MASK_SLACK), gen, self.a_all.device)
+            widest = max(self.a_all.shape[1], self.bnk_all.shape[1], self.bkn_all.shape[1])
+            mask = self._mask = scramble_mask(widest + MASK_SLACK, gen, self.a_all.device)
         off = rng.randrange(mask.numel() - numel + 1)
         return mask[off:off + numel]
 
@@ -217,10 +218,10 @@ class TimingBuffers:
         (within 4x, never above 2) and digits of every element of that operand change, so an
         output kept from an earlier call is stale everywhere and cannot be updated for less than
         a full product (a dense change of one operand suffices for that; both change over the
-        replays). One elementwise kernel (6 bytes of traffic per element of the operand), outside
-        the timed events; :meth:`unflip` restores the pristine copy."""
+        replays). One elementwise kernel (4 bytes of memory traffic per element of the operand),
+        outside the timed events; :meth:`unflip` restores the pristine copy."""
         t = self.a_all if rng.random() < 0.5 else self._b_stored(layout)
-        scramble_(t, mask=self._mask_window(t.numel(), rng, gen))
+        scramble_(t, mask=self._mask_window(t.shape[1], rng, gen))  # one row of mask for every set
         self._dirty |= {0, 1 if layout == "TN" else 2}
 
     def _run_of_sets(self, rng: random.Random) -> tuple[int, int]:
@@ -291,7 +292,7 @@ def _checksums(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([s for t in tensors for s in (t.sum(dtype=torch.int64), t.view(torch.uint8).sum(dtype=torch.int64))])
 
 
-#: Room in the scramble mask beyond the largest stack: the number of different windows.
+#: Room in the scramble mask beyond one set's row: the number of different windows.
 MASK_SLACK = 1 << 20
 
 

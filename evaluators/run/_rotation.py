@@ -108,7 +108,7 @@ def _check_timed(graph: Any, perturb: Callable[[], None], tb: "TimingBuffers", s
     del live
     m, n, k, sets = shape.m, shape.n, shape.k, tb.n_sets
     rows = sorted(rng.sample(range(m), TIMED_CHECK_ROWS)) if m > 4 * TIMED_CHECK_ROWS else list(range(m))
-    rows = sorted(set(rows) | set(embedded[1][: TIMED_CHECK_ROWS]))
+    rows = sorted(set(rows) | set(embedded[1].tolist()[:TIMED_CHECK_ROWS]))
     picked = sorted(set(rng.sample(range(sets), min(sets, TIMED_CHECK_SETS))) | set(embedded[0][:TIMED_CHECK_SETS]))
     dev = tb.a_all.device
     r_idx, s_idx = torch.tensor(rows, device=dev), torch.tensor(picked, device=dev)
@@ -230,9 +230,10 @@ class TimingBuffers:
         lo = rng.randrange(self.n_sets - count + 1)
         return lo, lo + count
 
-    def embed(self, gen: torch.Generator, rng: random.Random, shape: Shape) -> tuple[list[int], list[int]]:
+    def embed(self, gen: torch.Generator, rng: random.Random, shape: Shape) -> tuple[list[int], torch.Tensor]:
         """Hide the cancellation test (:func:`evaluators.correctness.embed_cancellation`) in a
-        random run of sets, in place; (those sets, the rows of A that carry it)."""
+        random run of sets, in place; (those sets, the rows of A that carry it, on the device:
+        no synchronisation between timed replays)."""
         m, n, k = shape.m, shape.n, shape.k
         lo, hi = self._run_of_sets(rng)
         a3 = self.a_all[lo:hi, :m * k].view(hi - lo, m, k)
@@ -240,7 +241,7 @@ class TimingBuffers:
                 else self.bkn_all[lo:hi, :k * n].view(hi - lo, k, n))
         rows = embed_cancellation(a3, b_kn, gen)
         self._dirty |= {0, 1 if shape.layout == "TN" else 2}
-        return list(range(lo, hi)), sorted(rows.tolist())
+        return list(range(lo, hi)), rows
 
     def poison_outputs(self, gen: torch.Generator, rng: random.Random, shape: Shape) -> None:
         """Poison the candidate's C of a random run of sets as a checked call's C is

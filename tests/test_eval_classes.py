@@ -377,12 +377,15 @@ def test_generic_instances_cover_every_alignment_class_and_the_small_ranges(seed
     """Every combination of aligned (multiple of 8) and ragged M, N, K, each in the small ranges
     (M 2..6 or 8, N and K below a tile) and at mid sizes; 1x1x1; M, N and K in 2..6, 2..12 and
     2..16 somewhere; the claimed grid with partial tails and a size past the claim; bounded count."""
-    from evaluators.correctness import MAX_INSTANCES, alignment_class, beyond_claim, large_ragged, ragged_instances
+    from evaluators.correctness import (MAX_INSTANCES, alignment_class, beyond_claim, class_cover, large_ragged,
+                                        ragged_instances)
 
     claim = Shape(512, 512, 1024, "TN")
     rng = random.Random(seed)
-    got = ragged_instances(claim, set(), rng)
-    assert len(got) <= MAX_INSTANCES and len(set(got)) == len(got)
+    cover = class_cover(claim, set(), rng)
+    assert len(cover) <= MAX_INSTANCES and len(set(cover)) == len(cover)
+    assert cover == class_cover(claim, set(), random.Random(seed))  # deterministic by seed
+    got = ragged_instances(claim, set(), rng) + cover
     small = [s for s in got if s.m <= 8 and s.n <= 16 and s.k <= 16]
     mid = [s for s in got if s.m > 16 and s.n > 16 and s.k > 16 and s.k < 4096]
     combos = set(itertools.product((True, False), repeat=3))

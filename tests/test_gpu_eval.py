@@ -205,7 +205,8 @@ def test_ragged_instances_respect_tma_pitch_and_cover_large_residues():
     fixed = ragged_instances(base, set())
     assert str(fixed[0]) == "1x1x1:NN:f32" and fixed[-1].k >= 4096
     assert fixed == ragged_instances(base, set())  # deterministic by seed
-    pitched = ragged_instances(base, {"K", "N"}, random.Random(4))
+    from evaluators.correctness import class_cover
+    pitched = ragged_instances(base, {"K", "N"}, random.Random(4)) + class_cover(base, {"K", "N"}, random.Random(4))
     assert all(s.n % 8 == 0 and s.k % 8 == 0 for s in pitched)
     assert {(s.m % 8 == 0) for s in pitched} == {True, False}  # M has no pitch: both classes stay
     drawn = ragged_instances(base, set(), random.Random(5))[-2]

@@ -278,12 +278,15 @@ def test_standin_narrow_edges_is_caught_on_the_harness_ragged_instances() -> Non
     from populations import Shape
     cm = _cascade_module()
     with pytest.raises(cm.CheckFailed):
-        for inst in cm.ragged_instances(Shape.parse("1024x1024x1024"), set()):
+        claim = Shape.parse("1024x1024x1024")
+        for inst in cm.ragged_instances(claim, set()):
             cas = _cpu_cascade(str(inst), _narrow_edges)
             cas.smoke()
             if inst.k >= 4096:
                 cas.all_ones()
                 cas.cancellation()
+        for inst in cm.class_cover(claim, set()):
+            _cpu_cascade(str(inst), _narrow_edges).random()
 
 
 class _TileMemo:

@@ -8,7 +8,7 @@ package, and ``evaluators/__init__.py`` never does, so importing ``evaluators`` 
 """
 from ._buffers import PLACEMENT_ALIGN, WORKSPACE_FILLS, Guarded, Operands, workspace_fill
 from ._correctness import Cascade
-from ._instances import MAX_INSTANCES, alignment_class, beyond_claim, large_ragged, ragged_instances
+from ._instances import MAX_INSTANCES, alignment_class, beyond_claim, class_cover, large_ragged, ragged_instances
 from ._recheck import RotationReference, recheck_sets, verify_sets
 from ._probes import POISONS, SCRAMBLE_MASK, draw_random, embed_cancellation, poison_, scramble_, scramble_mask
 from ._reference import integer_reference, reference, reference_scales
@@ -16,7 +16,8 @@ from ._tolerance import (EPS16, EPS32, FP64_LIMIT, CheckFailed, tolerance_exact,
                          ulp16)
 
 __all__ = ["PLACEMENT_ALIGN", "WORKSPACE_FILLS", "Guarded", "Operands", "workspace_fill",
-           "Cascade", "MAX_INSTANCES", "alignment_class", "beyond_claim", "large_ragged", "ragged_instances",
+           "Cascade", "MAX_INSTANCES", "alignment_class", "beyond_claim", "class_cover", "large_ragged",
+           "ragged_instances",
            "RotationReference", "recheck_sets", "verify_sets",
            "POISONS", "SCRAMBLE_MASK", "draw_random", "embed_cancellation", "poison_", "scramble_", "scramble_mask",
            "integer_reference", "reference", "reference_scales",

@@ -730,3 +730,16 @@ def test_extra_rotations_are_poisoned_and_verified(monkeypatch):
     res = _timed(h, handler, shape, idle_on_fresh_rotations, job={"rotations": 2})
     assert res["status"] == "flagged" and "rotation 2" in res["message"], res["message"]
     assert _timed(h, handler, shape, _honest("TN"), job={"rotations": 2})["status"] == "ok"
+
+
+@needs_torch
+def test_a_stray_store_into_the_pristine_copy_is_seen(monkeypatch):
+    """The rotation is restored from its pristine copy after every timing: a change to that copy
+    would otherwise become the new truth, so the copy is checksummed."""
+    h, handler = _cpu_harness(monkeypatch)
+    shape = Shape(40, 24, 32, "TN")
+    assert _timed(h, handler, shape, _honest("TN"))["status"] == "ok"
+    tb = next(iter(handler._timing_cache.values()))
+    assert tb.intact()
+    tb._pristine[1][0, 3] ^= 1  # B's pristine copy, one bit
+    assert not tb.intact()

@@ -15,9 +15,10 @@ eps32 = 2**-23, ``R`` the reference):
   (error ~ eps16 * T * sqrt(K/2)) fails from K of a few dozen on.
 - exact probes (inputs whose fp32 sums are exact or nearly): ``|C - R| <= ulp16(R) + 8 * sqrt(K)
   * eps32 * S`` with ``S_ij = sum_k |a_ik b_kj|``: output rounding plus a generous fp32 rounding
-  walk, and nothing more. These catch what random data cannot: cancellation (large values that
-  cancel around small ones, valid at any K >= 3), large partial sums (above 65504 while the
-  result is in range), all-ones at K >= 4096 (fp16 stalls at 2048) and low-entropy inputs.
+  walk, and nothing more. These catch what random data cannot: cancellation (sign-coherent
+  partial sums that cancel exactly, hidden in random-looking data), large partial sums (above
+  65504 while the result is in range), all-ones at K >= 4096 (fp16 stalls at 2048) and
+  low-entropy inputs.
 
 Random inputs are drawn as the timed calls' inputs are (uniform, then scrambled:
 :func:`._probes.draw_random`) and judged by both tolerances (the smaller of the two: an fp32

@@ -61,8 +61,8 @@ def _perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Ten
     """What runs before every timed replay (outside the timed events): every element of every
     set's A or B (as stored for the layout, one drawn at random) is scrambled
     (:meth:`TimingBuffers.scramble`: sign, magnitude within 4x and digits drawn at random, so an
-    output kept from an earlier call cannot be updated for less than a full product), at random the cancellation test is hidden
-    in some sets and some sets' C are poisoned (``poison``: the device timer's replays, which
+    output kept from an earlier call cannot be updated for less than a full product), at random
+    the cancellation test is hidden in some sets and some sets' C are poisoned (``poison``: the device timer's replays, which
     rewrite every set; not the host timers', which call single sets), and the workspace rows
     (``workspaces``: every row a kernel can reach, the 256-byte rows of a plan without a
     workspace included; None where the call zeroes them itself) are refilled with a byte drawn

@@ -216,7 +216,7 @@ def _rotation_double():
             self.bkn_all = self.bnk_all.clone()
             self.cc_all = torch.full((sets, m * n), float("nan"), dtype=torch.float16)
             self._flipped: set[int] = set()
-            self._dirty, self._mask = set(), None
+            self._dirty, self._mask, self.coherent = set(), None, {}
             self._inputs = [t.view(torch.int16) for t in (self.a_all, self.bnk_all, self.bkn_all)]
             self._pristine = [t.clone() for t in self._inputs]
     return _Rotation
@@ -421,3 +421,47 @@ def test_checked_random_inputs_and_timed_inputs_have_one_distribution() -> None:
     assert torch.allclose(torch.quantile(checked.abs(), q), torch.quantile(timed.abs(), q), rtol=0.1)
     assert abs(float((checked < 0).float().mean()) - float((timed < 0).float().mean())) < 0.02
     assert float(checked.abs().max()) < 2 and float(timed.abs().max()) < 2
+
+
+def _truncating_fp32(a, b_kn):
+    """An honest accumulator as tensor cores may build it: fp32, blocks of 16 products, every
+    partial sum truncated toward zero (a biased walk, not a rounded one): float64 in, fp16 out."""
+    import numpy as np
+    x, y = a.double().numpy(), b_kn.double().numpy()
+    acc = np.zeros((x.shape[0], y.shape[1]), np.float32)
+    for k0 in range(0, x.shape[1], 16):
+        exact = acc.astype(np.float64) + x[:, k0:k0 + 16] @ y[k0:k0 + 16]
+        f = exact.astype(np.float32)
+        over = np.abs(f.astype(np.float64)) > np.abs(exact)
+        f[over] = np.nextafter(f[over], np.float32(0))
+        acc = f
+    return torch.from_numpy(acc).half()
+
+
+@pytest.mark.parametrize("k", [4096, 65536])
+def test_a_truncating_fp32_accumulator_passes_the_hidden_cancellation_and_the_stricter_tolerance(k: int) -> None:
+    """No false rejection at long K: sign-coherent partial sums of half of S are judged by the
+    exact tolerance alone, in the cascade and on the timed replay; random data by the stricter."""
+    from evaluators.correctness import Cascade, Operands
+    from evaluators.run import _rotation
+
+    gen = torch.Generator().manual_seed(k)
+    ops = Operands.allocate(Shape(16, 16, k, "TN"), 0, False, torch.device("cpu"), gen)
+    cas = Cascade(ops, lambda o: o.C.data.copy_(_truncating_fp32(o.A.data, o.b_kn())), lambda: None, gen)
+    cas.random()
+    cas.cancellation("nan")
+    cas.cancellation("finite")
+    shape = Shape(32, 16, k, "TN")
+    rot = _rotation_double()(2, shape)
+
+    class Truncating(_GraphDouble):
+        def replay(self) -> None:
+            a = self.rot.a_all.view(-1, shape.m, shape.k)
+            b = self.rot.bnk_all.view(-1, shape.n, shape.k)
+            self.rot.cc_all.copy_(torch.stack([_truncating_fp32(a[i], b[i].t()) for i in range(2)]).view(2, -1))
+    graph = Truncating(rot, shape)
+    perturb = _rotation._perturber(rot, shape, None, random.Random(k))
+    perturb()
+    graph.replay()
+    _rotation._check_timed(graph, perturb, rot, shape, "timed replays", lambda: None, random.Random(1))
+    assert rot.coherent  # the timed check hid the cancellation test somewhere

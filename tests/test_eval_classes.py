@@ -465,3 +465,37 @@ def test_a_truncating_fp32_accumulator_passes_the_hidden_cancellation_and_the_st
     graph.replay()
     _rotation._check_timed(graph, perturb, rot, shape, "timed replays", lambda: None, random.Random(1))
     assert rot.coherent  # the timed check hid the cancellation test somewhere
+
+
+def test_random_timed_replays_are_kept_and_verified_after_the_loop() -> None:
+    """Outputs of timed replays drawn at random among all of them are verified after the loop:
+    a kernel wrong in the loop and right on the replay after it is caught naming the replay."""
+    from evaluators.correctness import CheckFailed
+    from evaluators.run import _rotation
+
+    shape = Shape(64, 48, 96, "TN")
+
+    class WrongInTheLoop(_GraphDouble):
+        def replay(self) -> None:
+            super().replay()
+            if self.replays <= 20:
+                self.rot.cc_all.mul_(1.01)  # 1% off: far outside either tolerance
+
+    for graph_type, caught in ((_GraphDouble, False), (WrongInTheLoop, True)):
+        rot = _rotation_double()(4, shape)
+        samples = _rotation.TimedSamples(rot, shape, random.Random(3))
+        perturb = _rotation._perturber(rot, shape, None, random.Random(4))
+        graph = graph_type(rot, shape)
+        for _ in range(20):
+            samples.note("torch.matmul NN")  # another arm's replay: not kept
+            samples.note("candidate")
+            perturb()
+            graph.replay()
+        samples.flush()
+        assert len(samples.kept) == _rotation.TIMED_SAMPLES and samples.seen == 20
+        _rotation._check_timed(graph, perturb, rot, shape, "timed replays", lambda: None, random.Random(2))
+        if caught:
+            with pytest.raises(CheckFailed, match="is wrong on timed replay"):
+                samples.check("timed replays")
+        else:
+            samples.check("timed replays")

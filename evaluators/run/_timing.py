@@ -18,7 +18,7 @@ from populations import Shape, Status
 from ..correctness import CheckFailed, recheck_sets, workspace_fill
 from .._provenance import sm_clock_mhz
 from ._gates import DEFAULT_CEILINGS, _baseline, _speedup, host_timers_wanted, memo_flag, memo_wanted, physical_floor
-from ._rotation import InputsModified, TimingBuffers, WorkspaceRows, _check_timed, _perturber
+from ._rotation import InputsModified, TimedSamples, TimingBuffers, WorkspaceRows, _check_timed, _perturber
 from ._timers import Arm, DeviceTiming, device_timer, host_timer
 
 TIMERS = ("device", "offline", "server")
@@ -131,12 +131,15 @@ class TimingPhase:
             settle_min = float(job.get("settle_min_s", SETTLE_MIN_S)) if idle else 0.0
             settings = DeviceTiming(settle_s=settle, settle_min_s=settle_min, prewarm=bool(job.get("prewarm", True)),
                                     **_rounds(job))
+            samples = TimedSamples(run.tb, run.shape, random.Random(rng.getrandbits(62)))
             run.stats["device"] = device_timer(run.arms, settings=settings, rng=rng, graph_cache=run.tb.graphs,
                                                perturb=run.perturb, keep=run.kept, clock=sm_clock_mhz,
-                                               stream=self.capture_stream)
+                                               stream=self.capture_stream, on_replay=samples.note)
+            samples.flush()
             self._last_busy = time.perf_counter()
             run.clock("device")
             try:
+                samples.check("timed replays")  # random replays of the timing loop itself
                 _check_timed(run.kept["candidate"][0], run.perturb, run.tb, run.shape, "timed replays", self._sync, rng)
             except InputsModified:
                 run.modified = True

@@ -137,8 +137,8 @@ class TimedSamples:
     loop (:meth:`check`): the exact and cancellation criteria apply to the timed calls
     themselves, not only to one more replay after them. :meth:`note` is the device timer's
     ``on_replay``: it runs before every sampled replay, before the perturbation, when C and the
-    inputs still hold what the previous replay wrote and saw. Each kept replay: up to
-    :data:`TIMED_CHECK_ROWS` random rows of up to two random sets (one carrying the hidden
+    inputs still hold what the previous replay wrote and saw. Each kept replay: a random block
+    of up to :data:`TIMED_CHECK_ROWS` rows of up to two random sets (one carrying the hidden
     cancellation where there is one), copied on the device without a synchronisation."""
 
     def __init__(self, tb: "TimingBuffers", shape: Shape, rng: random.Random, arm: str = "candidate",
@@ -156,7 +156,9 @@ class TimedSamples:
                 self.pending = self.seen
 
     def flush(self) -> None:
-        """Keep the last replay's outputs if it was drawn (call once after the timed loop too)."""
+        """Keep the last replay's outputs if it was drawn (call once after the timed loop too).
+        Only slices and device-side index tensors: a host-to-device copy would synchronise
+        between timed replays."""
         if not self.pending:
             return
         tb, (m, n, k), sets = self.tb, (self.shape.m, self.shape.n, self.shape.k), self.tb.n_sets
@@ -165,16 +167,18 @@ class TimedSamples:
         if coherent and not picked & set(coherent):
             picked = {self.rng.choice(coherent)} | set(sorted(picked)[:1])
         picked_l = sorted(picked)
-        rows = sorted(self.rng.sample(range(m), TIMED_CHECK_ROWS)) if m > 4 * TIMED_CHECK_ROWS else list(range(m))
+        r0 = self.rng.randrange(max(1, m - TIMED_CHECK_ROWS + 1))  # a random block of rows
+        r1 = min(m, r0 + TIMED_CHECK_ROWS)
         dev = tb.a_all.device
-        s_idx, r_idx = torch.tensor(picked_l, device=dev), torch.tensor(rows, device=dev)
         b = tb.bnk_all[:, :n * k].view(sets, n, k) if self.shape.layout == "TN" else tb.bkn_all[:, :k * n].view(sets, k, n)
-        exact = torch.stack([torch.isin(r_idx, tb.coherent[s]) if s in tb.coherent
-                             else torch.zeros(len(rows), dtype=torch.bool, device=dev) for s in picked_l])
-        entry = (self.pending, picked_l, rows,
-                 tb.a_all[:, :m * k].view(sets, m, k).index_select(0, s_idx).index_select(1, r_idx),
-                 b.index_select(0, s_idx), tb.cc_all[:, :m * n].view(sets, m, n).index_select(0, s_idx).index_select(1, r_idx),
-                 exact)
+        a, c = tb.a_all[:, :m * k].view(sets, m, k), tb.cc_all[:, :m * n].view(sets, m, n)
+        exact = torch.zeros(len(picked_l), m, dtype=torch.bool, device=dev)
+        for i, s in enumerate(picked_l):
+            if s in tb.coherent:
+                exact[i, tb.coherent[s]] = True  # a device-side scatter (isin would synchronise)
+        exact = exact[:, r0:r1]
+        entry = (self.pending, picked_l, list(range(r0, r1)), torch.stack([a[s, r0:r1] for s in picked_l]),
+                 torch.stack([b[s] for s in picked_l]), torch.stack([c[s, r0:r1] for s in picked_l]), exact)
         if len(self.kept) < self.keep:
             self.kept.append(entry)
         else:

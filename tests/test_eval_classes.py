@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import itertools
 import random
 import sys
 import time
@@ -195,34 +196,36 @@ def test_a_failure_inside_the_scan_is_a_rejection(monkeypatch: pytest.MonkeyPatc
 torch = pytest.importorskip("torch")
 
 
-class _Rotation:
-    """Stand-in for the harness's TimingBuffers (they need a GPU): stacked A, B (TN), C and the
-    timers' perturbation, borrowed from the real class (it only touches these tensors)."""
+def _rotation_double():
+    """Stand-in for the harness's TimingBuffers (they need a GPU): stacked A, B (TN), C, their
+    pristine copy and the timers' perturbation, borrowed from the real class (its methods only
+    touch these tensors)."""
+    from evaluators.run._rotation import TimingBuffers
 
-    def __init__(self, sets: int, shape: Shape) -> None:
-        gen = torch.Generator().manual_seed(3)
-        m, n, k = shape.m, shape.n, shape.k
-        self.n_sets, self._mk = sets, (m, k)
-        self.a_all = torch.empty(sets, m * k, dtype=torch.float16).uniform_(-1, 1, generator=gen)
-        self.bnk_all = torch.empty(sets, n * k, dtype=torch.float16).uniform_(-1, 1, generator=gen)
-        self.bkn_all = self.bnk_all
-        self.cc_all = torch.full((sets, m * n), float("nan"), dtype=torch.float16)
-        self._flipped: set[int] = set()
-        self._row_flips: list = []
+    class _Rotation:
+        scramble, _mask_window, _b_stored = TimingBuffers.scramble, TimingBuffers._mask_window, TimingBuffers._b_stored
+        embed, _run_of_sets, poison_outputs = TimingBuffers.embed, TimingBuffers._run_of_sets, TimingBuffers.poison_outputs
+        unflip, live_inputs = TimingBuffers.unflip, TimingBuffers.live_inputs
 
-    def flip_rows(self, gen) -> None:
-        from evaluators.run._rotation import TimingBuffers
-        TimingBuffers.flip_rows(self, gen)  # type: ignore[arg-type]
-
-    def unflip(self) -> None:
-        from evaluators.run._rotation import TimingBuffers
-        TimingBuffers.unflip(self)  # type: ignore[arg-type]
+        def __init__(self, sets: int, shape: Shape) -> None:
+            gen = torch.Generator().manual_seed(3)
+            m, n, k = shape.m, shape.n, shape.k
+            self.n_sets, self._mk = sets, (m, k)
+            self.a_all = torch.empty(sets, m * k, dtype=torch.float16).uniform_(-1, 1, generator=gen)
+            self.bnk_all = torch.empty(sets, n * k, dtype=torch.float16).uniform_(-1, 1, generator=gen)
+            self.bkn_all = self.bnk_all.clone()
+            self.cc_all = torch.full((sets, m * n), float("nan"), dtype=torch.float16)
+            self._flipped: set[int] = set()
+            self._dirty, self._mask, self.coherent = set(), None, {}
+            self._inputs = [t.view(torch.int16) for t in (self.a_all, self.bnk_all, self.bkn_all)]
+            self._pristine = [t.clone() for t in self._inputs]
+    return _Rotation
 
 
 class _GraphDouble:
     """Test double of a captured CUDA graph of one rotation: replay() calls every set once."""
 
-    def __init__(self, rot: _Rotation, shape: Shape, stale_after: int | None = None) -> None:
+    def __init__(self, rot, shape: Shape, stale_after: int | None = None) -> None:
         self.rot, self.shape, self.stale_after, self.replays = rot, shape, stale_after, 0
 
     def replay(self) -> None:
@@ -238,7 +241,7 @@ class _GraphDouble:
 def _timed(stale_after: int | None, replays: int = 5, shape: Shape = Shape(64, 48, 96, "TN")) -> None:
     from evaluators.run import _rotation
 
-    rot = _Rotation(3, shape)
+    rot = _rotation_double()(3, shape)
     ws = torch.zeros(3, 256, dtype=torch.uint8)
     perturb = _rotation._perturber(rot, shape, ws, random.Random(1))
     graph = _GraphDouble(rot, shape, stale_after)
@@ -262,32 +265,72 @@ def test_a_kernel_idle_when_timed_is_caught_naming_the_call() -> None:
         _timed(stale_after=1, shape=Shape(1024, 32, 48, "TN"))  # 64 random rows of 1024 suffice: all are stale
 
 
-def test_perturbation_changes_every_row_at_random_columns_and_refills_the_workspace() -> None:
-    """Every row of every set's A changes in exactly one element (so every output changes and no
-    kept output is reusable), at columns that differ between calls; the workspace gets bytes from
-    the checked calls' set; unflip restores the inputs bit for bit."""
+def test_perturbation_changes_a_and_b_and_their_magnitudes_and_refills_the_workspace() -> None:
+    """Every call changes A or B (both over the calls) nearly everywhere, signs and magnitudes
+    alike (so no output kept from an earlier call can be updated cheaply), below 2 in magnitude,
+    never in the same pattern twice; the workspace rows get bytes from the checked calls' set;
+    some calls hide the cancellation test, some poison C; unflip restores the inputs bit for bit."""
     from evaluators.correctness import WORKSPACE_FILLS
     from evaluators.run import _rotation
 
     shape = Shape(64, 48, 96, "TN")
-    rot = _Rotation(2, shape)
-    pristine = rot.a_all.clone()
+    rot = _rotation_double()(2, shape)
+    pristine_a, pristine_b, pristine_kn = rot.a_all.clone(), rot.bnk_all.clone(), rot.bkn_all.clone()
     ws = torch.zeros(2, 256, dtype=torch.uint8)
     perturb = _rotation._perturber(rot, shape, ws, random.Random(7))
-    fills, columns = set(), []
-    for _ in range(40):
-        before = rot.a_all.clone()
+    fills, patterns, poisoned, dense = set(), set(), 0, {"A": 0, "B": 0}
+    for call in range(40):
+        a0, b0 = rot.a_all.clone(), rot.bnk_all.clone()
+        rot.cc_all.zero_()
         perturb()
-        changed = (rot.a_all != before).view(2, shape.m, shape.k)
-        assert bool((changed.sum(dim=2) == 1).all())  # one element per row, in every set
-        assert torch.equal(changed[0], changed[1])
-        columns.append(tuple(changed[0].int().argmax(dim=1).tolist()))
+        for name, now, before in (("A", rot.a_all, a0), ("B", rot.bnk_all, b0)):
+            changed = now.view(torch.int16) != before.view(torch.int16)
+            assert float(now.float().abs().max()) < 2.0 and bool(torch.isfinite(now.float()).all())
+            if float(changed.float().mean()) < 0.9:
+                continue  # the other operand's turn (or only the hidden cancellation changed it)
+            dense[name] += 1
+            ratio = (now.float().abs() / before.float().abs().clamp(min=1e-3))[changed]
+            assert float(ratio.max()) > 2 and float(ratio.min()) < 0.5  # magnitudes, not only signs
+            assert float(((now.float() * before.float()) < 0).float().mean()) > 0.3  # and signs
+        assert dense["A"] + dense["B"] >= call + 1  # every call changes one operand densely
+        patterns.add(hash(tuple(t.view(torch.int16)[0, :32].numpy().tobytes() for t in (rot.a_all, rot.bnk_all))))
         fills.add(int(ws[0, 0]))
+        poisoned += bool((rot.cc_all != 0).any())
         assert bool((ws == ws[0, 0]).all())
-    assert len(set(columns)) == 40  # no pattern repeats
+    assert min(dense.values()) >= 10  # both operands, at random
+    assert len(patterns) == 40
     assert fills <= set(WORKSPACE_FILLS) and len(fills) >= 3
+    assert 3 <= poisoned <= 20  # C poisoned on random calls (a quarter of them)
+    assert torch.equal(rot.bkn_all, pristine_kn)  # the other layout's B is the baseline's alone
     rot.unflip()
-    assert torch.equal(rot.a_all.view(torch.int16), pristine.view(torch.int16))
+    assert torch.equal(rot.a_all.view(torch.int16), pristine_a.view(torch.int16))
+    assert torch.equal(rot.bnk_all.view(torch.int16), pristine_b.view(torch.int16))
+
+
+def test_timed_check_judges_timed_outputs_exactly() -> None:
+    """A kernel that is right within the random-input tolerance but loses exactness on the
+    cancellation hidden in timed inputs (fp16 partial sums) is caught on the timed replay."""
+    from evaluators.correctness import CheckFailed
+    from evaluators.run import _rotation
+
+    shape = Shape(64, 48, 256, "TN")
+    rot = _rotation_double()(3, shape)
+
+    class Fp16Partials(_GraphDouble):
+        def replay(self) -> None:
+            m, n, k = shape.m, shape.n, shape.k
+            a = self.rot.a_all.view(-1, m, k).double()
+            b = self.rot.bnk_all.view(-1, n, k).double()
+            acc = sum(torch.bmm(a[..., z:z + 64], b[..., z:z + 64].transpose(1, 2)).half().double()
+                      for z in range(0, k, 64))
+            self.rot.cc_all.copy_(acc.half().view(self.rot.n_sets, -1))
+    perturb = _rotation._perturber(rot, shape, None, random.Random(1))
+    graph = Fp16Partials(rot, shape)
+    for _ in range(3):
+        perturb()
+        graph.replay()
+    with pytest.raises(CheckFailed, match="timed calls verified"):
+        _rotation._check_timed(graph, perturb, rot, shape, "timed replays", lambda: None, random.Random(2))
 
 
 def test_large_ragged_instance_keeps_the_grid_and_cuts_every_tail() -> None:
@@ -307,3 +350,152 @@ def test_large_ragged_instance_keeps_the_grid_and_cuts_every_tail() -> None:
         small = large_ragged(Shape(1, 8, 8, "TN"), {"K", "N"}, rng)
         assert (small.n, small.k) == (8, 8)
         assert large_ragged(Shape(1, 8, 8, "TN"), set(), rng).k < 8
+
+
+def test_workspace_rows_are_guarded_each_and_poisoned_between_calls_without_a_workspace() -> None:
+    """A plan without a workspace still gets a 256-byte row per timing set (its pointer is passed):
+    every row is refilled with a poison byte before each timed replay, and a store past any row,
+    into the band before the next one, is seen."""
+    from evaluators.correctness import WORKSPACE_FILLS
+    from evaluators.run import _rotation
+
+    shape = Shape(64, 48, 96, "TN")
+    rows = _rotation.WorkspaceRows(4, 0, torch.device("cpu"), torch.Generator().manual_seed(1), 0xFF)
+    assert rows.rows.shape == (4, 256) and rows.intact()
+    rows.rows[2].fill_(0x42)  # state a kernel leaves in its row: the next replay's refill erases it
+    perturb = _rotation._perturber(_rotation_double()(4, shape), shape, rows.rows, random.Random(3))
+    perturb()
+    assert int(rows.rows[2, 0]) in WORKSPACE_FILLS and bool((rows.rows == rows.rows[0, 0]).all())
+    assert rows.intact()
+    stride = rows.guard.data.stride(0)
+    rows.guard.data.view(-1)[stride + 256] ^= 1  # one byte past set 1's row
+    assert not rows.intact()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_generic_instances_cover_every_alignment_class_and_the_small_ranges(seed: int) -> None:
+    """Every combination of aligned (multiple of 8) and ragged M, N, K, each in the small ranges
+    (M 2..6 or 8, N and K below a tile) and at mid sizes; 1x1x1; M, N and K in 2..6, 2..12 and
+    2..16 somewhere; the claimed grid with partial tails and a size past the claim; bounded count."""
+    from evaluators.correctness import (MAX_INSTANCES, alignment_class, beyond_claim, class_cover, large_ragged,
+                                        ragged_instances)
+
+    claim = Shape(512, 512, 1024, "TN")
+    rng = random.Random(seed)
+    cover = class_cover(claim, set(), rng)
+    assert len(cover) <= MAX_INSTANCES and len(set(cover)) == len(cover)
+    assert cover == class_cover(claim, set(), random.Random(seed))  # deterministic by seed
+    got = ragged_instances(claim, set(), rng) + cover
+    small = [s for s in got if s.m <= 8 and s.n <= 16 and s.k <= 16]
+    mid = [s for s in got if s.m > 16 and s.n > 16 and s.k > 16 and s.k < 4096]
+    combos = set(itertools.product((True, False), repeat=3))
+    assert {alignment_class(s) for s in small if s != Shape(1, 1, 1, "TN")} == combos
+    assert {alignment_class(s) for s in mid} == combos
+    assert any(2 <= s.m <= 6 for s in got) and any(2 <= s.n <= 12 and s.n % 8 for s in got)
+    assert any(2 <= s.k <= 16 and s.k % 8 for s in got) and Shape(1, 1, 1, "TN") in got
+    assert any(s.m % 8 == 0 and s.n % 8 == 0 and s.k % 8 for s in got)  # the class the issue found empty
+    assert any(s.k >= 4096 for s in got)
+    big, past = large_ragged(claim, set(), rng), beyond_claim(claim, set(), rng)
+    assert big.m < claim.m and big.n < claim.n and big.k < claim.k
+    assert past.m > claim.m and past.n > claim.n and past.k > claim.k
+    pitched = beyond_claim(claim, {"K", "N"}, rng)
+    assert pitched.n % 8 == 0 and pitched.k % 8 == 0
+
+
+def test_checked_random_inputs_and_timed_inputs_have_one_distribution() -> None:
+    """The checked calls' random inputs and the timed calls' (a rotation after the perturbation)
+    have the same magnitudes and signs: the quantiles of |x| and the share of negatives agree."""
+    from evaluators.correctness import draw_random, scramble_
+    from evaluators.run import _rotation
+
+    shape = Shape(256, 128, 256, "TN")
+    gen = torch.Generator().manual_seed(9)
+    checked = draw_random(256, 256, gen, torch.device("cpu")).float().flatten()
+    rot = _rotation_double()(2, shape)
+    scramble_(rot.a_all, gen)  # the rotation is filled as TimingBuffers fills it: uniform, scrambled
+    perturb = _rotation._perturber(rot, shape, None, random.Random(5))
+    for _ in range(3):
+        perturb()
+    timed = rot.a_all.float().flatten()
+    q = torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95])
+    assert torch.allclose(torch.quantile(checked.abs(), q), torch.quantile(timed.abs(), q), rtol=0.1)
+    assert abs(float((checked < 0).float().mean()) - float((timed < 0).float().mean())) < 0.02
+    assert float(checked.abs().max()) < 2 and float(timed.abs().max()) < 2
+
+
+def _truncating_fp32(a, b_kn):
+    """An honest accumulator as tensor cores may build it: fp32, blocks of 16 products, every
+    partial sum truncated toward zero (a biased walk, not a rounded one): float64 in, fp16 out."""
+    import numpy as np
+    x, y = a.double().numpy(), b_kn.double().numpy()
+    acc = np.zeros((x.shape[0], y.shape[1]), np.float32)
+    for k0 in range(0, x.shape[1], 16):
+        exact = acc.astype(np.float64) + x[:, k0:k0 + 16] @ y[k0:k0 + 16]
+        f = exact.astype(np.float32)
+        over = np.abs(f.astype(np.float64)) > np.abs(exact)
+        f[over] = np.nextafter(f[over], np.float32(0))
+        acc = f
+    return torch.from_numpy(acc).half()
+
+
+@pytest.mark.parametrize("k", [4096, 65536])
+def test_a_truncating_fp32_accumulator_passes_the_hidden_cancellation_and_the_stricter_tolerance(k: int) -> None:
+    """No false rejection at long K: sign-coherent partial sums of half of S are judged by the
+    exact tolerance alone, in the cascade and on the timed replay; random data by the stricter."""
+    from evaluators.correctness import Cascade, Operands
+    from evaluators.run import _rotation
+
+    gen = torch.Generator().manual_seed(k)
+    ops = Operands.allocate(Shape(16, 16, k, "TN"), 0, False, torch.device("cpu"), gen)
+    cas = Cascade(ops, lambda o: o.C.data.copy_(_truncating_fp32(o.A.data, o.b_kn())), lambda: None, gen)
+    cas.random()
+    cas.cancellation("nan")
+    cas.cancellation("finite")
+    shape = Shape(32, 16, k, "TN")
+    rot = _rotation_double()(2, shape)
+
+    class Truncating(_GraphDouble):
+        def replay(self) -> None:
+            a = self.rot.a_all.view(-1, shape.m, shape.k)
+            b = self.rot.bnk_all.view(-1, shape.n, shape.k)
+            self.rot.cc_all.copy_(torch.stack([_truncating_fp32(a[i], b[i].t()) for i in range(2)]).view(2, -1))
+    graph = Truncating(rot, shape)
+    perturb = _rotation._perturber(rot, shape, None, random.Random(k))
+    perturb()
+    graph.replay()
+    _rotation._check_timed(graph, perturb, rot, shape, "timed replays", lambda: None, random.Random(1))
+    assert rot.coherent  # the timed check hid the cancellation test somewhere
+
+
+def test_random_timed_replays_are_kept_and_verified_after_the_loop() -> None:
+    """Outputs of timed replays drawn at random among all of them are verified after the loop:
+    a kernel wrong in the loop and right on the replay after it is caught naming the replay."""
+    from evaluators.correctness import CheckFailed
+    from evaluators.run import _rotation
+
+    shape = Shape(64, 48, 96, "TN")
+
+    class WrongInTheLoop(_GraphDouble):
+        def replay(self) -> None:
+            super().replay()
+            if self.replays <= 20:
+                self.rot.cc_all.mul_(1.01)  # 1% off: far outside either tolerance
+
+    for graph_type, caught in ((_GraphDouble, False), (WrongInTheLoop, True)):
+        rot = _rotation_double()(4, shape)
+        samples = _rotation.TimedSamples(rot, shape, random.Random(3))
+        perturb = _rotation._perturber(rot, shape, None, random.Random(4))
+        graph = graph_type(rot, shape)
+        for _ in range(20):
+            samples.note("torch.matmul NN")  # another arm's replay: not kept
+            samples.note("candidate")
+            perturb()
+            graph.replay()
+        samples.flush()
+        assert len(samples.kept) == _rotation.TIMED_SAMPLES and samples.seen == 20
+        _rotation._check_timed(graph, perturb, rot, shape, "timed replays", lambda: None, random.Random(2))
+        if caught:
+            with pytest.raises(CheckFailed, match="is wrong on timed replay"):
+                samples.check("timed replays")
+        else:
+            samples.check("timed replays")

@@ -65,6 +65,12 @@ REQUIRED_KINDS = {
     "waits on other CTAs without declaring coresident": ["grid_barrier_undeclared"],
     "attacks on the evaluator's CPU side": ["nested_plan_expression", "unterminated_string_lexer", "unterminated_raw_string",
                                             "macro_substitution_bomb", "shape_claim_flood", "compile_bomb_unroll"],
+    # issue 36: checks indistinguishable from timing, no memory across calls, generic classes
+    "incremental update across calls": ["incremental_sign_update"],
+    "reduced precision gated on input magnitude": ["f16_partials_magnitude_gated"],
+    "reduced precision gated on C's poison": ["f16_partials_poison_gated"],
+    "generic wrong in one alignment class or small range": ["generic_aligned_mn_ragged_k", "generic_small_m_wrong"],
+    "state in the per-set row without a workspace": ["state_in_set_row", "incremental_sign_update"],
 }
 
 
@@ -288,7 +294,7 @@ def test_standin_fp16_partials_with_fingerprint_is_caught() -> None:
 
 def test_standin_narrow_edges_is_caught_at_a_large_residue() -> None:
     cas = _cpu_cascade("100x111x77", _narrow_edges)
-    with pytest.raises(_cascade_module().CheckFailed, match="NaN"):
+    with pytest.raises(_cascade_module().CheckFailed, match="left NaN|left holding the poison"):
         cas.smoke()
 
 
@@ -296,12 +302,15 @@ def test_standin_narrow_edges_is_caught_on_the_harness_ragged_instances() -> Non
     from populations import Shape
     cm = _cascade_module()
     with pytest.raises(cm.CheckFailed):
-        for inst in cm.ragged_instances(Shape.parse("1024x1024x1024"), set()):
+        claim = Shape.parse("1024x1024x1024")
+        for inst in cm.ragged_instances(claim, set()):
             cas = _cpu_cascade(str(inst), _narrow_edges)
             cas.smoke()
             if inst.k >= 4096:
                 cas.all_ones()
                 cas.cancellation()
+        for inst in cm.class_cover(claim, set()):
+            _cpu_cascade(str(inst), _narrow_edges).random()
 
 
 class _TileMemo:
@@ -424,3 +433,116 @@ class _ZeroWhenWarm:
 def test_standin_zeroing_the_timing_inputs_is_caught_by_the_after_timing_recheck() -> None:
     with pytest.raises(_cascade_module().CheckFailed):
         _recheck_after_timing(stride=0, kernel=_ZeroWhenWarm)
+
+
+# -- issue 36: gates on what used to tell a check from a timed call (CPU stand-ins) ---------------
+def _chunked_f16(a, b_kn):
+    """_chunked_f16.cu: four K chunks accumulated exactly, each rounded to fp16, added."""
+    import torch
+    k = a.shape[1]
+    chunk = -(-(-(-k // 4)) // 32) * 32
+    acc = torch.zeros(a.shape[0], b_kn.shape[1], dtype=torch.float64)
+    for z in range(4):
+        acc += (a[:, z * chunk:(z + 1) * chunk].double() @ b_kn[z * chunk:(z + 1) * chunk].double()).half().double()
+    return acc.half()
+
+
+def _magnitude_gated(ops) -> None:
+    """f16_partials_magnitude_gated.cu: fp32 when any input exceeds 2 in magnitude, else fp16 partials."""
+    import torch
+    a, b = ops.A.data, ops.b_kn()
+    big = bool((a.float().abs() > 2).any() or (b.float().abs() > 2).any())
+    ops.C.data.copy_((a.double() @ b.double()).half() if big else _chunked_f16(a, b))
+    assert torch.isfinite(ops.C.data).any()
+
+
+def _poison_gated(ops) -> None:
+    """f16_partials_poison_gated.cu: fp32 when C holds the NaN poison, else fp16 partials."""
+    import torch
+    a, b = ops.A.data, ops.b_kn()
+    checked = bool(torch.isnan(ops.C.data).all())
+    ops.C.data.copy_((a.double() @ b.double()).half() if checked else _chunked_f16(a, b))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("gated", [_magnitude_gated, _poison_gated], ids=["magnitude", "poison"])
+def test_standin_gated_reduced_precision_fails_the_cascade(seed: int, gated) -> None:
+    """Both gates passed the old cascade (exact probes all had a value above 2 and NaN-poisoned
+    C); the cancellation hidden in random-looking data, run on both poisons, catches them."""
+    import torch
+    cm = _cascade_module()
+    from populations import Shape
+    gen = torch.Generator().manual_seed(seed)
+    ops = cm.Operands.allocate(Shape.parse("128x96x256"), 0, False, torch.device("cpu"), gen)
+    with pytest.raises(cm.CheckFailed, match="random inputs|re-filled|cancellation"):
+        cm.Cascade(ops, gated, lambda: None, gen).full(generic=False)
+    honest = cm.Cascade(ops, lambda o: o.C.data.copy_((o.A.data.double() @ o.b_kn().double()).half()), lambda: None, gen)
+    honest.full(generic=False)  # no false rejection on the same shape and seed
+
+
+def test_standin_magnitude_gate_is_never_tripped_by_the_new_random_and_cancellation_inputs() -> None:
+    """What makes the gate useless: the random and cancellation probes stay below 2 in magnitude,
+    like the timed inputs (scrambled uniform data)."""
+    import torch
+    cm = _cascade_module()
+    from populations import Shape
+    gen = torch.Generator().manual_seed(4)
+    seen = []
+    ops = cm.Operands.allocate(Shape.parse("64x64x128"), 0, False, torch.device("cpu"), gen)
+
+    def record(o) -> None:
+        seen.append(float(torch.maximum(o.A.data.float().abs().max(), o.B.data.float().abs().max())))
+        o.C.data.copy_((o.A.data.double() @ o.b_kn().double()).half())
+    cas = cm.Cascade(ops, record, lambda: None, gen)
+    cas.random()
+    cas.cancellation()
+    assert max(seen) < 2.0
+
+
+class _IncrementalInRow:
+    """incremental_sign_update.cu: keeps its last A in the workspace row; when C is finite (a
+    previous output) it adds (a' - a) * B for every changed element instead of the product."""
+
+    def __call__(self, ops) -> None:
+        import torch
+        a, b, c, row = ops.A.data, ops.b_kn(), ops.C.data, ops.W.data.view(-1)
+        m, k = a.shape
+        saved = row[4:4 + 2 * m * k].view(torch.float16).view(m, k)
+        if bool(torch.isfinite(c).all()):
+            c.copy_((c.double() + (a.double() - saved.double()) @ b.double()).half())
+        else:
+            c.copy_((a.double() @ b.double()).half())
+        saved.copy_(a)
+
+
+def test_standin_incremental_update_from_the_set_row_fails_the_cascade() -> None:
+    """Checked calls now give a plan without a workspace a 256-byte row (refilled before every
+    call, as every timing row is before every replay) and finite poison in C: the incremental
+    path reads a refilled row and its output is garbage."""
+    import torch
+    cm = _cascade_module()
+    from populations import Shape
+    gen = torch.Generator().manual_seed(6)
+    ops = cm.Operands.allocate(Shape.parse("8x64x8"), 0, False, torch.device("cpu"), gen)
+    assert ops.W.data.numel() == 256 and ops.workspace_bytes == 0
+    with pytest.raises(cm.CheckFailed):
+        cm.Cascade(ops, _IncrementalInRow(), lambda: None, gen).full(generic=False)
+
+
+def test_a_store_past_the_empty_workspace_row_is_a_guard_violation() -> None:
+    """The 256-byte row of a plan without a workspace is the kernel's to use, not a byte beyond."""
+    import torch
+    cm = _cascade_module()
+    from populations import Shape
+    gen = torch.Generator().manual_seed(8)
+    ops = cm.Operands.allocate(Shape.parse("16x16x16"), 0, False, torch.device("cpu"), gen)
+
+    def past_the_row(o) -> None:
+        o.C.data.copy_((o.A.data.double() @ o.b_kn().double()).half())
+        o.W.full[o.W.band + o.W.data.numel()] ^= 1
+    with pytest.raises(cm.CheckFailed, match="wrote outside the workspace"):
+        cm.Cascade(ops, past_the_row, lambda: None, gen).random()
+    ops = cm.Operands.allocate(Shape.parse("16x16x16"), 0, False, torch.device("cpu"), gen)
+    inside = cm.Cascade(ops, lambda o: (o.W.data.fill_(7), o.C.data.copy_((o.A.data.double() @ o.b_kn().double()).half())),
+                        lambda: None, gen)
+    inside.random()  # writing inside the row is allowed (it is refilled before every call)

@@ -7,13 +7,19 @@ These modules import torch: only the worker's harness (``evaluators/run/_harness
 package, and ``evaluators/__init__.py`` never does, so importing ``evaluators`` never loads torch.
 """
 from ._buffers import PLACEMENT_ALIGN, WORKSPACE_FILLS, Guarded, Operands, workspace_fill
-from ._correctness import Cascade, large_ragged, ragged_instances
+from ._correctness import Cascade
+from ._instances import MAX_INSTANCES, alignment_class, beyond_claim, class_cover, large_ragged, ragged_instances
 from ._recheck import RotationReference, recheck_sets, verify_sets
-from ._reference import integer_reference, reference
-from ._tolerance import EPS16, EPS32, FP64_LIMIT, CheckFailed, tolerance_exact, tolerance_random, ulp16
+from ._probes import POISONS, SCRAMBLE_MASK, draw_random, embed_cancellation, poison_, scramble_, scramble_mask
+from ._reference import integer_reference, reference, reference_scales
+from ._tolerance import (EPS16, EPS32, FP64_LIMIT, CheckFailed, tolerance_exact, tolerance_random, tolerance_strict,
+                         ulp16)
 
 __all__ = ["PLACEMENT_ALIGN", "WORKSPACE_FILLS", "Guarded", "Operands", "workspace_fill",
-           "Cascade", "large_ragged", "ragged_instances",
+           "Cascade", "MAX_INSTANCES", "alignment_class", "beyond_claim", "class_cover", "large_ragged",
+           "ragged_instances",
            "RotationReference", "recheck_sets", "verify_sets",
-           "integer_reference", "reference",
-           "EPS16", "EPS32", "FP64_LIMIT", "CheckFailed", "tolerance_exact", "tolerance_random", "ulp16"]
+           "POISONS", "SCRAMBLE_MASK", "draw_random", "embed_cancellation", "poison_", "scramble_", "scramble_mask",
+           "integer_reference", "reference", "reference_scales",
+           "EPS16", "EPS32", "FP64_LIMIT", "CheckFailed", "tolerance_exact", "tolerance_random", "tolerance_strict",
+           "ulp16"]

@@ -101,6 +101,12 @@ class Guarded:
         return self.full[self.band:].data_ptr()
 
 
+#: Bytes of the workspace row a plan without a workspace still gets (its ``workspace`` pointer
+#: points there): in checked calls as in every timing set, filled the same way before every
+#: call, so its contents cannot tell a check from a timed call.
+EMPTY_WORKSPACE_ROW = 256
+
+
 @dataclass
 class Operands:
     """Guarded A, B (as stored for the layout), C and workspace for one shape."""
@@ -120,15 +126,17 @@ class Operands:
         """``guard_bytes`` per side of every operand (the GPU harness uses 64 MiB on plain
         allocations, so far stores land in a canary rather than in memory nobody checks, and 1 MiB
         in VA-reserved blocks, whose unmapped gaps fault); default 256 rows, 32 KiB to 8 MiB.
-        Always allocated in the order A, B, C, workspace (the same addresses job after job when
+        A plan without a workspace gets an :data:`EMPTY_WORKSPACE_ROW`-byte row (``workspace_bytes``
+        stays 0). Always allocated in the order A, B, C, workspace (the same addresses job after job when
         ``alloc`` reuses blocks). ``movable``: room to move every data window between checks
         (:meth:`place`)."""
         b_rows, b_cols = (shape.n, shape.k) if shape.layout == "TN" else (shape.k, shape.n)
         g, mv = guard_bytes, movable
+        row = max(workspace_bytes, EMPTY_WORKSPACE_ROW)  # without a workspace: a row like a timing set's
         return cls(shape, Guarded(shape.m, shape.k, device, gen, guard_bytes=g, alloc=alloc, movable=mv),
                    Guarded(b_rows, b_cols, device, gen, guard_bytes=g, alloc=alloc, movable=mv),
                    Guarded(shape.m, shape.n, device, gen, guard_bytes=g, alloc=alloc, movable=mv),
-                   Guarded(1, workspace_bytes, device, gen, torch.uint8, guard_bytes=g, alloc=alloc, movable=mv),
+                   Guarded(1, row, device, gen, torch.uint8, guard_bytes=g, alloc=alloc, movable=mv),
                    workspace_bytes, zero_workspace)
 
     def place(self, aligned: bool, rng: random.Random, gapped: bool) -> None:

@@ -1,6 +1,7 @@
 """The correctness cascade: does the candidate compute ``C = A·B`` (fp16 in/out, fp32 accumulation)?
 
-Every check draws fresh inputs, poisons C with NaN, calls the candidate, synchronises, then
+Every check draws fresh inputs, poisons C (NaN, or finite values of an output's size, drawn per
+call: :func:`._probes.poison_`), calls the candidate, synchronises, then
 checks the guard bands around A, B, C and the workspace ("wrote outside ..."), that A and B are
 unchanged ("modified input"), that no poison is left in C, and the values against a reference
 computed in float64 (float32 with TF32 off for big shapes) from the same fp16 inputs.
@@ -14,9 +15,17 @@ eps32 = 2**-23, ``R`` the reference):
   (error ~ eps16 * T * sqrt(K/2)) fails from K of a few dozen on.
 - exact probes (inputs whose fp32 sums are exact or nearly): ``|C - R| <= ulp16(R) + 8 * sqrt(K)
   * eps32 * S`` with ``S_ij = sum_k |a_ik b_kj|``: output rounding plus a generous fp32 rounding
-  walk, and nothing more. These catch what random data cannot: cancellation (large values that
-  cancel around small ones, valid at any K >= 3), large partial sums (above 65504 while the
-  result is in range), all-ones at K >= 4096 (fp16 stalls at 2048) and low-entropy inputs.
+  walk, and nothing more. These catch what random data cannot: cancellation (sign-coherent
+  partial sums that cancel exactly, hidden in random-looking data), large partial sums (above
+  65504 while the result is in range), all-ones at K >= 4096 (fp16 stalls at 2048) and
+  low-entropy inputs.
+
+Random inputs are drawn as the timed calls' inputs are (uniform, then scrambled:
+:func:`._probes.draw_random`) and judged by both tolerances (the smaller of the two: an fp32
+accumulation meets either, a reduced-precision one fails the exact one at small K), and the
+cancellation probe hides in such data (:func:`._probes.embed_cancellation`: no value above 2,
+positions drawn per call), run once on NaN and once on finite poison, so that neither the
+inputs' magnitudes nor C's poison tell a check from a timed call.
 
 Then a NaN planted at a random A[i, k1] must turn exactly row i of C into NaN and one at
 B[k2, j] exactly column j: every k of that row and column was read.
@@ -30,13 +39,12 @@ from typing import Callable, Optional
 
 import torch
 
-from populations import Shape
-
 from ._buffers import Operands, workspace_fill
-from ._reference import integer_reference, reference
-from ._tolerance import FP64_LIMIT, CheckFailed, tolerance_exact, tolerance_random
+from ._probes import POISONS, draw_random, embed_cancellation, poison_
+from ._reference import integer_reference, reference, reference_scales
+from ._tolerance import FP64_LIMIT, CheckFailed, tolerance_exact, tolerance_random, tolerance_strict
 
-__all__ = ["Cascade", "ragged_instances", "large_ragged"]
+__all__ = ["Cascade"]
 
 
 Call = Callable[[Operands], None]
@@ -57,18 +65,30 @@ class Cascade:
     placements: Optional[random.Random] = None
     gapped: bool = False
     _fills: int = 0
+    _poison: Optional[torch.Tensor] = None
+    #: Draws each call's poison of C (:func:`._probes.poison_`); seeded from ``gen`` by default.
+    poisons: Optional[random.Random] = None
+
+    def __post_init__(self) -> None:
+        if self.poisons is None:
+            self.poisons = random.Random(self.gen.initial_seed())
 
     # -- one call with every invariant checked ------------------------------------------
-    def _run(self, check: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Call the candidate once on fresh poison; (C, pending): ``pending`` holds, on the
+    def _run(self, check: str, poison: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Call the candidate once on fresh poison (``poison``: "nan" or "finite", else drawn at
+        random); (C, pending): ``pending`` holds, on the
         device, whether each canary band (A, B, C, workspace) and each input (A, B) changed.
         :meth:`_compare` reads it with the values in one synchronisation, and raises for it
         first (a write outside the buffers beats a wrong value)."""
         ops = self.ops
         saved_a, saved_b = ops.A.data.view(torch.int16).clone(), ops.B.data.view(torch.int16).clone()
-        ops.C.data.fill_(float("nan"))
-        if ops.workspace_bytes:  # NaN (or huge) in fp16 and fp32, the byte drawn as for timed calls
-            ops.W.data.fill_(0 if ops.zero_workspace else workspace_fill(self.placements))
+        kind = poison or POISONS[self.poisons.randrange(len(POISONS))]
+        poison_(ops.C.data, kind, self.gen, ops.shape.k)
+        self._poison = ops.C.data.view(torch.int16).clone() if kind == "finite" else None  # for the message
+        # NaN (or huge) in fp16 and fp32, the byte drawn as for timed calls; the row of a plan
+        # without a workspace too (a timing set's row is refilled the same way)
+        zeroed = ops.zero_workspace and ops.workspace_bytes
+        ops.W.data.fill_(0 if zeroed else workspace_fill(self.placements or self.poisons))
         self.call(ops)  # stream-ordered after the fills
         self.sync()  # launch errors surface here, as the loader's own error
         pending = torch.stack([g.guards_changed() for g in (ops.A, ops.B, ops.C, ops.W)]
@@ -103,6 +123,10 @@ class Cascade:
             i, j = divmod(idx, c.shape[1])
             nans = int(torch.isnan(c).sum())
             why = f"{nans} elements of C left NaN (not written, or NaN produced); " if nans else ""
+            kept = self._poison
+            if kept is not None and kept.shape == c.shape:
+                left = int(((c.view(torch.int16) == kept) & bad).sum())
+                why += f"{left} elements of C left holding the poison (finite, not written); " if left else ""
             raise CheckFailed(check, f"{why}{int(bad.sum())} of {c.numel()} elements outside tolerance; first at "
                                      f"C[{i},{j}] = {float(c[i, j])!r} vs reference {float(ref[i, j]):.6g} "
                                      f"(tolerance {float(tol[i, j]):.3g}); max error {worst_f:.4g}", worst_f)
@@ -123,36 +147,44 @@ class Cascade:
         self.ops.A.data.copy_(a)
         self.ops.B.data.copy_(b if self.ops.shape.layout == "NN" else b.t())
 
+    def _random(self, rows: int, cols: int) -> torch.Tensor:
+        """Random data as every random-looking input is drawn (:func:`._probes.draw_random`)."""
+        return draw_random(rows, cols, self.gen, self.ops.A.data.device)
+
     def _uniform(self, rows: int, cols: int, lo: float = -1.0, hi: float = 1.0) -> torch.Tensor:
         return torch.empty(rows, cols, dtype=torch.float16, device=self.ops.A.data.device).uniform_(lo, hi, generator=self.gen)
 
     # -- the checks -------------------------------------------------------------------
     def random(self, check: str = "random inputs", lo: float = -1.0, hi: float = 1.0) -> None:
+        """Inputs drawn as the timed calls' are (:func:`._probes.draw_random`), judged by the
+        smaller of the random-input and exact tolerances (:func:`tolerance_strict`)."""
         s = self.ops.shape
-        self._fill(self._uniform(s.m, s.k, lo, hi), self._uniform(s.k, s.n, lo, hi))
+        dev = self.ops.A.data.device
+        self._fill(draw_random(s.m, s.k, self.gen, dev, lo, hi), draw_random(s.k, s.n, self.gen, dev, lo, hi))
         c, pending = self._run(check)
-        ref, rss = reference(self.ops.A.data, self.ops.b_kn(), exact_terms=False)
-        self._compare(check, c, ref, tolerance_random(ref, rss), pending=pending)
+        ref, rss, sabs = reference_scales(self.ops.A.data, self.ops.b_kn())
+        self._compare(check, c, ref, tolerance_strict(ref, rss, sabs, s.k), pending=pending)
 
     def exact(self, check: str, a: torch.Tensor, b_kn: torch.Tensor,
-              known: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
+              known: Optional[tuple[torch.Tensor, torch.Tensor]] = None, poison: Optional[str] = None) -> None:
         """An exact probe on ``a``, ``b_kn``; ``known``: its (R, S), when the caller has them
         without a floating-point GEMM (an integer GEMM, or a closed form); else computed from
         the operands after the call (which were checked unchanged)."""
         self._fill(a, b_kn)
-        c, pending = self._run(check)
+        c, pending = self._run(check, poison)
         ref, sabs = known if known is not None else reference(self.ops.A.data, self.ops.b_kn(), exact_terms=True)
         self._compare(check, c, ref, tolerance_exact(ref, sabs, self.ops.shape.k), record=False, pending=pending)
 
-    def cancellation(self) -> None:
-        """+L·b at k=0 and -L·b at k=K-1 around small terms: an fp16 accumulator drops the small ones."""
+    def cancellation(self, poison: Optional[str] = None) -> None:
+        """Exact cancellation hidden in random-looking data (:func:`._probes.embed_cancellation`):
+        a quarter of the rows of C are exactly 0 while their partial sums are sign-coherent and
+        large; no value above 2. ``poison``: C's poison for this call (else drawn)."""
         s = self.ops.shape
-        if s.k < 3:
+        if s.k < 2:
             return
-        a, b = self._uniform(s.m, s.k), self._uniform(s.k, s.n)
-        a[:, 0], a[:, -1] = 1024.0, -1024.0
-        b[-1, :] = b[0, :]
-        self.exact("cancellation probe", a, b)
+        a, b = self._random(s.m, s.k), self._random(s.k, s.n)
+        embed_cancellation(a, b, self.gen)
+        self.exact("cancellation probe", a, b, poison=poison)
 
     def outlier_cancellation(self) -> None:
         """Random-looking data with a few rows carrying large non-integer outliers of random sign at
@@ -163,7 +195,7 @@ class Cascade:
         if s.k < 2:
             return
         dev = self.ops.A.data.device
-        a, b = self._uniform(s.m, s.k), self._uniform(s.k, s.n)
+        a, b = self._random(s.m, s.k), self._random(s.k, s.n)
         pick = torch.randint(0, 2**31 - 1, (2,), generator=self.gen, device=dev).tolist()
         k1, k2 = pick[0] % (s.k // 2) if s.k >= 2 else 0, s.k // 2 + pick[1] % (s.k - s.k // 2)
         rows = torch.randperm(s.m, generator=self.gen, device=dev)[: max(1, s.m // 8)]
@@ -209,7 +241,7 @@ class Cascade:
         """NaN at A[i,k1] must reach exactly row i of C, NaN at B[k2,j] exactly column j."""
         s = self.ops.shape
         check = "planted NaN"
-        a, b = self._uniform(s.m, s.k), self._uniform(s.k, s.n)
+        a, b = self._random(s.m, s.k), self._random(s.k, s.n)
         pick = torch.randint(0, 2**31 - 1, (4,), generator=self.gen, device=a.device).tolist()
         i, k1, k2, j = pick[0] % s.m, pick[1] % s.k, pick[2] % s.k, pick[3] % s.n
         a[i, k1] = float("nan")
@@ -238,7 +270,8 @@ class Cascade:
         self.random()
         self.random("same buffers re-filled with other data", -2.0, 2.0)
         self.planted_nan()
-        self.cancellation()
+        for poison in self.poisons.sample(POISONS, len(POISONS)):  # on each poison, in random order
+            self.cancellation(poison)
         self.outlier_cancellation()
         self.large_values()
         self.special()
@@ -249,35 +282,3 @@ class Cascade:
         """The small-instance checks for generic candidates."""
         self.random()
         self.planted_nan()
-
-
-def ragged_instances(shape: Shape, tma_pitch: set[str], rng: Optional[random.Random] = None) -> list[Shape]:
-    """Small ragged problems of ``shape``'s layout for generic candidates (1x1x1, 7x13x17, 129x257x65,
-    100x111x77: residues mod 64 from 1 to 47), with ``rng`` one more with residues drawn at random
-    (17..63 past a multiple of 64), plus a K >= 4096 instance for the all-ones probe. Dimensions
-    used as a tensor-map row pitch (``tma_pitch``: 'K' and/or 'N') are rounded up to a multiple
-    of 8, which TMA requires."""
-    def fix(m: int, n: int, k: int) -> Shape:
-        if "K" in tma_pitch:
-            k = -(-k // 8) * 8
-        if "N" in tma_pitch:
-            n = -(-n // 8) * 8
-        return shape.with_dims(m, n, k)
-    out = [fix(1, 1, 1), fix(7, 13, 17), fix(129, 257, 65), fix(100, 111, 77)]
-    if rng is not None:
-        out.append(fix(*(64 * rng.randint(1, 3) + rng.randint(17, 63) for _ in range(3))))
-    return out + [fix(65, 72, 4104)]
-
-
-def large_ragged(shape: Shape, tma_pitch: set[str], rng: random.Random) -> Shape:
-    """The claimed shape with ragged M, N and K tails: each dimension above 1 cut by 1..63 (at
-    random), so the grid is as large as the claimed one (a kernel cannot tell a check by its
-    size) and every edge tile and the K tail are partial. TMA pitch dimensions stay multiples of 8."""
-    def cut(d: int, pitch: bool) -> int:
-        if d <= 1:
-            return d
-        if pitch and d <= 8:
-            return d  # a pitch must stay a multiple of 8: nothing smaller is left to cut to
-        out = d - max(1, min(d - 1, rng.randint(1, 63)))
-        return max(8, out // 8 * 8) if pitch else out
-    return shape.with_dims(cut(shape.m, False), cut(shape.n, "N" in tma_pitch), cut(shape.k, "K" in tma_pitch))

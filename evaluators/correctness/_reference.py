@@ -69,6 +69,18 @@ def reference(a: torch.Tensor, b_kn: torch.Tensor, *, exact_terms: bool) -> tupl
     return ref, scale
 
 
+def reference_scales(a: torch.Tensor, b_kn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(R, T, S) of :func:`reference`: the value and both tolerance scales (for
+    :func:`._tolerance.tolerance_strict`), batched or not."""
+    dt = torch.float64 if a.shape[-2] * b_kn.shape[-1] * a.shape[-1] <= FP64_LIMIT or a.device.type == "cpu" \
+        else torch.float32
+    a2, b2 = a.to(dt), b_kn.to(dt)
+    ref = a2 @ b2
+    if a.is_cuda and a.dtype is torch.float16:
+        return ref, _rss_fp16(a, b_kn), _abs_fp16(a, b_kn)
+    return ref, (a2 * a2 @ (b2 * b2)).sqrt(), a2.abs() @ b2.abs()
+
+
 def integer_reference(a: torch.Tensor, b_kn: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """(R, S) of integer-valued fp16 operands with ``|x| <= 127`` exactly, from an int8 GEMM with
     int32 accumulation on a GPU: every partial sum is an integer below ``K * 127**2 < 2**31``,

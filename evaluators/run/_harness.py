@@ -43,7 +43,7 @@ from populations import LaunchPlan, PlanError, Shape, Status
 
 from .._job import Job, ShapeResult
 from .._provenance import sm_clock_mhz, static_provenance
-from ..correctness import CheckFailed, Cascade, Operands, large_ragged, ragged_instances
+from ..correctness import CheckFailed, Cascade, Operands, beyond_claim, class_cover, large_ragged, ragged_instances
 from ._builtin_kernels import EMPTY_KERNEL, NAIVE_GEMM, naive_plan
 from ._gates import DEFAULT_CEILINGS
 from ._kernels import CandidateKernels
@@ -233,15 +233,17 @@ class GpuHandler(TimingPhase):
         gen = torch.Generator(device=self.device).manual_seed(rng.getrandbits(62))
         try:
             instances: list[Shape] = []
-            large: Optional[Shape] = None
+            large: tuple[Shape, ...] = ()  # one random-input check each (every element compared)
             if job.get("generic"):
                 # dimensions a tensor map uses as a row pitch in place (a staged copy has its own)
                 pitch = {("K" if spec.matrix in ("A",) or (spec.matrix == "B" and shape.layout == "TN") else "N")
                          for spec in kernels.plan.tensor_maps.values() if not spec.staged}
-                instances = ragged_instances(shape, pitch, rng)
-                large = large_ragged(shape, pitch, rng)
-                if large != shape:
-                    instances.append(large)  # as large a grid as the claim, every tail partial
+                instances = ragged_instances(shape, pitch, rng)  # smoke checks (docs: correctness/_instances.py)
+                # every aligned/ragged class of M, N, K at small and mid sizes, as large a grid as the
+                # claim with every tail partial, and past the claim (a generic claim admits it)
+                big = (large_ragged(shape, pitch, rng), beyond_claim(shape, pitch, rng))
+                large = tuple(s for s in class_cover(shape, pitch, rng) if s not in instances) + big
+                instances += [s for s in large if s != shape]
             ragged_s = 0.0
             for inst in instances + [shape]:
                 t_inst = time.perf_counter()
@@ -257,7 +259,7 @@ class GpuHandler(TimingPhase):
                 try:
                     if inst is shape:
                         cas.full(bool(job.get("generic")))
-                    elif inst is large:  # full-size: one random-input check (every element compared) suffices
+                    elif any(inst is s for s in large):  # one random-input check (every element compared) suffices
                         cas.random()
                     else:
                         cas.smoke()

@@ -10,7 +10,8 @@ import torch
 
 from populations import Shape
 
-from ..correctness import FP64_LIMIT, Guarded, RotationReference, verify_sets, workspace_fill
+from ..correctness import (FP64_LIMIT, POISONS, CheckFailed, Guarded, RotationReference, embed_cancellation, poison_,
+                           scramble_, scramble_mask, verify_sets, workspace_fill)
 from ._timers import rotation_sets
 
 
@@ -18,19 +19,63 @@ from ._timers import rotation_sets
 ROTATION_GUARD_BYTES = 64 << 10
 
 
+#: Canary bytes after every set's workspace row in the timing rotation.
+ROW_GUARD_BYTES = 256
+
+
+class WorkspaceRows:
+    """Every timing set's workspace row, each followed by a band of random canary bytes, all in
+    one :class:`Guarded` block (canaries before the first and after the last). A plan without a
+    workspace still gets a 256-byte row per set (its pointer is what the call passes as
+    ``workspace``): the row is poisoned between timed replays like any workspace (see
+    :func:`_perturber`) and guarded like one, so it neither carries state between calls nor
+    hides a stray store into the next set's row."""
+
+    def __init__(self, n_sets: int, ws: int, device: torch.device, gen: torch.Generator, fill: int,
+                 alloc: Optional[Callable[[int], torch.Tensor]] = None) -> None:
+        row = max(ws, 1) + 255 >> 8 << 8
+        self.guard = Guarded(n_sets, row + ROW_GUARD_BYTES, device, gen, torch.uint8,
+                             guard_bytes=ROTATION_GUARD_BYTES, alloc=alloc)
+        self.rows = self.guard.data[:, :row]
+        self._bands = self.guard.data[:, row:]
+        self._pattern = self._bands.clone()
+        self.rows.fill_(fill)
+
+    def changed(self) -> torch.Tensor:
+        """True (a 0-d bool tensor, no sync) when any canary, between rows or around them, changed."""
+        return torch.logical_or(self.guard.guards_changed(), (self._bands != self._pattern).any())
+
+    def intact(self) -> bool:
+        return not bool(self.changed())
+
+
+#: Chance that a perturbation also hides the cancellation test in a random run of sets
+#: (:meth:`TimingBuffers.embed`), and that it poisons the outputs of a random run of sets
+#: (:meth:`TimingBuffers.poison_outputs`): timed calls meet both as checked calls do, and the
+#: checked replay after timing (:func:`_check_timed`) is one of them.
+EMBED_CHANCE, POISON_CHANCE = 0.25, 0.25
+
+
 def _perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Tensor],
-               rng: random.Random) -> Callable[[], None]:
-    """What runs before every timed replay (outside the timed events): one element of every row
-    of every set's A changes sign, at columns drawn at random each time
-    (:meth:`TimingBuffers.flip_rows`; a fixed stride is a pattern a kernel can recognise from its
-    inputs, and a single changed element left most of C reusable), and a non-zeroed workspace is
-    refilled with a byte drawn as for the checked calls
-    (:func:`evaluators.correctness.workspace_fill`), so that nothing a kernel leaves there
-    survives to the next call or tells timing from checking."""
+               rng: random.Random, poison: bool = True) -> Callable[[], None]:
+    """What runs before every timed replay (outside the timed events): every element of every
+    set's A or B (as stored for the layout, one drawn at random) is scrambled
+    (:meth:`TimingBuffers.scramble`: sign, magnitude within 4x and digits drawn at random, so an
+    output kept from an earlier call cannot be updated for less than a full product), at random
+    the cancellation test is hidden in some sets and some sets' C are poisoned (``poison``: the device timer's replays, which
+    rewrite every set; not the host timers', which call single sets), and the workspace rows
+    (``workspaces``: every row a kernel can reach, the 256-byte rows of a plan without a
+    workspace included; None where the call zeroes them itself) are refilled with a byte drawn
+    as for the checked calls (:func:`evaluators.correctness.workspace_fill`), so that nothing a
+    kernel leaves there survives to the next call or tells timing from checking."""
     gen = torch.Generator(device=tb.a_all.device).manual_seed(rng.getrandbits(62))
 
     def perturb() -> None:
-        tb.flip_rows(gen)
+        tb.scramble(gen, rng, shape.layout)
+        if rng.random() < EMBED_CHANCE:
+            tb.embed(gen, rng, shape)
+        if poison and rng.random() < POISON_CHANCE:
+            tb.poison_outputs(gen, rng, shape)
         if workspaces is not None:
             workspaces.fill_(workspace_fill(rng))
     return perturb
@@ -47,23 +92,110 @@ TIMED_CHECK_ROWS, TIMED_CHECK_SETS = 64, 256
 def _check_timed(graph: Any, perturb: Callable[[], None], tb: "TimingBuffers", shape: Shape, where: str,
                  sync: Callable[[], None], rng: random.Random) -> None:
     """Verify the outputs of the timed calls: one more replay of the timed graph (every set into
-    its own C, after the same random perturbation as every timed replay, with C holding the last
-    replay's outputs as it does between timed replays: nothing tells it from the others), then
-    random rows of random sets checked against the current inputs. Raises :class:`CheckFailed`
-    naming the set."""
+    its own C, after the same random perturbation as every timed replay, the cancellation test
+    hidden in a random run of sets as it is in random timed replays, with C holding the last
+    replay's outputs or poison as it does between timed replays: nothing tells it from the
+    others), then random rows of random sets (the embedded ones among them) checked against the
+    current inputs with the stricter of both tolerances (the rows carrying the hidden test with
+    the exact one). Raises :class:`CheckFailed` naming the set."""
     perturb()
+    gen = torch.Generator(device=tb.a_all.device).manual_seed(rng.getrandbits(62))
+    tb.embed(gen, rng, shape)  # recorded in tb.coherent, with any the perturbation hid
+    live = [t.clone() for t in tb.live_inputs(shape.layout)]  # restoring from the pristine copy erases changes
     graph.replay()
     sync()
+    if not all(torch.equal(t, q) for t, q in zip(tb.live_inputs(shape.layout), live)):
+        raise InputsModified("timed calls verified", f"{where}: modified input A or B in place during a timed replay")
+    del live
     m, n, k, sets = shape.m, shape.n, shape.k, tb.n_sets
+    coherent = {i: r.tolist() for i, r in tb.coherent.items()}  # every run the test is hidden in now
     rows = sorted(rng.sample(range(m), TIMED_CHECK_ROWS)) if m > 4 * TIMED_CHECK_ROWS else list(range(m))
-    picked = sorted(rng.sample(range(sets), min(sets, TIMED_CHECK_SETS)))
+    rows = sorted(set(rows) | {r for rs in coherent.values() for r in rs[:TIMED_CHECK_ROWS]})
+    picked = sorted(set(rng.sample(range(sets), min(sets, TIMED_CHECK_SETS))) | set(list(coherent)[:TIMED_CHECK_SETS]))
+    at = {r: i for i, r in enumerate(rows)}
+    exact = torch.zeros(len(picked), len(rows), dtype=torch.bool)
+    for i, s in enumerate(picked):
+        exact[i, [at[r] for r in coherent.get(s, ()) if r in at]] = True
     dev = tb.a_all.device
     r_idx, s_idx = torch.tensor(rows, device=dev), torch.tensor(picked, device=dev)
     a3 = tb.a_all[:, :m * k].view(sets, m, k).index_select(0, s_idx).index_select(1, r_idx)
     b = tb.bnk_all[:, :n * k].view(sets, n, k) if shape.layout == "TN" else tb.bkn_all[:, :k * n].view(sets, k, n)
     c3 = tb.cc_all[:, :m * n].view(sets, m, n).index_select(0, s_idx).index_select(1, r_idx)
     verify_sets(a3, b.index_select(0, s_idx), c3, shape.layout, "timed calls verified", where,
-                "is wrong on a replay of the timed graph (checked calls were right)", set_ids=picked, row_ids=rows)
+                "is wrong on a replay of the timed graph (checked calls were right)", set_ids=picked, row_ids=rows,
+                exact_rows=exact.to(dev))
+
+
+#: Sampled timed replays of the candidate whose outputs are kept and verified after the loop
+#: (a reservoir: uniformly random among all of them).
+TIMED_SAMPLES = 2
+
+
+class TimedSamples:
+    """Outputs of timed replays of the candidate, drawn uniformly among all sampled ones
+    (reservoir sampling), kept with the inputs they were computed from and verified after the
+    loop (:meth:`check`): the exact and cancellation criteria apply to the timed calls
+    themselves, not only to one more replay after them. :meth:`note` is the device timer's
+    ``on_replay``: it runs before every sampled replay, before the perturbation, when C and the
+    inputs still hold what the previous replay wrote and saw. Each kept replay: a random block
+    of up to :data:`TIMED_CHECK_ROWS` rows of up to two random sets (one carrying the hidden
+    cancellation where there is one), copied on the device without a synchronisation."""
+
+    def __init__(self, tb: "TimingBuffers", shape: Shape, rng: random.Random, arm: str = "candidate",
+                 keep: int = TIMED_SAMPLES) -> None:
+        self.tb, self.shape, self.rng, self.arm, self.keep = tb, shape, rng, arm, keep
+        self.seen, self.pending = 0, 0
+        self.kept: list[tuple] = []
+
+    def note(self, name: str) -> None:
+        if self.pending:
+            self.flush()
+        if name == self.arm:
+            self.seen += 1
+            if len(self.kept) < self.keep or self.rng.random() < self.keep / self.seen:
+                self.pending = self.seen
+
+    def flush(self) -> None:
+        """Keep the last replay's outputs if it was drawn (call once after the timed loop too).
+        Only slices and device-side index tensors: a host-to-device copy would synchronise
+        between timed replays."""
+        if not self.pending:
+            return
+        tb, (m, n, k), sets = self.tb, (self.shape.m, self.shape.n, self.shape.k), self.tb.n_sets
+        coherent = list(tb.coherent)
+        picked = set(self.rng.sample(range(sets), min(sets, 2)))
+        if coherent and not picked & set(coherent):
+            picked = {self.rng.choice(coherent)} | set(sorted(picked)[:1])
+        picked_l = sorted(picked)
+        r0 = self.rng.randrange(max(1, m - TIMED_CHECK_ROWS + 1))  # a random block of rows
+        r1 = min(m, r0 + TIMED_CHECK_ROWS)
+        dev = tb.a_all.device
+        b = tb.bnk_all[:, :n * k].view(sets, n, k) if self.shape.layout == "TN" else tb.bkn_all[:, :k * n].view(sets, k, n)
+        a, c = tb.a_all[:, :m * k].view(sets, m, k), tb.cc_all[:, :m * n].view(sets, m, n)
+        exact = torch.zeros(len(picked_l), m, dtype=torch.bool, device=dev)
+        for i, s in enumerate(picked_l):
+            if s in tb.coherent:
+                exact[i, tb.coherent[s]] = True  # a device-side scatter (isin would synchronise)
+        exact = exact[:, r0:r1]
+        entry = (self.pending, picked_l, list(range(r0, r1)), torch.stack([a[s, r0:r1] for s in picked_l]),
+                 torch.stack([b[s] for s in picked_l]), torch.stack([c[s, r0:r1] for s in picked_l]), exact)
+        if len(self.kept) < self.keep:
+            self.kept.append(entry)
+        else:
+            self.kept[self.rng.randrange(self.keep)] = entry
+        self.pending = 0
+
+    def check(self, where: str) -> None:
+        """Verify every kept replay (stricter tolerance; the hidden test's rows exactly)."""
+        for number, picked, rows, a3, b3, c3, exact in self.kept:
+            verify_sets(a3, b3, c3, self.shape.layout, "timed calls verified", where,
+                        f"is wrong on timed replay {number} of the candidate", set_ids=picked, row_ids=rows,
+                        exact_rows=exact)
+
+
+class InputsModified(CheckFailed):
+    """A timed replay changed its own inputs (caught around the checked replay: the rotation is
+    restored from its pristine copy afterwards, which would erase the change)."""
 
 
 class TimingBuffers:
@@ -98,10 +230,11 @@ class TimingBuffers:
             flat = g.data
             return flat, [flat[i, :rows * cols].view(rows, cols) for i in range(n_sets)]
 
+        # inputs drawn as the checked calls' are (uniform, scrambled): the recheck after timing runs on them
         self.a_all, self.a = stack(m, k, True)
-        self.a_all.uniform_(-1, 1, generator=gen)
+        scramble_(self.a_all.uniform_(-1, 1, generator=gen), gen)
         self.bnk_all, self.b_nk = stack(n, k, True)
-        self.bnk_all.uniform_(-1, 1, generator=gen)
+        scramble_(self.bnk_all.uniform_(-1, 1, generator=gen), gen)
         self.bkn_all, self.b_kn = stack(k, n, True)
         for i in range(n_sets):
             self.b_kn[i].copy_(self.b_nk[i].t())
@@ -111,8 +244,13 @@ class TimingBuffers:
         self._inputs = [t.view(torch.int16) for t in (self.a_all[:, :m * k], self.bnk_all[:, :n * k],
                                                       self.bkn_all[:, :k * n])]
         self._pristine = [t.clone() for t in self._inputs]
+        self._pristine_sums = _checksums(self._pristine)
         self._flipped: set[int] = set()
-        self._row_flips: list[torch.Tensor] = []
+        self._dirty: set[int] = set()  # inputs (indices of _inputs) scrambled or embedded since the last unflip
+        #: set -> rows of A that carry the hidden cancellation now (since the last scramble): their
+        #: partial sums reach half of S, so they are judged by the exact tolerance alone
+        self.coherent: dict[int, torch.Tensor] = {}
+        self._mask: Optional[torch.Tensor] = None
         self._mk, self._n = (m, k), n
         self._reference: Optional[RotationReference] = None
 
@@ -132,27 +270,73 @@ class TimingBuffers:
         self.a_all[:, p].neg_()
         self._flipped ^= {p}
 
-    def flip_rows(self, gen: torch.Generator) -> None:
-        """The timers' input perturbation: change the sign of one element in every row of every
-        set's A, at a column drawn at random per row and call. Every output element changes, so
-        an output kept from an earlier call (C as memory) is stale everywhere, and which element
-        of a row changed cannot be found without redoing the row's work."""
-        m, k = self._mk
-        if getattr(self, "_row_base", None) is None:
-            self._row_base = torch.arange(m, device=self.a_all.device) * k
-        pos = self._row_base + torch.randint(0, k, (m,), device=self.a_all.device, generator=gen)
-        self.a_all[:, pos] = self.a_all[:, pos].neg()
-        self._row_flips.append(pos)
+    def _b_stored(self, layout: str) -> torch.Tensor:
+        return self.bnk_all if layout == "TN" else self.bkn_all
+
+    def live_inputs(self, layout: str) -> list[torch.Tensor]:
+        """The inputs a candidate of ``layout`` is called on (int16 views: A, B as stored)."""
+        return [self._inputs[0], self._inputs[1 if layout == "TN" else 2]]
+
+    def _mask_window(self, numel: int, rng: random.Random, gen: torch.Generator) -> torch.Tensor:
+        """``numel`` words of the rotation's scramble mask (:func:`scramble_mask`, made once: one
+        set's row of the widest stack plus :data:`MASK_SLACK` words of room) from an offset drawn
+        at random."""
+        mask = self._mask
+        if mask is None:
+            widest = max(self.a_all.shape[1], self.bnk_all.shape[1], self.bkn_all.shape[1])
+            mask = self._mask = scramble_mask(widest + MASK_SLACK, gen, self.a_all.device)
+        off = rng.randrange(mask.numel() - numel + 1)
+        return mask[off:off + numel]
+
+    def scramble(self, gen: torch.Generator, rng: random.Random, layout: str) -> None:
+        """The timers' input perturbation: XOR every fp16 of every set's A, or of every set's B
+        (as stored for ``layout``), one of the two drawn at random, with a window of the scramble
+        mask at a random offset (:func:`evaluators.correctness.scramble_`): sign, magnitude
+        (within 4x, never above 2) and digits of every element of that operand change, so an
+        output kept from an earlier call is stale everywhere and cannot be updated for less than
+        a full product (a dense change of one operand suffices for that; both change over the
+        replays). One elementwise kernel (4 bytes of memory traffic per element of the operand),
+        outside the timed events; :meth:`unflip` restores the pristine copy."""
+        t = self.a_all if rng.random() < 0.5 else self._b_stored(layout)
+        scramble_(t, mask=self._mask_window(t.shape[1], rng, gen))  # one row of mask for every set
+        self._dirty |= {0, 1 if layout == "TN" else 2}
+        self.coherent = {}  # either operand scrambled: no hidden cancellation is left whole
+
+    def _run_of_sets(self, rng: random.Random) -> tuple[int, int]:
+        """A random run of sets (a view in place): one set, or up to an eighth of a big rotation."""
+        count = rng.randint(1, max(1, self.n_sets // 8))
+        lo = rng.randrange(self.n_sets - count + 1)
+        return lo, lo + count
+
+    def embed(self, gen: torch.Generator, rng: random.Random, shape: Shape) -> tuple[list[int], torch.Tensor]:
+        """Hide the cancellation test (:func:`evaluators.correctness.embed_cancellation`) in a
+        random run of sets, in place; (those sets, the rows of A that carry it, on the device:
+        no synchronisation between timed replays)."""
+        m, n, k = shape.m, shape.n, shape.k
+        lo, hi = self._run_of_sets(rng)
+        a3 = self.a_all[lo:hi, :m * k].view(hi - lo, m, k)
+        b_kn = (self.bnk_all[lo:hi, :n * k].view(hi - lo, n, k).transpose(1, 2) if shape.layout == "TN"
+                else self.bkn_all[lo:hi, :k * n].view(hi - lo, k, n))
+        rows = embed_cancellation(a3, b_kn, gen)
+        self._dirty |= {0, 1 if shape.layout == "TN" else 2}
+        self.coherent.update({i: rows for i in range(lo, hi)})
+        return list(range(lo, hi)), rows
+
+    def poison_outputs(self, gen: torch.Generator, rng: random.Random, shape: Shape) -> None:
+        """Poison the candidate's C of a random run of sets as a checked call's C is
+        (:func:`evaluators.correctness.poison_`, NaN or finite)."""
+        lo, hi = self._run_of_sets(rng)
+        poison_(self.cc_all[lo:hi, :shape.m * shape.n], POISONS[rng.randrange(len(POISONS))], gen, shape.k)
 
     def unflip(self) -> None:
-        """Undo every pending :meth:`flip` and :meth:`flip_rows`: the inputs are bit-identical to
-        the pristine copy again (sign changes commute and undo themselves)."""
+        """Undo every pending :meth:`flip`, :meth:`scramble` and :meth:`embed`: the inputs are
+        bit-identical to the pristine copy again (sign flips undo themselves; the rest is copied back)."""
         for p in self._flipped:
             self.a_all[:, p].neg_()
         self._flipped.clear()
-        for pos in self._row_flips:
-            self.a_all[:, pos] = self.a_all[:, pos].neg()
-        self._row_flips.clear()
+        for i in sorted(self._dirty):  # only what the perturbation touched: a stray change elsewhere stays visible
+            self._inputs[i].copy_(self._pristine[i])
+        self._dirty, self.coherent = set(), {}
 
     def intact(self) -> bool:
         """Bit-exact comparison of the inputs with their pristine copy (after :meth:`unflip`), and
@@ -160,9 +344,10 @@ class TimingBuffers:
         or by a far store (the other cached rotations are the harness's other large live
         buffers, so they double as canaries). Every comparison is queued first and read in one
         synchronisation."""
-        if self._flipped or self._row_flips:
+        if self._flipped or self._dirty:
             return False
         changed = [(t != q).any() for t, q in zip(self._inputs, self._pristine)] + [g.guards_changed() for g in self._guards]
+        changed += [(x != y).any() for x, y in zip(_checksums(self._pristine), self._pristine_sums)]
         return not any(torch.stack(changed).tolist())
 
     def base_reference(self) -> Optional[RotationReference]:
@@ -178,6 +363,17 @@ class TimingBuffers:
             self._reference = RotationReference(self._pristine[0].view(torch.float16).view(sets, m, k),
                                                 self._pristine[1].view(torch.float16).view(sets, n, k))
         return self._reference
+
+
+def _checksums(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Two sums per int16 tensor (of its values and of its bytes), without temporaries: the
+    pristine copies are restored into the rotation after every timing, so a stray store into
+    them must not pass unseen."""
+    return torch.stack([s for t in tensors for s in (t.sum(dtype=torch.int64), t.view(torch.uint8).sum(dtype=torch.int64))])
+
+
+#: Room in the scramble mask beyond one set's row: the number of different windows.
+MASK_SLACK = 1 << 20
 
 
 #: Most bytes a rotation's cached reference (:meth:`TimingBuffers.base_reference`) may take.

@@ -96,7 +96,8 @@ class DeviceTiming:
 def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming(), rng: random.Random,
                  graph_cache: Optional[dict] = None, perturb: Optional[Callable[[], None]] = None,
                  keep: Optional[dict] = None, clock: Optional[Callable[[], Optional[int]]] = None,
-                 stream: Optional[torch.cuda.Stream] = None) -> dict[str, TimerStats]:
+                 stream: Optional[torch.cuda.Stream] = None,
+                 on_replay: Optional[Callable[[str], None]] = None) -> dict[str, TimerStats]:
     """CUDA-graph replays of back-to-back calls, interleaved across arms (see module docstring).
 
     After ``settings.warmup_s`` of untimed replays of all arms, each round replays every arm
@@ -128,7 +129,11 @@ def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming()
     least once after it (its upload) before the first sample.
 
     ``stream``: where graphs are captured (a loader may launch only on streams it made); by
-    default a new one."""
+    default a new one.
+
+    ``on_replay(name)``: called before each sampled replay of the arm ``name``, before
+    ``perturb`` and outside the timed events (the harness keeps the outputs of random timed
+    replays there, to check them after the loop)."""
     touch = perturb or (lambda: None)
     graphs, warm_t0, queued, replay_s, capture_s = _graphs(arms, settings, graph_cache, perturb, stream)
     for arm in arms:
@@ -152,7 +157,7 @@ def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming()
               if clock is not None and settings.settle_s > 0 else ())
     warmed_s = time.perf_counter() - warm_t0
     rounds = sample_rounds(settings, replay_s)
-    events, host = _sample(arms, graphs, rounds, settings.replays_per_round, rng, touch)
+    events, host = _sample(arms, graphs, rounds, settings.replays_per_round, rng, touch, on_replay)
     out = {}
     for arm in arms:
         reps = graphs[arm.name][1]
@@ -230,10 +235,13 @@ def _graphs(arms: Sequence[Arm], settings: DeviceTiming, graph_cache: Optional[d
 
 
 def _sample(arms: Sequence[Arm], graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]], rounds: int,
-            replays_per_round: int, rng: random.Random, touch: Callable[[], None]
+            replays_per_round: int, rng: random.Random, touch: Callable[[], None],
+            on_replay: Optional[Callable[[str], None]] = None
             ) -> tuple[dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]], dict[str, list[float]]]:
     """The timed rounds, arms in a fresh random order each: per arm, its event pairs (one per
-    replay) and its host-synchronised seconds per call (one per round)."""
+    replay) and its host-synchronised seconds per call (one per round). ``on_replay(name)`` runs
+    before every replay's ``touch`` (see :func:`device_timer`)."""
+    note = on_replay or (lambda name: None)
     events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {a.name: [] for a in arms}
     host: dict[str, list[float]] = {a.name: [] for a in arms}
     for _ in range(rounds):
@@ -243,11 +251,13 @@ def _sample(arms: Sequence[Arm], graphs: dict[str, tuple[torch.cuda.CUDAGraph, i
             g, reps = graphs[arm.name]
             for _ in range(replays_per_round):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                note(arm.name)
                 touch()
                 start.record()
                 g.replay()
                 end.record()
                 events[arm.name].append((start, end))
+            note(arm.name)
             touch()
             torch.cuda.synchronize()  # one host-synchronised replay per round: side streams show here
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -15,10 +15,10 @@ import torch
 
 from populations import Shape, Status
 
-from ..correctness import CheckFailed, Guarded, recheck_sets, workspace_fill
+from ..correctness import CheckFailed, recheck_sets, workspace_fill
 from .._provenance import sm_clock_mhz
 from ._gates import DEFAULT_CEILINGS, _baseline, _speedup, host_timers_wanted, memo_flag, memo_wanted, physical_floor
-from ._rotation import ROTATION_GUARD_BYTES, TimingBuffers, _check_timed, _perturber
+from ._rotation import InputsModified, TimedSamples, TimingBuffers, WorkspaceRows, _check_timed, _perturber
 from ._timers import Arm, DeviceTiming, device_timer, host_timer
 
 TIMERS = ("device", "offline", "server")
@@ -83,7 +83,7 @@ class TimingPhase:
             self._run_timers(run)
         finally:
             run.tb.unflip()
-        if not run.tb.intact():
+        if run.modified or not run.tb.intact():
             return self._inputs_modified(run.tb, res, "during timing")
         run.clock("intact")
         _record_timers(run.stats, res)
@@ -105,10 +105,8 @@ class TimingPhase:
         clock = _PhaseClock(res.setdefault("phases", {}))
         tb = self._buffers(shape, ws)
         n_sets, a, b_nk, b_kn, cb = tb.n_sets, tb.a, tb.b_nk, tb.b_kn, tb.cb
-        w_guard = Guarded(n_sets, max(ws, 1) + 255 >> 8 << 8, self.device, gen, torch.uint8,
-                          guard_bytes=ROTATION_GUARD_BYTES, alloc=self._allocator().bytes)
-        w_all = w_guard.data
-        w_all.fill_(0 if zero_ws else workspace_fill(rng))
+        w_rows = WorkspaceRows(n_sets, ws, self.device, gen, 0 if zero_ws else workspace_fill(rng), self._allocator().bytes)
+        w_all = w_rows.rows
         ptrs = tb.pointers(shape.layout, w_all)
         tb.cc_all.fill_(float("nan"))
 
@@ -119,8 +117,10 @@ class TimingPhase:
                 Arm("torch.matmul TN", lambda i: torch.matmul(a[i], b_nk[i].t(), out=cb[i]), n_sets, cacheable=True)]
         wanted = [t for t in (job.get("timers") or TIMERS) if t in TIMERS]
         clock("setup")
-        perturb = _perturber(tb, shape, w_all if ws and not zero_ws else None, rng)
-        return _Run(shape, job, rng, gen, res, clock, tb, w_guard, candidate, arms, wanted, perturb)
+        refill = None if ws and zero_ws else w_all  # a zeroed workspace is zeroed by the call itself
+        perturb = _perturber(tb, shape, refill, rng)
+        host_perturb = _perturber(tb, shape, refill, rng, poison=False)  # host timers call single sets
+        return _Run(shape, job, rng, gen, res, clock, tb, w_rows, candidate, arms, wanted, perturb, host_perturb)
 
     def _run_timers(self, run: "_Run") -> None:
         """The device timer, then (where the gate lets them) the offline and server timers."""
@@ -131,13 +131,19 @@ class TimingPhase:
             settle_min = float(job.get("settle_min_s", SETTLE_MIN_S)) if idle else 0.0
             settings = DeviceTiming(settle_s=settle, settle_min_s=settle_min, prewarm=bool(job.get("prewarm", True)),
                                     **_rounds(job))
+            samples = TimedSamples(run.tb, run.shape, random.Random(rng.getrandbits(62)))
             run.stats["device"] = device_timer(run.arms, settings=settings, rng=rng, graph_cache=run.tb.graphs,
                                                perturb=run.perturb, keep=run.kept, clock=sm_clock_mhz,
-                                               stream=self.capture_stream)
+                                               stream=self.capture_stream, on_replay=samples.note)
+            samples.flush()
             self._last_busy = time.perf_counter()
             run.clock("device")
             try:
+                samples.check("timed replays")  # random replays of the timing loop itself
                 _check_timed(run.kept["candidate"][0], run.perturb, run.tb, run.shape, "timed replays", self._sync, rng)
+            except InputsModified:
+                run.modified = True
+                return
             except CheckFailed as exc:
                 res["flags"].append(str(exc))
             run.clock("timed_check")
@@ -155,11 +161,11 @@ class TimingPhase:
                 wanted = [t for t in wanted if t == "device"]
         calls = int(job.get("host_calls", 20))
         if "offline" in wanted:
-            run.stats["offline"] = host_timer(run.arms, calls=calls, rng=rng, perturb=run.perturb)
+            run.stats["offline"] = host_timer(run.arms, calls=calls, rng=rng, perturb=run.host_perturb)
             run.clock("offline")
         if "server" in wanted:
             run.stats["server"] = host_timer(run.arms, calls=calls, qps=float(job.get("qps", 2000.0)), rng=rng,
-                                             perturb=run.perturb)
+                                             perturb=run.host_perturb)
             res.setdefault("notes", {})["server_gaps_s"] = sum(st.idle_s for st in run.stats["server"].values())
             run.clock("server")
         self._sync()
@@ -212,8 +218,8 @@ class TimingPhase:
         run.kept.clear()
         if not tb.intact():
             return self._inputs_modified(tb, res, "during the calls after timing")
-        if not run.w_guard.guards_intact():
-            res["flags"].append("wrote outside its buffers during timing: a workspace canary changed")
+        if not run.w_rows.intact():
+            res["flags"].append("wrote outside its buffers during timing: a canary around a set's workspace row changed")
         if not self._timing_intact(keep=tb):
             res["flags"].append("wrote outside its buffers during timing: another cached rotation's inputs changed")
         run.clock("intact")
@@ -235,14 +241,14 @@ class TimingPhase:
         for _ in range(rotations - 1):
             tb = TimingBuffers(shape, ws, self.l2, self.device, self._allocator().bytes)
             held.append(tb)
-            w = torch.empty(tb.n_sets, max(ws, 1) + 255 >> 8 << 8, dtype=torch.uint8, device=self.device)
-            w.fill_(0 if zero_ws else workspace_fill(rng))
+            w_rows = WorkspaceRows(tb.n_sets, ws, self.device, gen, 0 if zero_ws else workspace_fill(rng))
+            w = w_rows.rows
             ptrs = tb.pointers(shape.layout, w)
             tb.cc_all.fill_(float("nan"))
             arms = [Arm("candidate", lambda i, p=ptrs, w=w: call(p[i], w[i] if ws else None), tb.n_sets),
                     Arm("torch.matmul NN", lambda i, t=tb: torch.matmul(t.a[i], t.b_kn[i], out=t.cb[i]), tb.n_sets),
                     Arm("torch.matmul TN", lambda i, t=tb: torch.matmul(t.a[i], t.b_nk[i].t(), out=t.cb[i]), tb.n_sets)]
-            perturb = _perturber(tb, shape, w if ws and not zero_ws else None, rng)
+            perturb = _perturber(tb, shape, None if ws and zero_ws else w, rng)
             kept: dict[str, Any] = {}
             try:
                 st = device_timer(arms, settings=DeviceTiming(**_rounds(job)), rng=rng, perturb=perturb, keep=kept,
@@ -251,6 +257,8 @@ class TimingPhase:
                              self._sync, rng)
             finally:
                 tb.unflip()
+            if not w_rows.intact():
+                raise CheckFailed("guard bands", f"rotation {len(runs) + 1}: a canary around a set's workspace row changed")
             left = int(torch.isnan(tb.cc_all[:, :shape.m * shape.n]).sum())
             if left:
                 raise CheckFailed("outputs after timing", f"rotation {len(runs) + 1}: {left} elements of the "
@@ -274,13 +282,15 @@ class _Run:
     res: dict[str, Any]
     clock: "_PhaseClock"
     tb: TimingBuffers
-    w_guard: Guarded
+    w_rows: WorkspaceRows  # every set's workspace row, canaries between them
     candidate: Callable[[int], None]  # the candidate's call on rotation set i
     arms: list[Arm]
     wanted: list[str]  # the timers the job asks for
     perturb: Callable[[], None]
+    host_perturb: Callable[[], None]  # the same without poisoning C: host timers call single sets
     stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     kept: dict[str, Any] = field(default_factory=dict)  # the candidate's one-rotation graph, replayed again
+    modified: bool = False  # a timed replay changed its inputs (seen around the checked replay)
 
 
 def _record_timers(stats: Mapping[str, Mapping[str, Any]], res: dict[str, Any]) -> None:

@@ -1,0 +1,113 @@
+"""Inputs that checked and timed calls share, so that a kernel cannot tell one from the other.
+
+- :func:`scramble_`: XOR every fp16 of a tensor with random bits in :data:`SCRAMBLE_MASK` (the
+  sign, the two lowest exponent bits and the mantissa). Dense and unstructured: every element
+  changes by an amount (sign, magnitude within a factor of 4, digits) that only a full product
+  can account for, so no output kept from an earlier call can be updated cheaply. Bounded:
+  values below 1 in magnitude stay below 2 (the exponent's high bits never change), and an XOR
+  is its own inverse. The checked calls' random inputs are drawn the same way
+  (:func:`draw_random`), the timed calls' perturbation applies it to the rotation between
+  replays (``evaluators.run._rotation``).
+- :func:`embed_cancellation`: an exact cancellation test hidden in such data. For a random
+  subset of rows of A, the first half of k carries sign-coherent products (``sign(a_ik b_kj) =
+  s_i u_j``) and every one of those k has a partner in the second half whose B row is the same
+  and whose A element is the negation: those rows of C are exactly 0 while the partial sums
+  reach about half of ``sum_k |a_ik b_kj|``. Magnitudes stay those of :func:`draw_random` (no
+  value above 2, nothing integral), positions are drawn per call. An fp16 partial, a
+  reduced-precision path or a low-precision accumulator off that path loses the
+  cancellation; the exact tolerance sees it.
+- :func:`poison_`: what C holds before a checked call, drawn per call: NaN, or finite values of
+  an output's size (as a timed call's C holds the previous replay's outputs), so a kernel cannot
+  tell a checked call by its poison; timed replays get the same poison on random sets.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+__all__ = ["SCRAMBLE_MASK", "scramble_", "scramble_mask", "draw_random", "embed_cancellation", "POISONS", "poison_"]
+
+#: Bits of an fp16 that :func:`scramble_` draws: sign (15), the two lowest exponent bits (10, 11)
+#: and the mantissa (0..9). A value below 1 in magnitude has exponent field <= 14, whose high
+#: bits (12..14) stay: it stays below 2 and never becomes inf or NaN.
+SCRAMBLE_MASK = 0x8FFF
+
+
+def scramble_mask(numel: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """``numel`` random int16 words restricted to :data:`SCRAMBLE_MASK` (the rotation keeps one
+    such buffer and XORs windows of it at random offsets: one elementwise kernel per operand)."""
+    words = torch.randint(-(1 << 15), 1 << 15, (numel,), dtype=torch.int16, generator=gen, device=device)
+    return words.bitwise_and_(_signed16(SCRAMBLE_MASK))
+
+
+def _signed16(v: int) -> int:
+    return v - (1 << 16) if v >= 1 << 15 else v
+
+
+def scramble_(t: torch.Tensor, gen: Optional[torch.Generator] = None, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """XOR every element of fp16 ``t`` (contiguous) with ``mask`` (int16 words of
+    :data:`SCRAMBLE_MASK` bits: as many as ``t`` has, or as its last dimension has, the same
+    for every row), or with fresh ones from ``gen``; in place."""
+    bits = t.view(torch.int16)
+    if mask is None:
+        mask = scramble_mask(t.numel(), gen, t.device)
+    return bits.bitwise_xor_(mask.view(bits.shape) if mask.numel() == bits.numel() else mask).view(torch.float16)
+
+
+def draw_random(rows: int, cols: int, gen: torch.Generator, device: torch.device, lo: float = -1.0,
+                hi: float = 1.0) -> torch.Tensor:
+    """A checked call's random operand: uniform in (``lo``, ``hi``), then :func:`scramble_`d, so it
+    has the distribution of a timed call's inputs (the rotation is uniform in (-1, 1), scrambled
+    before every replay)."""
+    t = torch.empty(rows, cols, dtype=torch.float16, device=device).uniform_(lo, hi, generator=gen)
+    return scramble_(t, gen)
+
+
+def _signs(n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    return (torch.randint(0, 2, (n,), generator=gen, device=device) * 2 - 1).half()
+
+
+def embed_cancellation(a: torch.Tensor, b_kn: torch.Tensor, gen: torch.Generator,
+                       rows: Optional[int] = None) -> torch.Tensor:
+    """Hide the cancellation test (module docstring) in ``a`` (..., M, K) and ``b_kn`` (..., K, N),
+    in place (leading dimensions: rotation sets, all given the same positions); returns the rows
+    of A that carry it (their outputs are exactly 0 up to an odd K's last term). ``rows``: how
+    many (default a quarter of M, at least 1). Nothing for K < 2."""
+    m, k = a.shape[-2], a.shape[-1]
+    n = b_kn.shape[-1]
+    dev = a.device
+    h = k // 2
+    if h < 1:
+        return torch.empty(0, dtype=torch.long, device=dev)
+    first = torch.arange(h, device=dev)
+    partner = h + torch.randperm(h, generator=gen, device=dev)
+    t, u = _signs(h, gen, dev), _signs(n, gen, dev)
+    coherent = b_kn[..., first, :].abs() * t[:, None] * u[None, :]
+    b_kn[..., first, :] = coherent
+    b_kn[..., partner, :] = coherent
+    picked = torch.randperm(m, generator=gen, device=dev)[: max(1, m // 4) if rows is None else max(1, min(rows, m))]
+    s = _signs(len(picked), gen, dev)
+    lead = a[..., picked, :h].abs() * s[:, None] * t[None, :]
+    a[..., picked, :h] = lead
+    a[..., picked[:, None], partner[None, :]] = -lead
+    return picked
+
+
+#: What C is poisoned with before a call: NaN (a kernel that leaves an element unwritten leaves
+#: NaN), or finite values of an output's size (what a timed call's C holds: the last outputs).
+POISONS = ("nan", "finite")
+
+
+def poison_(c: torch.Tensor, kind: str, gen: torch.Generator, k: int) -> None:
+    """Fill ``c`` with the poison ``kind`` (one of :data:`POISONS`): finite values are uniform
+    within the typical output magnitude of scrambled inputs at ``k`` (about sqrt(K)/2), never an
+    element's right value but for a negligible chance, so an unwritten C fails the value check
+    instead of the NaN one."""
+    if kind == "nan":
+        c.fill_(float("nan"))
+    elif kind == "finite":
+        scale = max(1.0, 0.5 * k ** 0.5)
+        c.uniform_(-scale, scale, generator=gen)
+    else:
+        raise ValueError(f"unknown poison {kind!r}")

@@ -21,6 +21,8 @@ import struct
 import zlib
 from typing import NamedTuple, Optional
 
+from ._frames import FRAME_SIZE, Entry, atomic_write
+
 __all__ = ["INDEX_SUFFIX", "IndexInfo", "load_index", "orphans", "read_index", "save_index"]
 
 INDEX_SUFFIX = ".idx"
@@ -38,8 +40,6 @@ def _tail_crc(fd: int, covered: int, header: int) -> int:
 
 def save_index(path: str, fd: int, entries: list, covered: int, header: int) -> None:
     """Write ``path``'s index for ``entries`` (populations._log.Entry, all before ``covered``)."""
-    from ._log import FRAME_SIZE, atomic_write
-
     keys = [e.key.encode() for e in entries]
     rows = b"".join(_ROW.pack(e.offset, e.size, e.kind, len(k)) for e, k in zip(entries, keys))
     blob = b"".join(keys)
@@ -90,8 +90,6 @@ def orphans(directory: str, log_suffix: str) -> list[str]:
 def read_index(path: str) -> Optional[IndexInfo]:
     """``path``'s index when the index file itself is whole (its checksum and sizes agree), whether
     or not it still describes the log; None when there is none or it is damaged."""
-    from ._log import FRAME_SIZE, Entry
-
     try:
         with open(path + INDEX_SUFFIX, "rb") as fh:
             data = fh.read(64 << 20)

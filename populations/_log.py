@@ -40,45 +40,22 @@ import struct
 import warnings
 import zlib
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple, Optional
+from typing import Iterable, Optional
 
+from ._frames import (_FILE_HEADER, _FRAME, FILE_MAGIC, FILE_VERSION, FRAME_MAGIC, FRAME_SIZE, HEADER_SIZE,  # noqa: F401
+                      KIND_CANDIDATE, KIND_EVALUATION, KIND_OTHER, MAX_PAYLOAD, Entry, _write_all,
+                      atomic_write)  # re-exported: the log's format is its public face
 from ._index import IndexInfo, load_index, read_index, save_index
 
 __all__ = ["LogError", "Entry", "RecordLog", "rewrite", "atomic_write", "KIND_OTHER", "KIND_CANDIDATE", "KIND_EVALUATION"]
 
 log = logging.getLogger(__name__)
 
-FILE_MAGIC = b"EVOLOG"
-#: v2: candidate keys may carry a summary after the id (populations._archive.CandidateInfo), which
-#: an evo that reads v1 would take for part of the id, so it must refuse the file instead.
-FILE_VERSION = 2
-_FILE_HEADER = struct.Struct("<6sH")
-FRAME_MAGIC = b"\xe5voR"
-_FRAME = struct.Struct("<4sIIBBH")
-HEADER_SIZE = _FILE_HEADER.size
-FRAME_SIZE = _FRAME.size
-#: Largest payload accepted: far above any real record (a few KB), far below the u32 limit.
-MAX_PAYLOAD = 64 << 20
-KIND_OTHER, KIND_CANDIDATE, KIND_EVALUATION = 0, 1, 2
 _CHUNK = 8 << 20
 
 
 class LogError(OSError):
     """A file that is not a record log, or a log that cannot be written."""
-
-
-class Entry(NamedTuple):
-    """Where one record sits: its frame's offset, kind, key and payload position."""
-
-    offset: int
-    kind: int
-    key: str
-    data_offset: int
-    size: int
-
-    @property
-    def end(self) -> int:
-        return self.data_offset + self.size
 
 
 def frame(kind: int, key: str, payload: bytes) -> bytes:
@@ -212,43 +189,6 @@ def _frames_in(fd: int, lo: int, hi: int) -> int:
 
 def _index_says(index: Optional[IndexInfo]) -> str:
     return f"; {index.lost()}" if index else ""
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def atomic_write(path: str, chunks: Iterable[bytes]) -> None:
-    """Replace (or create) ``path`` with ``chunks`` so that a crash leaves the old file or the new
-    one, never a mix: write beside it, fsync, rename over it, fsync the directory."""
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        batch: list[bytes] = []
-        for data in chunks:
-            batch.append(data)
-            if len(batch) >= 256:
-                _write_all(fd, b"".join(batch))
-                batch.clear()
-        _write_all(fd, b"".join(batch))
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
 
 
 def rewrite(path: str, frames: Iterable[bytes]) -> None:

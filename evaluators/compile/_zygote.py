@@ -31,6 +31,11 @@ import threading
 import time
 from typing import Any
 
+try:
+    from ._outcome import classify, timeout_outcome
+except ImportError:  # run as the fork server's script: this folder is sys.path[0]
+    from _outcome import classify, timeout_outcome  # type: ignore[no-redef]
+
 __all__ = ["Zygote", "ZygoteUnavailable", "zygote_for"]
 
 _HEADER = struct.Struct(">Q")
@@ -100,8 +105,6 @@ class Zygote:
             raise ZygoteUnavailable(f"the compile fork server is gone: {exc}") from None
 
     def compile(self, request: dict, timeout_s: float):  # -> ChildOutcome
-        from ._isolate import classify, timeout_outcome
-
         rid = next(self._ids)
         q: queue.Queue = queue.Queue()
         self._pending[rid] = q

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
-from ._models import ModelSpec
+from ._spec import ModelSpec
 
 __all__ = ["check_spec", "check_device", "check_url", "probe_server"]
 

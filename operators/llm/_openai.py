@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ._base import Choices, Completion, Gate, LLMBackend
-from ._models import ModelSpec
+from ._spec import ModelSpec
 
 __all__ = ["OpenAIBackend"]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ._base import Choices, Completion, Gate, LLMBackend
-from ._models import ModelSpec
+from ._spec import ModelSpec
 from ._transformers import GGUF_MODELS
 
 __all__ = ["VLLMBackend", "MAX_LORA_RANK"]

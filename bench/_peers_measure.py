@@ -173,7 +173,9 @@ def measure(shape: Shape, kernel: Optional[EvolvedKernel], why_none: str, opts: 
                 row["triton_note"] = f"failed the check: {res[3]}"
     flip = {"p": rng.randrange(shape.m * shape.k)}
 
-    def perturb() -> None:  # as the evaluator: a different element of every set's A changes sign
+    # one element of every set's A changes sign between replays (a cheap stand-in: since issue 36
+    # the evaluator scrambles every element of A or B, evaluators/run/_rotation.py)
+    def perturb() -> None:
         flip["p"] = (flip["p"] + 7919) % (shape.m * shape.k)
         tb.flip(flip["p"])
     try:

@@ -7,8 +7,9 @@ knobs and the shape (:func:`synthetic_fitness`: a smooth bowl around a per-shape
 selection pressure and convergence are observable), and a fixed share of candidates, chosen by
 their id, fail as compile errors, incorrect results, worker crashes or a failed future.
 
-Used by the command line only through the test-only ``evo run --pool fake_pool:FakeEvaluatorPool``
-(with this folder on PYTHONPATH); its behaviour there comes from ``EVO_FAKE_*`` variables.
+The command line never names it: tests hand it to the library core, ``evo.cli.main(argv,
+pool_factory=FakeEvaluatorPool)`` (``tests/test_cli.py``'s ``evo()``); its behaviour there can be
+tuned with ``EVO_FAKE_*`` variables.
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from ._optuna import FLOOR_SPEEDUP, PENALTY, OptunaOperator, objective
 from ._random import RandomKnobs
 from ._ranked import RankedOperator
 from ._tabular import TabularCostModel, features
+from ._thompson import ThompsonRates
 from ._registry import OperatorSpec, available_operators, get_operator, register_operator, registered_operators
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "get_cost_model", "load_cost_model", "register_cost_model",
     "FLOOR_SPEEDUP", "PENALTY", "objective",
     "OperatorSpec", "available_operators", "get_operator", "register_operator", "registered_operators",
+    "ThompsonRates",
 ]

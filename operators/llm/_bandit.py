@@ -14,11 +14,14 @@ import threading
 from collections import Counter
 from typing import Mapping, Sequence
 
+from .._thompson import ThompsonRates
+
 __all__ = ["ModelBandit"]
 
 
 class ModelBandit:
-    """Thompson sampling over model names (see the module docstring)."""
+    """Thompson sampling over model names (see the module docstring), on the shared core
+    :class:`operators.ThompsonRates`: reward = improvements, cost = price x tokens / 1000."""
 
     def __init__(self, arms: Sequence[str], prices: Mapping[str, float] | None = None, *, alpha: float = 1.0,
                  beta: float = 1.0) -> None:
@@ -32,33 +35,33 @@ class ModelBandit:
         self.tokens: Counter = Counter()
         self.calls: Counter = Counter()
         self.improvements: Counter = Counter()
+        self._rates = ThompsonRates(alpha, beta)
         self._lock = threading.Lock()
 
     def choose(self, rng: random.Random) -> str:
         """One arm, drawn by Thompson sampling (a single arm is always chosen without a draw)."""
         if len(self.arms) == 1:
             return self.arms[0]
-        with self._lock:
-            draws = {a: rng.gammavariate(self.alpha + self.improvements[a],
-                                         1.0 / (self.beta + self.prices[a] * self.tokens[a] / 1000.0))
-                     for a in self.arms}
+        draws = self._rates.draws(self.arms, rng)
         return max(self.arms, key=lambda a: draws[a])
 
     def spend(self, arm: str, tokens: int) -> None:
         """Count one call of ``arm`` and the tokens it used (successful or not)."""
+        tokens = max(0, int(tokens))
         with self._lock:
             self.calls[arm] += 1
-            self.tokens[arm] += max(0, int(tokens))
+            self.tokens[arm] += tokens
+        self._rates.add(arm, cost=self.prices.get(arm, 1.0) * tokens / 1000.0)
 
     def reward(self, arm: str, improvements: int = 1) -> None:
         """Count a child of ``arm`` that improved on its parent."""
         with self._lock:
             self.improvements[arm] += improvements
+        self._rates.add(arm, reward=improvements)
 
     def rate(self, arm: str) -> float:
         """Posterior mean improvements per 1,000 tokens."""
-        with self._lock:
-            return (self.alpha + self.improvements[arm]) / (self.beta + self.prices[arm] * self.tokens[arm] / 1000.0)
+        return self._rates.mean(arm)
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per arm: calls, tokens, improvements and the posterior mean rate (for events and reports)."""

@@ -9,7 +9,8 @@ CPU). Its *gain* is the sum over its children of ``max(0, log(child speedup / pa
 at the shape: the improvement over the parent in GPU time, zero for an invalid or slower child
 (a proposal without parents, e.g. an Optuna sample, is compared with the shape's best before it).
 
-Allocation is Thompson sampling on a Gamma-Poisson model of gain per GPU-second: gain counted in
+Allocation is Thompson sampling on a Gamma-Poisson model of gain per GPU-second
+(:class:`operators.ThompsonRates`, the core the LLM's model bandit uses too): gain counted in
 units of ``unit`` (1% of log speedup), an arm's posterior is Gamma(``prior_gain`` + gain/unit,
 ``prior_cost_s`` + cost). Each step draws one rate per arm and orders the operators by it; with
 probability ``explore`` the order is uniform instead, so a weak arm keeps being looked at (the
@@ -23,6 +24,8 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
+
+from operators import ThompsonRates
 
 __all__ = ["BanditConfig", "OperatorBandit", "OperatorChooser", "child_gain"]
 
@@ -66,6 +69,8 @@ class OperatorBandit:
         self.llm_s: Counter = Counter()        # arm -> of which the model's own GPU seconds
         self.children: Counter = Counter()     # arm -> evaluated children
         self.gainers: Counter = Counter()      # arm -> children with a positive gain
+        # the posterior: reward = gain in units, cost = GPU seconds (the core the model bandit shares)
+        self.rates = ThompsonRates(self.config.prior_gain, self.config.prior_cost_s)
 
     def reward(self, name: str, improved: bool) -> None:
         """Count a child and whether it made a new best of its shape (as OperatorChooser does)."""
@@ -87,6 +92,7 @@ class OperatorBandit:
         arm = self.arm(name, version)
         self.cost_s[arm] += max(0.0, gpu_s)
         self.llm_s[arm] += max(0.0, gpu_s)
+        self.rates.add(arm, cost=gpu_s)
 
     def observe(self, name: str, gain: float, gpu_s: float, version: Optional[str] = None) -> None:
         """One evaluated child of ``name``: its gain over its parent and the GPU seconds it took
@@ -97,15 +103,14 @@ class OperatorBandit:
         self.gain[arm] += max(0.0, gain)
         self.gainers[arm] += gain > 0
         self.cost_s[arm] += max(0.0, gpu_s)
+        self.rates.add(arm, reward=max(0.0, gain) / self.config.unit, cost=gpu_s)
 
     def rate(self, name: str) -> float:
         """Posterior mean gain (log speedup) per GPU-second of ``name``'s current arm."""
-        c, arm = self.config, self.arm(name)
-        return (c.prior_gain + self.gain[arm] / c.unit) * c.unit / (c.prior_cost_s + self.cost_s[arm])
+        return self.rates.mean(self.arm(name)) * self.config.unit
 
     def draw(self, name: str, rng: random.Random) -> float:
-        c, arm = self.config, self.arm(name)
-        return rng.gammavariate(c.prior_gain + self.gain[arm] / c.unit, 1.0 / (c.prior_cost_s + self.cost_s[arm]))
+        return self.rates.draw(self.arm(name), rng)
 
     def weights(self) -> dict[str, float]:
         """Posterior mean rates, normalised (what the progress display and events show)."""
@@ -124,12 +129,10 @@ class OperatorBandit:
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per arm: children, gainers, gain, GPU seconds (model's own among them), posterior rate."""
-        c = self.config
         arms = sorted(set(self.cost_s) | set(self.children) | {self.arm(n) for n in self.base})
         return {a: {"children": self.children[a], "gainers": self.gainers[a], "gain": round(self.gain[a], 6),
                     "gpu_s": round(self.cost_s[a], 6), "llm_gpu_s": round(self.llm_s[a], 6),
-                    "rate_per_gpu_s": round((c.prior_gain + self.gain[a] / c.unit) * c.unit
-                                            / (c.prior_cost_s + self.cost_s[a]), 6)} for a in arms}
+                    "rate_per_gpu_s": round(self.rates.mean(a) * self.config.unit, 6)} for a in arms}
 
 
 class OperatorChooser:

@@ -59,7 +59,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _duration(text: str) -> float:
-    from evo._config import ConfigError, parse_duration
+    from evo.search._config import ConfigError, parse_duration
 
     try:
         return parse_duration(text, "--budget")
@@ -242,7 +242,7 @@ def evolve(run: Run, child: Callable[[list[str], float, Callable[[str], None]], 
 
 def print_archive(run: Run) -> None:
     """Per row: evaluations, the best elite's fitness and roofline fraction in the archive."""
-    from evo._calibration import evaluation_roofline, load_calibration
+    from evo.search._calibration import evaluation_roofline, load_calibration
     from populations import Archive, ArchiveError, Shape
 
     try:

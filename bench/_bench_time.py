@@ -90,7 +90,7 @@ def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optiona
     have = {r["shape"]: r for r in results.get("rows", [])}
     lib = None
     if (run.lib / "manifest.json").is_file():
-        from evo._export import load_library
+        from evo.export._export import load_library
 
         try:
             lib = load_library(run.lib)
@@ -109,7 +109,7 @@ def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optiona
         peer_note = f"peer unavailable: {type(exc).__name__}: {str(exc)[:160]}"
         run.log(peer_note)
     l2 = int(torch.cuda.get_device_properties(0).L2_cache_size)
-    from evo._calibration import load_calibration
+    from evo.search._calibration import load_calibration
 
     cal = load_calibration(run.archive)
     results["meta"] = {"gpu": f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}",

@@ -1,7 +1,7 @@
-"""The issue-26 benchmark's timer (GPU): the library's (``evo._export_timer``), plus the plain peer.
+"""The issue-26 benchmark's timer (GPU): the library's (``evo.export._export_timer``), plus the plain peer.
 
 The timer itself (rotating operand sets > 2x L2, CUDA-graph replay, interleaved rounds, medians)
-lives in ``evo/_export_timer.py`` because ``evo export --verify`` re-times candidates with it
+lives in ``evo/export/_export_timer.py`` because ``evo export --verify`` re-times candidates with it
 before it decides which path a shape takes; the benchmark then measures the library with the
 same timer that chose it, and the figures compare.
 
@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from evo._export_timer import REL_TOL, Sets, rel_error, time_arms
+from evo.export._export_timer import REL_TOL, Sets, rel_error, time_arms
 
 __all__ = ["Sets", "time_arms", "rel_error", "PeerRunner", "REL_TOL"]
 

@@ -44,7 +44,7 @@ class EvolvedKernel:
 
 
 def _manifest_entries(library: Path) -> dict[Shape, dict[str, Any]]:
-    from evo._export import ExportError, _read_manifest
+    from evo.export._export import ExportError, _read_manifest
 
     try:
         manifest = _read_manifest(library)
@@ -100,7 +100,7 @@ class Evolved:
     # -- before CUDA ---------------------------------------------------------------------------
     def prepare(self, shapes: list[Shape], jobs: Optional[int] = None) -> None:
         """Export (from an archive) or read the manifest (library); compile what the library lacks."""
-        from evo._export import ExportError, export
+        from evo.export._export import ExportError, export
 
         if self.library_path is None:
             assert self.archive_path is not None
@@ -117,7 +117,7 @@ class Evolved:
         else:
             manifest_archive = None
             try:
-                from evo._export import _read_manifest
+                from evo.export._export import _read_manifest
 
                 manifest_archive = _read_manifest(self.library_path).get("archive")
             except Exception:
@@ -165,7 +165,7 @@ class Evolved:
         shapes for the evaluator's path instead."""
         if self.library_path is None:
             return
-        from evo._export import load_library
+        from evo.export._export import load_library
 
         self.lib = load_library(self.library_path)
         if not self.lib.active:

@@ -107,7 +107,7 @@ class UtilSampler(threading.Thread):
 
 
 def elite_threshold(speedups: list[float], elites: int, margin: float = 0.95) -> float | None:
-    """The engine's rule (evo._engine.Engine._elite_threshold): the ``elites``-th best x margin."""
+    """The engine's rule (evo.search._engine.Engine._elite_threshold): the ``elites``-th best x margin."""
     if elites <= 0 or len(speedups) < elites:
         return None
     return sorted(speedups, reverse=True)[elites - 1] * margin

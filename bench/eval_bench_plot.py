@@ -1,7 +1,7 @@
 """Plot eval_bench results: throughput and NVML busy per shape, and repeatability per start.
 
-    python bench/eval_bench_plot.py --run "session 3=bench/figures/eval_bench_h200_2026-12-01.json" \
-        --run "gated=..." --out bench/figures/eval_bench_s4.png
+    python bench/eval_bench_plot.py --run "session 3=results/eval_bench_h200_2026-12-01.json" \
+        --run "gated=..." --out results/eval_bench_s4.png
 
 Left: candidates per minute per shape and run, each bar labelled with NVML's busy share over the
 evaluation phase (the dashed lines are the targets: 100/min, and 80% written on the bars).

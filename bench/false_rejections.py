@@ -48,7 +48,7 @@ CSV_DEFAULTS = tuple(f"{d}/shapes/llm_layers.csv" for d in _SHARED)
 def seed_jobs(csv: Path, per_template: int, arch: str, seed: int = 0) -> list[tuple[str, Candidate, dict]]:
     """(shape key, candidate, labels) for every seed of every template on the LLM-layer sample,
     round-robin over shapes."""
-    from evo._seeding import seed_population  # the engine's own seeding (not re-exported by evo)
+    from evo.search._seeding import seed_population  # the engine's own seeding (not re-exported by evo)
 
     rows = smp.sample(smp.candidate_pool(smp.read_rows(csv)))
     templates = list(load_templates().values())

@@ -17,7 +17,7 @@ it). A call on a new parent pays both: ``s_per_valid_edit_cold`` = (prefill_s + 
 valid edits per call. Tokens are the operator's count (the prompt once per call, whether cached
 or not, plus every row's completion tokens). On a GPU the model's GPU seconds are reported too.
 
-    PYTHONPATH=$PWD python bench/llm_batch_bench.py --calls 2 --out bench/figures/llm_batch_cpu.json
+    PYTHONPATH=$PWD python bench/llm_batch_bench.py --calls 2 --out results/llm_batch_cpu.json
 """
 from __future__ import annotations
 

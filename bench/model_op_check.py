@@ -6,7 +6,7 @@
 Steps, in one process: build and load ``torch.ops.evo_native`` (cached C++ build with the
 compiler here); with ``--archive``, export it over one library with ``keep_slower`` (every
 shape's best kernel, for timing the evolved path; the decision ``evo export`` would take by
-default, :func:`evo._export.choose_path`, is printed beside it); with ``--library``, take an
+default, :func:`evo.export._export.choose_path`, is printed beside it); with ``--library``, take an
 export as it is (its shapes are exactly those whose library path is an evolved kernel); then
 per shape
 
@@ -191,7 +191,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _library(args: argparse.Namespace) -> tuple[Any, dict[str, tuple[str, str]]]:
     """(the library to time, shape -> (path the default export takes, why))."""
-    from evo._export import _pick, choose_path, export, load_library
+    from evo.export._export import _pick, choose_path, export, load_library
     from populations import Archive
 
     if args.library is not None:

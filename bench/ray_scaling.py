@@ -249,10 +249,10 @@ def run_leg(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 def _run_leg(name: str, kind: str, gpus: int, args: argparse.Namespace, work: Path, nodes: Any) -> dict[str, Any]:
-    from evo._orchestrate import expand_operators, make_operators
-    from evo._config import merge
-    from evo._engine import Engine
-    from evo._progress import EVENTS_FILE, EventLog, Progress, read_events
+    from evo.cli._orchestrate import expand_operators, make_operators
+    from evo.search._config import merge
+    from evo.search._engine import Engine
+    from evo.search._progress import EVENTS_FILE, EventLog, Progress, read_events
 
     archive_dir, cache = work / name, str(work / f"{name}-cubins")
     few = len(args.shape_list) <= 8

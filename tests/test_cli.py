@@ -131,7 +131,7 @@ def test_inspect_summary_decodes_no_candidate(tmp_path: Path, monkeypatch: pytes
     real = archive_mod.decode
     monkeypatch.setattr(archive_mod, "decode", lambda data: calls.append(data) or real(data))
     with Archive(tmp_path / "a") as a:
-        from evo._cmd_inspect import build_report
+        from evo.cli._cmd_inspect import build_report
 
         report, _ = build_report(a, None, 1)
     assert report["shapes"][0]["adapters"][0]["adapter"] == "v1"
@@ -232,7 +232,7 @@ def test_flags_are_spelled_one_way() -> None:
 
 
 def test_gpus_and_arch_grammar() -> None:
-    from evo._cmd_args import UsageError, parse_gpus, resolve_arch
+    from evo.cli._cmd_args import UsageError, parse_gpus, resolve_arch
 
     assert parse_gpus(None) is None and parse_gpus("all") is None
     assert parse_gpus("0,1") == [0, 1] and parse_gpus("1") == [1] and parse_gpus("count:2") == 2
@@ -288,7 +288,7 @@ def test_inspect_width(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_inspect_uses_the_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
-    from evo._cmd_inspect import table_width
+    from evo.cli._cmd_inspect import table_width
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

@@ -356,7 +356,7 @@ _TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_c
 @settings(max_examples=150, deadline=None)
 @given(text=st.one_of(_TEXT, st.from_regex(r"(count:)?-?\d{0,3}(,\d{0,3}){0,3} ?", fullmatch=True)))
 def test_gpus_grammar(text: str) -> None:
-    from evo._cmd_args import UsageError, parse_gpus
+    from evo.cli._cmd_args import UsageError, parse_gpus
 
     try:
         got = parse_gpus(text)
@@ -370,7 +370,7 @@ def test_gpus_grammar(text: str) -> None:
 @settings(max_examples=150, deadline=None)
 @given(text=st.one_of(_TEXT, st.from_regex(r"(sm_?)?\d\.?\d[a]? ?", fullmatch=True)))
 def test_arch_grammar(text: str) -> None:
-    from evo._cmd_args import KNOWN_ARCHS, UsageError, resolve_arch
+    from evo.cli._cmd_args import KNOWN_ARCHS, UsageError, resolve_arch
 
     if text.lower() == "auto":
         return  # asks nvidia-smi

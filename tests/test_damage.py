@@ -247,8 +247,8 @@ def test_propose_takes_the_optuna_alias_and_shows_progress(tmp_path: Path, capsy
 
 
 def test_propose_refuses_a_group_alias_that_is_no_operator(monkeypatch: pytest.MonkeyPatch) -> None:
-    import evo._orchestrate as orch
-    from evo._cmd_propose import operator_name
+    import evo.cli._orchestrate as orch
+    from evo.cli._cmd_propose import operator_name
 
     monkeypatch.setitem(orch.ALIASES, "both_knobs", {"knob_mutation": 0.5, "knob_crossover": 0.5})
     with pytest.raises(KeyError, match="names a group"):

@@ -1,11 +1,11 @@
 """bench/decode_profile.py's CPU side: ncu's raw page joined to the launch order by kernel name
-(the 2026-12-03 H200 profile in bench/figures is the input)."""
+(the 2026-12-03 H200 profile in results is the input)."""
 import importlib.util
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FIG = ROOT / "bench" / "figures"
+FIG = ROOT / "results"
 
 
 def _module():

@@ -15,13 +15,13 @@ from typing import Any, Optional
 
 import pytest
 
-from evo._budget import Budget, Convergence
-from evo._orchestrate import expand_operators, make_operators
-from evo._config import merge
-from evo._engine import Engine, RunResult
-from evo._progress import EVENTS_FILE, EventLog, read_events
-from evo._selection import Population, feature_cell
-from evo._transfer import nearest_shapes, shape_distance, transfer_candidates
+from evo.search._budget import Budget, Convergence
+from evo.cli._orchestrate import expand_operators, make_operators
+from evo.search._config import merge
+from evo.search._engine import Engine, RunResult
+from evo.search._progress import EVENTS_FILE, EventLog, read_events
+from evo.search._selection import Population, feature_cell
+from evo.search._transfer import nearest_shapes, shape_distance, transfer_candidates
 from fake_pool import FakeEvaluatorPool, synthetic_fitness
 from populations import Evaluation, KernelStats, Shape, Status, TimerResult, load_templates
 from operators import Operator

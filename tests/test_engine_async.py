@@ -11,9 +11,9 @@ import threading
 import time
 from pathlib import Path
 
-from evo._config import merge
-from evo._engine import Engine
-from evo._progress import EVENTS_FILE, EventLog, read_events
+from evo.search._config import merge
+from evo.search._engine import Engine
+from evo.search._progress import EVENTS_FILE, EventLog, read_events
 from fake_pool import FakeEvaluatorPool
 from operators import Operator, get_operator
 from populations import Archive, Shape, load_templates

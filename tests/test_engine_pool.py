@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from evo._orchestrate import expand_operators, make_operators
-from evo._config import merge
-from evo._engine import Engine
-from evo._progress import EVENTS_FILE, EventLog, read_events
+from evo.cli._orchestrate import expand_operators, make_operators
+from evo.search._config import merge
+from evo.search._engine import Engine
+from evo.search._progress import EVENTS_FILE, EventLog, read_events
 from populations import Shape, Status, load_templates
 from populations import Archive
 

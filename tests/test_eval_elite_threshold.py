@@ -132,10 +132,10 @@ def test_a_per_shape_threshold_judges_each_claimed_shape_by_its_own_cutoff():
 def test_engine_sends_each_claimed_shapes_cutoff_for_a_multi_shape_candidate(tmp_path):
     """The threshold a multi-shape job carries is per shape: the cutoff of the proposing shape
     must not let the candidate skip the memo pass where it would be an elite of another one."""
-    from evo._config import merge
-    from evo._engine import Engine
-    from evo._orchestrate import expand_operators, make_operators
-    from evo._progress import EVENTS_FILE, EventLog
+    from evo.search._config import merge
+    from evo.search._engine import Engine
+    from evo.cli._orchestrate import expand_operators, make_operators
+    from evo.search._progress import EVENTS_FILE, EventLog
     from populations import Archive, load_templates
 
     small, big, other = Shape.parse("64x128x64"), Shape.parse("128x256x64"), Shape.parse("256x256x256")
@@ -164,7 +164,7 @@ def test_plain_allocations_are_warned_once_by_the_engine_and_by_evo_eval(tmp_pat
     import dataclasses
 
     from evaluators import buffers_warning
-    from evo._progress import EVENTS_FILE, read_events
+    from evo.search._progress import EVENTS_FILE, read_events
 
     assert buffers_warning({}) is None and buffers_warning({"buffers": {"allocator": "vmm"}}) is None
     assert "plain allocations (torch)" in buffers_warning({"buffers": {"allocator": "torch"}})

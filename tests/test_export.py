@@ -20,7 +20,7 @@ import pytest
 import evo
 from archive_fixture import S_F16, S_FAIL, S_MMA, S_NN, S_TINY, S_WGMMA, build
 from archive_fixture import ok as ok_eval
-from evo._export import LIBRARY, MANIFEST_FORMAT, ExportError, export, load_library
+from evo.export._export import LIBRARY, MANIFEST_FORMAT, ExportError, export, load_library
 from evo.cli import main
 from populations import Archive, Candidate, Shape, load_templates
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from evo._export import _FLAGS, NVCC
-from evo._export_source import PRELUDE, launcher
+from evo.export._export import _FLAGS, NVCC
+from evo.export._export_source import PRELUDE, launcher
 from populations import LaunchPlan, Shape, load_templates
 
 SHAPE = Shape.parse("128x8192x2048")

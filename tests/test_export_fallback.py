@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from archive_fixture import first_pick, ok
-from evo._export import LIBRARY, choose_path, export
+from evo.export._export import LIBRARY, choose_path, export
 from evo.cli import main
 from populations import Archive, Elite, Evaluation, Shape, Status
 

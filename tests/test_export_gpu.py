@@ -22,7 +22,7 @@ import pytest
 
 import evo
 from archive_fixture import build, ok
-from evo._export import LIBRARY, export, load_library
+from evo.export._export import LIBRARY, export, load_library
 from populations import Archive, Candidate, Shape, load_templates
 
 NVCC = Path("/usr/local/cuda/bin/nvcc")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from archive_fixture import ok as ok_eval
-from evo._export import LIBRARY, NVCC, export, load_library
-from evo._export_source import split_includes
+from evo.export._export import LIBRARY, NVCC, export, load_library
+from evo.export._export_source import split_includes
 from populations import Archive, Candidate, Shape, load_templates
 
 pytestmark = pytest.mark.skipif(not Path(NVCC).exists() and not shutil.which("nvcc"), reason="nvcc is not installed")

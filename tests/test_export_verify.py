@@ -1,6 +1,6 @@
 """``evo export --verify``: re-timing the top candidates beside cuBLAS before the export decision.
 
-CPU tests: the decision (:func:`evo._export_verify.decide`) on the cases that motivated it (an
+CPU tests: the decision (:func:`evo.export._export_verify.decide`) on the cases that motivated it (an
 elite the archive timed faster that the re-timing finds 7% slower; a kernel faster than cuBLAS TN
 but not than NN), the margin's edge, wrong outputs, a failed re-timing; the child runner going
 on after a candidate crashes it (a stand-in child); ``--verify auto|on|off`` on a machine without
@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from archive_fixture import first_pick, ok
-from evo import _export_verify
-from evo._cmd_export import verify_plan
-from evo._export import LIBRARY, export
-from evo._export_verify import Verify, child_timer, decide
+from evo.export import _export_verify
+from evo.cli._cmd_export import verify_plan
+from evo.export._export import LIBRARY, export
+from evo.export._export_verify import Verify, child_timer, decide
 from evo.cli import main
 from populations import Archive, Shape
 
@@ -107,7 +107,7 @@ def test_a_failed_re_timing_leaves_the_shape_to_cublas() -> None:
 
 
 class CrashingChild:
-    """Stand-in for the ``python -m evo._export_timer`` child: dies on ``crash`` (a symbol) the
+    """Stand-in for the ``python -m evo.export._export_timer`` child: dies on ``crash`` (a symbol) the
     first time it tries it, the way a kernel that poisons the CUDA context kills the process."""
 
     def __init__(self, crash: str) -> None:
@@ -235,7 +235,7 @@ def test_export_builds_the_top_candidates_and_keeps_what_the_re_timing_keeps(tmp
 def test_cli_verify_on_without_a_gpu_is_bad_input_and_auto_records_why(tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str],
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("evo._cmd_export._gpu_arch", lambda: None)
+    monkeypatch.setattr("evo.cli._cmd_export._gpu_arch", lambda: None)
     shape = Shape(64, 64, 64)
     with Archive(tmp_path / "arch", "w") as a:
         c = first_pick("tiny", shape)

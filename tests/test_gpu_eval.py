@@ -62,7 +62,7 @@ def test_pycuda_backend_reports_itself_unavailable_when_not_installed():
 
 
 def test_evo_eval_reads_the_plan_from_a_leading_comment(tmp_path):
-    from evo._cmd_eval import load_plan
+    from evo.cli._cmd_eval import load_plan
 
     plan = naive_plan()
     src = "\n/* evo-plan: " + __import__("json").dumps(plan.to_dict()) + " */\nextern \"C\" __global__ void k() {}"

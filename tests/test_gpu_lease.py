@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from evaluators.run._lease import GpuLease, gpu_key, timing_lease
-from evo._llm_placement import device_index, llm_placement, place_llm
+from evo.search._llm_placement import device_index, llm_placement, place_llm
 from operators.llm import Completion, LLMBackend
 
 

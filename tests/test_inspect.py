@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from evo import _cmd_inspect
+from evo.cli import _cmd_inspect
 from evo.cli import main
 from populations import Archive, Candidate, Evaluation, KernelStats, Launch, LaunchPlan, Shape, Status, TimerResult
 

@@ -146,3 +146,26 @@ def test_no_import_cycles_between_our_modules() -> None:
     assert fig["private_cross_imports"] == [], fig["private_cross_imports"]
     # the finder itself: a two-module loop is one cycle
     assert mod._cycles({"a": ["b"], "b": ["a"], "c": ["a"]}) == [["a", "b"]]
+
+
+#: evo's wings, lowest first: a wing may import the wings below it, never one above
+WINGS = ("runtime", "torch", "export", "search", "rl", "cli")
+WING_RANK = {"runtime": 0, "torch": 1, "export": 2, "search": 3, "rl": 4, "cli": 5}
+
+
+def test_each_wing_of_evo_imports_only_wings_below_it() -> None:
+    """evo/runtime < evo/torch < evo/export < evo/search < evo/rl < evo/cli (docs/design.md): the
+    loader needs nothing else of evo, the export and search wings do not know the CLI or RL, RL
+    does not know the CLI. Relative and absolute imports count, function-local ones too."""
+    assert sorted(p.name for p in (ROOT / "evo").iterdir() if p.is_dir() and (p / "__init__.py").exists()) == sorted(WINGS)
+    assert sorted(p.name for p in (ROOT / "evo").glob("*.py")) == ["__init__.py", "__main__.py"], \
+        "evo's top level holds only __init__ and __main__: a module goes in a wing"
+    bad = {}
+    for wing in WINGS:
+        for path in sorted((ROOT / "evo" / wing).rglob("*.py")):
+            above = sorted({m for m in _evo_modules_imported(path)
+                            if len(m.split(".")) > 1 and m.split(".")[1] in WING_RANK
+                            and WING_RANK[m.split(".")[1]] > WING_RANK[wing]})
+            if above:
+                bad[str(path.relative_to(ROOT))] = above
+    assert not bad, f"a wing imports one above it: {bad}"

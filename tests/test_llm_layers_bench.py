@@ -142,7 +142,7 @@ def test_evolve_stage_through_evo_run_transfers_to_the_second_wave(csv_path: Pat
     assert bench.main(["--csv", str(csv_path), "--work", str(work), "--out", str(tmp_path / "o"), "--stages", "evolve",
                        "--budget", "8s", "--total", "10", "--per-class", "1", "--anchors", "3",
                        "--evo-module", "fake_evo"]) == 0
-    from evo._progress import read_events
+    from evo.search._progress import read_events
     from populations import Archive
 
     events = read_events(work / "archive" / "events.jsonl")
@@ -202,7 +202,7 @@ def test_pack_and_restore(tmp_path: Path) -> None:
 
 # -- which path the library takes -----------------------------------------------------------------
 class StandInLibrary:
-    """Test double for evo._export.EvoLibrary (loading one needs a GPU): routes the shapes it exports."""
+    """Test double for evo.export._export.EvoLibrary (loading one needs a GPU): routes the shapes it exports."""
 
     def __init__(self, manifest: dict[str, Any], active: bool = True) -> None:
         self.manifest, self.active, self.reason = manifest, active, "no CUDA device"

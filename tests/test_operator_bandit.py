@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 
-from evo._config import ConfigError, merge
-from evo._opbandit import BanditConfig, OperatorBandit, child_gain
+from evo.search._config import ConfigError, merge
+from evo.search._opbandit import BanditConfig, OperatorBandit, child_gain
 
 
 def test_child_gain_is_improvement_over_the_parent_or_zero() -> None:
@@ -92,10 +92,10 @@ def test_config_section_and_validation() -> None:
 
 
 def test_the_engine_feeds_the_bandit_and_charges_the_llms_gpu_seconds(tmp_path) -> None:
-    from evo._orchestrate import expand_operators, make_operators
-    from evo._engine import Engine
-    from evo._opbandit import OperatorBandit
-    from evo._progress import EVENTS_FILE, EventLog, read_events
+    from evo.cli._orchestrate import expand_operators, make_operators
+    from evo.search._engine import Engine
+    from evo.search._opbandit import OperatorBandit
+    from evo.search._progress import EVENTS_FILE, EventLog, read_events
     from fake_pool import FakeEvaluatorPool
     from operators import Operator, get_operator
     from populations import Archive, load_templates

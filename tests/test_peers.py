@@ -299,11 +299,11 @@ def test_export_failure_falls_back_to_the_evaluator_path(tmp_path: Path, monkeyp
     """evo export fails (no nvcc): every shape is compiled for the evaluator's launch path, with the
     reason in its path; a shape without a kernel says so."""
     pytest.importorskip("cuda.bindings.nvrtc", reason="NVRTC (cuda-python) is not installed")
-    import evo._export
+    import evo.export._export
     from _peers_evolved import Evolved
 
     build(tmp_path / "arch")
-    monkeypatch.setattr(evo._export, "NVCC", str(tmp_path / "no-nvcc"))
+    monkeypatch.setattr(evo.export._export, "NVCC", str(tmp_path / "no-nvcc"))
     logs: list[str] = []
     ev = Evolved(tmp_path / "arch", None, tmp_path / "work", "sm_90a", logs.append)
     ev.prepare([S_TINY, S_WGMMA, S_FAIL])

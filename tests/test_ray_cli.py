@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evo._config import ConfigError, load_config, merge
+from evo.search._config import ConfigError, load_config, merge
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -75,10 +75,10 @@ def _try_to_write(path: str) -> str:
 
 
 def test_a_node_killed_mid_run_loses_no_committed_record_and_its_capacity_comes_back(cluster, cache, tmp_path):
-    from evo._orchestrate import expand_operators, make_operators
-    from evo._config import merge
-    from evo._engine import Engine
-    from evo._progress import EVENTS_FILE, EventLog
+    from evo.cli._orchestrate import expand_operators, make_operators
+    from evo.search._config import merge
+    from evo.search._engine import Engine
+    from evo.search._progress import EVENTS_FILE, EventLog
 
     shapes, path = [S1, S2], tmp_path / "a"
     cfg = merge({}, {"shapes": [str(s) for s in shapes], "archive": str(path), "operators": "knob",

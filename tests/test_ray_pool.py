@@ -160,10 +160,10 @@ def test_cancel_all_drops_queued_work_and_keeps_the_running_candidate(cluster, c
 
 
 def test_the_engine_on_the_ray_pool_loses_nothing_when_an_actor_dies(cluster, cache, tmp_path):
-    from evo._orchestrate import expand_operators, make_operators
-    from evo._config import merge
-    from evo._engine import Engine
-    from evo._progress import EVENTS_FILE, EventLog
+    from evo.cli._orchestrate import expand_operators, make_operators
+    from evo.search._config import merge
+    from evo.search._engine import Engine
+    from evo.search._progress import EVENTS_FILE, EventLog
 
     shapes = [S1, S4]
     cfg = merge({}, {"shapes": [str(s) for s in shapes], "archive": str(tmp_path / "a"), "operators": "knob",

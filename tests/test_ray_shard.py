@@ -154,10 +154,10 @@ def test_the_engine_sends_its_headroom_and_the_actors_share_the_shapes_that_have
     """A at 0.95 of its attainable time (saturated: it yields after its first results), B and C
     far from theirs: the engine's weights reach the pool, B and C end up on different actors,
     and both actors stay busy."""
-    from evo._orchestrate import expand_operators, make_operators
-    from evo._config import merge
-    from evo._engine import Engine
-    from evo._progress import EVENTS_FILE, EventLog
+    from evo.cli._orchestrate import expand_operators, make_operators
+    from evo.search._config import merge
+    from evo.search._engine import Engine
+    from evo.search._progress import EVENTS_FILE, EventLog
 
     shapes = [A, B, C]
     cfg = merge({}, {"shapes": [str(s) for s in shapes], "archive": str(tmp_path / "a"), "operators": "knob",

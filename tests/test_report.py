@@ -104,7 +104,7 @@ def test_renders_in_headless_chromium(report: tuple[Path, Page, dict[Shape, Cand
 def test_empty_archive(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`evo report` of an archive without evaluations is an error saying what would work (nothing
     written); the library function still renders such an archive as a page, not a crash."""
-    from evo._report import build_report
+    from evo.cli._report import build_report
     from populations import Archive
 
     Archive(tmp_path / "arch", "w").close()

@@ -239,7 +239,7 @@ def test_updater_trains_in_the_background_and_switches_the_operator(tmp_path: Pa
     """The --rl-every hook with a stand-in for the engine (it only reads the evaluation count)."""
     from types import SimpleNamespace
 
-    from evo._progress import EventLog
+    from evo.search._progress import EventLog
     from evo.rl._grpo import GRPOConfig
     from evo.rl._updater import RLUpdater
     from operators.llm import LLMOperator, load_backend
@@ -270,7 +270,7 @@ def test_updater_trains_in_the_background_and_switches_the_operator(tmp_path: Pa
 
 
 def test_rl_every_flag_and_config(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from evo._config import ConfigError, merge
+    from evo.search._config import ConfigError, merge
 
     cfg = merge({"shapes": ["64x64x64"], "archive": str(tmp_path / "a"), "rl": {"steps": 2}}, {"rl": {"every": 7}})
     assert (cfg.rl.every, cfg.rl.steps, cfg.rl.group_size) == (7, 2, 8)

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from evo._budget import headroom, pick_shape, shape_weights
-from evo._calibration import cache_path, current, ensure_calibration, load_calibration
-from evo._orchestrate import expand_operators, make_operators
-from evo._config import ConfigError, merge
-from evo._engine import Engine
-from evo._progress import EVENTS_FILE, EventLog, read_events
+from evo.search._budget import headroom, pick_shape, shape_weights
+from evo.search._calibration import cache_path, current, ensure_calibration, load_calibration
+from evo.cli._orchestrate import expand_operators, make_operators
+from evo.search._config import ConfigError, merge
+from evo.search._engine import Engine
+from evo.search._progress import EVENTS_FILE, EventLog, read_events
 from fake_pool import FakeEvaluatorPool
 from populations import (CALIBRATION_FILE, H200_DEFAULTS, Archive, Calibration, Shape, attainable_frac,
                          attainable_time, load_templates, read_calibration, roofline_frac, roofline_time,
@@ -199,8 +199,8 @@ def test_engine_reads_the_archives_calibration(tmp_path: Path) -> None:
 def test_inspect_and_report_show_the_roofline_fraction(tmp_path: Path) -> None:
     """Recorded where the engine recorded it; computed from the timer and the archive's
     calibration for a record from before issue 26 (no field)."""
-    from evo._cmd_inspect import build_report
-    from evo._report import collect
+    from evo.cli._cmd_inspect import build_report
+    from evo.cli._report import collect
     from populations import Evaluation, Status, TimerResult
 
     shape = Shape(1, 4096, 4096)

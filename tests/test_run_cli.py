@@ -22,7 +22,7 @@ import pytest
 
 from fake_pool import FakeEvaluatorPool
 from evo.cli import main
-from evo._progress import EVENTS_FILE, Progress, read_events
+from evo.search._progress import EVENTS_FILE, Progress, read_events
 from populations import Shape
 from populations import Archive
 
@@ -228,7 +228,7 @@ def test_a_second_writer_is_refused(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_budget_strings() -> None:
-    from evo._config import ConfigError, parse_duration
+    from evo.search._config import ConfigError, parse_duration
 
     assert parse_duration("20m") == 1200 and parse_duration("1h30m") == 5400 and parse_duration("90s") == 90
     assert parse_duration("1.5h") == 5400 and parse_duration("250ms") == 0.25 and parse_duration("45") == 45
@@ -270,8 +270,8 @@ def test_pool_loader_is_checked_and_reaches_the_workers(tmp_path: Path, capsys: 
     assert main(["run", "--config", str(tmp_path / "run.toml")], pool_factory=FakeEvaluatorPool) == 2
     assert "pool.loader: 'driver' or 'pycuda', got 'opencl'" in capsys.readouterr().err
     import evaluators
-    from evo._orchestrate import make_pool
-    from evo._config import PoolConfig
+    from evo.cli._orchestrate import make_pool
+    from evo.search._config import PoolConfig
 
     seen = {}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evo._seeding import knob_distance, seed_population, spread
+from evo.search._seeding import knob_distance, seed_population, spread
 from populations import Archive, Shape, load_templates
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def test_seeds_come_by_rank_native_families_first():
     first by name, while the queue was in template order)."""
     import random as _random
 
-    from evo._seeding import seed_population
+    from evo.search._seeding import seed_population
     from populations import Shape, load_templates
 
     templates = list(load_templates().values())

@@ -20,7 +20,7 @@ try:
 except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib  # type: ignore[no-redef]
 
-from evo._shapes import ShapesError, load_config, model_layers, rows, to_csv
+from evo.cli._shapes import ShapesError, load_config, model_layers, rows, to_csv
 from evo.cli import main
 from populations import Shape
 
@@ -157,7 +157,7 @@ def test_cli_csv_toml_and_failures(tmp_path: Path, capsys: pytest.CaptureFixture
     shapes = [Shape.parse(s) for s in data["shapes"]]
     assert data["archive"] == "runs/llama" and len(shapes) == len(set(shapes)) == 5  # q and o share 1x4096x4096, k and v, gate and up too
     assert Shape(1, 1024, 4096) in shapes and Shape(1, 128256, 4096) in shapes
-    from evo._config import load_config as load_run_config, merge
+    from evo.search._config import load_config as load_run_config, merge
 
     run_cfg = merge(load_run_config(toml_path), {})  # what evo run --config makes of it
     assert list(run_cfg.shapes) == shapes and Path(run_cfg.archive) == tmp_path / "runs" / "llama"

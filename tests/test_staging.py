@@ -173,7 +173,7 @@ def test_the_binder_points_staged_arguments_into_the_workspace(templates):
 
 
 def test_export_launcher_passes_the_staged_pointers(templates):
-    from evo._export_source import launcher
+    from evo.export._export_source import launcher
 
     t, s = templates["sm90_wgmma"], Shape.parse("777x1536x2883")
     cand = t.candidate(t.heuristic(s, 90)[0], s)
@@ -233,8 +233,8 @@ def test_staged_first_picks_are_ok_in_the_evaluator(templates):
 def test_prepared_b_launcher_copies_only_a(templates, fused):
     """The launcher for a B padded once: B's tensor map reads the caller's pointer with the caller's
     pitch, no pre-pass copies B, and A is still copied (fused AB replaced by evo_stage of A)."""
-    from evo._export import _unit_kernels
-    from evo._export_source import launcher, prepared_b
+    from evo.export._export import _unit_kernels
+    from evo.export._export_source import launcher, prepared_b
 
     t, s = templates["sm90_wgmma"], Shape.parse("777x1536x2883")
     knobs = {**t.heuristic(s, 90)[0], "STAGE_FUSED": fused}
@@ -257,7 +257,7 @@ def test_prepared_b_launcher_copies_only_a(templates, fused):
 
 
 def test_no_prepared_b_launcher_without_a_staged_b(templates):
-    from evo._export_source import launcher, prepared_b
+    from evo.export._export_source import launcher, prepared_b
 
     t, s = templates["sm90_wgmma"], Shape.parse("512x4096x1024")
     cand = t.candidate(t.heuristic(s, 90)[0], s)
@@ -267,7 +267,7 @@ def test_no_prepared_b_launcher_without_a_staged_b(templates):
 
 
 def test_extern_c_kernels_finds_every_kernel_launched_or_not():
-    from evo._export_source import extern_c_kernels
+    from evo.export._export_source import extern_c_kernels
 
     src = ('extern "C" __global__ void __launch_bounds__(256, 1) EVO_CLUSTER\nk_one(int* p) {}\n'
            'extern "C" __global__ void k_two(const __grid_constant__ int x) { }\n'
@@ -281,7 +281,7 @@ def test_a_library_of_staged_kernels_links(tmp_path):
     import shutil
 
     from archive_fixture import ok as ok_eval
-    from evo._export import NVCC, export
+    from evo.export._export import NVCC, export
     from populations import Archive
     if not Path(NVCC).exists() and not shutil.which("nvcc"):
         pytest.skip("nvcc is not installed")
@@ -313,7 +313,7 @@ def test_prepared_weights_give_the_same_product(tmp_path):
     import torch
 
     from archive_fixture import ok as ok_eval
-    from evo._export import export, load_library
+    from evo.export._export import export, load_library
     from populations import Archive
 
     t = load_templates()["sm90_wgmma"]
@@ -347,7 +347,7 @@ def test_prepared_weights_give_the_same_product(tmp_path):
 def test_transfer_from_an_aligned_neighbour_stages_a_ragged_target(templates):
     """An elite of an aligned shape moved to a ragged one keeps its tile and gets the staging the
     target needs (the template's fit rule), instead of failing the target's constraints."""
-    from evo._transfer import transfer_candidates
+    from evo.search._transfer import transfer_candidates
 
     t = templates["sm90_wgmma"]
     near, target = Shape.parse("1024x1024x1024"), Shape.parse("1024x1024x1027")

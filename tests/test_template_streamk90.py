@@ -119,7 +119,7 @@ def test_first_picks(sk: Template) -> None:
 
 
 def test_seeding_offers_it_on_the_mid_shapes(sk: Template) -> None:
-    from evo._seeding import seed_population
+    from evo.search._seeding import seed_population
 
     templates = list(load_templates(errors="warn").values())
     for text in MID:

@@ -28,7 +28,7 @@ def ops() -> object:
 
 
 class InactiveLibrary:
-    """Test double of evo._export.EvoLibrary where it cannot be used (no GPU): kernels listed, none loaded."""
+    """Test double of evo.export._export.EvoLibrary where it cannot be used (no GPU): kernels listed, none loaded."""
 
     active = False
     reason = "no CUDA device"
@@ -119,7 +119,7 @@ def test_exported_kernels_through_the_op(tmp_path: Path, ops: object) -> None:
     """On the GPU: a real export's kernels through the operator, eager, in a CUDA graph, compiled."""
     from archive_fixture import build
 
-    from evo._export import export, load_library
+    from evo.export._export import export, load_library
 
     build(tmp_path / "arch")
     export(tmp_path / "arch", tmp_path / "lib", keep_slower=True)

@@ -19,7 +19,7 @@ nn = torch.nn
 
 
 class LibraryDouble:
-    """Test double of evo._export.EvoLibrary: the kernels an export lists, not loadable here (no GPU)."""
+    """Test double of evo.export._export.EvoLibrary: the kernels an export lists, not loadable here (no GPU)."""
 
     active = False
     reason = "no CUDA device"

@@ -115,7 +115,7 @@ def build_candidate(args: argparse.Namespace) -> Candidate:
 
 
 def _static(args: argparse.Namespace, cand: Candidate) -> int:
-    """The CPU-only part (evo._eval_static); without --compile-only, then the one-line error that
+    """The CPU-only part (evo.cli._eval_static); without --compile-only, then the one-line error that
     there is no GPU to time it on."""
     from ._eval_static import render_static, static_report
 

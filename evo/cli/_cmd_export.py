@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 from ._cmd_args import (EXIT_BAD_INPUT, add_allow_damaged, add_archive, add_arch, add_json, archive_of, fail,
                         open_reader, refuse_damage, resolve_arch, warn)
-from ._export_verify import MARGIN, TOP_K, Verify, child_timer
+from ..export import MARGIN, TOP_K, Verify, child_timer
 
 __all__ = ["add_parser", "run", "measured_arch", "verify_plan"]
 
@@ -102,7 +102,7 @@ def _exportable(archive: Any, path: str, arch: str) -> str:
 def run(args: Any) -> int:
     from populations import ArchiveError
 
-    from ._export import ExportError, export
+    from ..export import ExportError, export
 
     out = Path(args.out)
     existed = out.exists()

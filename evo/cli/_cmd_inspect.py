@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from populations import Archive, ArchiveError, Elite, LineageNode, Shape, ShapeError, Status
 
-from ._calibration import evaluation_roofline, load_calibration
+from ..search import evaluation_roofline, load_calibration
 from ._cmd_args import EXIT_BAD_INPUT, EXIT_DAMAGED, SHAPE_METAVAR, UsageError, add_archive, archive_of, fail, warn
 
 __all__ = ["add_parser", "run", "build_report", "FORMAT"]
@@ -103,7 +103,7 @@ def _shape_report(archive: Archive, shape: Shape, top: int) -> dict[str, Any]:
 
 def _adapters(archive: Archive, shape: Shape) -> list[dict[str, Any]]:
     """Improvement per adapter version of the LLM-made candidates (evo.rl; [] when there are none)."""
-    from .rl import adapter_stats
+    from ..rl import adapter_stats
 
     return [{k: _num(v) if isinstance(v, float) else v for k, v in row.items()} for row in adapter_stats(archive, shape)]
 

@@ -18,7 +18,7 @@ from operators import OperatorContext, ParentView, get_operator
 
 from ._cmd_args import SHAPE_METAVAR, add_archive, add_arch, add_json, archive_of, fail, open_reader, resolve_arch
 from ._cmd_run import add_llm_flags, llm_options
-from ._config import ConfigError
+from ..search import ConfigError
 from populations import Archive, ArchiveError, Shape, ShapeError, load_templates
 
 FORMAT = "evo-propose/1"

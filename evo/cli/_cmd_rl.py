@@ -85,7 +85,7 @@ def add_parser(subparsers: Any) -> None:
 def _split(args: argparse.Namespace) -> int:
     from populations import Shape
 
-    from .rl import read_layers, split_by_model
+    from ..rl import read_layers, split_by_model
 
     try:
         rows = read_layers(args.layers)
@@ -102,7 +102,7 @@ def _split(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from populations import ArchiveError
 
-    from .rl import export_rows, write_jsonl
+    from ..rl import export_rows, write_jsonl
 
     if args.pairs and (args.last is not None or args.reward != "speedup"):
         return fail("rl export", "--pairs writes every pair with its gain; --last and --reward do not apply")
@@ -111,7 +111,7 @@ def _export(args: argparse.Namespace) -> int:
     try:
         for path in args.archives:
             archives.append(open_reader("rl export", path)[0])  # damage: one warning line per problem
-        from .rl import RewardConfig, export_pairs
+        from ..rl import RewardConfig, export_pairs
         if args.pairs:
             rows, skipped = export_pairs(archives, since=args.since)
         else:
@@ -138,9 +138,9 @@ def _train(args: argparse.Namespace, pool_factory: Any = None) -> int:
     deadline = time.monotonic() + args.max_seconds if args.max_seconds > 0 else None
     from populations import ArchiveError, load_templates
 
-    from .rl import DatasetError, read_jsonl
-    from .rl import read_manifest, table_from_rows, train_adapter
-    from .rl import GRPOConfig
+    from ..rl import DatasetError, read_jsonl
+    from ..rl import read_manifest, table_from_rows, train_adapter
+    from ..rl import GRPOConfig
 
     try:
         from evaluators import visible_gpus
@@ -154,7 +154,7 @@ def _train(args: argparse.Namespace, pool_factory: Any = None) -> int:
             m = read_manifest(args.init_adapter)
             version, parent = int(m.get("version", 0)) + 1, m.get("name")
         version = args.version if args.version is not None else version
-        from .rl import RewardConfig
+        from ..rl import RewardConfig
         table = table_from_rows(rows, RewardConfig(kind=args.reward))
         archives = [open_reader("rl train", path)[0] for path in args.archive]  # damage: warned
         for a in archives:
@@ -167,8 +167,8 @@ def _train(args: argparse.Namespace, pool_factory: Any = None) -> int:
         return fail("rl train", f"{exc.filename or args.out}: {exc.strerror or exc}")
     from operators.llm import DEFAULT_MODEL, load_backend
 
-    from .rl import prompts_from_rows
-    from .rl import Policy
+    from ..rl import prompts_from_rows
+    from ..rl import Policy
 
     templates = load_templates(errors="warn")
     if not prompts_from_rows(rows, templates)[0]:
@@ -204,9 +204,9 @@ def _train(args: argparse.Namespace, pool_factory: Any = None) -> int:
 def _measurer(args: argparse.Namespace, table: Any, pool_factory: Any) -> tuple[Any, Any]:
     """The evaluator in the loop (evo.rl._measure) and the lease the policy holds when its model
     shares one of the pool's GPUs; the archive's earlier measurements join ``table``."""
-    from ._config import PoolConfig
+    from ..search import PoolConfig
     from ._orchestrate import make_pool
-    from .rl import Measurer, colocated_gate
+    from ..rl import Measurer, colocated_gate
 
     gpus = gpu_list(args.gpus)
     if args.compile_workers < 1:

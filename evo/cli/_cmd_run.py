@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from ._cmd_args import (EXIT_INTERRUPTED, SHAPE_HELP, SHAPE_METAVAR, UsageError, add_archive,
                         add_gpus, add_json, archive_of, fail, gpu_list, open_writer, resolve_arch)
-from ._config import ConfigError, RunConfig, load_config, merge
+from ..search import ConfigError, RunConfig, load_config, merge
 from ._orchestrate import PoolFactory, known_model, run_search
 
 __all__ = ["add_parser", "run", "config_from_args", "add_llm_flags", "llm_options"]
@@ -142,7 +142,7 @@ def llm_options(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"--llm-batch must be >= 1, got {args.llm_batch}")
         out["batch"] = args.llm_batch
     if getattr(args, "llm_adapter", None):
-        from .rl import read_manifest
+        from ..rl import read_manifest
         try:
             read_manifest(args.llm_adapter)
         except ValueError as exc:
@@ -182,7 +182,7 @@ def _check_llm_choices(out: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace, *, pool_factory: Optional[PoolFactory] = None) -> int:
-    """``evo run``: the flags as a RunConfig, then :func:`evo._orchestrate.run_search`, then the
+    """``evo run``: the flags as a RunConfig, then :func:`evo.cli._orchestrate.run_search`, then the
     result printed. ``pool_factory``: the evaluator pool to use instead of the GPUs' (for programs
     that embed the command line, as the tests do with their stand-in pool)."""
     from populations import ArchiveError

@@ -13,16 +13,16 @@ from typing import Any, Optional, Sequence
 
 #: sub-command -> module; the order is the order of ``evo --help``.
 COMMANDS = {
-    "seed": "evo._cmd_seed",
-    "run": "evo._cmd_run",
-    "eval": "evo._cmd_eval",
-    "inspect": "evo._cmd_inspect",
-    "archive": "evo._cmd_archive",
-    "export": "evo._cmd_export",
-    "shapes": "evo._cmd_shapes",
-    "report": "evo._cmd_report",
-    "propose": "evo._cmd_propose",
-    "rl": "evo._cmd_rl",
+    "seed": "evo.cli._cmd_seed",
+    "run": "evo.cli._cmd_run",
+    "eval": "evo.cli._cmd_eval",
+    "inspect": "evo.cli._cmd_inspect",
+    "archive": "evo.cli._cmd_archive",
+    "export": "evo.cli._cmd_export",
+    "shapes": "evo.cli._cmd_shapes",
+    "report": "evo.cli._cmd_report",
+    "propose": "evo.cli._cmd_propose",
+    "rl": "evo.cli._cmd_rl",
 }
 
 

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Te
 
 from populations import Archive, Candidate, Shape, Template, load_templates
 
-from ._config import ConfigError, PoolConfig, RunConfig
-from ._seeding import seed_population
+from ..search import ConfigError, PoolConfig, RunConfig
+from ..search import seed_population
 
 if TYPE_CHECKING:
     from evaluators import EvaluatorPool
 
-    from ._engine import RunResult
+    from ..search import RunResult
 
 __all__ = ["seed_shapes", "write_seeds", "make_pool", "make_operators", "expand_operators", "known_model",
            "run_search", "ALIASES", "PoolFactory"]
@@ -169,9 +169,9 @@ def run_search(cfg: RunConfig, *, llm: Optional[Mapping[str, Any]] = None, llm_d
     everything however it ends. Bad input (a config, an operator, a busy or foreign archive, a
     pool that cannot start) raises ConfigError or ArchiveError before a search starts; a fresh
     archive that never saw a search is removed again."""
-    from ._calibration import ensure_calibration
-    from ._engine import Engine, pool_gpus
-    from ._progress import EVENTS_FILE, EventLog, Progress
+    from ..search import ensure_calibration
+    from ..search import Engine, pool_gpus
+    from ..search import EVENTS_FILE, EventLog, Progress
 
     cfg.operators = expand_operators(cfg.operators)
     operators = make_operators(cfg.operators, llm)
@@ -238,7 +238,7 @@ def _remove_fresh(path: Path) -> None:
 
     from populations import LOCK, MANIFEST
 
-    from ._progress import EVENTS_FILE
+    from ..search import EVENTS_FILE
 
     if path.is_dir() and set(os.listdir(path)) <= {LOCK, MANIFEST, EVENTS_FILE}:
         shutil.rmtree(path, ignore_errors=True)
@@ -246,8 +246,8 @@ def _remove_fresh(path: Path) -> None:
 
 def _rl_updater(cfg: RunConfig, operators: dict[str, Any], templates: Any, events: Any, progress: Any) -> Any:
     """The engine hook of ``rl.every`` (evo.rl.RLUpdater)."""
-    from .rl import GRPOConfig
-    from .rl import RLUpdater
+    from ..rl import GRPOConfig
+    from ..rl import RLUpdater
 
     r = cfg.rl
     assert cfg.archive is not None
@@ -259,8 +259,8 @@ def _rl_updater(cfg: RunConfig, operators: dict[str, Any], templates: Any, event
 def _place_llm(cfg: RunConfig, pool: "EvaluatorPool", operators: dict[str, Any], llm_device: Optional[str],
                events: Any, progress: Any) -> Any:
     """Report where the LLM runs (event ``llm_placement``) and hand a co-located model the GPU
-    lease (evo/_llm_placement.py); returns the lease, or None."""
-    from ._llm_placement import llm_placement, place_llm
+    lease (evo/search/_llm_placement.py); returns the lease, or None."""
+    from ..search import llm_placement, place_llm
 
     gpus = list(cfg.pool.gpus) or [int(g) for g in (pool.gpus or [0]) if isinstance(g, int)]
     placement = llm_placement(operators, gpus, llm_device)
@@ -289,7 +289,7 @@ def _warm_llm(operators: dict[str, Any], events: Any, progress: Any) -> None:
 
 def _load_adapter(folder: str, operators: dict[str, Any], events: Any, progress: Any) -> None:
     """Switch the LLM operators' local models to the adapter in ``folder`` (event ``adapter``)."""
-    from .rl import read_manifest, switch_adapter
+    from ..rl import read_manifest, switch_adapter
 
     name = read_manifest(folder)["name"]
     switched = switch_adapter(operators, folder, name)

@@ -9,7 +9,7 @@
 - ``speedup_vs_flops.png`` and ``speedup_per_decade.png`` (matplotlib, Agg), when matplotlib is
   installed; without it the page says so instead of showing them.
 
-The directory is built beside ``out`` and renamed into place (:func:`evo._export.staged_dir`),
+The directory is built beside ``out`` and renamed into place (:func:`evo.export._export.staged_dir`),
 so a failure leaves nothing.
 """
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any, Optional, Sequence, Union
 
 from populations import Archive, LineageNode, Shape, Status
 
-from ._calibration import evaluation_roofline, load_calibration
-from ._export import staged_dir
+from ..search import evaluation_roofline, load_calibration
+from ..export import staged_dir
 
 __all__ = ["ReportError", "build_report", "collect", "TIMERS"]
 
@@ -219,7 +219,7 @@ def _plots(rows: list[dict[str, Any]], timers: list[str], out: Path) -> Optional
 def _warnings(damage: Sequence[str], rows: list[dict[str, Any]]) -> str:
     """What the reader must know first, at the top of the page: the archive's damage the report went
     on past (what was lost is not shown), and timings that come from a test double, not a GPU."""
-    from ._export import from_test_double
+    from ..export import from_test_double
 
     out = []
     if damage:

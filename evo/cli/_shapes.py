@@ -8,7 +8,7 @@ from the hyper-parameters of a Hugging Face ``config.json`` (or of a transformer
 defaults, no hub): GQA through ``num_key_value_heads``, an explicit ``head_dim`` where the model
 has one (Gemma-2: 8 heads x 256 != 2304), tied embeddings (lm_head is still a GEMM, over the
 embedding matrix). How each ``model_type`` lays its projections out is data:
-``evo/model_families.toml``.
+``evo/cli/model_families.toml``.
 
 ``fuse`` picks the view: ``native`` (the modules transformers builds, what ``evo.torch.patch``
 can replace), ``all`` (qkv and gate_up fused, as serving engines run them) or ``none``.

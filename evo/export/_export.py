@@ -22,7 +22,7 @@ the timings' noise (median device-timer speedup <= 1.02), or that has no exporta
 given a launcher; the
 dispatchers return -1 for it and every caller (the loader, the torch ops) runs cuBLAS there. The
 manifest's ``paths`` says which path each shape of the archive takes and why
-(:func:`choose_path`). With ``verify`` (``evo export --verify``, :mod:`evo._export_verify`) the
+(:func:`choose_path`). With ``verify`` (``evo export --verify``, :mod:`evo.export._export_verify`) the
 archive's timing is not trusted alone: the top candidates of every shape are linked into a trial
 library, re-timed beside cuBLAS in both layouts on the GPU, and a shape keeps the fastest only
 where it beats cuBLAS (the call the fallback would make) by a margin; the others' units are dropped.
@@ -33,7 +33,7 @@ a failure leaves nothing half-written. A kernel unit nvcc refuses is left out of
 fails only when no kernel builds or the launchers do not. Launchers return 0, or a ``cudaError_t`` / negative code
 (-1 unknown shape, -2 shape mismatch, -3 missing workspace, -4 tensor map encoding failed, -5 bad ``ldb``).
 
-The sources are written by :mod:`evo._export_source`; the loader (``evo.load_library``,
+The sources are written by :mod:`evo.export._export_source`; the loader (``evo.load_library``,
 ``EvoLibrary``) is in the runtime wing, :mod:`evo.runtime`, its names re-exported here.
 
 Thread-block clusters: a plan carries no cluster shape; kernels that need clusters declare
@@ -58,7 +58,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 from populations import Archive, Elite, PlanError, Shape
 
-from .runtime._loader import (LIBRARY, MANIFEST_FORMAT, EvoLibrary, ExportError, _read_manifest,  # noqa: F401
+from ..runtime._loader import (LIBRARY, MANIFEST_FORMAT, EvoLibrary, ExportError, _read_manifest,  # noqa: F401
                               PreparedWeight, evo_hgemm, load_library)  # re-exported
 from ._export_source import PRELUDE, dispatcher, kernel_unit, launcher, prepared_b
 from ._export_verify import MARGIN, Verify, decide
@@ -352,7 +352,7 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
     time is left to cuBLAS (:func:`choose_path`; ``keep_slower`` exports it anyway). With it, the
     top ``verify.top_k`` candidates of every shape are built and re-timed beside cuBLAS, and a
     shape keeps the fastest only where it beats cuBLAS by ``verify.margin`` (``verify.against``)
-    (:mod:`evo._export_verify`); the manifest records both timings and the decision (``verify``
+    (:mod:`evo.export._export_verify`); the manifest records both timings and the decision (``verify``
     per shape; ``verify_why`` says why a re-timing did not run). A kernel nvcc refuses is left
     out too, with nvcc's error; when every kernel fails, or the launchers do not build, nothing
     is. The manifest's ``paths`` says, for every shape of the archive, which path it takes

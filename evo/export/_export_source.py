@@ -1,7 +1,7 @@
 """The C++/CUDA source of an export: per candidate its translation unit (kernels renamed per shape,
 its code in an anonymous namespace, an accessor per kernel), per shape its launcher (the resolved
 launch plan as constants, TMA descriptors encoded per call), and the dispatchers. Text only: no
-compiler runs here (``evo/_export.py`` builds and links what these functions write).
+compiler runs here (``evo/export/_export.py`` builds and links what these functions write).
 """
 from __future__ import annotations
 

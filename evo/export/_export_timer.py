@@ -8,7 +8,7 @@ that replay every contender once in a fresh random order, each replay timed with
 contender's time is the median over rounds / calls per replay. :class:`Sets`, :func:`time_arms`
 and :func:`rel_error` are the pieces.
 
-The child (``python -m evo._export_timer LIB PLAN OUT``; :func:`retime`) loads a trial library,
+The child (``python -m evo.export._export_timer LIB PLAN OUT``; :func:`retime`) loads a trial library,
 and for every shape of the plan times cuBLAS in both layouts (``a @ w.t()`` and ``a @ wt``) and
 each candidate's launcher (``fn(A, B, C, M, N, K, workspace, stream)``, B as the shape's layout
 stores it) after checking its output on the first set against an fp32 reference. It appends one
@@ -178,7 +178,7 @@ def retime(lib_path: Path, plan: list[dict[str, Any]], out: Path, *, rounds: int
 def main(argv: Optional[list[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (3, 4):
-        print("usage: python -m evo._export_timer LIB PLAN.json OUT.jsonl [ROUNDS]", file=sys.stderr)
+        print("usage: python -m evo.export._export_timer LIB PLAN.json OUT.jsonl [ROUNDS]", file=sys.stderr)
         return 2
     plan = json.loads(Path(args[1]).read_text())
     retime(Path(args[0]), plan, Path(args[2]), rounds=int(args[3]) if len(args) == 4 else ROUNDS)

@@ -3,7 +3,7 @@
 The archive's speedups come from the evaluator's timer; on 4096x18432x2304 an elite it timed
 faster than cuBLAS was 7% slower in the benchmark's independent re-timing. So with ``--verify``
 the export builds the top ``top_k`` exportable candidates of every shape into a trial library,
-re-times their launchers and cuBLAS in both layouts in one process (``evo._export_timer``:
+re-times their launchers and cuBLAS in both layouts in one process (``evo.export._export_timer``:
 CUDA-graph replay over operand sets rotated through more than 2x L2, interleaved rounds, medians),
 and :func:`decide` keeps the fastest candidate only when it beats cuBLAS by ``margin`` (2% by
 default, about the spread of two medians of one kernel); otherwise the shape goes to cuBLAS. The
@@ -13,7 +13,7 @@ than cuBLAS NN but faster than cuBLAS TN is still the faster path for a TN calle
 ``against="best"`` asks for the better of both layouts instead. Both layouts' timings, the
 speedups over each and the decision go into the manifest (``verify`` per shape).
 
-The timer is a seam (:data:`Timer`): :func:`child_timer` runs ``python -m evo._export_timer`` in a
+The timer is a seam (:data:`Timer`): :func:`child_timer` runs ``python -m evo.export._export_timer`` in a
 child process (it initialises CUDA; a kernel that kills its context kills only the child). When
 the child dies, the candidate it was trying is marked as having crashed it and the child is run
 again over what is left; a shape whose timing itself died goes to cuBLAS. Tests pass a named
@@ -35,7 +35,7 @@ __all__ = ["Verify", "Timer", "decide", "child_timer", "MARGIN", "TOP_K"]
 
 MARGIN = 0.02
 TOP_K = 3
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: evo/<wing>/ is two folders down
 
 #: ``timer(trial_library, plan) -> {shape: timing}``. ``plan`` items: ``shape``, ``m``, ``n``, ``k``,
 #: ``layout``, ``candidates`` (``symbol``, ``workspace``). A timing: ``cublas_tn_s``, ``cublas_nn_s``
@@ -52,7 +52,7 @@ class Verify:
     top_k: int = TOP_K
     margin: float = MARGIN
     against: str = "layout"  # the cuBLAS to beat: the shape's own layout (the fallback's) or the better one
-    name: str = "evo._export_timer (CUDA-graph replay, operands rotated over > 2x L2, medians)"
+    name: str = "evo.export._export_timer (CUDA-graph replay, operands rotated over > 2x L2, medians)"
 
     def __post_init__(self) -> None:
         if self.top_k < 1 or not 0 <= self.margin < 1 or self.against not in ("layout", "best"):
@@ -156,7 +156,7 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def child_timer(timeout_s: float = 900.0, rounds: Optional[int] = None, log: Callable[[str], None] = lambda m: None) -> Timer:
-    """A :data:`Timer` running ``python -m evo._export_timer`` in a child, again after a crash."""
+    """A :data:`Timer` running ``python -m evo.export._export_timer`` in a child, again after a crash."""
     def timer(lib: Path, plan: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         done: dict[str, dict[str, Any]] = {}
         crashed: dict[str, dict[str, str]] = {}  # shape -> {symbol: why}
@@ -200,7 +200,7 @@ def child_timer(timeout_s: float = 900.0, rounds: Optional[int] = None, log: Cal
 def _run_child(lib: Path, plan: Path, out: Path, timeout_s: float, rounds: Optional[int]) -> tuple[int, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "evo._export_timer", str(lib), str(plan), str(out)] + ([str(rounds)] if rounds else [])
+    cmd = [sys.executable, "-m", "evo.export._export_timer", str(lib), str(plan), str(out)] + ([str(rounds)] if rounds else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(REPO))
     except subprocess.TimeoutExpired:

@@ -123,7 +123,7 @@ def backends_of(operators: Mapping[str, Any]) -> list[tuple[str, Any]]:
 
 def gate_of(operators: Mapping[str, Any]) -> Any:
     """The GPU lease the LLM operators generate under: given only when their model shares a
-    timing GPU (evo/_llm_placement.py), else None. GPU work for them (training the policy,
+    timing GPU (evo/search/_llm_placement.py), else None. GPU work for them (training the policy,
     loading an adapter) holds slices of it too."""
     return next((g for _, _, g in _backends_and_gates(operators) if g is not None), None)
 

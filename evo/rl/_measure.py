@@ -54,7 +54,7 @@ class Measurer:
 
 def colocated_gate(device: str, pool_gpus: Sequence[int]) -> Optional[Any]:
     """The GPU lease the policy must hold when ``device`` is one of ``pool_gpus`` (None otherwise)."""
-    from .._llm_placement import device_index
+    from ..search import device_index
 
     gpu = device_index(device)
     if gpu is None or gpu not in pool_gpus:

@@ -31,7 +31,7 @@ from populations import (CALIBRATION_FILE, H200_DEFAULTS, Calibration, read_cali
 
 __all__ = ["ensure_calibration", "load_calibration", "current", "device_name", "cache_path", "evaluation_roofline"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: evo/<wing>/ is two folders down
 
 
 def device_name(gpu: int = 0) -> Optional[str]:

@@ -91,7 +91,7 @@ def parse_operators(value: Union[str, list, Mapping[str, Any]], key: str = "oper
 
 @dataclass
 class SelectionConfig:
-    """How parents are drawn from a shape's population (see evo/_selection.py)."""
+    """How parents are drawn from a shape's population (see evo/search/_selection.py)."""
 
     method: str = "tournament"        # tournament | power
     tournament_size: int = 3

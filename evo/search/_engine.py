@@ -36,7 +36,7 @@ a second interrupt abandons it. Either way the archive is committed before :meth
 returns.
 
 This module holds the loop, start-up and allocation; steps 2-3's proposing is
-``evo/_engine_propose.py`` and step 4's recording ``evo/_engine_results.py`` (mixins of
+``evo/search/_engine_propose.py`` and step 4's recording ``evo/search/_engine_results.py`` (mixins of
 :class:`Engine`, sharing its state).
 """
 from __future__ import annotations
@@ -351,7 +351,7 @@ class Engine(Proposing, Recording):
         return self.stall[shape].converged
 
     def weights(self, shapes: list[Shape]) -> dict[Shape, float]:
-        """Allocation weights of ``shapes`` (see evo/_budget.py)."""
+        """Allocation weights of ``shapes`` (see evo/search/_budget.py)."""
         if not self.config.allocation.enabled:
             return {s: 1.0 for s in shapes}
         return shape_weights({s: self.attainable(s) for s in shapes}, {s: self.stalled(s) for s in shapes},

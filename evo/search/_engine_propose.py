@@ -4,7 +4,7 @@ Queued candidates first (transferred elites, seeds, archived ones not yet evalua
 operators in the order the chooser drew: parents are selected from the shape's population,
 synchronous operators propose on the loop's thread, asynchronous ones (the LLM operators) on a
 thread of their own whose answers join the shape's queue. Proposals are checked (a candidate,
-for this shape), their tokens and model GPU seconds charged. A mixin of :class:`evo._engine.Engine`,
+for this shape), their tokens and model GPU seconds charged. A mixin of :class:`evo.search._engine.Engine`,
 whose state it shares (see that module's docstring for the loop).
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each evaluation gets its roofline fraction (under the archive's calibration), is archived, and
 feeds the shape's population, budget, convergence, stall detection and progress; the operator
 that proposed it is told, the chooser rewarded; then the archive is committed (fsync) and the
-hooks (``evo run --rl-every``) run. A mixin of :class:`evo._engine.Engine`, whose state it shares.
+hooks (``evo run --rl-every``) run. A mixin of :class:`evo.search._engine.Engine`, whose state it shares.
 """
 from __future__ import annotations
 

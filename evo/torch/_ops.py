@@ -131,7 +131,7 @@ def load_ops(*, cuda: Optional[bool] = None, timeout_s: float = 600.0) -> Path:
 
 
 def register(library: Any) -> int:
-    """Put ``library``'s exported launchers (an :class:`evo._export.EvoLibrary`) in the operator's
+    """Put ``library``'s exported launchers (an :class:`evo.export._export.EvoLibrary`) in the operator's
     table, replacing what was there; returns how many. A library not active here (no GPU, other
     architecture) registers nothing: every call is then the cuBLAS fallback."""
     global _REGISTERED

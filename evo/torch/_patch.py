@@ -89,7 +89,7 @@ def _why_not(mod: Any, cover: dict[tuple[int, int], tuple[int, ...]]) -> str:
 def patch(model: Any, library: Union[Any, str, os.PathLike]) -> PatchReport:
     """Patch ``model``'s covered ``nn.Linear`` modules (see the module doc); returns the report.
 
-    ``library`` is an :class:`evo._export.EvoLibrary` or the path of an export."""
+    ``library`` is an :class:`evo.export._export.EvoLibrary` or the path of an export."""
     global _OP, _linear
     import torch
 

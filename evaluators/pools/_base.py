@@ -63,7 +63,7 @@ class EvaluatorPool(abc.ABC):
         return [e for f in futures for e in f.result()]
 
     def set_shape_weights(self, weights: Mapping[Shape, float]) -> None:
-        """The engine's allocation weights of its active shapes (headroom, ``evo/_budget.py``:
+        """The engine's allocation weights of its active shapes (headroom, ``evo/search/_budget.py``:
         evaluations will split in proportion to them), sent before each fill. A pool with
         several GPUs may place shapes by them (RayPool shards shapes across its actors so that
         each gets an even share of the expected GPU time); results never depend on them. The

@@ -1,7 +1,7 @@
 """Sharding shapes across GPU actors by expected GPU time (issue 23).
 
 The engine splits evaluations between shapes in proportion to their allocation weights (their
-roofline headroom, ``evo/_budget.py``), so the GPU time a shape will ask for is its weight times
+roofline headroom, ``evo/search/_budget.py``), so the GPU time a shape will ask for is its weight times
 the seconds one of its jobs takes. :func:`shard` gives every shape one actor slot so that those
 expected loads come out even across the slots (longest-processing-time first), while keeping a
 shape on the slot it already has whenever that slot stays within ``slack`` of the even share:

@@ -15,7 +15,7 @@ keep ``memcpy_bw``: ``dst.copy_(src)`` over the same 1 GiB, which a graph captur
 node that the driver may run on a copy engine rather than the SMs. It was once stored as
 ``copy_bw`` (2.71 TB/s on an H200 where an SM copy moves about 4.3); it is kept only to show the
 difference, nothing uses it. ``notes["copy_kernel"] == "sm"`` marks a calibration whose
-``copy_bw`` is the SM kernel's (``evo._calibration`` measures again over older ones).
+``copy_bw`` is the SM kernel's (``evo.search._calibration`` measures again over older ones).
 
 Run ``python -m evaluators.run._calibrate [--out FILE]`` in a process of its own (``evo`` does,
 so that its own process never initialises CUDA); it prints the ``evo-calibration/1`` JSON.

@@ -235,6 +235,35 @@ def test_model_answers_with_accounting(backend) -> None:
 
 
 @needs_llm
+def test_the_public_decode_hook_sees_and_steers_the_sampling(backend) -> None:
+    """DecodeHook on a backend of one's own (with_model): it is told every token fed after the
+    prompt and picks each sampled one; the loaded backend itself is untouched."""
+    from operators.llm import DecodeHook
+
+    class Greedy(DecodeHook):
+        def __init__(self) -> None:
+            self.fed_ids: list[int] = []
+            self.calls = 0
+
+        def fed(self, ids):  # noqa: ANN001
+            self.fed_ids += list(ids)
+
+        def choose(self, allowed, sample):  # noqa: ANN001
+            self.calls += 1
+            drawn = sample()
+            assert allowed is None or drawn in allowed
+            return drawn if allowed is None else min(allowed)  # steer: always the smallest allowed id
+
+    own = backend.with_model(backend.model)
+    assert own.hook is None and backend.hook is None and own.tokenizer is backend.tokenizer
+    hook = own.hook = Greedy()
+    msgs = [{"role": "user", "content": "Name one GPU maker."}]
+    c = own.complete(msgs, rng=random.Random(2), temperature=0.7, max_new_tokens=6)
+    assert hook.calls == c.completion_tokens >= 1 and len(hook.fed_ids) >= c.completion_tokens - 1
+    assert backend.hook is None  # the shared backend never saw the hook
+
+
+@needs_llm
 def test_constrained_knob_edits_are_all_valid(mini: Template, family) -> None:
     parents, ctx = family
     op = get_operator("llm", max_changes=2)

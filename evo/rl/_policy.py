@@ -20,12 +20,11 @@ import hashlib
 import json
 import os
 import threading
-from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
-from operators.llm import PREFIX, TransformersBackend
+from operators.llm import PREFIX, DecodeHook, TransformersBackend
 
 __all__ = ["LoraSettings", "Policy", "Sample", "model_hash", "adapter_hash"]
 
@@ -63,34 +62,36 @@ class _Unreachable(Exception):
     """A forced completion that the grammar cannot spell."""
 
 
-class _Tracing(TransformersBackend):
-    """The backend's sampling loop on another model, recording a :class:`Sample`'s trace; with
-    ``force`` set, every sampled step takes the allowed token that spells most of the forced text
-    (replaying an archived completion through the same grammar)."""
+class _Tracer(DecodeHook):
+    """The backend's decoding hook that records a :class:`Sample`'s trace; with ``force`` set,
+    every sampled step takes the allowed token that spells most of the forced text (replaying an
+    archived completion through the same grammar)."""
 
-    trace: Optional[Sample] = None
-    force: Optional[str] = None
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.trace: Optional[Sample] = None
+        self.force: Optional[str] = None
 
-    def _forward(self, ids: Sequence[int], past: Any) -> tuple[Any, Any]:
-        if past is not None and self.trace is not None:
+    def fed(self, ids: Sequence[int]) -> None:
+        if self.trace is not None:
             self.trace.ids.extend(int(i) for i in ids)
             if self.force is not None:
                 text = self.tokenizer.decode(list(ids))
                 if not self.force.startswith(text):
                     raise _Unreachable(text)
                 self.force = self.force[len(text):]
-        return super()._forward(ids, past)
 
-    def _sample(self, logits: Any, ids: Optional[Sequence[int]], temperature: float, rng: Any) -> int:
-        if self.force is not None and ids is not None:
-            fits = [(len(piece), i) for i in ids if (piece := self.tokenizer.decode([i])) and self.force.startswith(piece)]
+    def choose(self, allowed: Optional[Sequence[int]], sample: Callable[[], int]) -> int:
+        if self.force is not None and allowed is not None:
+            fits = [(len(piece), i) for i in allowed
+                    if (piece := self.tokenizer.decode([i])) and self.force.startswith(piece)]
             if not fits:
                 raise _Unreachable(self.force)
             tok = max(fits)[1]
         else:
-            tok = super()._sample(logits, ids, temperature, rng)
-        if self.trace is not None and ids is not None:
-            self.trace.steps.append((len(self.trace.ids), [int(i) for i in ids], tok))
+            tok = sample()
+        if self.trace is not None and allowed is not None:
+            self.trace.steps.append((len(self.trace.ids), [int(i) for i in allowed], tok))
         return tok
 
 
@@ -146,13 +147,10 @@ class Policy:
             else:
                 self.model = get_peft_model(base, lora.config())
         self.model.eval()  # no dropout anywhere; gradients still flow
-        sampler = _Tracing.__new__(_Tracing)
-        sampler.__dict__.update(backend.__dict__)  # tokenizer, vocabulary pieces, eos ids, device...
-        sampler.model = self.model
-        sampler._placed = True
-        sampler._cache = OrderedDict()
-        sampler._lock = threading.Lock()
-        self.sampler = sampler
+        # the operators' own decoding loop (grammar, caches) over the policy's model, traced by a hook
+        self.sampler = backend.with_model(self.model)
+        self.tracer = _Tracer(backend.tokenizer)
+        self.sampler.hook = self.tracer
         self._train_past: dict[tuple[int, ...], Any] = {}
         self._ref_past: dict[tuple[int, ...], Any] = {}
 
@@ -198,26 +196,26 @@ class Policy:
                     # the sampler's prefill of the whole prompt, from this one (saves a prompt pass)
                     full = copy.deepcopy(out.past_key_values)
                     last = self.model(input_ids=torch.tensor([ids[-1:]], device=self.sampler.device), past_key_values=full, use_cache=True)
-                    self.sampler._cache[key] = (last.past_key_values, last.logits[0, -1].double().cpu())
+                    self.sampler.remember_prompt(key, last.past_key_values, last.logits[0, -1].double().cpu())
             cache[key] = out.past_key_values
         return cache[key]
 
     def weights_changed(self) -> None:
         """Drop every cache computed under the old weights (call after each optimiser step)."""
         self._train_past.clear()
-        self.sampler._cache.clear()
+        self.sampler.clear_cache()
 
     # -- sampling ------------------------------------------------------------------------------
     def sample(self, messages: list[dict[str, str]], grammar: Any, rng: Any, temperature: float = 1.0) -> Sample:
         """One constrained completion of ``messages`` with its trace."""
         self._prefix(self.prompt_ids(messages), reference=False)
         trace = Sample(text="", finished=False, temperature=temperature)
-        self.sampler.trace = trace
+        self.tracer.trace = trace
         try:
             c = self.sampler.complete(messages, rng=rng, temperature=temperature, max_new_tokens=64, prefix=PREFIX,
                                       grammar=grammar, gate=self._sample_gate())
         finally:
-            self.sampler.trace = None
+            self.tracer.trace = None
         trace.text, trace.finished = c.text, c.finished
         return trace
 
@@ -228,14 +226,14 @@ class Policy:
             return None
         self._prefix(self.prompt_ids(messages), reference=False)
         trace = Sample(text="", finished=False, temperature=temperature)
-        self.sampler.trace, self.sampler.force = trace, text[len(PREFIX):]
+        self.tracer.trace, self.tracer.force = trace, text[len(PREFIX):]
         try:
             c = self.sampler.complete(messages, rng=None, temperature=temperature, max_new_tokens=64, prefix=PREFIX,
                                       grammar=grammar, gate=self._sample_gate())
         except _Unreachable:
             return None
         finally:
-            self.sampler.trace, self.sampler.force = None, None
+            self.tracer.trace, self.tracer.force = None, None
         if c.text != text or not c.finished:
             return None
         trace.text, trace.finished = c.text, True

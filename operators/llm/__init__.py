@@ -9,6 +9,7 @@ the model) on the first proposal.
 from ._base import Completion, LLMBackend
 from ._bandit import ModelBandit
 from ._grammar import PREFIX, KnobEditGrammar
+from ._hooks import DecodeHook
 from ._model_cache import load_gguf
 from ._checks import check_device, check_spec, check_url, probe_server
 from ._models import BACKENDS, MODELS_FILE, ModelSpec, get_backend, load_models, resolve_model
@@ -22,4 +23,4 @@ __all__ = ["LLMBackend", "LLMOperator", "KnobEditGrammar", "PREFIX", "Parsed", "
            "parse_knob_edit", "parse_source", "KINDS", "MODES", "PROMPTS_DIR", "load_prompts", "render_messages",
            "DEFAULT_MODEL", "Completion", "TransformersBackend", "load_backend", "ModelBandit", "BACKENDS",
            "MODELS_FILE", "ModelSpec", "get_backend", "load_gguf", "load_models", "resolve_model", "LLMScorer",
-           "UNSCORED", "check_device", "check_spec", "check_url", "probe_server"]
+           "UNSCORED", "check_device", "check_spec", "check_url", "probe_server", "DecodeHook"]

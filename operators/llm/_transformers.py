@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import functools
 import importlib.util
 import io
-import math
 import random
 import threading
 import time
@@ -32,6 +30,7 @@ from collections import OrderedDict
 from typing import Any, Iterator, Optional, Sequence
 
 from ._base import Choices, Completion, Gate, LLMBackend, _rows
+from ._hooks import DecodeHook
 from ._model_cache import load_gguf
 
 __all__ = ["TransformersBackend", "load_backend", "DEFAULT_MODEL", "GGUF_MODELS"]
@@ -99,6 +98,29 @@ class TransformersBackend(LLMBackend):
         self._gate: Optional[Gate] = None  # set per completion (complete(gate=...))
         self.gpu_s = 0.0  # seconds held on a GPU (lease slices, synchronised), all completions
         self.gpu_wait_s = 0.0  # seconds waited for the lease before those slices, all completions
+        self.hook: Optional[DecodeHook] = None  # the public decoding hook (operators/llm/_hooks.py)
+
+    def with_model(self, model: Any) -> "TransformersBackend":
+        """This backend's tokenizer, grammar tables and device over another ``model`` (already on
+        the device): its own prompt cache, lock and hook, no adapter state. RL samples its policy
+        with it, through the same decoding loop the operators use."""
+        other = copy.copy(self)
+        other.model, other._placed, other.hook = model, True, None
+        other._cache, other._lock = OrderedDict(), threading.Lock()
+        return other
+
+    def remember_prompt(self, ids: Sequence[int], past: Any, logits: Any) -> None:
+        """Put a prefill of the prompt ``ids`` computed elsewhere (its KV cache and last logits,
+        a vector on the CPU) into this backend's prompt cache: a caller that ran the prompt through
+        the same model already saves the backend that pass."""
+        self._cache[tuple(ids)] = (past, logits)
+        self._cache.move_to_end(tuple(ids))
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    def clear_cache(self) -> None:
+        """Forget every cached prompt (after the model's weights changed)."""
+        self._cache.clear()
 
     # -- adapters (RL updates, issue 8) -----------------------------------------------------
     def load_adapter(self, folder: Any, name: str, gate: Optional[Gate] = None) -> None:
@@ -202,6 +224,8 @@ class TransformersBackend(LLMBackend):
     def _forward(self, ids: Sequence[int], past: Any) -> tuple[Any, Any]:
         """One forward pass of one row's ``ids`` over ``past``: the new cache and the last
         position's logits (a vector over the vocabulary)."""
+        if past is not None and self.hook is not None:
+            self.hook.fed(ids)
         past, logits = self._forward_rows([ids], past)
         return past, logits[0]
 
@@ -254,7 +278,12 @@ class TransformersBackend(LLMBackend):
         except InterruptedError:
             raise _Cancelled() from None
 
-    def _sample(self, logits: Any, ids: Sequence[int], temperature: float, rng: random.Random) -> int:
+    def _sample(self, logits: Any, ids: Optional[Sequence[int]], temperature: float, rng: random.Random) -> int:
+        if self.hook is not None:
+            return int(self.hook.choose(ids, lambda: self._draw(logits, ids, temperature, rng)))
+        return self._draw(logits, ids, temperature, rng)
+
+    def _draw(self, logits: Any, ids: Optional[Sequence[int]], temperature: float, rng: random.Random) -> int:
         sub = logits[list(ids)] if ids is not None else logits
         if temperature <= 0:
             return int(ids[int(sub.argmax())]) if ids is not None else int(sub.argmax())

@@ -7,7 +7,6 @@ resumes; a lost CUDA context ends the stage and its row is skipped the next time
 """
 from __future__ import annotations
 
-import importlib.util
 import faulthandler
 import json
 import os
@@ -19,6 +18,7 @@ from typing import Any, Callable, Optional
 
 import _llm_sample as smp
 from _bench_stages import Run, first_file, read_json, shared_files, write_json
+from _peer_screen import import_peer, screen  # import_peer re-exported: the peers' importer lives below both
 from _llm_report import derive
 
 __all__ = ["manifest_claim", "library_path", "import_peer", "stage_time", "time_shapes", "time_one"]
@@ -58,16 +58,6 @@ def library_path(lib: Any, row: Any, a: Any, w: Any) -> tuple[str, str]:
         return "cuBLAS", why or claim
     entry = (getattr(lib, "kernels", {}) or {}).get((row.m, row.n, row.k, "TN"), {})
     return "evolved", f"{entry.get('template') or 'free-form'} {str(entry.get('candidate', ''))[:12]}".strip()
-
-
-def import_peer(path: Path, name: str = "plain_gemv_peer") -> Any:
-    """A peer module, imported from its file (peers are yardsticks: never copied into the repository)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optional[list[int]] = None) -> bool:
@@ -131,7 +121,6 @@ def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optiona
 
     hung: set = set()
     if peer is not None:  # the peer's configurations that never return, found in a child (bench/_peer_screen.py)
-        from _peer_screen import screen
 
         jobs = [(r.m, r.n, r.k, name) for r in run.sample if r.m <= 16 and r.k % 8 == 0
                 and (retime(r) or not have.get(r.shape, {}).get("cublas_tn_s")) for name in peer.names(r.m)]

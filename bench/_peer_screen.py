@@ -16,6 +16,7 @@ MESSAGE``) on stdout, flushed.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import select
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["screen", "Job"]
+__all__ = ["screen", "Job", "import_peer"]
 
 Job = tuple[int, int, int, str]  # (m, n, k, configuration name as PeerRunner names it)
 
@@ -90,6 +91,16 @@ def _family(name: str) -> str:
     return name.split("<", 1)[0]
 
 
+def import_peer(path: Path, name: str = "plain_gemv_peer") -> Any:
+    """A peer module, imported from its file (peers are yardsticks: never copied into the repository)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _readline(child: subprocess.Popen, limit: float) -> Optional[str]:
     """The child's next line, '' at its end, None when nothing came within ``limit`` seconds."""
     assert child.stdout is not None
@@ -115,7 +126,6 @@ def _child(peer_path: str) -> int:  # pragma: no cover - runs on the GPU machine
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _bench_time import import_peer
     from _llm_timer import PeerRunner
 
     jobs = [tuple(j) for j in json.load(sys.stdin)]

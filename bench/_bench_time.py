@@ -18,8 +18,8 @@ from typing import Any, Callable, Optional
 
 import _llm_sample as smp
 from _bench_stages import Run, first_file, read_json, shared_files, write_json
-from _peer_screen import import_peer, screen  # import_peer re-exported: the peers' importer lives below both
 from _llm_report import derive
+from _peer_screen import import_peer, screen  # import_peer re-exported: the peers' importer lives below both
 
 __all__ = ["manifest_claim", "library_path", "import_peer", "stage_time", "time_shapes", "time_one"]
 
@@ -121,7 +121,6 @@ def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optiona
 
     hung: set = set()
     if peer is not None:  # the peer's configurations that never return, found in a child (bench/_peer_screen.py)
-
         jobs = [(r.m, r.n, r.k, name) for r in run.sample if r.m <= 16 and r.k % 8 == 0
                 and (retime(r) or not have.get(r.shape, {}).get("cublas_tn_s")) for name in peer.names(r.m)]
         t = time.monotonic()

@@ -11,6 +11,7 @@ from ._plan import (POINTER_ARGS, Launch, LaunchPlan, PlanError, ResolvedLaunch,
 from ._records import Candidate, Evaluation, KernelStats, Status, TimerResult, candidate_id
 from ._shape import Shape, ShapeError
 from ._knobs import Constraint, Knob, KnobSpace, TemplateError, knob_key
+from ._staging import stage_grid
 from ._template import Template, load_template, load_templates
 from ._archive import LOCK, MANIFEST, Archive, ArchiveDamagedError, ArchiveError, ArchiveLockedError, CandidateInfo, LineageNode
 from ._bounded import InputFileError, load_toml, read_bounded
@@ -24,7 +25,7 @@ __all__ = [
     "SCHEMA_VERSION", "CodecError", "decode", "encode", "from_plain", "to_plain",
     "ExprError", "evaluate",
     "POINTER_ARGS", "Launch", "LaunchPlan", "PlanError", "ResolvedLaunch", "StagedCopy", "TensorMapSpec",
-    "staged_pitch", "stored_dims",
+    "staged_pitch", "stage_grid", "stored_dims",
     "Candidate", "Evaluation", "KernelStats", "Status", "TimerResult", "candidate_id",
     "Shape", "ShapeError",
     "Constraint", "Knob", "KnobSpace", "TemplateError", "knob_key", "Template", "load_template", "load_templates",

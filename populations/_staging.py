@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping
 
-__all__ = ["with_staging", "STAGE_KNOBS"]
+__all__ = ["with_staging", "stage_grid", "STAGE_KNOBS"]
 
 STAGE_KNOBS = ("STAGE", "STAGE_PITCH", "STAGE_FUSED")
 _PRELUDE = "stage.cuh"
@@ -35,7 +35,14 @@ _B_RAGGED = "(K % 8 != 0 if LAYOUT_TN else N % 8 != 0)"
 #: B as stored: N x K in TN, K x N in NN
 _B_ROWS, _B_COLS = "(N if LAYOUT_TN else K)", "(K if LAYOUT_TN else N)"
 #: one 256-thread block per 256 16-byte vectors of the copies, at most 8 blocks per SM of an H200
-_GRID = "min(cdiv({vectors}, 256), 1056)"
+STAGE_BLOCK, STAGE_MAX_BLOCKS = 256, 1056
+_GRID = f"min(cdiv({{vectors}}, {STAGE_BLOCK}), {STAGE_MAX_BLOCKS})"
+
+
+def stage_grid(vectors: int) -> int:
+    """The pre-pass grid (blocks) for ``vectors`` 16-byte vectors of copies: what ``_GRID`` says,
+    for callers that build a copy launch themselves (the export's launcher for a B padded once)."""
+    return min(-(-vectors // STAGE_BLOCK), STAGE_MAX_BLOCKS)
 
 _KNOBS = {
     "STAGE": {"values": ["none", "A", "B", "AB"], "default": "none", "axis": "padding",
@@ -70,12 +77,12 @@ _A_ARGS = ["A", "stagedA", "M", "K", "ldsa"]
 _B_ARGS = ["B", "stagedB", _B_ROWS, _B_COLS, "ldsb"]
 _LAUNCHES = [
     {"kernel": "evo_stage", "when": "STAGE == STAGE_A or (STAGE == STAGE_AB and not STAGE_FUSED)",
-     "grid": [_GRID.format(vectors="M * (ldsa // 8)"), 1, 1], "block": [256, 1, 1], "smem": 0, "args": _A_ARGS},
+     "grid": [_GRID.format(vectors="M * (ldsa // 8)"), 1, 1], "block": [STAGE_BLOCK, 1, 1], "smem": 0, "args": _A_ARGS},
     {"kernel": "evo_stage", "when": "STAGE == STAGE_B or (STAGE == STAGE_AB and not STAGE_FUSED)",
-     "grid": [_GRID.format(vectors=f"{_B_ROWS} * (ldsb // 8)"), 1, 1], "block": [256, 1, 1], "smem": 0,
+     "grid": [_GRID.format(vectors=f"{_B_ROWS} * (ldsb // 8)"), 1, 1], "block": [STAGE_BLOCK, 1, 1], "smem": 0,
      "args": _B_ARGS},
     {"kernel": "evo_stage2", "when": "STAGE == STAGE_AB and STAGE_FUSED",
-     "grid": [_GRID.format(vectors=f"M * (ldsa // 8) + {_B_ROWS} * (ldsb // 8)"), 1, 1], "block": [256, 1, 1],
+     "grid": [_GRID.format(vectors=f"M * (ldsa // 8) + {_B_ROWS} * (ldsb // 8)"), 1, 1], "block": [STAGE_BLOCK, 1, 1],
      "smem": 0, "args": _A_ARGS + _B_ARGS},
 ]
 

@@ -387,10 +387,12 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
                         (tmp / "src" / f).unlink()
             skipped += [{"shape": s, "reason": d["why"]} for s, d in decisions.items() if d["path"] == "cublas"]
             trials = kept
-        entries = []
+        entries, prepared_launchers = [], []
         for t in trials:
             unit = (tmp / "src" / t.unit).read_text()
             prepared = t.prepared()
+            if prepared:
+                prepared_launchers.append(t.prepared_launcher())
             entries.append({**_entry(t.shape, t.elite, unit, t.workspace, arch), "why": t.why,
                             **({"prepared_b": prepared} if prepared else {}),
                             **({"verify": decisions[str(t.shape)]} if decisions else {})})
@@ -401,7 +403,7 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
         tn = [t.shape for t in trials if t.shape.layout == "TN"]
         nn = [t.shape for t in trials if t.shape.layout == "NN"]
         launchers = [PRELUDE, *[t.launcher(f"evo_hgemm_{t.shape.key}") for t in trials],
-                     *[t.prepared_launcher() for t in trials if t.prepared()],
+                     *prepared_launchers,
                      dispatcher("evo_hgemm", tn), dispatcher("evo_hgemm_nn", nn)]
         (tmp / "src" / "launchers.cu").write_text("\n".join(launchers))
         _link(tmp / "src", [t.unit[:-3] + ".o" for t in trials], gencode, "launchers.cu", tmp / LIBRARY)

@@ -9,7 +9,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from populations import Candidate, Shape
+from populations import Candidate, Shape, stage_grid
 
 __all__ = ["PRELUDE", "dispatcher", "extern_c_kernels", "kernel_unit", "launcher", "prepared_b", "split_includes"]
 
@@ -44,8 +44,7 @@ def _without_b_copy(launches: list[Any], kernels: list[str]) -> list[Any]:
             if "evo_stage" not in kernels:
                 raise ValueError("a prepared-B launcher needs evo_stage among the unit's kernels")
             a_args = rl.args[:5]  # A, stagedA, M, K, ldsa (populations/_staging.py _A_ARGS)
-            vectors = a_args[2] * (a_args[4] // 8)
-            out.append(replace(rl, kernel="evo_stage", args=a_args, grid=(min(-(-vectors // 256), 1056), 1, 1)))
+            out.append(replace(rl, kernel="evo_stage", args=a_args, grid=(stage_grid(a_args[2] * (a_args[4] // 8)), 1, 1)))
     return out
 
 

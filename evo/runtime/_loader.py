@@ -62,7 +62,7 @@ class EvoLibrary:
         self.kernels = {(e["m"], e["n"], e["k"], e["layout"]): e for e in self.manifest["kernels"]}
         self.reason: Optional[str] = None
         self._lib: Optional[ctypes.CDLL] = None
-        self._fns: dict[tuple[int, int, int, str], Any] = {}
+        self._fns: dict[tuple[int, int, int, str, bool], Any] = {}
         self._workspaces: dict[tuple[int, int], Any] = {}
         self._lock = threading.Lock()
         self._open()
@@ -89,13 +89,17 @@ class EvoLibrary:
     def active(self) -> bool:
         return self._lib is not None
 
-    def _function(self, key: tuple[int, int, int, str]) -> Any:
-        fn = self._fns.get(key)
+    def _function(self, key: tuple[int, int, int, str], prepared: bool = False) -> Any:
+        """The launcher of ``key`` through ctypes (cached): the plain one, or with ``prepared`` the
+        one for a B padded once (``prepared_b``: an ``ldb`` after B)."""
+        fn = self._fns.get((*key, prepared))
         if fn is None:
-            fn = getattr(self._lib, self.kernels[key]["symbol"])
+            entry = self.kernels[key]
+            fn = getattr(self._lib, entry["prepared_b"]["symbol"] if prepared else entry["symbol"])
             fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
-            self._fns[key] = fn
+            b = [ctypes.c_void_p, ctypes.c_longlong] if prepared else [ctypes.c_void_p]
+            fn.argtypes = [ctypes.c_void_p, *b, ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
+            self._fns[(*key, prepared)] = fn
         return fn
 
     def route(self, a: Any, b: Any) -> Optional[tuple[int, int, int, str]]:
@@ -164,18 +168,27 @@ class EvoLibrary:
         key = self.route(a, b)
         if key is None:
             return torch.matmul(a, b)
+        return self._launch(a, key, [b.data_ptr()], lambda: torch.matmul(a, b))
+
+    def _launch(self, a: Any, key: tuple[int, int, int, str], b_args: list[int], fallback: Any,
+                prepared: bool = False) -> Any:
+        """Run ``key``'s launcher (``prepared``: the one for a B padded once) on ``a`` and B's
+        arguments ``b_args``, on torch's current stream: C, or ``fallback()`` where the launcher
+        says the kernel cannot run on this device (-1: a grid that must be resident does not fit)."""
+        import torch
+
         m, n, k, _ = key
         c = torch.empty((m, n), dtype=torch.float16, device=a.device)
         entry = self.kernels[key]
         ws = self._workspace(a, int(entry["workspace_bytes"]))
-        fn = self._function(key)
+        fn = self._function(key, prepared)
         other = a.device.index is not None and a.device.index != torch.cuda.current_device()
         with torch.cuda.device(a.device) if other else nullcontext():  # its runtime follows the current context
-            rc = fn(a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k, ws, torch.cuda.current_stream().cuda_stream)
-        if rc == -1:  # the kernel cannot run on this device (a grid that must be resident does not fit)
-            return torch.matmul(a, b)
+            rc = fn(a.data_ptr(), *b_args, c.data_ptr(), m, n, k, ws, torch.cuda.current_stream().cuda_stream)
+        if rc == -1:
+            return fallback()
         if rc:
-            raise RuntimeError(f"evo_hgemm_{entry['key']} failed with code {rc}")
+            raise RuntimeError(f"{entry['prepared_b']['symbol'] if prepared else entry['symbol']} failed with code {rc}")
         return c
 
     def _workspace(self, a: Any, nbytes: int) -> int:
@@ -199,25 +212,8 @@ class EvoLibrary:
         prep = entry.get("prepared_b") if entry else None
         if prep is None or pw.padded is None or pw.padded.device != a.device:
             return self.evo_hgemm(a, pw.weight.t())
-        m, n, k, _ = key
-        fn = self._fns.get((*key, "wb"))
-        if fn is None:
-            fn = getattr(self._lib, prep["symbol"])
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p] + [ctypes.c_int] * 3 \
-                + [ctypes.c_void_p] * 2
-            self._fns[(*key, "wb")] = fn
-        c = torch.empty((m, n), dtype=torch.float16, device=a.device)
-        ws = self._workspace(a, int(entry["workspace_bytes"]))
-        other = a.device.index is not None and a.device.index != torch.cuda.current_device()
-        with torch.cuda.device(a.device) if other else nullcontext():
-            rc = fn(a.data_ptr(), pw.padded.data_ptr(), pw.padded.stride(0), c.data_ptr(), m, n, k, ws,
-                    torch.cuda.current_stream().cuda_stream)
-        if rc == -1:
-            return torch.matmul(a, pw.weight.t())
-        if rc:
-            raise RuntimeError(f"{prep['symbol']} failed with code {rc}")
-        return c
+        return self._launch(a, key, [pw.padded.data_ptr(), pw.padded.stride(0)], lambda: torch.matmul(a, pw.weight.t()),
+                            prepared=True)
 
 
 @dataclass(frozen=True)

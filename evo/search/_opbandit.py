@@ -65,11 +65,10 @@ class OperatorBandit:
             raise ValueError("bandit: explore in [0, 1], prior_gain and prior_cost_s > 0")
         self.version: dict[str, str] = {}      # operator -> the adapter its latest proposal used
         self.gain: Counter = Counter()         # arm -> summed gain
-        self.cost_s: Counter = Counter()       # arm -> GPU seconds
         self.llm_s: Counter = Counter()        # arm -> of which the model's own GPU seconds
         self.children: Counter = Counter()     # arm -> evaluated children
         self.gainers: Counter = Counter()      # arm -> children with a positive gain
-        # the posterior: reward = gain in units, cost = GPU seconds (the core the model bandit shares)
+        # the posterior: reward = gain in units, cost = GPU seconds (cost_s; the core the model bandit shares)
         self.rates = ThompsonRates(self.config.prior_gain, self.config.prior_cost_s)
 
     def reward(self, name: str, improved: bool) -> None:
@@ -90,7 +89,6 @@ class OperatorBandit:
         """Model GPU seconds of operator ``name`` (an LLM's inference): cost without a child."""
         self._note_version(name, version)
         arm = self.arm(name, version)
-        self.cost_s[arm] += max(0.0, gpu_s)
         self.llm_s[arm] += max(0.0, gpu_s)
         self.rates.add(arm, cost=gpu_s)
 
@@ -102,8 +100,12 @@ class OperatorBandit:
         self.children[arm] += 1
         self.gain[arm] += max(0.0, gain)
         self.gainers[arm] += gain > 0
-        self.cost_s[arm] += max(0.0, gpu_s)
         self.rates.add(arm, reward=max(0.0, gain) / self.config.unit, cost=gpu_s)
+
+    @property
+    def cost_s(self) -> Counter:
+        """Arm -> GPU seconds charged (children's evaluations and the model's own): the posterior's cost."""
+        return self.rates.cost
 
     def rate(self, name: str) -> float:
         """Posterior mean gain (log speedup) per GPU-second of ``name``'s current arm."""

@@ -45,12 +45,23 @@ _SHARED = ("../shared", str(HERE.parent.parent / "shared"), str(HERE.parent / "s
 CSV_DEFAULTS = tuple(f"{d}/shapes/llm_layers.csv" for d in _SHARED)
 
 
-def seed_jobs(csv: Path, per_template: int, arch: str, seed: int = 0) -> list[tuple[str, Candidate, dict]]:
-    """(shape key, candidate, labels) for every seed of every template on the LLM-layer sample,
-    round-robin over shapes."""
+def random_rows(seeds: Iterable[int]) -> list:
+    """The random-shape benchmark's rows for each of ``seeds`` (``_rand_shapes.generate``, as
+    ``random_shapes_bench.py --seed`` draws them), each shape once."""
+    import _rand_shapes as gen
+
+    seen: set = set()
+    return [r for s in seeds for r in gen.generate(s) if not (r.key in seen or seen.add(r.key))]
+
+
+def seed_jobs(csv: Optional[Path], per_template: int, arch: str, seed: int = 0,
+              rows: Optional[list] = None) -> list[tuple[str, Candidate, dict]]:
+    """(shape key, candidate, labels) for every seed of every template on the LLM-layer sample
+    (or on ``rows``, anything with ``shape`` and ``classes``), round-robin over shapes."""
     from evo.search._seeding import seed_population  # the engine's own seeding (not re-exported by evo)
 
-    rows = smp.sample(smp.candidate_pool(smp.read_rows(csv)))
+    if rows is None:
+        rows = smp.sample(smp.candidate_pool(smp.read_rows(csv)))
     templates = list(load_templates().values())
     per_shape = []
     for row in rows:
@@ -178,11 +189,19 @@ def main(argv: Optional[list[str]] = None, pool_factory: Optional[Callable[..., 
     ap.add_argument("--compile-workers", type=int, default=min(12, os.cpu_count() or 4))
     ap.add_argument("--static", action="store_true", help="part (a) on the CPU: every seed through scan, compile, PTX scan and SASS check")
     ap.add_argument("--arch", default="sm_90a", help="with --static: the target architecture")
+    ap.add_argument("--random-seeds", default="", help="comma-separated seeds: also every template's seeds on "
+                    "the random-shape benchmark's shapes of those seeds (a part of its own, its own budget)")
     ap.add_argument("--json", default=None, help="write the summary here")
     args = ap.parse_args(argv)
+    try:
+        rand_seeds = [int(x) for x in args.random_seeds.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--random-seeds: comma-separated integers, not {args.random_seeds!r}")
     if args.static:
         import tempfile
-        jobs = seed_jobs(_first(args.csv, CSV_DEFAULTS), args.per_template, args.arch)
+        jobs = [] if args.skip_seeds else seed_jobs(_first(args.csv, CSV_DEFAULTS), args.per_template, args.arch)
+        if rand_seeds:
+            jobs += seed_jobs(None, args.per_template, args.arch, rows=random_rows(rand_seeds))
         with tempfile.TemporaryDirectory() as cache:
             report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                       "command": " ".join(["python3", "bench/false_rejections.py", *(argv or sys.argv[1:])]),
@@ -205,13 +224,17 @@ def main(argv: Optional[list[str]] = None, pool_factory: Optional[Callable[..., 
             report["seeds"] = run_jobs(pool, seed_jobs(_first(args.csv, CSV_DEFAULTS), args.per_template, arch),
                                        args.budget_s)
             _print("seeds", report["seeds"])
+        if rand_seeds:
+            report["random_seeds"] = run_jobs(pool, seed_jobs(None, args.per_template, arch,
+                                                              rows=random_rows(rand_seeds)), args.budget_s)
+            _print(f"seeds on the random shapes of seeds {rand_seeds}", report["random_seeds"])
         if args.archive:
             report["archive"] = run_jobs(pool, archive_jobs(args.archive, args.top), args.budget_s)
             _print("archive elites", report["archive"])
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))
-    bad = sum(report[p]["false_rejections"] for p in ("seeds", "archive") if p in report)
+    bad = sum(report[p]["false_rejections"] for p in ("seeds", "random_seeds", "archive") if p in report)
     return 0 if bad == 0 else 1
 
 

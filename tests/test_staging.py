@@ -342,6 +342,47 @@ def test_prepared_weights_give_the_same_product(tmp_path):
     assert lib.prepare_weight(torch.randn(96, 64, device="cuda").half()).padded is None  # not exported
 
 
+@pytest.mark.gpu
+def test_patched_linear_holds_its_weight_padded_once(tmp_path):
+    """``evo.torch.patch`` on an ``nn.Linear`` whose kernel stages B (K % 8 != 0): the module holds
+    its weight padded once, calls ``linear_prepared`` (an evolved kernel, no fallback), matches
+    F.linear, and pads again after the weight changes in place (no stale copy in use)."""
+    import torch
+
+    from archive_fixture import ok as ok_eval
+    from evo.export._export import export, load_library
+    from evo.torch import call_counts, patched, reset_counts
+    from populations import Archive
+
+    t = load_templates()["sm90_wgmma"]
+    s = Shape.parse("64x4096x1001")
+    with Archive(tmp_path / "arch", "w") as a:
+        c = t.candidate(t.heuristic(s, 90)[0], s)
+        a.record(c, [ok_eval(c, s, 1.5)])
+    export(tmp_path / "arch", tmp_path / "lib")
+    lib = load_library(tmp_path / "lib")
+    assert lib.active, lib.reason
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(s.k, s.n, bias=True)).half().cuda().eval()
+    x = torch.randn(s.m, s.k, device="cuda").half()
+
+    def check(got):
+        ref = torch.nn.functional.linear(x.float(), model[0].weight.float(), model[0].bias.float())
+        assert ((got.float() - ref).norm() / ref.norm()).item() < 2e-3
+
+    with torch.no_grad(), patched(model, lib) as report:
+        assert report.prepared == ["0"], str(report)
+        pad = model[0]._evo_wpad
+        assert pad is not None and pad.stride(0) % 64 == 0 and torch.equal(pad[:, :s.k], model[0].weight)
+        reset_counts()
+        check(model(x))
+        model[0].weight.mul_(-0.5)  # in place: the version counter moves, the copy is made again
+        check(model(x))
+        assert torch.equal(model[0]._evo_wpad[:, :s.k], model[0].weight)
+        torch.cuda.synchronize()
+        assert call_counts() == (2, 0)
+
+
 
 
 def test_transfer_from_an_aligned_neighbour_stages_a_ragged_target(templates):

@@ -56,6 +56,15 @@ def test_fallbacks_equal_matmul_and_linear(ops: object) -> None:
     assert torch.equal(ops.linear(x3.float(), w.float(), None), torch.nn.functional.linear(x3.float(), w.float()))
     with pytest.raises(RuntimeError):
         ops.mm(a, w)  # 5x8 @ 6x8: the fallback's own error, not a silent wrong answer
+    pad = torch.zeros(6, 64).half()
+    pad[:, :8] = w
+    assert torch.equal(ops.linear_prepared(a, w, pad, bias), torch.nn.functional.linear(a, w, bias))
+    assert torch.equal(ops.linear_prepared(x3, w, pad), torch.nn.functional.linear(x3, w))
+    ops.register_kernel(5, 6, 8, "TN", 1, 0)
+    ops.register_prepared(5, 6, 8, 1)  # beside a registered kernel; alone it is refused
+    with pytest.raises(RuntimeError, match="before its prepared-B launcher"):
+        ops.register_prepared(5, 6, 9, 1)
+    ops.clear_kernels()
 
 
 def test_meta_fake_and_compile(ops: object) -> None:

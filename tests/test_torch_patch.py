@@ -130,3 +130,59 @@ def test_uncovered_token_counts_skip_the_op() -> None:
                 assert log.ops.count("evo_native.linear.default") == calls, shape
                 assert torch.equal(got, ref), shape
     assert not hasattr(model.up, "_evo_rows")
+
+
+class StagingLibraryDouble(LibraryDouble):
+    """Test double of an active EvoLibrary whose kernels for (32, 12) stage B (K % 8 != 0): its
+    launchers are the address of a libc function that nothing calls (CPU tensors take the
+    operator's fallback), and ``prepare_weight`` pads on the CPU as the real one does on a GPU."""
+
+    active = True
+    reason = ""
+
+    def __init__(self, *keys: tuple[int, int, int, str]) -> None:
+        super().__init__(*keys)
+        for key in keys:
+            self.kernels[key]["prepared_b"] = {"symbol": "evo_hgemm_x_wb"}
+        self.pads = 0
+
+    def launcher(self, key: tuple[int, int, int, str]) -> tuple[object, int]:
+        import ctypes
+
+        return ctypes.CDLL(None).abs, 0
+
+    def prepared_launcher(self, key: tuple[int, int, int, str]) -> object:
+        return self.launcher(key)[0]
+
+    def prepare_weight(self, weight: "torch.Tensor") -> object:
+        from types import SimpleNamespace
+
+        self.pads += 1
+        n, k = weight.shape
+        padded = torch.zeros((n, -(-k // 64) * 64), dtype=weight.dtype)
+        padded[:, :k] = weight
+        return SimpleNamespace(weight=weight, padded=padded)
+
+
+def test_a_staging_kernel_gets_the_weight_padded_once_and_kept_fresh() -> None:
+    lib = StagingLibraryDouble((8, 32, 12, "TN"))
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(12, 32), nn.Linear(32, 12)).half().eval()
+    x = torch.randn(8, 12).half()
+    with torch.no_grad():
+        ref = model[0](x)
+        with patched(model, lib) as report:
+            assert report.prepared == ["0"] and "(weight padded once)" in str(report)
+            assert [p[0] for p in report.patched] == ["0"] and lib.pads == 1
+            with OpLog() as log:
+                got = model[0](x)
+            assert log.ops.count("evo_native.linear_prepared.default") == 1 and torch.equal(got, ref)
+            model[0](x)
+            assert lib.pads == 1  # an unchanged weight is not padded again
+            model[0].weight.mul_(2)  # in place: the next call pads again
+            model[0](x)
+            assert lib.pads == 2 and torch.equal(model[0]._evo_wpad[:, :12], model[0].weight)
+            model[0].weight = nn.Parameter(torch.randn(32, 12).half())  # replaced
+            assert torch.equal(model[0](x), nn.functional.linear(x, model[0].weight, model[0].bias))
+            assert lib.pads == 3
+        assert not hasattr(model[0], "_evo_wpad") and not hasattr(model[0], "_evo_wpad_of")

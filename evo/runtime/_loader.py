@@ -135,6 +135,14 @@ class EvoLibrary:
             raise RuntimeError(f"library not loaded: {self.reason}")
         return self._function(key), int(self.kernels[key]["workspace_bytes"])
 
+    def prepared_launcher(self, key: tuple[int, int, int, str]) -> Optional[Any]:
+        """The exported C function for ``key`` that takes B padded once (``fn(A, B, ldb, C, M, N,
+        K, workspace, stream) -> int``, see :meth:`prepare_weight`), or None where the kernel
+        does not stage B. Raises like :meth:`launcher`."""
+        if self._lib is None:
+            raise RuntimeError(f"library not loaded: {self.reason}")
+        return self._function(key, prepared=True) if self.kernels[key].get("prepared_b") else None
+
     def prepare_weight(self, weight: Any) -> "PreparedWeight":
         """``weight`` (N x K, fp16, as ``nn.Linear`` stores it: B of the TN layout) with, where an
         exported kernel of this (N, K) copies B into aligned rows every call (the alignment

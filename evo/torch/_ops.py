@@ -9,7 +9,8 @@ a new build and nothing stale is ever loaded. No ninja, no setuptools: one compi
 
 :func:`register` fills the operator's dispatch table from an exported library: the address of
 each exported C launcher (the ``evo_hgemm_<key>`` symbols of ``libevo_hgemm.so``, found through
-ctypes) under its (M, N, K, layout). Only shapes the export sent to an evolved kernel are in a
+ctypes) under its (M, N, K, layout), and beside a TN kernel that stages B its launcher for a
+weight padded once (``evo_hgemm_<key>_wb``, which ``linear_prepared`` calls). Only shapes the export sent to an evolved kernel are in a
 library's manifest, so the table never holds a kernel slower than cuBLAS.
 """
 from __future__ import annotations
@@ -148,6 +149,9 @@ def register(library: Any) -> int:
             fn, workspace = library.launcher(key)
             m, n, k, layout = key
             ops.register_kernel(m, n, k, layout, ctypes.cast(fn, ctypes.c_void_p).value, workspace)
+            prepared = library.prepared_launcher(key) if layout == "TN" else None
+            if prepared is not None:  # the launcher for a weight padded once (linear_prepared)
+                ops.register_prepared(m, n, k, ctypes.cast(prepared, ctypes.c_void_p).value)
         return int(ops.kernel_count())
 
 

@@ -12,6 +12,15 @@ qualify (CUDA, fp16, contiguous, 16-byte aligned, no gradients needed), the bias
 cuBLAS otherwise. Patching is an instance attribute, so :func:`unpatch`
 (or leaving :func:`patched`) restores the class's forward exactly.
 
+Weights padded once: where a kernel for the module's (N, K) copies B into aligned rows every
+call (the alignment transform, K % 8 != 0), the module holds a zero-padded copy of its weight
+made at patch time (``EvoLibrary.prepare_weight``; N x K more memory) and a covered call goes to
+``torch.ops.evo_native.linear_prepared(x, weight, padded, bias)``, which copies only A per call.
+The copy follows the weight: a call that finds the weight changed since (in place, which bumps
+its version counter, or replaced or moved) pads it again first, so an update or a
+``load_state_dict`` never leaves a stale copy in use. Writes through ``weight.data`` bypass the
+version counter: patch again after them.
+
 The operator's table is process-wide: patching with a library registers that library's kernels
 (:func:`evo.torch.register`), replacing another library's.
 """
@@ -33,6 +42,11 @@ _ROWS = "_evo_rows"
 _OP: Any = None
 #: torch.nn.functional.linear, bound by :func:`patch` (this module imports torch lazily)
 _linear: Any = None
+#: torch.ops.evo_native.linear_prepared.default, bound by :func:`patch`
+_OP_P: Any = None
+#: a patched module's attributes for a weight padded once: the copy (or None), and the weight's
+#: (version, data pointer, device) when it was made
+_PAD, _PAD_OF = "_evo_wpad", "_evo_wpad_of"
 
 
 @dataclass
@@ -44,12 +58,16 @@ class PatchReport:
     patched: list[tuple[str, int, int, tuple[int, ...]]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     note: str = ""
+    #: patched modules whose weight is held padded once (their kernels stage B)
+    prepared: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"evo.torch.patch: {len(self.patched)} nn.Linear patched, {len(self.skipped)} left to cuBLAS"]
         if self.note:
             lines.append(f"  note: {self.note}")
-        lines += [f"  patched {name}: N={n} K={k} for M in {list(ms)}" for name, n, k, ms in self.patched]
+        pads = set(self.prepared)
+        lines += [f"  patched {name}: N={n} K={k} for M in {list(ms)}" + (" (weight padded once)" if name in pads else "")
+                  for name, n, k, ms in self.patched]
         lines += [f"  skipped {name}: {why}" for name, why in self.skipped]
         return "\n".join(lines)
 
@@ -66,8 +84,42 @@ def coverage(library: Any) -> dict[tuple[int, int], tuple[int, ...]]:
 def _forward(self: Any, x: Any) -> Any:
     """A patched ``nn.Linear.forward``: the native operator for the covered token counts only."""
     if x.numel() // self.in_features in self._evo_rows:
-        return _OP(x, self.weight, self.bias)
+        if self._evo_wpad is None:
+            return _OP(x, self.weight, self.bias)
+        w = self.weight
+        if self._evo_wpad_of != _stamp(w):
+            _pad_weight(self)
+        return _OP_P(x, w, self._evo_wpad, self.bias)
     return _linear(x, self.weight, self.bias)
+
+
+def _pad_weight(mod: Any) -> None:
+    """(Re)make ``mod``'s weight padded once through the registered library; None where its
+    kernels do not stage B or the weight is not on a GPU (the op then takes the plain path)."""
+    import torch
+
+    from ._ops import registered
+
+    lib, w = registered(), mod.weight
+    with torch.no_grad():
+        pad = lib.prepare_weight(w.detach()).padded if lib is not None and getattr(lib, "active", False) else None
+    setattr(mod, _PAD, pad)
+    setattr(mod, _PAD_OF, _stamp(w))
+
+
+def _stamp(w: Any) -> tuple[int, int, Any]:
+    """What says a weight changed: its version counter (in-place writes, ``load_state_dict``;
+    not writes through ``.data``, which has a counter of its own), data pointer and device."""
+    try:
+        version = w._version
+    except RuntimeError:  # an inference tensor has no version counter (and cannot be written in place)
+        version = -1
+    return version, w.data_ptr(), w.device
+
+
+def _stages_b(library: Any, n: int, k: int) -> bool:
+    """Whether any exported TN kernel of (N, K) has a launcher for a weight padded once."""
+    return any(e.get("prepared_b") for (_, en, ek, layout), e in library.kernels.items() if (en, ek, layout) == (n, k, "TN"))
 
 
 def _why_not(mod: Any, cover: dict[tuple[int, int], tuple[int, ...]]) -> str:
@@ -90,7 +142,7 @@ def patch(model: Any, library: Union[Any, str, os.PathLike]) -> PatchReport:
     """Patch ``model``'s covered ``nn.Linear`` modules (see the module doc); returns the report.
 
     ``library`` is an :class:`evo.export._export.EvoLibrary` or the path of an export."""
-    global _OP, _linear
+    global _OP, _OP_P, _linear
     import torch
 
     from ._ops import load_ops, register
@@ -101,6 +153,7 @@ def patch(model: Any, library: Union[Any, str, os.PathLike]) -> PatchReport:
         library = load_library(library)
     load_ops()
     _OP = torch.ops.evo_native.linear.default
+    _OP_P = torch.ops.evo_native.linear_prepared.default
     _linear = torch.nn.functional.linear
     register(library)
     cover = coverage(library)
@@ -114,6 +167,12 @@ def patch(model: Any, library: Union[Any, str, os.PathLike]) -> PatchReport:
         if why:
             report.skipped.append((name, why))
             continue
+        setattr(mod, _PAD, None)
+        if getattr(library, "active", False) and _stages_b(library, mod.out_features, mod.in_features):
+            _pad_weight(mod)
+            if getattr(mod, _PAD) is not None:
+                report.prepared.append(name)
+        setattr(mod, _PAD_OF, getattr(mod, _PAD_OF, None))
         mod.forward = types.MethodType(_forward, mod)
         setattr(mod, _ROWS, frozenset(cover[mod.out_features, mod.in_features]))
         setattr(mod, _MARK, True)
@@ -127,8 +186,8 @@ def unpatch(model: Any) -> int:
     for mod in model.modules():
         if getattr(mod, _MARK, False):
             del mod.forward
-            delattr(mod, _MARK)
-            delattr(mod, _ROWS)
+            for attr in (_MARK, _ROWS, _PAD, _PAD_OF):
+                delattr(mod, attr)
             count += 1
     return count
 

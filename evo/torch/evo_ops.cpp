@@ -2,6 +2,10 @@
 //
 //   torch.ops.evo_native.mm(a, b)              a @ b
 //   torch.ops.evo_native.linear(x, w, bias)    F.linear(x, w, bias)
+//   torch.ops.evo_native.linear_prepared(x, w, wpad, bias)
+//                                              F.linear(x, w, bias), B read from wpad: w padded once
+//                                              (N x ldb, zeros past K), through the export's
+//                                              launcher for a B padded once where the table has one
 //
 // Exact-shape dispatch: a CUDA call whose (M, N, K, layout) is in the table that
 // evo.torch.register fills from an exported library (the C launchers of `evo export`, by
@@ -43,9 +47,13 @@ namespace {
 // int evo_hgemm_<key>(A, B, C, M, N, K, workspace, stream), as evo export writes it.
 using Launcher = int (*)(const void*, const void*, void*, int, int, int, void*, void*);
 
+// int evo_hgemm_<key>_wb(A, B, ldb, C, M, N, K, workspace, stream): B already padded (rows ldb apart).
+using PreparedLauncher = int (*)(const void*, const void*, long long, void*, int, int, int, void*, void*);
+
 struct Kernel {
   Launcher fn;
   int64_t workspace;
+  PreparedLauncher prepared = nullptr;  // set by register_prepared for a kernel that stages B
 };
 
 inline uint64_t key_of(int64_t m, int64_t n, int64_t k, bool tn) {
@@ -72,6 +80,14 @@ void register_kernel(int64_t m, int64_t n, int64_t k, const std::string& layout,
   TORCH_CHECK(address != 0 && workspace >= 0, "evo_native: bad launcher");
   std::lock_guard<std::mutex> g(table_mutex);
   table[key_of(m, n, k, layout == "TN")] = Kernel{reinterpret_cast<Launcher>(address), workspace};
+}
+
+void register_prepared(int64_t m, int64_t n, int64_t k, int64_t address) {
+  TORCH_CHECK(address != 0, "evo_native: bad launcher");
+  std::lock_guard<std::mutex> g(table_mutex);
+  auto it = table.find(key_of(m, n, k, true));
+  TORCH_CHECK(it != table.end(), "evo_native: register the kernel for ", m, "x", n, "x", k, " TN before its prepared-B launcher");
+  it->second.prepared = reinterpret_cast<PreparedLauncher>(address);
 }
 
 void clear_kernels() {
@@ -103,6 +119,11 @@ at::Tensor linear_fallback(const at::Tensor& x, const at::Tensor& w, const c10::
   return at::linear(x, w, bias);
 }
 
+at::Tensor linear_prepared_fallback(const at::Tensor& x, const at::Tensor& w, const at::Tensor& wpad,
+                                    const c10::optional<at::Tensor>& bias) {
+  return at::linear(x, w, bias);
+}
+
 #ifdef EVO_WITH_CUDA
 // The launcher for C (m x n) = A (m x k) . B where B is w^T (TN) or a (k x n) matrix (NN), or
 // nothing when the table has no kernel for it
@@ -121,14 +142,18 @@ inline bool half_cuda(const at::Tensor& t, const at::Device& dev) {
 
 // Runs the exported kernel into c; false when the launcher answers -1 (the kernel cannot run on
 // this device: a grid that must be resident at once does not fit), and the caller falls back.
+// With ``ldb`` > 0, ``b`` is the weight padded once and the prepared launcher runs.
 bool launch(const Kernel& kn, const at::Tensor& a, const at::Tensor& b, at::Tensor& c, int64_t m, int64_t n,
-            int64_t k) {
+            int64_t k, int64_t ldb = 0) {
   c10::cuda::CUDAGuard guard(a.device());
   at::Tensor ws;
   if (kn.workspace) ws = at::empty({kn.workspace}, a.options().dtype(at::kByte));
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.device().index()).stream();
-  int rc = kn.fn(a.data_ptr(), b.data_ptr(), c.data_ptr(), int(m), int(n), int(k),
-                  kn.workspace ? ws.data_ptr() : nullptr, reinterpret_cast<void*>(stream));
+  void* wsp = kn.workspace ? ws.data_ptr() : nullptr;
+  int rc = ldb > 0 ? kn.prepared(a.data_ptr(), b.data_ptr(), (long long)ldb, c.data_ptr(), int(m), int(n), int(k), wsp,
+                                 reinterpret_cast<void*>(stream))
+                   : kn.fn(a.data_ptr(), b.data_ptr(), c.data_ptr(), int(m), int(n), int(k), wsp,
+                           reinterpret_cast<void*>(stream));
   if (rc == -1) return false;
   TORCH_CHECK(rc == 0, "evo_native: the exported kernel for ", m, "x", n, "x", k, " failed with code ", rc);
   n_evolved.fetch_add(1, std::memory_order_relaxed);
@@ -151,7 +176,9 @@ at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b) {
   return mm_fallback(a, b);
 }
 
-at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+// ``wpad``: w padded once (N x ldb, ldb >= K, unit column stride), or undefined: the plain path.
+at::Tensor linear_any(const at::Tensor& x, const at::Tensor& w, const at::Tensor* wpad,
+                      const c10::optional<at::Tensor>& bias) {
   if (x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(1) && x.numel() > 0 && x.is_contiguous() &&
       half_cuda(x, x.device()) && half_cuda(w, x.device()) && row_major(w.size(0), w.size(1), w.stride(0), w.stride(1))) {
     const int64_t k = w.size(1), n = w.size(0), m = x.numel() / k;
@@ -161,11 +188,15 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& w, const c10::opti
                                           bias->dim() == 1 && bias->size(0) == n);
     std::optional<Kernel> kn;
     if (plain_bias) kn = find(m, n, k, true);
+    // the padded copy only where the kernel has a launcher for it and the copy has the weight's shape
+    const bool use_pad = kn && kn->prepared && wpad && wpad->defined() && wpad->dim() == 2 && wpad->size(0) == n &&
+                         wpad->size(1) >= k && wpad->stride(1) == 1 && wpad->stride(0) % 8 == 0 &&
+                         half_cuda(*wpad, x.device());
     if (kn) {
       std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
       out_shape.back() = n;
       at::Tensor c = at::empty(out_shape, x.options());
-      if (launch(*kn, x, w, c, m, n, k)) {
+      if (use_pad ? launch(*kn, x, *wpad, c, m, n, k, wpad->stride(0)) : launch(*kn, x, w, c, m, n, k)) {
         if (has_bias) c.add_(*bias);  // bias after the GEMM, as nn.Linear adds it
         return c;
       }
@@ -173,6 +204,15 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& w, const c10::opti
   }
   n_fallback.fetch_add(1, std::memory_order_relaxed);
   return linear_fallback(x, w, bias);
+}
+
+at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  return linear_any(x, w, nullptr, bias);
+}
+
+at::Tensor linear_prepared_cuda(const at::Tensor& x, const at::Tensor& w, const at::Tensor& wpad,
+                                const c10::optional<at::Tensor>& bias) {
+  return linear_any(x, w, &wpad, bias);
 }
 #endif
 
@@ -202,12 +242,25 @@ at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& w, const c10::
   return op.call(x, w, bias);
 }
 
+at::Tensor linear_prepared_autograd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& wpad,
+                                    const c10::optional<at::Tensor>& bias) {
+  at::Tensor none;
+  if (wants_grad({&x, &w, bias.has_value() ? &*bias : &none})) return at::linear(x, w, bias);
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("evo_native::linear_prepared", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const c10::optional<at::Tensor>&)>();
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(x, w, wpad, bias);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(evo_native, m) {
   m.def("mm(Tensor a, Tensor b) -> Tensor");
   m.def("linear(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
+  m.def("linear_prepared(Tensor x, Tensor w, Tensor wpad, Tensor? bias=None) -> Tensor");
   m.def("register_kernel(int m, int n, int k, str layout, int address, int workspace) -> ()", &register_kernel);
+  m.def("register_prepared(int m, int n, int k, int address) -> ()", &register_prepared);
   m.def("clear_kernels() -> ()", &clear_kernels);
   m.def("kernel_count() -> int", &kernel_count);
   m.def("has_cuda() -> bool", &has_cuda);
@@ -218,21 +271,25 @@ TORCH_LIBRARY(evo_native, m) {
 TORCH_LIBRARY_IMPL(evo_native, CPU, m) {
   m.impl("mm", &mm_fallback);
   m.impl("linear", &linear_fallback);
+  m.impl("linear_prepared", &linear_prepared_fallback);
 }
 
 TORCH_LIBRARY_IMPL(evo_native, Meta, m) {
   m.impl("mm", &mm_fallback);
   m.impl("linear", &linear_fallback);
+  m.impl("linear_prepared", &linear_prepared_fallback);
 }
 
 #ifdef EVO_WITH_CUDA
 TORCH_LIBRARY_IMPL(evo_native, CUDA, m) {
   m.impl("mm", &mm_cuda);
   m.impl("linear", &linear_cuda);
+  m.impl("linear_prepared", &linear_prepared_cuda);
 }
 #endif
 
 TORCH_LIBRARY_IMPL(evo_native, Autograd, m) {
   m.impl("mm", &mm_autograd);
   m.impl("linear", &linear_autograd);
+  m.impl("linear_prepared", &linear_prepared_autograd);
 }

@@ -1,5 +1,7 @@
 """Hardware counters for the decode gap (issue 26): where the decode families' first picks lose to a
 pure weight read, profiled with Nsight Compute beside the plain peer, cuBLAS and the read floor.
+With ``--templates`` any family's first picks (issue 34's mid shapes: ``--templates
+sm90_wgmma,streamk90 --picks 2 --no-peer --no-floor``, and the tensor-pipe columns).
 
     ncu --clock-control none --nvtx --nvtx-include "prof/" --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
@@ -7,7 +9,7 @@ pure weight read, profiled with Nsight Compute beside the plain peer, cuBLAS and
     ncu -i $OUT/prof.ncu-rep --csv --page raw > $OUT/prof.csv
     python3 bench/decode_profile.py --summarize $OUT/prof.csv --order $OUT/profile_order.json   # CPU
 
-Per shape the contenders are each decode template's first heuristic pick (``evo seed``'s), the
+Per shape the contenders are each template's first ``--picks`` heuristic picks (``evo seed``'s), the
 peer's best launch shape (picked by graph-replay timing outside the profiled range, but under ncu,
 whose per-launch overhead can change the pick), cuBLAS TN
 (``torch.matmul(a, w.t())``) and the best streaming-read floor (``decode_floors.py``). Each is
@@ -40,16 +42,22 @@ from populations import Shape, load_templates  # noqa: E402
 TEMPLATES = ("gemv", "swab", "swpipe")
 
 
-def contenders(shape: Shape, templates: dict[str, Any]) -> list[tuple[str, Any]]:
-    """(label, candidate) for each applicable decode template's first heuristic pick."""
+def contenders(shape: Shape, templates: dict[str, Any], names: tuple[str, ...] = TEMPLATES,
+               picks: int = 1) -> list[tuple[str, Any]]:
+    """(label, candidate) for each applicable template's first ``picks`` heuristic picks."""
     out = []
-    for name in TEMPLATES:
+    for name in names:
         t = templates[name]
         if t.applicable(shape, 90):
-            picks = t.heuristic(shape, 90)
-            if picks:
-                out.append((f"{name} {json.dumps(picks[0], sort_keys=True)}", t.candidate(picks[0], shape)))
+            for knobs in t.heuristic(shape, 90)[:picks]:
+                out.append((f"{name} {json.dumps(knobs, sort_keys=True)}", t.candidate(knobs, shape)))
     return out
+
+
+def kernel_prefix(cand: Any, shape: Shape) -> str:
+    """The name of the candidate's main launch at ``shape`` (the last: a staging pre-pass comes first)."""
+    launches, _ = cand.plan.resolve(shape)
+    return launches[-1].kernel
 
 
 def profile(args: argparse.Namespace) -> int:
@@ -59,17 +67,22 @@ def profile(args: argparse.Namespace) -> int:
 
     templates = load_templates()
     shapes = [Shape.parse(s) for s in args.shapes]
-    plan = {s: contenders(s, templates) for s in shapes}
+    names = tuple(n.strip() for n in args.templates.split(",") if n.strip())
+    unknown = [n for n in names if n not in templates]
+    if unknown:
+        raise SystemExit(f"decode_profile: unknown template(s) {', '.join(unknown)}; known: {', '.join(sorted(templates))}")
+    plan = {s: contenders(s, templates, names, args.picks) for s in shapes}
     compiled = compile_all([c for cs in plan.values() for _, c in cs])
-    peer = load_peer(args.peer)
+    peer = None if args.no_peer else load_peer(args.peer)
     fns = peer.build(sorted({s.m for s in shapes} & {1, 8, 16})) if peer is not None else {}
-    floors = Floors()
+    floors = None if args.no_floor else Floors()
     tmp = Path(tempfile.mkdtemp())  # cubins for cupy (not under --out: $OUT returns few files)
     order: list[dict[str, Any]] = []
     for s in shapes:
         sets = rotation(s, min_sets=max(2, args.launches))
         ref = reference(sets)
         runs: list[tuple[str, Any]] = []
+        prefixes: dict[str, str] = {}
         for label, cand in plan[s]:
             r = compiled[cand.source]
             if not r.ok:
@@ -81,12 +94,15 @@ def profile(args: argparse.Namespace) -> int:
                 print(f"{s} {label}: wrong (rel err {err:.2e})", flush=True)
                 continue
             runs.append((f"evo {label}", launch))
-        _, cfg, peer_launch = peer_best(peer, fns, s, sets, ref)
-        if peer_launch is not None:
-            runs.append((f"peer {cfg}", peer_launch))
+            prefixes[f"evo {label}"] = kernel_prefix(cand, s)
+        if peer is not None:
+            _, cfg, peer_launch = peer_best(peer, fns, s, sets, ref)
+            if peer_launch is not None:
+                runs.append((f"peer {cfg}", peer_launch))
         runs.append(("cuBLAS TN", cublas))
-        _, read_cfg, read_launch = floors.best_read(sets, graph_us)
-        runs.append((f"read floor {read_cfg}", read_launch))
+        if not args.no_floor:
+            _, read_cfg, read_launch = floors.best_read(sets, graph_us)
+            runs.append((f"read floor {read_cfg}", read_launch))
         timed = {label: graph_us(sets, launch) for label, launch in runs}  # graph replay, for the table beside
         torch.cuda.synchronize()
         for label, launch in runs:
@@ -95,7 +111,8 @@ def profile(args: argparse.Namespace) -> int:
                 torch.cuda.nvtx.range_push("prof")
                 launch(a, w, c)
                 torch.cuda.nvtx.range_pop()
-                order.append({"shape": str(s), "label": label, "graph_us": round(timed[label], 3)})
+                order.append({"shape": str(s), "label": label, "graph_us": round(timed[label], 3),
+                              **({"prefix": prefixes[label]} if label in prefixes else {})})
             torch.cuda.synchronize()
         print(f"{s}: " + ", ".join(f"{k} {v:.2f} us" for k, v in timed.items()), flush=True)
         del sets, ref
@@ -107,7 +124,11 @@ def profile(args: argparse.Namespace) -> int:
 # ncu raw-page columns (one row per kernel, a units row first): column -> title
 RAW = {"gpu__time_duration.sum": "us", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM %",
        "dram__bytes.sum.per_second": "DRAM B/s", "lts__throughput.avg.pct_of_peak_sustained_elapsed": "L2 %",
-       "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy %", "launch__registers_per_thread": "regs"}
+       "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy %", "launch__registers_per_thread": "regs",
+       "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM %",
+       # Hopper's wgmma runs on the GMMA tensor pipe; mma.sync on the HMMA one (whichever the kernel uses)
+       "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": "GMMA %",
+       "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "HMMA %"}
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 PREFIX = {"evo gemv": "evo_gemv", "evo swab": "evo_swab", "evo swpipe": "evo_swpipe", "peer g": "void gemv_tn",
           "peer m": "void mma_tn", "read floor": "evo_floor_read"}
@@ -142,31 +163,36 @@ def summarize(csv_path: Path, order_path: Path) -> int:
     order = json.loads(order_path.read_text())
     kernels = _kernels(csv_path)
     groups: list[tuple[str, str, int]] = []  # (shape, label, launches), in launch order
+    named = {o["label"]: o["prefix"] for o in order if o.get("prefix")}  # kernel names the run wrote down
     for o in order:
         if groups and groups[-1][:2] == (o["shape"], o["label"]):
             groups[-1] = groups[-1][:2] + (groups[-1][2] + 1,)
         else:
             groups.append((o["shape"], o["label"], 1))
-    print("| shape | contender | kernels | ncu us | DRAM % of peak | DRAM TB/s | L2 % | achieved occupancy % | regs | "
-          "grid x block | top stalls (warps per issue) |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---|")
+
+    def prefix_of(label: str) -> str | None:
+        return named.get(label) or _prefix(label)
+
+    print("| shape | contender | kernels | ncu us | DRAM % of peak | DRAM TB/s | L2 % | SM % | tensor pipe % | "
+          "achieved occupancy % | regs | grid x block | top stalls (warps per issue) |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     i = 0
     for gi, (shape, label, n) in enumerate(groups):
-        pre = _prefix(label)
+        pre = prefix_of(label)
         launches: list[list[dict[str, Any]]] = []
         if pre is not None:
             while i < len(kernels) and len(launches) < n and kernels[i]["name"].startswith(pre):
                 launches.append([kernels[i]])
                 i += 1
         else:  # cuBLAS: every kernel up to the next contender's first; a launch starts at the first kernel's name
-            nxt = _prefix(groups[gi + 1][1]) if gi + 1 < len(groups) else None
+            nxt = prefix_of(groups[gi + 1][1]) if gi + 1 < len(groups) else None
             while i < len(kernels) and not (nxt and kernels[i]["name"].startswith(nxt)):
                 if not launches or kernels[i]["name"] == launches[0][0]["name"]:
                     launches.append([])
                 launches[-1].append(kernels[i])
                 i += 1
         if not launches:
-            print(f"| {shape} | {label} | not found | | | | | | | | |")
+            print(f"| {shape} | {label} | not found | | | | | | | | | | |")
             continue
         med = {t: _median([sum(k[t] for k in ln) if t == "us" else ln[0][t] for ln in launches]) for t in RAW.values()}
         st: dict[str, float] = defaultdict(float)
@@ -176,8 +202,10 @@ def summarize(csv_path: Path, order_path: Path) -> int:
         top = ", ".join(f"{r} {v:.1f}" for r, v in sorted(st.items(), key=lambda kv: -kv[1])[:3])
         names = " + ".join(dict.fromkeys(k["name"].split("(")[0].replace("void ", "")[:40] for k in launches[0]))
         first = launches[0][0]
+        tensor = med["GMMA %"] if med["GMMA %"] is not None else med["HMMA %"]
         print(f"| {shape.split(':')[0]} | {label} | {names} | {_fmt(med['us'])} | {_fmt(med['DRAM %'], 1, 1)} | "
-              f"{_fmt(med['DRAM B/s'], 1e-12)} | {_fmt(med['L2 %'], 1, 1)} | {_fmt(med['occupancy %'], 1, 1)} | "
+              f"{_fmt(med['DRAM B/s'], 1e-12)} | {_fmt(med['L2 %'], 1, 1)} | {_fmt(med['SM %'], 1, 1)} | "
+              f"{_fmt(tensor, 1, 1)} | {_fmt(med['occupancy %'], 1, 1)} | "
               f"{_fmt(med['regs'], 1, 0)} | {first['grid']} x {first['block']} | {top} |")
     if i != len(kernels):
         print(f"note: {len(kernels) - i} profiled kernels not matched to a launch", file=sys.stderr)
@@ -215,6 +243,10 @@ def main() -> int:
     p.add_argument("--shapes", nargs="+", default=["16x6144x4096", "1x3072x3072", "8x4096x4096", "16x4096x14336"])
     p.add_argument("--launches", type=int, default=3, help="profiled launches per contender (different sets)")
     p.add_argument("--peer", help="path of the plain peer (plain_gemv.py)")
+    p.add_argument("--templates", default=",".join(TEMPLATES), help="comma-separated templates whose picks compete")
+    p.add_argument("--picks", type=int, default=1, help="heuristic picks per template")
+    p.add_argument("--no-peer", action="store_true", help="leave the plain peer out (it serves M in 1, 8, 16)")
+    p.add_argument("--no-floor", action="store_true", help="leave the streaming-read floor out (compute-bound shapes)")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--summarize", type=Path, help="ncu's --csv --page raw output: print the table (no GPU)")
     p.add_argument("--order", type=Path, help="profile_order.json of the profiled run (with --summarize)")

@@ -8,6 +8,8 @@
 #   false-rejections  issue 18: every template seed on the LLM-layer sample, and (OLD_TREE=dir of a
 #                pre-hardening checkout) the elites of an archive that tree's evo run made (bench/false_rejections.py)
 #   profile      the GPU worker under cProfile for PROFILE_N candidates at 4096^3: where the time goes
+#   mid-profile  Nsight Compute on mid shapes (MID_SHAPES): sm90_wgmma's and streamk90's first two picks beside
+#                cuBLAS's kernel, SM / tensor-pipe / memory / occupancy / stalls (bench/decode_profile.py --templates)
 #   llm-layers   issue 26's benchmark: evolve a sample of llm_layers.csv, export, re-time (bench/llm_layers_bench.py)
 #   random-shapes  issue 34's benchmark: shapes drawn from SEED (required: a seed bench/RESULTS.md does not record),
 #                evolve, export, re-time beside cuBLAS and the plain and pad peers (bench/random_shapes_bench.py);
@@ -67,6 +69,16 @@ for part in "$@"; do
     echo "rc=$?"; python3 -c "import glob, pstats; [pstats.Stats(f).sort_stats(k).print_stats(r'evaluators|torch/(cuda|_tensor)|method', 45)
       for f in glob.glob('/tmp/evo_prof/*.prof') for k in ('tottime', 'cumulative')]" > "$OUT/profile.txt" 2>&1
     grep -E "function calls|_correctness|_harness.py.*_one_shape|_timing.py.*_time" "$OUT/profile.txt" | head -n 30 | cut -c1-200 ;;
+  mid-profile)
+    timeout 420 ncu --clock-control none --nvtx --nvtx-include "prof/" --section SpeedOfLight --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
+      --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+      -o "$OUT/mid_prof" -f python3 bench/decode_profile.py --templates sm90_wgmma,streamk90 --picks 2 --no-peer --no-floor \
+      --launches 2 --out "$OUT" --shapes ${MID_SHAPES:-200x11008x4096 777x1536x2880 512x4096x4096 1536x1536x4096} \
+      > "$OUT/mid_profile.log" 2>&1
+    echo "rc=$?"; grep -E "us|wrong|failed" "$OUT/mid_profile.log" | grep -v "^==PROF==" | tail -n 8 | cut -c1-300
+    ncu -i "$OUT/mid_prof.ncu-rep" --csv --page raw > "$OUT/mid_prof.csv" 2>/dev/null && gzip -f "$OUT/mid_prof.csv" && \
+      python3 bench/decode_profile.py --summarize "$OUT/mid_prof.csv.gz" --order "$OUT/profile_order.json" | tee "$OUT/mid_profile.md" ;;
   llm-layers)
     python3 bench/llm_layers_bench.py --budget "${EVOLVE:-2m}" --work /tmp/evo26 --out "$OUT/llm" \
       --time-max-seconds "${TIME_MAX:-240}" > "$OUT/llm_layers.log" 2>&1
@@ -98,7 +110,7 @@ for part in "$@"; do
   ray-scaling)
     timeout 540 python3 bench/ray_scaling.py --seconds "${RAY_S:-80}" --out "$OUT/ray" > "$OUT/ray_scaling.log" 2>&1
     echo "rc=$?"; tail -n 12 "$OUT/ray_scaling.log" | cut -c1-400 ;;
-  *) echo "unknown part: $part (gpu-tests, redteam, throughput, false-rejections, profile, llm-layers, random-shapes, e2e, rl-check, ray-scaling)" >&2; exit 2 ;;
+  *) echo "unknown part: $part (gpu-tests, redteam, throughput, false-rejections, profile, mid-profile, llm-layers, random-shapes, e2e, rl-check, ray-scaling)" >&2; exit 2 ;;
   esac
 done
 log "done"

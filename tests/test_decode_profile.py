@@ -34,3 +34,35 @@ def test_prefix_sends_cublas_to_the_catch_all():
     mod = _module()
     assert mod._prefix("evo gemv {}") == "evo_gemv" and mod._prefix("peer m1,8") == "void mma_tn"
     assert mod._prefix("cuBLAS TN") is None
+
+
+def test_any_family_its_kernel_names_and_the_tensor_pipe(tmp_path, capsys):
+    """--templates: a mid-shape family's picks are labelled by template, their kernels found by the
+    name the run wrote down (the main launch, after a staging pre-pass), the GMMA pipe reported."""
+    import csv
+    import json
+
+    from populations import Shape, load_templates
+
+    mod = _module()
+    templates = load_templates()
+    ragged = Shape.parse("777x1536x2883")  # K % 8 != 0: a staging pre-pass, then the GEMM
+    picks = mod.contenders(ragged, templates, ("sm90_wgmma",), picks=2)
+    assert len(picks) == 2 and all(label.startswith("sm90_wgmma {") for label, _ in picks)
+    assert {mod.kernel_prefix(c, ragged) for _, c in picks} == {"evo_wgmma"}
+    cols = ["ID", "Kernel Name", "Grid Size", "Block Size", "gpu__time_duration.sum",
+            "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"]
+    rows = [["", "", "", "", "usecond", "%"], ["0", "evo_wgmma", "(132, 1, 1)", "(384, 1, 1)", "40.0", "71.5"],
+            ["1", "evo_wgmma", "(132, 1, 1)", "(384, 1, 1)", "42.0", "70.5"],
+            ["2", "sm90_xmma_gemm_f16f16", "(8, 16, 1)", "(384, 1, 1)", "36.0", "80.0"]]
+    with open(tmp_path / "raw.csv", "w", newline="") as f:
+        csv.writer(f).writerows([cols, *rows])
+    label = f"evo {picks[0][0]}"
+    order = [{"shape": str(ragged), "label": label, "graph_us": 41.0, "prefix": "evo_wgmma"}] * 2 + \
+            [{"shape": str(ragged), "label": "cuBLAS TN", "graph_us": 36.0}]
+    (tmp_path / "order.json").write_text(json.dumps(order))
+    assert mod.summarize(tmp_path / "raw.csv", tmp_path / "order.json") == 0
+    out = capsys.readouterr().out
+    table = {r.split(" | ")[1]: r.split(" | ") for r in out.splitlines() if r.startswith("| 777")}
+    assert table[label][2] == "evo_wgmma" and float(table[label][3]) == 41.0 and float(table[label][8]) == 71.0
+    assert float(table["cuBLAS TN"][8]) == 80.0

@@ -73,24 +73,34 @@ def embed_cancellation(a: torch.Tensor, b_kn: torch.Tensor, gen: torch.Generator
     """Hide the cancellation test (module docstring) in ``a`` (..., M, K) and ``b_kn`` (..., K, N),
     in place (leading dimensions: rotation sets, all given the same positions); returns the rows
     of A that carry it (their outputs are exactly 0 up to an odd K's last term). ``rows``: how
-    many (default a quarter of M, at least 1). Nothing for K < 2."""
+    many (default a quarter of M, at least 1). Nothing for K < 2.
+
+    Every write is a slice along K or a whole row of A, in the operand's own memory order (B as
+    stored, N x K for TN, whose ``b_kn`` is a transposed view): the partners' permutation is
+    applied by gathering the coherent half in its inverse order, never by scattering along a
+    strided dimension (at 4096^3 a scatter through the transposed view cost milliseconds)."""
     m, k = a.shape[-2], a.shape[-1]
     n = b_kn.shape[-1]
     dev = a.device
     h = k // 2
     if h < 1:
         return torch.empty(0, dtype=torch.long, device=dev)
-    first = torch.arange(h, device=dev)
-    partner = h + torch.randperm(h, generator=gen, device=dev)
+    perm = torch.randperm(h, generator=gen, device=dev)  # the partner of k < h is h + perm[k]
+    inv = torch.argsort(perm)  # inv[perm[j]] = j: k' = h + i takes the coherent row inv[i]
     t, u = _signs(h, gen, dev), _signs(n, gen, dev)
-    coherent = b_kn[..., first, :].abs() * t[:, None] * u[None, :]
-    b_kn[..., first, :] = coherent
-    b_kn[..., partner, :] = coherent
+    k_fast = b_kn.dim() >= 2 and b_kn.stride(-2) == 1 and n > 1  # B stored N x K: work on that view
+    bs = b_kn.transpose(-1, -2) if k_fast else b_kn  # K on dim kd
+    kd = -1 if k_fast else -2
+    signs = t[None, :] * u[:, None] if k_fast else t[:, None] * u[None, :]
+    head = bs.narrow(kd, 0, h)
+    coherent = head.abs() * signs
+    head.copy_(coherent)
+    bs.narrow(kd, h, h).copy_(coherent.index_select(kd, inv))
     picked = torch.randperm(m, generator=gen, device=dev)[: max(1, m // 4) if rows is None else max(1, min(rows, m))]
     s = _signs(len(picked), gen, dev)
     lead = a[..., picked, :h].abs() * s[:, None] * t[None, :]
     a[..., picked, :h] = lead
-    a[..., picked[:, None], partner[None, :]] = -lead
+    a[..., picked, h:2 * h] = lead.index_select(-1, inv).neg_()
     return picked
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping
 
+from ._plan import MAX_WORKSPACE, STAGE_ALIGN
+
 __all__ = ["with_staging", "stage_grid", "STAGE_KNOBS"]
 
 STAGE_KNOBS = ("STAGE", "STAGE_PITCH", "STAGE_FUSED")
@@ -70,6 +72,18 @@ _CONSTRAINTS = [
      "reason": "STAGE_PITCH only matters with staging: keep it at its default (64)"},
 ]
 
+def _fits(plan: Mapping[str, Any]) -> dict[str, str]:
+    """The rule that the whole workspace fits the plan's limit: the template's own (split-K
+    partials...) and the staged copies after it, each at most ``STAGE_ALIGN`` bytes further on
+    (``LaunchPlan.staging_layout``). Without it a knob set valid by every other rule (split-K 12
+    at 4754x18757x1849 with both operands staged) had a plan that does not resolve."""
+    own = str(plan.get("workspace", "0") or "0")
+    copy_a = f"(M * cdiv(K, STAGE_PITCH) * STAGE_PITCH * 2 + {STAGE_ALIGN} if {_A} else 0)"
+    copy_b = f"({_B_ROWS} * cdiv({_B_COLS}, STAGE_PITCH) * STAGE_PITCH * 2 + {STAGE_ALIGN} if {_B} else 0)"
+    return {"expr": f"({own}) + {copy_a} + {copy_b} <= {MAX_WORKSPACE}",
+            "reason": f"the workspace (the template's own and the staged copies) would exceed {MAX_WORKSPACE} bytes"}
+
+
 #: 0 none, 1 A, 2 B, 3 AB: exactly the ragged operands
 _FIT = f"(1 if {_A_RAGGED} else 0) + (2 if {_B_RAGGED} else 0)"
 
@@ -99,7 +113,7 @@ def with_staging(data: Mapping[str, Any]) -> dict[str, Any]:
     if "staging" in plan:
         raise ValueError("stageable template has its own [plan.staging]")
     out["knobs"] = {**out.get("knobs", {}), **copy.deepcopy(_KNOBS)}
-    out["constraints"] = list(out.get("constraints", [])) + copy.deepcopy(_CONSTRAINTS)
+    out["constraints"] = list(out.get("constraints", [])) + copy.deepcopy(_CONSTRAINTS) + [_fits(plan)]
     out["fit"] = {**out.get("fit", {}), "STAGE": _FIT}
     out["prelude"] = list(out.get("prelude", [])) + [_PRELUDE]
     plan["staging"] = {"A": f"STAGE_PITCH if {_A} else 0", "B": f"STAGE_PITCH if {_B} else 0"}

@@ -399,3 +399,25 @@ def test_transfer_from_an_aligned_neighbour_stages_a_ragged_target(templates):
     assert len(got) == 1 and got[0].knobs["STAGE"] == "AB" and set(got[0].plan.staging) == {"A", "B"}
     assert {k: v for k, v in got[0].knobs.items() if k != "STAGE"} == \
         {k: v for k, v in elite.knobs.items() if k != "STAGE"}
+
+
+def test_valid_knob_sets_have_plans_that_resolve_at_huge_ragged_shapes(templates):
+    """The whole workspace (the template's own and the staged copies) is a rule: a knob set every
+    other rule allows (split-K 12 with both operands staged at 4754x18757x1849, drawn by the seeds
+    of the random-shape benchmark) is refused by the rules instead of by the plan's 4 GiB limit."""
+    import random
+
+    t = templates["sm90_wgmma"]
+    s = Shape.parse("4754x18757x1849")
+    big = {"BK": 64, "BM": 256, "BN": 128, "CLUSTER_M": 1, "CONSUMERS": 2, "EPI": "direct", "GROUP": 16,
+           "PERSISTENT": False, "RASTER": "N", "SCHED": "coop", "SPLIT_K": 12, "STAGE": "AB", "STAGES": 2,
+           "STAGE_FUSED": False, "STAGE_PITCH": 64}
+    assert any("workspace" in why for why in t.check(big, s))
+    assert not t.check(dict(big, SPLIT_K=8), s)
+    for name, tpl in sorted(templates.items()):
+        for text in ("4754x18757x1849", "8191x16383x4097:NN", "3000x20001x2999"):
+            shape = Shape.parse(text)
+            if not tpl.applicable(shape, 90):
+                continue
+            for knobs in tpl.sample(random.Random(0), shape, 60, 90):
+                tpl.candidate(knobs, shape).plan.resolve(shape)  # raises PlanError where a rule is missing

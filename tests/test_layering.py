@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,57 @@ def test_each_wing_of_evo_imports_only_wings_below_it() -> None:
             if above:
                 bad[str(path.relative_to(ROOT))] = above
     assert not bad, f"a wing imports one above it: {bad}"
+
+
+def _unit(module: str) -> str:
+    """The owner of a dotted module name: a package, or a wing of evo (``evo.search``)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "evo" and len(parts) > 1 else parts[0]
+
+
+def _private_attributes(path: Path) -> list[str]:
+    """Private attributes (``x._name``, not dunders) read through a name imported from another
+    package or another wing of evo: ``from operators import ModelBandit; ModelBandit._draw``,
+    ``import evaluators; evaluators.run._lease``. What an object returned by a call holds cannot be
+    seen without running it; this is the part a reading of the source can check."""
+    rel = path.relative_to(ROOT).with_suffix("")
+    own = _unit(".".join(rel.parts))
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in OURS and _unit(a.name) != own:
+                    # "import evaluators.run as r" binds r to evaluators.run, "import evaluators.run" binds evaluators
+                    bound, target = (a.asname, a.name) if a.asname else (a.name.split(".")[0],) * 2
+                    names[bound] = target
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] in OURS and _unit(node.module) != own:
+            names.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            chain, v = [node.attr], node.value
+            while isinstance(v, ast.Attribute):
+                chain.append(v.attr)
+                v = v.value
+            if isinstance(v, ast.Name) and v.id in names:
+                found.add(".".join([names[v.id], *reversed(chain)]))
+    return sorted(found)
+
+
+def test_no_private_attribute_is_read_across_packages_or_wings() -> None:
+    bad = {str(p.relative_to(ROOT)): hits for pkg in sorted(OURS) for p in sorted((ROOT / pkg).rglob("*.py"))
+           if (hits := _private_attributes(p))}
+    assert not bad, f"private attributes read across packages or wings: {bad}"
+
+
+def test_the_private_attribute_check_can_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "evo" / "cli"
+    pkg.mkdir(parents=True)
+    src = pkg / "m.py"
+    src.write_text("import evaluators\nfrom operators import ModelBandit as MB\nfrom evo.search import Engine\n"
+                   "from evo.cli import x\n"
+                   "evaluators.run._lease\nMB._draw()\nEngine._tick\nx._own\nMB.__name__\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _private_attributes(src) == ["evaluators.run._lease", "evo.search.Engine._tick", "operators.ModelBandit._draw"]

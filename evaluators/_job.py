@@ -158,8 +158,9 @@ _WIRE_KEYS = ("shape", "status", "message", "flags", "timers", "max_error", "cor
 @dataclass
 class ShapeDraft:
     """The worker's typed working copy of one shape's result while its phases run (correctness,
-    then timing fill it in); :meth:`build` freezes it into a :class:`ShapeResult`. The fields
-    after ``fatal`` are :class:`populations.Measurement`'s, by the same names."""
+    then timing fill it in); :meth:`build` freezes it into a :class:`ShapeResult`. How it was
+    measured goes on ``measurement`` through :meth:`note` (the record's own field names and
+    types); ``phases`` is the one figure the steps add to as they go."""
 
     shape: Shape
     status: Status = Status.OK
@@ -171,37 +172,35 @@ class ShapeDraft:
     timing_s: float = 0.0
     provenance: dict[str, Any] = field(default_factory=dict)
     fatal: bool = False
-    # -- Measurement's fields --
-    checks: list[str] = field(default_factory=list)
-    phases: dict[str, float] = field(default_factory=dict)
-    rotation_sets: Optional[int] = None
-    rotation_bytes: Optional[int] = None
-    device_rotations: list[dict[str, float]] = field(default_factory=list)
-    floor_s: Optional[float] = None
-    memo_check: Optional[str] = None
-    host_timers: Optional[str] = None
-    server_gaps_s: Optional[float] = None
-    device_warmup_s: Optional[float] = None
-    device_capture_s: Optional[float] = None
-    device_prewarm_replays: Optional[int] = None
-    gpu_lease: Optional[dict[str, Any]] = None
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per step, added to as the steps run
+    measurement: Measurement = field(default_factory=Measurement)
+
+    def note(self, **fields: Any) -> None:
+        """Record measurement fields (TypeError naming one :class:`populations.Measurement` lacks)."""
+        self.measurement = dataclasses.replace(self.measurement, **fields)
 
     def fail(self, status: Status, message: str, **changes: Any) -> "ShapeDraft":
-        """End the shape with ``status`` and ``message`` (and any other fields): this draft."""
+        """End the shape with ``status`` and ``message`` (and other fields, the measurement's
+        included): this draft."""
         self.status, self.message = Status(status), message
+        self.note(**{k: v for k, v in changes.items() if k in MEASUREMENT_KEYS})
         for name, value in changes.items():
-            if not hasattr(self, name):
-                raise TypeError(f"ShapeDraft has no field {name!r}")
-            setattr(self, name, value)
+            if name not in MEASUREMENT_KEYS:
+                if name not in _DRAFT_FIELDS:
+                    raise TypeError(f"ShapeDraft has no field {name!r}")
+                setattr(self, name, value)
         return self
 
     def build(self) -> ShapeResult:
         """The frozen record of what the phases filled in."""
-        measurement = Measurement.from_dict({name: getattr(self, name) for name in MEASUREMENT_KEYS})
+        measurement = Measurement.from_dict({**self.measurement.to_dict(), "phases": self.phases})
         return ShapeResult(shape=self.shape, status=self.status, message=self.message, flags=tuple(self.flags),
                            timers={k: dict(v) for k, v in self.timers.items()},
                            max_error=self.max_error, correctness_s=self.correctness_s, timing_s=self.timing_s,
                            provenance=dict(self.provenance), measurement=measurement, fatal=self.fatal)
+
+
+_DRAFT_FIELDS = frozenset(f.name for f in dataclasses.fields(ShapeDraft))
 
 
 @dataclass(frozen=True)

@@ -95,9 +95,9 @@ def test_an_archive_written_before_opens_with_the_measurement_lifted(tmp_path, m
 
 def test_the_worker_builds_a_frozen_shape_result_that_pickles() -> None:
     draft = ShapeDraft(SHAPE)
-    draft.checks += ["smoke"]
+    draft.note(checks=("smoke",))
     draft.phases["correctness"] = 0.1
-    draft.rotation_sets, draft.host_timers = 4, "run"
+    draft.note(rotation_sets=4, host_timers="run")
     draft.provenance["sm_clock_mhz"] = 1980
     draft.timers["device"] = {"median": 1e-5, "baseline_median": 2e-5}
     rec = draft.build()
@@ -115,11 +115,13 @@ def test_the_worker_builds_a_frozen_shape_result_that_pickles() -> None:
     assert failed.status is Status.REJECTED and not failed.measurement
     with pytest.raises(TypeError, match="rotatoins"):
         ShapeDraft(SHAPE).fail(Status.REJECTED, "x", rotatoins=2)
+    with pytest.raises(TypeError, match="rotatoin_sets"):
+        ShapeDraft(SHAPE).note(rotatoin_sets=2)
+    gave_up = ShapeDraft(SHAPE).fail(Status.INCORRECT, "wrong", checks=("smoke",), max_error=0.5).build()
+    assert gave_up.measurement.checks == ("smoke",) and gave_up.max_error == 0.5
 
 
-def test_the_draft_names_every_measurement_field() -> None:
-    draft = {f.name for f in dataclasses.fields(ShapeDraft)}
-    assert set(MEASUREMENT_KEYS) <= draft
+def test_measurement_keys_name_its_fields() -> None:
     assert MEASUREMENT_KEYS == tuple(f.name for f in dataclasses.fields(Measurement))
 
 
@@ -132,7 +134,8 @@ def test_the_pool_puts_the_measurement_on_the_evaluation_not_in_provenance(tmp_p
     cand = naive_candidate((SHAPE,))
     draft = ShapeDraft(SHAPE, timers={"device": {"median": 1e-5, "lo": 1e-5, "hi": 1e-5, "baseline_median": 2e-5,
                                                  "baseline_lo": 2e-5, "baseline_hi": 2e-5, "samples": 10}})
-    draft.checks, draft.rotation_sets, draft.provenance["sm_clock_mhz"] = ["smoke"], 4, 1980
+    draft.note(checks=("smoke",), rotation_sets=4)
+    draft.provenance["sm_clock_mhz"] = 1980
     wire = {"status": "ok", "seed": 7, "load_s": 0.01, "shapes": [draft.build().to_wire()]}
     core = object.__new__(PoolCore)
     core._arch = "sm_90a"

@@ -268,9 +268,9 @@ class GpuHandler(TimingPhase):
                             cas.cancellation()
                 except CheckFailed as exc:
                     where = "" if inst is shape else f" on ragged instance {inst.m}x{inst.n}x{inst.k}"
-                    return res.fail(Status.INCORRECT, f"{exc}{where}", max_error=exc.max_error, checks=list(cas.checks),
+                    return res.fail(Status.INCORRECT, f"{exc}{where}", max_error=exc.max_error, checks=tuple(cas.checks),
                                     correctness_s=time.perf_counter() - t0)
-                res.checks += cas.checks
+                res.note(checks=res.measurement.checks + tuple(cas.checks))
                 res.max_error = max(res.max_error or 0.0, cas.max_error)
                 del ops
                 if inst is not shape:
@@ -288,7 +288,7 @@ class GpuHandler(TimingPhase):
             call, ws, n_launches = kernels.bind(shape)
             with timing_lease() as wait:  # no LLM generation on this GPU while it times (issue 25)
                 if wait.enabled:
-                    res.gpu_lease = wait.to_dict()
+                    res.note(gpu_lease=wait.to_dict())
                 self._time(call, ws, kernels.plan.zero_workspace, shape, job, rng, gen, res)
             res.timing_s = time.perf_counter() - t1
         except CheckFailed as exc:  # outputs wrong after timing

@@ -148,14 +148,13 @@ class TimingPhase:
                 res.flags.append(str(exc))
             run.clock("timed_check")
             dev_st = run.stats["device"]["candidate"]
-            res.device_warmup_s = dev_st.warmup_s
-            res.device_capture_s = dev_st.capture_s
-            res.device_prewarm_replays = dev_st.prewarm_replays
+            res.note(device_warmup_s=dev_st.warmup_s, device_capture_s=dev_st.capture_s,
+                     device_prewarm_replays=dev_st.prewarm_replays)
             if dev_st.clocks:  # clocks: provenance, with the one read after the shape
                 res.provenance["settle_clocks_mhz"] = list(dev_st.clocks)
         if "device" in run.stats:
             gate = host_timers_wanted(job, _speedup(run.stats["device"]), run.shape)
-            res.host_timers = gate
+            res.note(host_timers=gate)
             if gate != "run":
                 wanted = [t for t in wanted if t == "device"]
         calls = int(job.get("host_calls", 20))
@@ -165,7 +164,7 @@ class TimingPhase:
         if "server" in wanted:
             run.stats["server"] = host_timer(run.arms, calls=calls, qps=float(job.get("qps", 2000.0)), rng=rng,
                                              perturb=run.host_perturb)
-            res.server_gaps_s = sum(st.idle_s for st in run.stats["server"].values())
+            res.note(server_gaps_s=sum(st.idle_s for st in run.stats["server"].values()))
             run.clock("server")
         self._sync()
 
@@ -175,7 +174,7 @@ class TimingPhase:
         res, shape = run.res, run.shape
         dev = run.stats["device"]["candidate"]
         floor = physical_floor(shape, self.ceilings or DEFAULT_CEILINGS)
-        res.floor_s = floor
+        res.note(floor_s=floor)
         if dev.median < floor:
             res.flags.append(f"device time {dev.median * 1e6:.2f} us is below the physical floor {floor * 1e6:.2f} us")
         # per replay: host-synchronised time may exceed event time by launch + sync overhead
@@ -184,7 +183,7 @@ class TimingPhase:
             res.flags.append(f"event time {dev.median * 1e6:.2f} us far below host-synchronised time "
                                 f"{dev.host_median * 1e6:.2f} us per call (work outside the timed stream?)")
         memo_why = memo_wanted(run.job, res.timers["device"], shape)
-        res.memo_check = memo_why
+        res.note(memo_check=memo_why)
         if memo_why == "run":
             cache = {"candidate": run.kept["candidate"]} if "candidate" in run.kept else None
             repeat = Arm("candidate", run.arms[0].launch, run.tb.n_sets, cacheable=cache is not None)
@@ -225,8 +224,7 @@ class TimingPhase:
         if res.flags:
             res.status, res.message = Status.FLAGGED, "; ".join(res.flags)
         self._last_busy = time.perf_counter()
-        res.rotation_sets = n_sets
-        res.rotation_bytes = n_sets * 2 * (m * k + n * k + m * n)
+        res.note(rotation_sets=n_sets, rotation_bytes=n_sets * 2 * (m * k + n * k + m * n))
 
     def _more_rotations(self, call: Callable, ws: int, zero_ws: bool, shape: Shape, job: Mapping[str, Any],
                         rng: random.Random, gen: torch.Generator, rotations: int, res: ShapeDraft) -> None:
@@ -265,7 +263,7 @@ class TimingPhase:
             runs.append({"median": st["candidate"].median, "baseline_median": base})
         for key in ("median", "baseline_median"):
             first[key] = statistics.median(r[key] for r in runs)
-        res.device_rotations = runs
+        res.note(device_rotations=tuple(runs))
         del held
 
 

@@ -43,14 +43,15 @@ class EvolvedKernel:
     op: bool = False  # torch.ops.evo.hgemm routes this shape to the exported kernel
 
 
-def _manifest_entries(library: Path) -> dict[Shape, dict[str, Any]]:
-    from evo.export._export import ExportError, _read_manifest
+def _manifest_entries(library: Path) -> dict[Shape, Any]:
+    """The export's kernel entries (evo.runtime.KernelEntry) by shape."""
+    from evo.runtime import ExportError, ExportManifest
 
     try:
-        manifest = _read_manifest(library)
-    except (OSError, ValueError, ExportError) as exc:
+        manifest = ExportManifest.read(library)
+    except ExportError as exc:
         raise SourceError(f"{library}: not an evo export ({exc})") from None
-    return {Shape.parse(e["shape"]): e for e in manifest.get("kernels", [])}
+    return {Shape.parse(e.shape): e for e in manifest.kernels}
 
 
 def _open_archive(path: Path) -> Archive:
@@ -90,7 +91,7 @@ class Evolved:
     def __init__(self, archive: Optional[Path], library: Optional[Path], work: Path, arch: str = "sm_90a",
                  log: Callable[[str], None] = print) -> None:
         self.archive_path, self.library_path, self.work, self.arch, self.log = archive, library, work, arch, log
-        self.entries: dict[Shape, dict[str, Any]] = {}
+        self.entries: dict[Shape, Any] = {}  # evo.runtime.KernelEntry by shape
         self.export_note = ""
         self.lib: Any = None
         self.archive: Optional[Archive] = None
@@ -117,9 +118,9 @@ class Evolved:
         else:
             manifest_archive = None
             try:
-                from evo.export._export import _read_manifest
+                from evo.runtime import ExportManifest
 
-                manifest_archive = _read_manifest(self.library_path).get("archive")
+                manifest_archive = ExportManifest.read(self.library_path).archive
             except Exception:
                 pass
             if manifest_archive and Path(manifest_archive).is_dir():
@@ -181,8 +182,8 @@ class Evolved:
         if entry is not None and self.lib is not None and self.lib.active:
             key = (shape.m, shape.n, shape.k, shape.layout)
             fn, ws = self.lib.launcher(key)
-            archived = entry.get("fitness", (entry.get("speedups") or {}).get("device"))  # the elite's, as below
-            return EvolvedKernel(shape, entry["candidate"], entry.get("template") or "free-form", archived, "export", ws,
+            archived = entry.fitness if entry.fitness is not None else entry.speedups.get("device")  # the elite's, as below
+            return EvolvedKernel(shape, entry.candidate, entry.template or "free-form", archived, "export", ws,
                                  _export_binder(fn, shape), op=True), ""
         if shape in self.cubins:
             cand, cubin = self.cubins[shape]

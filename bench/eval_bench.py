@@ -13,7 +13,7 @@
    Candidates are submitted one by one with the engine's elite threshold (the ``--elites``-th best
    speedup so far x 0.95, once that many are ``ok``), so the memoisation pass and the offline and
    server timers run as in a run (for would-be elites; ``--host-timers always``: for every one);
-   per-step seconds (``provenance["phases"]``) are summed, and memo passes run/skipped counted.
+   per-step seconds (``Evaluation.measurement.phases``) are summed, and memo passes run/skipped counted.
 2. Repeatability: one kernel timed in ``--starts`` separate worker starts (a fresh pool each),
    each start timing ``--rotations`` freshly allocated rotations and reporting their median; the
    spread of the per-start medians, (max - min) / median, should stay under 2%, and the spread
@@ -146,14 +146,14 @@ def throughput(pool: LocalPool, cands: list[Candidate], elites: int = 8) -> dict
     speedups = sorted(e.speedup for e in ok if e.speedup)
     phases: dict[str, float] = {}
     for e in evals:
-        for k, v in (e.provenance.get("phases") or {}).items():
+        for k, v in e.measurement.phases.items():
             phases[k] = phases.get(k, 0.0) + float(v)
-    memo = Counter(str(e.provenance.get("memo_check") or "none").split(":")[0] for e in evals)
-    host = Counter(str(e.provenance.get("host_timers") or "none").split(":")[0] for e in evals)
-    gaps = sum(float(e.provenance.get("server_gaps_s") or 0.0) for e in evals)
-    warm = sum(float(e.provenance.get("device_warmup_s") or 0.0) for e in evals)
-    capture = sum(float(e.provenance.get("device_capture_s") or 0.0) for e in evals)
-    prewarmed = sum(1 for e in evals if e.provenance.get("device_prewarm_replays"))
+    memo = Counter(str(e.measurement.memo_check or "none").split(":")[0] for e in evals)
+    host = Counter(str(e.measurement.host_timers or "none").split(":")[0] for e in evals)
+    gaps = sum(e.measurement.server_gaps_s or 0.0 for e in evals)
+    warm = sum(e.measurement.device_warmup_s or 0.0 for e in evals)
+    capture = sum(e.measurement.device_capture_s or 0.0 for e in evals)
+    prewarmed = sum(1 for e in evals if e.measurement.device_prewarm_replays)
     return {
         "candidates": len(cands), "wall_s": wall, "per_minute": 60 * len(cands) / wall,
         "statuses": dict(Counter(e.status.value for e in evals)),
@@ -210,10 +210,9 @@ def _one_start(cand: Candidate, workers: int, job_options: dict, worker_options:
                  "baseline_us": t.baseline_median * 1e6, "speedup": t.speedup,
                  "sm_clock_mhz": e.provenance.get("sm_clock_mhz"),  # read after the shape's timing
                  "settle_clocks_mhz": e.provenance.get("settle_clocks_mhz"),  # while settling, last = first sample
-                 "device_warmup_s": e.provenance.get("device_warmup_s"),
-                 "baseline_rotations_us": [round(r["baseline_median"] * 1e6, 2)
-                                           for r in e.provenance.get("device_rotations") or ()],
-                 "rotations_us": [round(r["median"] * 1e6, 2) for r in e.provenance.get("device_rotations") or ()]})
+                 "device_warmup_s": e.measurement.device_warmup_s,
+                 "baseline_rotations_us": [round(r["baseline_median"] * 1e6, 2) for r in e.measurement.device_rotations],
+                 "rotations_us": [round(r["median"] * 1e6, 2) for r in e.measurement.device_rotations]})
     return None
 
 
@@ -328,7 +327,7 @@ def main() -> int:
         arch = int(pool.arch[3:5])
         warm = pool.evaluate([naive_candidate((Shape.parse("64x64x64"),))])[0]
         report["warmup"] = {"status": warm.status.value, "message": warm.message[:200]}
-        report["provenance"] = {k: v for k, v in warm.provenance.items() if k != "checks"}
+        report["provenance"] = dict(warm.provenance)
         for text in ([] if args.skip_throughput else args.shapes.split(",")):
             shape = Shape.parse(text)
             cands = template_batch(shape, args.n, arch, seed=1)

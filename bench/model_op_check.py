@@ -256,7 +256,7 @@ def main() -> int:
         t0 = time.monotonic()
         r = check_shape(key, lib, args.reps, compile_check=not args.no_compile and i == 0)
         r["default_path"] = decisions.get(f"{key[0]}x{key[1]}x{key[2]}:{key[3]}:f32", ("?", ""))
-        r["kernel_device_speedup"] = lib.kernels[key]["fitness"]
+        r["kernel_device_speedup"] = lib.kernels[key].fitness
         results.append(r)
         o, q = r["offline_us"], r["pipelined_us"]
         print(f"{r['shape']:>20} ok={r['correct']} dev={r['kernel_device_speedup']:.3f}x  offline us: "

@@ -63,7 +63,7 @@ def _summarise(row: Row, evals: list[Evaluation]) -> None:
         row.device_us = dev.median * 1e6
         row.extra["baseline_us"] = dev.baseline_median * 1e6
     row.extra.update(compile_s=worst.compile_s, correctness_s=worst.correctness_s, timing_s=worst.timing_s,
-                     max_error=worst.max_error, checks=list(worst.provenance.get("checks") or ()))
+                     max_error=worst.max_error, checks=list(worst.measurement.checks))
 
 
 def schedule(cases: list[HostileCase], rounds: int, every: int, seed: int,

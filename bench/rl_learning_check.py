@@ -235,8 +235,8 @@ def main(argv: Any = None) -> int:
                                      deadline=train_deadline)
         for d in demos:
             d.close()
-        switch_adapter({"llm": op}, folder, manifest["name"])
-        say(f"operator switched to adapter {manifest['name']}")
+        switch_adapter({"llm": op}, folder, manifest.name)
+        say(f"operator switched to adapter {manifest.name}")
         try:
             after, cands = proposal_share(tiny, shape, knob, value, n=args.samples, seed=args.seed + 1, operator=op,
                                           parent_knobs=parent.knobs, parent_eval=pev)
@@ -256,19 +256,19 @@ def main(argv: Any = None) -> int:
         say(f"mean proposal reward (failed proposals count as {table.config.unmapped}): "
             f"{mean_before:+.3f} before, {mean_after:+.3f} after")
         steps = [{k: m.get(k) for k in ("step", "reward_mean", "reward_std", "kl", "loss", "replayed", "seconds")}
-                 for m in manifest["metrics"]]
-        result.update(knob=knob, value=value, before=before, after=after, steps_run=len(manifest["metrics"]),
+                 for m in manifest.metrics]
+        result.update(knob=knob, value=value, before=before, after=after, steps_run=len(manifest.metrics),
                       mean_reward_before=mean_before, mean_reward_after=mean_after,
                       values_before=_values(base_cands, knob), values_after=_values(cands, knob),
                       edits_before=Counter(edit_text(c.knobs, parent.knobs) for c in base_cands).most_common(10),
                       edits_after=Counter(edit_text(c.knobs, parent.knobs) for c in cands).most_common(10),
-                      adapter=manifest["name"], reward_sources=manifest["reward_sources"], steps=steps,
+                      adapter=manifest.name, reward_sources=dict(manifest.reward_sources), steps=steps,
                       max_kl=max((s["kl"] for s in steps if s["kl"] is not None), default=None),
                       seconds=round(time.monotonic() - start, 1), passed=ok)
         (out / "result.json").write_text(json.dumps(result, indent=2, default=str))
         check_figure(out / "learning_check.svg", result)
         say(f"learning check {'PASSED' if ok else 'FAILED'}: {knob}={value} {before:.0%} -> {after:.0%} of "
-            f"{args.samples} proposals ({len(manifest['metrics'])} steps, max KL {result['max_kl']}; "
+            f"{args.samples} proposals ({len(manifest.metrics)} steps, max KL {result['max_kl']}; "
             f"result.json and learning_check.svg in {out})")
         return 0 if ok else 1
     finally:

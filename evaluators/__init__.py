@@ -7,7 +7,7 @@ Subpackages by concern: ``static`` (source scan), ``compile`` (compile child, ca
 ``pools`` (``LocalPool``, ``RayPool``). The contract between pool and worker, ``Job`` and
 ``Result``, and the code provenance sit at the top.
 """
-from ._job import JOB_OPTIONS, EliteThreshold, Job, Result, ShapeResult
+from ._job import JOB_OPTIONS, EliteThreshold, Job, Result, ShapeDraft, ShapeResult
 from ._provenance import buffers_warning, code_version
 from .static import ScanResult, scan, scan_source
 from .compile import (ARCHS, CompilePool, CompileResult, CubinCache, arch_for_capability, cache_key,
@@ -29,7 +29,7 @@ __all__ = [
     "GpuLease", "gpu_key",
     "ScanResult", "scan", "scan_source",
     "CudaError", "LoaderUnavailable", "get_loader",
-    "JOB_OPTIONS", "EliteThreshold", "Job", "Result", "ShapeResult",
+    "JOB_OPTIONS", "EliteThreshold", "Job", "Result", "ShapeDraft", "ShapeResult",
     "PRECISE_JOB", "LocalPool", "PoolStats", "gpu_arch", "visible_gpus",
     "RayPool", "RayPoolStats", "RayUnavailable", "connect_ray",
     "ParamPack", "TensorMapError", "tmap_geometry",

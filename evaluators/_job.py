@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, Optional, Union
 
-from populations import LaunchPlan, Shape, Status
+from populations import MEASUREMENT_KEYS, LaunchPlan, Measurement, Shape, Status
 
-__all__ = ["Job", "Result", "ShapeResult", "JOB_OPTIONS", "EliteThreshold"]
+__all__ = ["Job", "Result", "ShapeResult", "ShapeDraft", "JOB_OPTIONS", "EliteThreshold"]
 
 #: The speedup a candidate must reach to become an elite: one number for every shape it claims,
 #: or per shape (its string) a number or None (no cutoff known there: the checks always run).
@@ -98,9 +98,12 @@ JOB_OPTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Job)
 
 @dataclass(frozen=True)
 class ShapeResult:
-    """One claimed shape's outcome as the worker reported it."""
+    """One claimed shape's outcome as the worker reported it: the figures, the clocks read at the
+    shape (``provenance``) and how it was measured (``measurement``, which the pool carries onto
+    the :class:`populations.Evaluation`). Built in the worker by a :class:`ShapeDraft`; a
+    record of populations types, so it pickles as it is."""
 
-    shape: str
+    shape: Shape
     status: Status
     message: str = ""
     flags: tuple[str, ...] = ()
@@ -108,41 +111,32 @@ class ShapeResult:
     max_error: Optional[float] = None
     correctness_s: float = 0.0
     timing_s: float = 0.0
-    provenance: Mapping[str, Any] = field(default_factory=dict)
-    checks: tuple[Any, ...] = ()
-    phases: Optional[Mapping[str, float]] = None
-    rotation_sets: Optional[int] = None
-    rotation_bytes: Optional[int] = None
-    floor_s: Optional[float] = None
-    memo_check: Any = None
-    device_rotations: Any = None
+    provenance: Mapping[str, Any] = field(default_factory=dict)  # clocks read at this shape
+    measurement: Measurement = field(default_factory=Measurement)
     fatal: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys this parent does not read
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any]) -> "ShapeResult":
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        known = {k: v for k, v in wire.items() if k in names}
-        known.update(status=Status(wire["status"]), message=str(wire.get("message") or ""),
-                     flags=tuple(wire.get("flags") or ()), checks=tuple(wire.get("checks") or ()),
-                     timers=MappingProxyType(dict(wire.get("timers") or {})),
-                     provenance=MappingProxyType(dict(wire.get("provenance") or {})),
-                     correctness_s=float(wire.get("correctness_s") or 0.0), timing_s=float(wire.get("timing_s") or 0.0),
-                     fatal=bool(wire.get("fatal")))
-        return cls(**known, extra=MappingProxyType({k: v for k, v in wire.items() if k not in names}))
+        """Parse the worker's dict: the measurement's keys sit at its top level."""
+        known = set(_WIRE_KEYS) | set(MEASUREMENT_KEYS)
+        return cls(shape=Shape.parse(wire["shape"]), status=Status(wire["status"]), message=str(wire.get("message") or ""),
+                   flags=tuple(wire.get("flags") or ()), timers=dict(wire.get("timers") or {}),
+                   max_error=wire.get("max_error"), correctness_s=float(wire.get("correctness_s") or 0.0),
+                   timing_s=float(wire.get("timing_s") or 0.0),
+                   provenance=dict(wire.get("provenance") or {}),
+                   measurement=Measurement.from_dict({k: v for k, v in wire.items() if k in MEASUREMENT_KEYS}),
+                   fatal=bool(wire.get("fatal")),
+                   extra={k: v for k, v in wire.items() if k not in known})
 
     def to_wire(self) -> dict[str, Any]:
         """The dict the worker sends (the inverse of :meth:`from_wire`): builtins only, the
-        optional figures left out when None, ``fatal`` only when set, the ``extra`` keys kept."""
-        out: dict[str, Any] = {"shape": self.shape, "status": self.status, "message": self.message,
+        measurement's unset figures left out, ``fatal`` only when set, the ``extra`` keys kept."""
+        out: dict[str, Any] = {"shape": str(self.shape), "status": self.status, "message": self.message,
                                "flags": list(self.flags), "timers": {k: dict(v) for k, v in self.timers.items()},
                                "max_error": self.max_error, "correctness_s": self.correctness_s,
-                               "timing_s": self.timing_s, "provenance": dict(self.provenance),
-                               "checks": list(self.checks)}
-        for name in _OPTIONAL_FIGURES:
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = dict(value) if isinstance(value, Mapping) else value
+                               "timing_s": self.timing_s, "provenance": dict(self.provenance), "checks": []}
+        out.update(self.measurement.to_dict())
         if self.fatal:
             out["fatal"] = True
         out.update(self.extra)
@@ -156,8 +150,57 @@ class ShapeResult:
         return dataclasses.replace(self, status=Status.FLAGGED, flags=self.flags + (flag,))
 
 
-#: ShapeResult fields the wire form carries only when set.
-_OPTIONAL_FIGURES = ("phases", "rotation_sets", "rotation_bytes", "floor_s", "memo_check", "device_rotations")
+#: The wire keys that are ShapeResult's own fields (the measurement's sit beside them).
+_WIRE_KEYS = ("shape", "status", "message", "flags", "timers", "max_error", "correctness_s", "timing_s",
+              "provenance", "fatal")
+
+
+@dataclass
+class ShapeDraft:
+    """The worker's typed working copy of one shape's result while its phases run (correctness,
+    then timing fill it in); :meth:`build` freezes it into a :class:`ShapeResult`. How it was
+    measured goes on ``measurement`` through :meth:`note` (the record's own field names and
+    types); ``phases`` is the one figure the steps add to as they go."""
+
+    shape: Shape
+    status: Status = Status.OK
+    message: str = ""
+    flags: list[str] = field(default_factory=list)
+    timers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    max_error: Optional[float] = None
+    correctness_s: float = 0.0
+    timing_s: float = 0.0
+    provenance: dict[str, Any] = field(default_factory=dict)
+    fatal: bool = False
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per step, added to as the steps run
+    measurement: Measurement = field(default_factory=Measurement)
+
+    def note(self, **fields: Any) -> None:
+        """Record measurement fields (TypeError naming one :class:`populations.Measurement` lacks)."""
+        self.measurement = dataclasses.replace(self.measurement, **fields)
+
+    def fail(self, status: Status, message: str, **changes: Any) -> "ShapeDraft":
+        """End the shape with ``status`` and ``message`` (and other fields, the measurement's
+        included): this draft."""
+        self.status, self.message = Status(status), message
+        self.note(**{k: v for k, v in changes.items() if k in MEASUREMENT_KEYS})
+        for name, value in changes.items():
+            if name not in MEASUREMENT_KEYS:
+                if name not in _DRAFT_FIELDS:
+                    raise TypeError(f"ShapeDraft has no field {name!r}")
+                setattr(self, name, value)
+        return self
+
+    def build(self) -> ShapeResult:
+        """The frozen record of what the phases filled in."""
+        measurement = Measurement.from_dict({**self.measurement.to_dict(), "phases": self.phases})
+        return ShapeResult(shape=self.shape, status=self.status, message=self.message, flags=tuple(self.flags),
+                           timers={k: dict(v) for k, v in self.timers.items()},
+                           max_error=self.max_error, correctness_s=self.correctness_s, timing_s=self.timing_s,
+                           provenance=dict(self.provenance), measurement=measurement, fatal=self.fatal)
+
+
+_DRAFT_FIELDS = frozenset(f.name for f in dataclasses.fields(ShapeDraft))
 
 
 @dataclass(frozen=True)
@@ -185,5 +228,4 @@ class Result:
 
     def shape(self, shape: Shape) -> Optional[ShapeResult]:
         """The result for ``shape``, None when the job did not reach it."""
-        key = str(shape)
-        return next((r for r in self.shapes if r.shape == key), None)
+        return next((r for r in self.shapes if r.shape == shape), None)

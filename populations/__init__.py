@@ -8,7 +8,7 @@ from ._codec import SCHEMA_VERSION, CodecError, decode, encode, from_plain, to_p
 from ._expr import ExprError, evaluate
 from ._plan import (POINTER_ARGS, Launch, LaunchPlan, PlanError, ResolvedLaunch, StagedCopy, TensorMapSpec,
                     staged_pitch, stored_dims)
-from ._records import Candidate, Evaluation, KernelStats, Status, TimerResult, candidate_id
+from ._records import MEASUREMENT_KEYS, Candidate, Evaluation, KernelStats, Measurement, Status, TimerResult, candidate_id
 from ._shape import Shape, ShapeError
 from ._knobs import Constraint, Knob, KnobSpace, TemplateError, knob_key
 from ._staging import stage_grid
@@ -26,7 +26,7 @@ __all__ = [
     "ExprError", "evaluate",
     "POINTER_ARGS", "Launch", "LaunchPlan", "PlanError", "ResolvedLaunch", "StagedCopy", "TensorMapSpec",
     "staged_pitch", "stage_grid", "stored_dims",
-    "Candidate", "Evaluation", "KernelStats", "Status", "TimerResult", "candidate_id",
+    "Candidate", "Evaluation", "KernelStats", "MEASUREMENT_KEYS", "Measurement", "Status", "TimerResult", "candidate_id",
     "Shape", "ShapeError",
     "Constraint", "Knob", "KnobSpace", "TemplateError", "knob_key", "Template", "load_template", "load_templates",
     "DISQUALIFYING", "LOCK", "MANIFEST", "Archive", "ArchiveDamagedError", "ArchiveError", "ArchiveLockedError", "CandidateInfo", "Elite",

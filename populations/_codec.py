@@ -3,6 +3,11 @@
 Every encoded record is a msgpack map ``{"v": SCHEMA_VERSION, "kind": ..., ...}``. Decoding
 accepts every version up to the current one (older ones are upgraded here, in one place) and
 refuses newer ones with a clear error rather than guessing.
+
+Fields added later are written only when set, so a record without them encodes to the bytes it
+always did: ``roofline_frac``, and ``measurement`` (an evaluation's :class:`Measurement`). Before
+``measurement`` existed its keys sat in ``provenance``; decoding such a record moves them out
+(:meth:`Measurement.lift`), so every reader finds them in one place.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import Any, Union
 import msgpack
 
 from ._plan import LaunchPlan
-from ._records import Candidate, Evaluation, KernelStats, Status, TimerResult
+from ._records import Candidate, Evaluation, KernelStats, Measurement, Status, TimerResult
 from ._shape import Shape
 
 __all__ = ["SCHEMA_VERSION", "CodecError", "encode", "decode", "to_plain", "from_plain"]
@@ -50,6 +55,8 @@ def to_plain(record: Record) -> dict[str, Any]:
         }
         if record.roofline_frac is not None:  # only when recorded: older records encode to the same bytes
             plain["roofline_frac"] = record.roofline_frac
+        if record.measurement:
+            plain["measurement"] = record.measurement.to_dict()
         return plain
     raise TypeError(f"cannot encode {type(record).__name__}")
 
@@ -91,6 +98,7 @@ def from_plain(d: Any) -> Record:
             for name, t in (d.get("timers") or {}).items():
                 t = {k: v for k, v in t.items() if k != "speedup"}
                 timers[name] = TimerResult(**t)
+            measurement, provenance = _measurement(d)
             return Evaluation(
                 candidate_id=d["candidate_id"], shape=_shape(d["shape"]), status=Status(d["status"]),
                 message=d.get("message", ""), timers=timers,
@@ -98,14 +106,24 @@ def from_plain(d: Any) -> Record:
                 flags=tuple(d.get("flags") or ()), max_error=d.get("max_error"),
                 compile_s=float(d.get("compile_s", 0.0)), correctness_s=float(d.get("correctness_s", 0.0)),
                 timing_s=float(d.get("timing_s", 0.0)), arch=d.get("arch", ""),
-                provenance=d.get("provenance") or {}, created=float(d["created"]),
+                provenance=provenance, created=float(d["created"]),
                 roofline_frac=None if d.get("roofline_frac") is None else float(d["roofline_frac"]),
+                measurement=measurement,
             )
     except CodecError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:  # timers not a map, inf generation
         raise CodecError(f"malformed {d.get('kind', 'record')}: {exc}") from None
     raise CodecError(f"unknown record kind {d.get('kind')!r}")
+
+
+def _measurement(d: dict[str, Any]) -> tuple[Measurement, dict[str, Any]]:
+    """An evaluation's measurement and provenance; a record from before ``measurement`` (its keys
+    in the provenance, the pool wrote None for the unset ones) has them lifted out."""
+    provenance = dict(d.get("provenance") or {})
+    if d.get("measurement") is not None:
+        return Measurement.from_dict(d["measurement"]), provenance
+    return Measurement.lift(provenance)
 
 
 def encode(record: Record) -> bytes:

@@ -2,7 +2,9 @@
 
 A :class:`Candidate` is what an operator proposes: device source plus a launch plan, the shapes
 it claims, and where it came from. An :class:`Evaluation` is what the evaluator measured of one
-candidate at one shape. Records are immutable; the engine creates new ones, never edits.
+candidate at one shape; its :class:`Measurement` says how it was measured (checks, rotations, the
+timers' details), its ``provenance`` on what (GPU, driver, clocks, worker). Records are immutable;
+the engine creates new ones, never edits.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from typing import Any, Mapping, Optional
 from ._plan import LaunchPlan
 from ._shape import Shape
 
-__all__ = ["Status", "Candidate", "Evaluation", "TimerResult", "KernelStats", "candidate_id"]
+__all__ = ["Status", "Candidate", "Evaluation", "Measurement", "MEASUREMENT_KEYS", "TimerResult", "KernelStats",
+           "candidate_id"]
 
 KnobValue = Any  # int | str | bool
 
@@ -123,6 +126,90 @@ class KernelStats:
     cmem: int = 0
 
 
+def _opt(kind: type, value: Any) -> Any:
+    return None if value is None else kind(value)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """How one evaluation was measured (the worker's detail, not the figures or the machine).
+
+    ``checks``: the correctness checks passed, in order; ``phases``: seconds per step;
+    ``rotation_sets``/``rotation_bytes``: the timing rotation; ``device_rotations``: the device
+    timer's median per fresh rotation (``{"median", "baseline_median"}``, a precise job's);
+    ``floor_s``: the physical floor the device time was held against; ``memo_check`` and
+    ``host_timers``: what the elite gates decided (``"run"`` or why not); ``server_gaps_s``,
+    ``device_warmup_s``, ``device_capture_s``, ``device_prewarm_replays``: the timers' own costs;
+    ``gpu_lease``: what the timed region waited for the GPU lease. Archives written before this
+    record kept these keys in ``Evaluation.provenance``; :meth:`lift` moves them here."""
+
+    checks: tuple[str, ...] = ()
+    phases: Mapping[str, float] = field(default_factory=dict)
+    rotation_sets: Optional[int] = None
+    rotation_bytes: Optional[int] = None
+    device_rotations: tuple[Mapping[str, float], ...] = ()
+    floor_s: Optional[float] = None
+    memo_check: Optional[str] = None
+    host_timers: Optional[str] = None
+    server_gaps_s: Optional[float] = None
+    device_warmup_s: Optional[float] = None
+    device_capture_s: Optional[float] = None
+    device_prewarm_replays: Optional[int] = None
+    gpu_lease: Optional[Mapping[str, Any]] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checks", tuple(self.checks))
+        object.__setattr__(self, "device_rotations", tuple(self.device_rotations))
+
+    def __bool__(self) -> bool:
+        """False when nothing was recorded (a failure before the GPU, or a test double's record)."""
+        return bool(self.to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (msgpack/JSON-able): the fields set, the empty and None ones left out."""
+        out: dict[str, Any] = {}
+        for name in MEASUREMENT_KEYS:
+            value = getattr(self, name)
+            if value is None or (isinstance(value, (tuple, Mapping)) and not value):
+                continue
+            if name == "device_rotations":
+                value = [dict(r) for r in value]
+            out[name] = list(value) if isinstance(value, tuple) else dict(value) if isinstance(value, Mapping) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Measurement":
+        """Inverse of :meth:`to_dict` (None and missing keys read as unset); ValueError or
+        TypeError on an unknown key or a value of the wrong kind."""
+        unknown = sorted(set(d) - set(MEASUREMENT_KEYS))
+        if unknown:
+            raise ValueError(f"unknown measurement key(s) {unknown}")
+        g = d.get
+        return cls(checks=tuple(str(c) for c in g("checks") or ()),
+                   phases={str(k): float(v) for k, v in dict(g("phases") or {}).items()},
+                   rotation_sets=_opt(int, g("rotation_sets")), rotation_bytes=_opt(int, g("rotation_bytes")),
+                   device_rotations=tuple({str(k): float(v) for k, v in dict(r).items()} for r in g("device_rotations") or ()),
+                   floor_s=_opt(float, g("floor_s")), memo_check=_opt(str, g("memo_check")),
+                   host_timers=_opt(str, g("host_timers")), server_gaps_s=_opt(float, g("server_gaps_s")),
+                   device_warmup_s=_opt(float, g("device_warmup_s")), device_capture_s=_opt(float, g("device_capture_s")),
+                   device_prewarm_replays=_opt(int, g("device_prewarm_replays")),
+                   gpu_lease=None if g("gpu_lease") is None else dict(g("gpu_lease")))
+
+    @classmethod
+    def lift(cls, provenance: Mapping[str, Any]) -> tuple["Measurement", dict[str, Any]]:
+        """An old record's provenance split in two: the measurement keys it carried (read as
+        :meth:`from_dict` reads them) and the rest, which is provenance proper."""
+        found = {k: v for k, v in provenance.items() if k in MEASUREMENT_KEYS}
+        rest = {k: v for k, v in provenance.items() if k not in MEASUREMENT_KEYS}
+        return cls.from_dict(found), rest
+
+
+#: Measurement's fields: also the keys an old record kept in its provenance.
+MEASUREMENT_KEYS: tuple[str, ...] = ("checks", "phases", "rotation_sets", "rotation_bytes", "device_rotations",
+                                     "floor_s", "memo_check", "host_timers", "server_gaps_s", "device_warmup_s",
+                                     "device_capture_s", "device_prewarm_replays", "gpu_lease")
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """One candidate measured at one shape."""
@@ -139,11 +226,14 @@ class Evaluation:
     correctness_s: float = 0.0
     timing_s: float = 0.0
     arch: str = ""
+    #: the GPU, driver, clocks, code version and worker the figures were taken on
     provenance: Mapping[str, Any] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     #: roofline time (populations._roofline.roofline_time) / device-timer median, recorded by the
     #: engine with the archive's calibration; None when not measured (or an archive from before)
     roofline_frac: Optional[float] = None
+    #: how it was measured (checks, rotations, the timers' details); empty when it never reached a GPU
+    measurement: Measurement = field(default_factory=Measurement)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", Status(self.status))

@@ -72,8 +72,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[Shape
 def test_export_builds_for_sm90a_and_leaves_out_a_broken_kernel(exported: tuple[Path, dict[Shape, Candidate]]) -> None:
     lib, best = exported
     loaded = load_library(lib)
-    assert {Shape.parse(e["shape"]) for e in loaded.manifest["kernels"]} == set(best)
-    skipped = {s["shape"]: s["reason"] for s in loaded.manifest["skipped"]}
+    assert {Shape.parse(e.shape) for e in loaded.manifest.kernels} == set(best)
+    skipped = {s["shape"]: s["reason"] for s in loaded.manifest.skipped}
     assert "deliberately broken" in skipped[str(S_BROKEN)] and not (lib / "src" / f"k_{S_BROKEN.key}.cu").exists()
     for shape in (S_CL_TN, S_CL_NN):
         entry = loaded.kernels[(shape.m, shape.n, shape.k, shape.layout)]
@@ -164,7 +164,7 @@ def test_cluster_kernels_on_a_side_stream_and_in_a_graph(on_gpu: Any) -> None:
     for shape in (S_CL_TN, S_CL_NN):
         key = (shape.m, shape.n, shape.k, shape.layout)
         fn, ws = on_gpu.launcher(key)
-        assert ws == on_gpu.kernels[key]["workspace_bytes"]
+        assert ws == on_gpu.kernels[key].workspace_bytes
         a, b = _operands(shape)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())

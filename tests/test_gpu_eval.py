@@ -495,8 +495,8 @@ def test_evo_eval_times_precisely_unless_quick(tmp_path, capsys):
         capsys.readouterr()
         assert main(["eval", str(src), "--shape", "256x256x256", "--timers", "device", "--json", *extra]) == 0
         got[mode] = json.loads(capsys.readouterr().out)[0]
-    assert len(got["precise"]["provenance"]["device_rotations"]) == 3
-    assert "device_rotations" not in got["quick"]["provenance"]
+    assert len(got["precise"]["measurement"]["device_rotations"]) == 3
+    assert "device_rotations" not in got["quick"]["measurement"]
     assert got["precise"]["timers"]["device"]["samples"] > got["quick"]["timers"]["device"]["samples"]
 
 
@@ -567,13 +567,15 @@ def _timed(h, handler, shape, kernel, job=None):
         a, b, c = tensors[ptrs["A"]]
         kernel(a, b, c)
 
-    res = {"flags": [], "timers": {}, "status": "ok", "message": ""}
+    from evaluators import ShapeDraft
+
+    res = ShapeDraft(shape)
     h.TimingBuffers.__init__ = recording_init
     try:
         handler._time(call, 0, False, shape, dict(job or {}), random.Random(1), torch.Generator().manual_seed(1), res)
     finally:
         h.TimingBuffers.__init__ = init
-    return res
+    return res.build().to_wire()  # what the worker sends: the measurement's keys at the top level
 
 
 def _honest(layout):
@@ -691,11 +693,11 @@ def test_host_timers_run_only_for_candidates_that_can_become_elites(monkeypatch)
     shape = Shape(40, 24, 32, "TN")
     below = _timed(h, handler, shape, _honest("TN"), job={"elite_threshold": 1.5})
     assert below["status"] == "ok" and set(below["timers"]) == {"device"}
-    assert below["notes"]["host_timers"].startswith("skipped: speedup 1.000 below the elite threshold 1.500")
-    assert "server_gaps_s" not in below["notes"]
+    assert below["host_timers"].startswith("skipped: speedup 1.000 below the elite threshold 1.500")
+    assert "server_gaps_s" not in below
     for job in ({"elite_threshold": 0.9}, {}, {"elite_threshold": 1.5, "host_timers": "always"}):
         res = _timed(h, handler, shape, _honest("TN"), job=job)
-        assert set(res["timers"]) == {"device", "offline", "server"} and res["notes"]["host_timers"] == "run", job
+        assert set(res["timers"]) == {"device", "offline", "server"} and res["host_timers"] == "run", job
     only = _timed(h, handler, shape, _honest("TN"), job={"elite_threshold": 1.5, "timers": ["offline"]})
     assert set(only["timers"]) == {"offline"}  # no device timer to gate on: what was asked for runs
 
@@ -712,7 +714,7 @@ def test_clock_settling_runs_only_after_the_worker_was_idle(monkeypatch):
     handler._last_busy -= 2 * h.IDLE_S  # as if the worker had waited for work
     _timed(h, handler, shape, _honest("TN"))
     assert [s for s, _ in asked] == [h.SETTLE_S, 0.0, h.SETTLE_S] and asked[0][1] is h.sm_clock_mhz
-    assert res["status"] == "ok" and res["notes"]["server_gaps_s"] == 0.0 and "device_warmup_s" in res["notes"]
+    assert res["status"] == "ok" and res["server_gaps_s"] == 0.0 and "device_warmup_s" in res
 
 
 @needs_torch

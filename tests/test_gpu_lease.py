@@ -151,16 +151,13 @@ def test_a_cancelled_generation_stops_waiting_and_never_runs_unleased(lease: Gpu
 
 def test_timing_hook_records_its_wait_and_can_be_switched_off(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("EVO_GPU_LEASE_DIR", str(tmp_path))
-    res: dict = {}
-    with timing_lease(res):
+    with timing_lease() as wait:
         pass
-    assert set(res["notes"]["gpu_lease"]) == {"waited_s", "timed_out", "enabled"}
+    assert set(wait.to_dict()) == {"waited_s", "timed_out", "enabled"} and wait.enabled
     assert list(tmp_path.glob("*.gate"))
     monkeypatch.setenv("EVO_GPU_LEASE", "off")
-    res = {}
-    with timing_lease(res) as wait:
+    with timing_lease() as wait:
         assert not wait.enabled
-    assert "notes" not in res
 
 
 def test_gpu_keys_agree_between_processes(monkeypatch) -> None:
@@ -348,7 +345,7 @@ def test_gpu_generation_load_stays_out_of_the_timed_regions(tmp_path: Path, monk
     assert lease.summary()["slices"] > 0
     for e in evals:
         assert e.status is Status.OK and not e.flags, e.message
-        wait = e.provenance["gpu_lease"]
+        wait = e.measurement.gpu_lease
         assert wait["enabled"] and not wait["timed_out"] and wait["waited_s"] < 0.5
 
 

@@ -49,7 +49,8 @@ def test_a_result_reads_statuses_as_the_enum_and_keeps_the_wire_strings():
     res = Result.from_wire(wire)
     assert res.status is Status.TIMEOUT and res.fatal and res.phase == "timing"
     first = res.shape(S1)
-    assert first is not None and first.status is Status.OK and first.checks == ("smoke",)
+    assert first is not None and first.status is Status.OK and first.measurement.checks == ("smoke",)
+    assert first.shape == S1  # a Shape, parsed from its wire string
     assert first.extra == {"new_key": 7}  # a key this parent does not read is kept, not lost silently
     assert res.shape(S2) is None
     assert json.dumps({"status": Status.FLAGGED}) == '{"status": "flagged"}'  # a str enum: same wire form

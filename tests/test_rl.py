@@ -170,15 +170,15 @@ def test_grpo_steps_change_the_adapter_and_write_a_manifest(trained) -> None:
     changed = [n for n, p in before.items() if not bool((after[n].detach() == p).all())]
     assert changed, "no LoRA weight moved"
     assert any("lora_B" in n for n in changed)
-    assert manifest["version"] == 1 and manifest["seed"] == 0 and manifest["name"].startswith("v1-")
-    assert len(manifest["base_model_hash"]) == 64 and len(manifest["adapter_hash"]) == 64
-    assert manifest["name"] == f"v1-{manifest['adapter_hash'][:12]}"
-    assert manifest["config"]["grpo"]["group_size"] == 4 and manifest["config"]["lora"]["r"] == 16
-    assert manifest["dataset"]["rows"] == 6 and manifest["dataset"]["groups"] == 1
+    assert manifest.version == 1 and manifest.seed == 0 and manifest.name.startswith("v1-")
+    assert len(manifest.base_model_hash) == 64 and len(manifest.adapter_hash) == 64
+    assert manifest.name == f"v1-{manifest.adapter_hash[:12]}"
+    assert manifest.config["grpo"]["group_size"] == 4 and manifest.config["lora"]["r"] == 16
+    assert manifest.dataset["rows"] == 6 and manifest.dataset["groups"] == 1
     # each step: 4 samples plus the group's 6 archived completions replayed through the grammar
-    assert len(manifest["metrics"]) == 2 and [m["replayed"] for m in manifest["metrics"]] == [6, 6]
-    assert sum(manifest["reward_sources"].values()) == 2 * (4 + 6)
-    assert manifest["reward_sources"].get("archive", 0) >= 1  # sampled edits map to archived candidates
+    assert len(manifest.metrics) == 2 and [m["replayed"] for m in manifest.metrics] == [6, 6]
+    assert sum(manifest.reward_sources.values()) == 2 * (4 + 6)
+    assert manifest.reward_sources.get("archive", 0) >= 1  # sampled edits map to archived candidates
     assert (out / "adapter_model.safetensors").is_file() and (out / "adapter_config.json").is_file()
     assert json.loads((out / "evo-adapter.json").read_text()) == manifest
 
@@ -222,10 +222,10 @@ def test_operator_hot_reloads_the_adapter_and_records_its_version(trained, tiny)
     assert first is not None and first.adapter is None
     backend = load_backend()
     try:
-        assert switch_adapter({"llm": op}, out, manifest["name"]) == [op.model]
-        assert backend.adapter == manifest["name"]
+        assert switch_adapter({"llm": op}, out, manifest.name) == [op.model]
+        assert backend.adapter == manifest.name
         child = op.propose([ParentView(parent, pev)], SHAPE, random.Random(1), 1, ctx)[0].candidate
-        assert child is not None and child.adapter == manifest["name"]
+        assert child is not None and child.adapter == manifest.name
     finally:
         backend.load_adapter(None, "")  # the session's shared backend goes back to the base model
     from peft import PeftModel

@@ -141,9 +141,11 @@ class StagingLibraryDouble(LibraryDouble):
     reason = ""
 
     def __init__(self, *keys: tuple[int, int, int, str]) -> None:
+        from types import SimpleNamespace
+
         super().__init__(*keys)
-        for key in keys:
-            self.kernels[key]["prepared_b"] = {"symbol": "evo_hgemm_x_wb"}
+        self.kernels = {k: SimpleNamespace(symbol="evo_hgemm_x", prepared_b=SimpleNamespace(symbol="evo_hgemm_x_wb"))
+                        for k in keys}  # as evo.runtime.KernelEntry
         self.pads = 0
 
     def launcher(self, key: tuple[int, int, int, str]) -> tuple[object, int]:

@@ -258,14 +258,10 @@ class PoolCore:
                 out.append(self.record(cand, shape, status, msg, compile=comp, provenance=base_prov))
                 continue
             timers = {name: TimerResult(**t) for name, t in r.timers.items()}
-            prov = {**base_prov, **r.provenance, "checks": list(r.checks), "rotation_sets": r.rotation_sets,
-                    "rotation_bytes": r.rotation_bytes, "floor_s": r.floor_s, "phases": r.phases,
-                    "memo_check": r.memo_check}
-            if r.device_rotations:
-                prov["device_rotations"] = r.device_rotations
+            # provenance: the worker's GPU, driver and clocks; how it measured goes on the measurement
             out.append(self.record(cand, shape, r.status, r.message, compile=comp, timers=timers, flags=r.flags,
                                    max_error=r.max_error, correctness_s=r.correctness_s, timing_s=r.timing_s,
-                                   provenance=prov))
+                                   provenance={**base_prov, **r.provenance}, measurement=r.measurement))
         return out
 
 

@@ -15,8 +15,10 @@ device speedup reaches ``elite_threshold``; ``"always"``),
 ``rounds``, ``budget_s``, ``max_rounds``, ``min_rounds``, ``settle_s``, ``settle_min_s`` and ``prewarm`` tune the
 device timer (see :func:`evaluators.run._timers.device_timer`; ``evaluators.PRECISE_JOB`` is the preset for
 a measurement that must repeat across worker starts). The
-result has ``status``/``message`` for the job and one dict per shape (status, message,
-max_error, flags, timers, correctness_s, timing_s, phases (seconds per step), provenance).
+result has ``status``/``message`` for the job and one dict per shape, the wire form of a
+:class:`evaluators.ShapeResult` built from a :class:`evaluators.ShapeDraft` (status, message,
+max_error, flags, timers, correctness_s, timing_s, the clocks as provenance, and the
+:class:`populations.Measurement`'s keys: checks, phases, rotations, the timers' details).
 
 Buffers a candidate can reach come from :mod:`evaluators.run._vmm` (worker option ``buffers``:
 ``"vmm"``, the default, VA reservations with 2 GiB unmapped gaps, so far stores fault (verified
@@ -41,7 +43,7 @@ import torch
 
 from populations import LaunchPlan, PlanError, Shape, Status
 
-from .._job import Job, ShapeResult
+from .._job import Job, ShapeDraft, ShapeResult
 from .._provenance import sm_clock_mhz, static_provenance
 from ..correctness import CheckFailed, Cascade, Operands, beyond_claim, class_cover, large_ragged, ragged_instances
 from ._builtin_kernels import EMPTY_KERNEL, NAIVE_GEMM, naive_plan
@@ -205,7 +207,7 @@ class GpuHandler(TimingPhase):
         rng = random.Random(seed)
         try:
             for shape in shapes:
-                results.append(ShapeResult.from_wire(self._one_shape(kernels, shape, job, phase, rng)))
+                results.append(self._one_shape(kernels, shape, job, phase, rng).build())
                 phase("partial", results[-1].to_wire())  # the pipe: the record goes as its wire dict
                 if results[-1].fatal:
                     break
@@ -230,12 +232,10 @@ class GpuHandler(TimingPhase):
         return {"status": Status.RUNTIME_ERROR, "message": f"{where}: {exc}", "fatal": poisoned}
 
     def _one_shape(self, kernels: CandidateKernels, shape: Shape, job: Mapping[str, Any],
-                   phase: Callable[[str], None], rng: random.Random) -> dict[str, Any]:
-        """Correctness, then timing, of one claimed shape: the working dict the phases fill (the
-        wire form of a :class:`ShapeResult`, which :meth:`handle` makes of it)."""
-        res: dict[str, Any] = {"shape": str(shape), "status": Status.OK, "message": "", "flags": [], "timers": {},
-                               "max_error": None, "correctness_s": 0.0, "timing_s": 0.0, "checks": [],
-                               "phases": {}}
+                   phase: Callable[[str], None], rng: random.Random) -> ShapeDraft:
+        """Correctness, then timing, of one claimed shape: the draft the phases fill in (which
+        :meth:`handle` freezes into a :class:`ShapeResult`)."""
+        res = ShapeDraft(shape)
         phase("correctness")
         stage = "correctness"
         t0 = time.perf_counter()
@@ -261,9 +261,9 @@ class GpuHandler(TimingPhase):
                     call, ws, _ = kernels.bind(inst)
                 except (PlanError, TensorMapError) as exc:
                     if inst is big[1]:  # past the claim: a size the plan refuses is one the claim does not admit
-                        res["checks"].append("beyond_claim_not_admitted")
+                        res.note(checks=res.measurement.checks + ("beyond_claim_not_admitted",))
                         continue
-                    return {**res, "status": Status.REJECTED, "message": f"plan does not resolve for {inst}: {exc}"}
+                    return res.fail(Status.REJECTED, f"plan does not resolve for {inst}: {exc}")
                 alloc = self._allocator()
                 ops = Operands.allocate(inst, ws, kernels.plan.zero_workspace, self.device, gen,
                                         getattr(self, "guard_bytes", GUARD_BYTES), alloc.bytes, movable=True)
@@ -281,36 +281,37 @@ class GpuHandler(TimingPhase):
                             cas.cancellation()
                 except CheckFailed as exc:
                     where = "" if inst is shape else f" on ragged instance {inst.m}x{inst.n}x{inst.k}"
-                    return {**res, "status": Status.INCORRECT, "message": f"{exc}{where}", "max_error": exc.max_error,
-                            "checks": cas.checks, "correctness_s": time.perf_counter() - t0}
-                res["checks"] += cas.checks
-                res["max_error"] = max(res["max_error"] or 0.0, cas.max_error)
+                    return res.fail(Status.INCORRECT, f"{exc}{where}", max_error=exc.max_error, checks=tuple(cas.checks),
+                                    correctness_s=time.perf_counter() - t0)
+                res.note(checks=res.measurement.checks + tuple(cas.checks))
+                res.max_error = max(res.max_error or 0.0, cas.max_error)
                 del ops
                 if inst is not shape:
                     ragged_s += time.perf_counter() - t_inst
-            res["correctness_s"] = time.perf_counter() - t0
-            res["phases"]["correctness"] = res["correctness_s"]
+            res.correctness_s = time.perf_counter() - t0
+            res.phases["correctness"] = res.correctness_s
             if instances:  # of which: the generic candidate's ragged instances (small and full-size)
-                res["phases"]["correctness_ragged"] = ragged_s
+                res.phases["correctness_ragged"] = ragged_s
             if not self._timing_intact():
-                return {**res, "status": Status.INCORRECT, "correctness_s": res["correctness_s"],
-                        "message": "wrote outside its buffers: the harness's cached timing inputs changed during the checks"}
+                return res.fail(Status.INCORRECT,
+                                "wrote outside its buffers: the harness's cached timing inputs changed during the checks")
             phase("timing")
             stage = "timing"
             t1 = time.perf_counter()
             call, ws, n_launches = kernels.bind(shape)
-            with timing_lease(res):  # no LLM generation on this GPU while it times (issue 25)
+            with timing_lease() as wait:  # no LLM generation on this GPU while it times (issue 25)
+                if wait.enabled:
+                    res.note(gpu_lease=wait.to_dict())
                 self._time(call, ws, kernels.plan.zero_workspace, shape, job, rng, gen, res)
-            res["timing_s"] = time.perf_counter() - t1
+            res.timing_s = time.perf_counter() - t1
         except CheckFailed as exc:  # outputs wrong after timing
-            res["status"], res["message"] = Status.FLAGGED, str(exc)
-            res["flags"].append(str(exc))
+            res.status, res.message = Status.FLAGGED, str(exc)
+            res.flags.append(str(exc))
         except Exception as exc:
             fail = self._failure(exc, stage)
-            return {**res, **fail, "correctness_s": res["correctness_s"] or time.perf_counter() - t0}
-        res["provenance"] = {"sm_clock_mhz": sm_clock_mhz()}
-        # the server timer's gaps (the GPU idles by design), the device timer's warm-up and clock readings
-        res["provenance"].update(res.pop("notes", {}))
+            return res.fail(fail["status"], fail["message"], fatal=fail["fatal"],
+                            correctness_s=res.correctness_s or time.perf_counter() - t0)
+        res.provenance["sm_clock_mhz"] = sm_clock_mhz()  # the clock after the shape's timing
         return res
 
     def _allocator(self) -> Any:

@@ -86,7 +86,7 @@ def _torch_uuid(index: int) -> Optional[str]:
 
 @dataclass
 class LeaseWait:
-    """What one timed region saw of the lease (recorded in the evaluation's provenance)."""
+    """What one timed region saw of the lease (recorded in the evaluation's measurement)."""
 
     waited_s: float = 0.0
     timed_out: bool = False
@@ -205,9 +205,10 @@ _PROCESS_LEASE: dict[int, GpuLease] = {}
 
 
 @contextlib.contextmanager
-def timing_lease(res: Optional[dict] = None, index: int = 0, max_wait_s: float = MAX_WAIT_S) -> Iterator[LeaseWait]:
-    """The worker's hook: hold visible GPU ``index``'s lease for a timed region and record what
-    it waited in ``res["notes"]["gpu_lease"]`` (the evaluation's provenance)."""
+def timing_lease(index: int = 0, max_wait_s: float = MAX_WAIT_S) -> Iterator[LeaseWait]:
+    """The worker's hook: hold visible GPU ``index``'s lease for a timed region; the yielded
+    wait (``enabled`` False when leases are off) is what the worker records in the evaluation's
+    ``measurement.gpu_lease``."""
     if not lease_enabled():
         yield LeaseWait(enabled=False)
         return
@@ -215,6 +216,4 @@ def timing_lease(res: Optional[dict] = None, index: int = 0, max_wait_s: float =
     if lease is None:
         lease = _PROCESS_LEASE[index] = GpuLease.for_device(index)
     with lease.timed(max_wait_s) as wait:
-        if res is not None:
-            res.setdefault("notes", {})["gpu_lease"] = wait.to_dict()
         yield wait

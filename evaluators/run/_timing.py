@@ -15,6 +15,7 @@ import torch
 
 from populations import Shape, Status
 
+from .._job import ShapeDraft
 from ..correctness import CheckFailed, recheck_sets, workspace_fill
 from .._provenance import sm_clock_mhz
 from ._gates import DEFAULT_CEILINGS, _baseline, _speedup, host_timers_wanted, memo_flag, memo_wanted, physical_floor
@@ -57,15 +58,14 @@ class TimingPhase:
         self._timing_cache[key] = bufs
         return bufs
 
-    def _inputs_modified(self, tb: "TimingBuffers", res: dict[str, Any], when: str) -> None:
+    def _inputs_modified(self, tb: "TimingBuffers", res: ShapeDraft, when: str) -> None:
         """The candidate changed its inputs (or a rotation buffer) while timed: incorrect, and the
         cached rotation is dropped so no later candidate or baseline is timed on altered data."""
         for key, other in list(self._timing_cache.items()):
             if other is tb:
                 del self._timing_cache[key]
-        res["status"] = Status.INCORRECT
-        res["message"] = f"modified input {when}: the timing rotation's A/B differ from their pristine copy"
-        res["timers"] = {}
+        res.fail(Status.INCORRECT, f"modified input {when}: the timing rotation's A/B differ from their pristine copy",
+                 timers={})
 
     def _timing_intact(self, keep: Optional["TimingBuffers"] = None) -> bool:
         """Check the cached rotations (other than ``keep``) as canaries; drop any that changed."""
@@ -75,9 +75,9 @@ class TimingPhase:
         return not bad
 
     def _time(self, call: Callable, ws: int, zero_ws: bool, shape: Shape, job: Mapping[str, Any],
-              rng: random.Random, gen: torch.Generator, res: dict[str, Any]) -> None:
+              rng: random.Random, gen: torch.Generator, res: ShapeDraft) -> None:
         """Time ``call`` at ``shape`` and flag what the figures show; fills ``res`` (timers,
-        flags, notes, phases) and marks it incorrect or flagged where the candidate cheated."""
+        flags, the measurement's timer details, phases) and marks it incorrect or flagged where the candidate cheated."""
         run = self._timing_setup(call, ws, zero_ws, shape, job, rng, gen, res)
         try:
             self._run_timers(run)
@@ -92,17 +92,17 @@ class TimingPhase:
             try:
                 self._more_rotations(call, ws, zero_ws, shape, job, rng, gen, rotations, res)
             except CheckFailed as exc:  # a fresh rotation's outputs wrong after (or during) timing
-                res["flags"].append(str(exc))
+                res.flags.append(str(exc))
             run.clock("rotations")
         if "device" in run.stats:
             self._device_flags(run)
         return self._after_timing(run)
 
     def _timing_setup(self, call: Callable, ws: int, zero_ws: bool, shape: Shape, job: Mapping[str, Any],
-                      rng: random.Random, gen: torch.Generator, res: dict[str, Any]) -> "_Run":
+                      rng: random.Random, gen: torch.Generator, res: ShapeDraft) -> "_Run":
         """The cached rotation, a guarded workspace per set, NaN-poisoned outputs, the three arms
         (the candidate and both torch.matmul layouts) and the perturbation between calls."""
-        clock = _PhaseClock(res.setdefault("phases", {}))
+        clock = _PhaseClock(res.phases)
         tb = self._buffers(shape, ws)
         n_sets, a, b_nk, b_kn, cb = tb.n_sets, tb.a, tb.b_nk, tb.b_kn, tb.cb
         w_rows = WorkspaceRows(n_sets, ws, self.device, gen, 0 if zero_ws else workspace_fill(rng), self._allocator().bytes)
@@ -145,18 +145,16 @@ class TimingPhase:
                 run.modified = True
                 return
             except CheckFailed as exc:
-                res["flags"].append(str(exc))
+                res.flags.append(str(exc))
             run.clock("timed_check")
             dev_st = run.stats["device"]["candidate"]
-            notes = res.setdefault("notes", {})
-            notes["device_warmup_s"] = dev_st.warmup_s
-            notes["device_capture_s"] = dev_st.capture_s
-            notes["device_prewarm_replays"] = dev_st.prewarm_replays
-            if dev_st.clocks:
-                notes["settle_clocks_mhz"] = list(dev_st.clocks)
+            res.note(device_warmup_s=dev_st.warmup_s, device_capture_s=dev_st.capture_s,
+                     device_prewarm_replays=dev_st.prewarm_replays)
+            if dev_st.clocks:  # clocks: provenance, with the one read after the shape
+                res.provenance["settle_clocks_mhz"] = list(dev_st.clocks)
         if "device" in run.stats:
             gate = host_timers_wanted(job, _speedup(run.stats["device"]), run.shape)
-            res.setdefault("notes", {})["host_timers"] = gate
+            res.note(host_timers=gate)
             if gate != "run":
                 wanted = [t for t in wanted if t == "device"]
         calls = int(job.get("host_calls", 20))
@@ -166,7 +164,7 @@ class TimingPhase:
         if "server" in wanted:
             run.stats["server"] = host_timer(run.arms, calls=calls, qps=float(job.get("qps", 2000.0)), rng=rng,
                                              perturb=run.host_perturb)
-            res.setdefault("notes", {})["server_gaps_s"] = sum(st.idle_s for st in run.stats["server"].values())
+            res.note(server_gaps_s=sum(st.idle_s for st in run.stats["server"].values()))
             run.clock("server")
         self._sync()
 
@@ -176,23 +174,23 @@ class TimingPhase:
         res, shape = run.res, run.shape
         dev = run.stats["device"]["candidate"]
         floor = physical_floor(shape, self.ceilings or DEFAULT_CEILINGS)
-        res["floor_s"] = floor
+        res.note(floor_s=floor)
         if dev.median < floor:
-            res["flags"].append(f"device time {dev.median * 1e6:.2f} us is below the physical floor {floor * 1e6:.2f} us")
+            res.flags.append(f"device time {dev.median * 1e6:.2f} us is below the physical floor {floor * 1e6:.2f} us")
         # per replay: host-synchronised time may exceed event time by launch + sync overhead
         # (tens of us), not by half the work: that would be work the events did not see
         if dev.host_median * dev.reps > 1.5 * dev.median * dev.reps + 1e-4:
-            res["flags"].append(f"event time {dev.median * 1e6:.2f} us far below host-synchronised time "
+            res.flags.append(f"event time {dev.median * 1e6:.2f} us far below host-synchronised time "
                                 f"{dev.host_median * 1e6:.2f} us per call (work outside the timed stream?)")
-        memo_why = memo_wanted(run.job, res["timers"]["device"], shape)
-        res["memo_check"] = memo_why
+        memo_why = memo_wanted(run.job, res.timers["device"], shape)
+        res.note(memo_check=memo_why)
         if memo_why == "run":
             cache = {"candidate": run.kept["candidate"]} if "candidate" in run.kept else None
             repeat = Arm("candidate", run.arms[0].launch, run.tb.n_sets, cacheable=cache is not None)
             memo = memo_flag(dev.median, device_timer([repeat], settings=DeviceTiming(rounds=5, warmup_s=0.002), rng=run.rng,
                                                       graph_cache=cache, stream=self.capture_stream)["candidate"].median)
             if memo:
-                res["flags"].append(memo)
+                res.flags.append(memo)
             run.clock("memo")
 
     def _after_timing(self, run: "_Run") -> None:
@@ -206,36 +204,34 @@ class TimingPhase:
         if "device" in run.stats:  # every set was written by whole rotations: no poison may be left
             left = int(torch.isnan(tb.cc_all[:, :m * n]).sum())
             if left:
-                res["flags"].append(f"outputs wrong after timing: {left} elements of the rotated C sets still hold the NaN poison")
+                res.flags.append(f"outputs wrong after timing: {left} elements of the rotated C sets still hold the NaN poison")
         a3 = tb.a_all[:, :m * k].view(n_sets, m, k)
         b3 = tb.bnk_all[:, :n * k].view(n_sets, n, k) if shape.layout == "TN" else tb.bkn_all[:, :k * n].view(n_sets, k, n)
         try:
             recheck_sets(a3, b3, tb.cc_all[:, :m * n].view(n_sets, m, n), shape.layout, run.candidate, self._sync,
                          run.gen, call_all=replay, base=tb.base_reference())
         except CheckFailed as exc:
-            res["flags"].append(str(exc))
+            res.flags.append(str(exc))
         run.clock("recheck")
         run.kept.clear()
         if not tb.intact():
             return self._inputs_modified(tb, res, "during the calls after timing")
         if not run.w_rows.intact():
-            res["flags"].append("wrote outside its buffers during timing: a canary around a set's workspace row changed")
+            res.flags.append("wrote outside its buffers during timing: a canary around a set's workspace row changed")
         if not self._timing_intact(keep=tb):
-            res["flags"].append("wrote outside its buffers during timing: another cached rotation's inputs changed")
+            res.flags.append("wrote outside its buffers during timing: another cached rotation's inputs changed")
         run.clock("intact")
-        if res["flags"]:
-            res["status"] = Status.FLAGGED
-            res["message"] = "; ".join(res["flags"])
+        if res.flags:
+            res.status, res.message = Status.FLAGGED, "; ".join(res.flags)
         self._last_busy = time.perf_counter()
-        res["rotation_sets"] = n_sets
-        res["rotation_bytes"] = n_sets * 2 * (m * k + n * k + m * n)
+        res.note(rotation_sets=n_sets, rotation_bytes=n_sets * 2 * (m * k + n * k + m * n))
 
     def _more_rotations(self, call: Callable, ws: int, zero_ws: bool, shape: Shape, job: Mapping[str, Any],
-                        rng: random.Random, gen: torch.Generator, rotations: int, res: dict[str, Any]) -> None:
+                        rng: random.Random, gen: torch.Generator, rotations: int, res: ShapeDraft) -> None:
         """The device timer again on ``rotations - 1`` freshly allocated rotations (each held while
         the next is made, so each lands on other memory); the reported device times become the
         median over all rotations, each kept in ``device_rotations``. Tells placement from noise."""
-        first = res["timers"]["device"]
+        first = res.timers["device"]
         runs = [{"median": first["median"], "baseline_median": first["baseline_median"]}]
         held = []
         for _ in range(rotations - 1):
@@ -267,7 +263,7 @@ class TimingPhase:
             runs.append({"median": st["candidate"].median, "baseline_median": base})
         for key in ("median", "baseline_median"):
             first[key] = statistics.median(r[key] for r in runs)
-        res["device_rotations"] = runs
+        res.note(device_rotations=tuple(runs))
         del held
 
 
@@ -279,7 +275,7 @@ class _Run:
     job: Mapping[str, Any]
     rng: random.Random
     gen: torch.Generator
-    res: dict[str, Any]
+    res: ShapeDraft
     clock: "_PhaseClock"
     tb: TimingBuffers
     w_rows: WorkspaceRows  # every set's workspace row, canaries between them
@@ -293,13 +289,13 @@ class _Run:
     modified: bool = False  # a timed replay changed its inputs (seen around the checked replay)
 
 
-def _record_timers(stats: Mapping[str, Mapping[str, Any]], res: dict[str, Any]) -> None:
+def _record_timers(stats: Mapping[str, Mapping[str, Any]], res: ShapeDraft) -> None:
     """Each timer's candidate figures with those of its baseline (the faster torch.matmul layout)."""
     for name, st in stats.items():
         cand = st["candidate"]
         base_name = _baseline(st)
         base = st[base_name]
-        res["timers"][name] = {"median": cand.median, "lo": cand.lo, "hi": cand.hi, "baseline_median": base.median,
+        res.timers[name] = {"median": cand.median, "lo": cand.lo, "hi": cand.hi, "baseline_median": base.median,
                                "baseline_lo": base.lo, "baseline_hi": base.hi, "samples": cand.samples,
                                "baseline_name": base_name}
 

@@ -152,7 +152,7 @@ def _train(args: argparse.Namespace, pool_factory: Any = None) -> int:
         version, parent = 1, None
         if args.init_adapter:
             m = read_manifest(args.init_adapter)
-            version, parent = int(m.get("version", 0)) + 1, m.get("name")
+            version, parent = m.version + 1, m.name
         version = args.version if args.version is not None else version
         from ..rl import RewardConfig
         table = table_from_rows(rows, RewardConfig(kind=args.reward))
@@ -196,8 +196,8 @@ def _train(args: argparse.Namespace, pool_factory: Any = None) -> int:
             measurer.pool.close()
     if measurer is not None:
         print(f"evo rl train: {measurer.measured} new edits measured on the GPU ({measurer.lost} lost) -> {args.measure}")
-    print(f"evo rl train: adapter {manifest['name']} -> {args.out} "
-          f"(rewards from {manifest['reward_sources']})")
+    print(f"evo rl train: adapter {manifest.name} -> {args.out} "
+          f"(rewards from {dict(manifest.reward_sources)})")
     return 0
 
 

@@ -291,7 +291,7 @@ def _load_adapter(folder: str, operators: dict[str, Any], events: Any, progress:
     """Switch the LLM operators' local models to the adapter in ``folder`` (event ``adapter``)."""
     from ..rl import read_manifest, switch_adapter
 
-    name = read_manifest(folder)["name"]
+    name = read_manifest(folder).name
     switched = switch_adapter(operators, folder, name)
     events.emit("adapter", None, name=name, folder=str(folder), models=switched, source="--llm-adapter")
     progress.message(f"evo: LLM adapter {name} loaded for {', '.join(switched) or 'no local model'}")

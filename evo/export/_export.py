@@ -45,7 +45,6 @@ shape chosen at launch time would need ``cudaLaunchKernelEx`` with a cluster att
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -58,8 +57,8 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 from populations import Archive, Elite, PlanError, Shape
 
-from ..runtime._loader import (LIBRARY, MANIFEST_FORMAT, EvoLibrary, ExportError, _read_manifest,  # noqa: F401
-                              PreparedWeight, evo_hgemm, load_library)  # re-exported
+from ..runtime import (LIBRARY, MANIFEST_FILE, MANIFEST_FORMAT, EvoLibrary, ExportError, ExportManifest,  # noqa: F401
+                       KernelEntry, PreparedB, PreparedWeight, evo_hgemm, load_library)  # re-exported
 from ._export_source import PRELUDE, dispatcher, kernel_unit, launcher, prepared_b
 from ._export_verify import MARGIN, Verify, decide
 
@@ -170,24 +169,24 @@ def _nvcc(args: list[str], cwd: Path) -> None:
         raise ExportError(f"nvcc {' '.join(a for a in args if a.endswith(('.cu', '.so')))}: {first}")
 
 
-def _entry(shape: Shape, elite: Elite, unit: str, workspace: int, arch: str) -> dict[str, Any]:
-    """The manifest's record of one exported kernel."""
+def _entry(shape: Shape, elite: Elite, unit: str, workspace: int, arch: str, **more: Any) -> KernelEntry:
+    """The manifest's record of one exported kernel (``more``: why, prepared_b, verify)."""
     cand, last = elite.candidate, elite.latest
     assert cand is not None
-    return {
-        "shape": str(shape), "key": shape.key, "m": shape.m, "n": shape.n, "k": shape.k,
-        "layout": shape.layout, "contract": shape.contract, "symbol": f"evo_hgemm_{shape.key}",
-        "candidate": cand.id, "template": cand.template, "knobs": dict(cand.knobs) if cand.knobs else None,
-        "operator": cand.operator, "generation": cand.generation,
-        "source_sha256": hashlib.sha256(cand.source.encode()).hexdigest(),
-        "unit_sha256": hashlib.sha256(unit.encode()).hexdigest(),
-        "fitness": elite.fitness, "measurements": len(elite.evaluations),
-        "speedups": {name: t.speedup for name, t in sorted(last.timers.items())},
-        "baselines": {name: t.baseline_name for name, t in sorted(last.timers.items())},
-        "workspace_bytes": workspace, "zero_workspace": bool(cand.plan.zero_workspace),
-        "tensor_maps": sorted(cand.plan.tensor_maps), "arch": last.arch or arch,
-        "provenance": dict(last.provenance), "measured_at": last.created,
-    }
+    return KernelEntry(
+        shape=str(shape), key=shape.key, m=shape.m, n=shape.n, k=shape.k,
+        layout=shape.layout, contract=shape.contract, symbol=f"evo_hgemm_{shape.key}",
+        candidate=cand.id, template=cand.template, knobs=dict(cand.knobs) if cand.knobs else None,
+        operator=cand.operator, generation=cand.generation,
+        source_sha256=hashlib.sha256(cand.source.encode()).hexdigest(),
+        unit_sha256=hashlib.sha256(unit.encode()).hexdigest(),
+        fitness=elite.fitness, measurements=len(elite.evaluations),
+        speedups={name: t.speedup for name, t in sorted(last.timers.items())},
+        baselines={name: t.baseline_name for name, t in sorted(last.timers.items())},
+        workspace_bytes=workspace, zero_workspace=bool(cand.plan.zero_workspace),
+        tensor_maps=tuple(sorted(cand.plan.tensor_maps)), arch=last.arch or arch,
+        provenance=dict(last.provenance), measured_at=last.created,
+        measurement=last.measurement.to_dict() if last.measurement else None, **more)
 
 
 def from_test_double(evaluation: Any) -> bool:
@@ -249,7 +248,7 @@ class _Trial:
         assert cand is not None
         return launcher(self.shape, cand, self.kernels, self.tag, symbol)[0]
 
-    def prepared(self) -> Optional[dict[str, Any]]:
+    def prepared(self) -> Optional[PreparedB]:
         """The manifest's ``prepared_b`` (the launcher for a B padded once), or None where the plan
         does not stage B."""
         cand = self.elite.candidate
@@ -257,10 +256,10 @@ class _Trial:
         copy = prepared_b(cand, self.shape)
         if copy is None:
             return None
-        return {"symbol": f"evo_hgemm_{self.shape.key}_wb", "rows": copy.rows, "cols": copy.cols, "pitch_multiple": 8,
-                "abi": "int f(const void* A, const void* B, long long ldb, void* C, int M, int N, int K, "
-                       "void* workspace, cudaStream_t stream); B as stored, rows ldb elements apart (ldb % 8 == 0, "
-                       "ldb >= cols); -5 = bad ldb"}
+        return PreparedB(symbol=f"evo_hgemm_{self.shape.key}_wb", rows=copy.rows, cols=copy.cols, pitch_multiple=8,
+                         abi="int f(const void* A, const void* B, long long ldb, void* C, int M, int N, int K, "
+                             "void* workspace, cudaStream_t stream); B as stored, rows ldb elements apart (ldb % 8 == 0, "
+                             "ldb >= cols); -5 = bad ldb")
 
     def prepared_launcher(self) -> str:
         cand = self.elite.candidate
@@ -346,7 +345,8 @@ def _verified(tmp: Path, trials: list[_Trial], gencode: str, verify: Verify,
 def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], arch: str = "sm_90a",
            *, jobs: Optional[int] = None, keep_slower: bool = False, verify: Optional[Verify] = None,
            verify_why: str = "", damage: Sequence[str] = ()) -> dict[str, Any]:
-    """Build the library at ``out`` (which must not exist, or be an earlier export); returns the manifest.
+    """Build the library at ``out`` (which must not exist, or be an earlier export); returns the
+    manifest's JSON form (:meth:`evo.runtime.ExportManifest.to_dict`, what ``manifest.json`` holds).
 
     Without ``verify``, a shape whose best kernel is not faster than cuBLAS in the archive's GPU
     time is left to cuBLAS (:func:`choose_path`; ``keep_slower`` exports it anyway). With it, the
@@ -360,7 +360,7 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
     ``damage`` the archive's damage the caller chose to go on past (what was skipped)."""
     gencode = _gencode(arch)
     out = Path(out).resolve()
-    if out.exists() and not (out / "manifest.json").is_file():
+    if out.exists() and not (out / MANIFEST_FILE).is_file():
         raise ExportError(f"{out} exists and is not an evo export; refusing to overwrite it")
     archive = Archive(archive_path, "r")  # ArchiveError propagates: the caller reports it
     trials, skipped = _select(archive, arch, keep_slower, verify.top_k if verify else 1, verify is not None)
@@ -393,11 +393,10 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
             prepared = t.prepared()
             if prepared:
                 prepared_launchers.append(t.prepared_launcher())
-            entries.append({**_entry(t.shape, t.elite, unit, t.workspace, arch), "why": t.why,
-                            **({"prepared_b": prepared} if prepared else {}),
-                            **({"verify": decisions[str(t.shape)]} if decisions else {})})
+            entries.append(_entry(t.shape, t.elite, unit, t.workspace, arch, why=t.why, prepared_b=prepared,
+                                  verify=decisions[str(t.shape)] if decisions else None))
         paths = {s["shape"]: {"path": "cublas", "why": s["reason"]} for s in skipped}
-        paths.update({e["shape"]: {"path": "evolved", "why": e["why"]} for e in entries})
+        paths.update({e.shape: {"path": "evolved", "why": e.why} for e in entries})
         for s, d in decisions.items():
             paths[s]["verify"] = d
         tn = [t.shape for t in trials if t.shape.layout == "TN"]
@@ -409,15 +408,15 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
         _link(tmp / "src", [t.unit[:-3] + ".o" for t in trials], gencode, "launchers.cu", tmp / LIBRARY)
         for o in (tmp / "src").glob("*.o"):
             o.unlink()
-        manifest = {"format": MANIFEST_FORMAT, "arch": arch, "library": LIBRARY, "evo": _evo_version(),
-                    "archive": archive.path, "kernels": entries, "skipped": skipped, "paths": paths,
-                    "damage": list(damage),
-                    "test_double": any(from_test_double(e.elite.latest) for e in trials),
-                    "verify": ({"ran": True, "timer": verify.name, "top_k": verify.top_k, "margin": verify.margin,
-                                "against": verify.against}
-                               if verify is not None else {"ran": False, "why": verify_why or "not asked for"}),
-                    "fallback": "every shape not in kernels is cuBLAS's (torch.matmul): the dispatchers return -1",
-                    "abi": "int evo_hgemm(const void* A, const void* B, void* C, int M, int N, int K, "
-                           "void* workspace, cudaStream_t stream); evo_hgemm_nn for NN; 0 = ok, -1 = unknown shape"}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    return manifest
+        manifest = ExportManifest(
+            format=MANIFEST_FORMAT, arch=arch, library=LIBRARY, evo=_evo_version(), archive=archive.path,
+            kernels=tuple(entries), skipped=tuple(skipped), paths=paths, damage=tuple(damage),
+            test_double=any(from_test_double(e.elite.latest) for e in trials),
+            verify=({"ran": True, "timer": verify.name, "top_k": verify.top_k, "margin": verify.margin,
+                     "against": verify.against}
+                    if verify is not None else {"ran": False, "why": verify_why or "not asked for"}),
+            fallback="every shape not in kernels is cuBLAS's (torch.matmul): the dispatchers return -1",
+            abi="int evo_hgemm(const void* A, const void* B, void* C, int M, int N, int K, "
+                "void* workspace, cudaStream_t stream); evo_hgemm_nn for NN; 0 = ok, -1 = unknown shape")
+        manifest.write(tmp)
+    return manifest.to_dict()

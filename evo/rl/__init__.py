@@ -9,11 +9,13 @@ no torch; the policy and trainer load torch, transformers and peft when they are
   :class:`RewardConfig`/:class:`RewardTable`, :func:`read_layers`/:func:`split_by_model`;
 - training: :class:`Policy`, :class:`LoraSettings`, :class:`GRPOConfig`, :func:`train_adapter`,
   :func:`prompts_from_rows`, :func:`add_elite_demos`, :class:`Prompt`, :class:`RewardSource`;
-- during a run: :class:`RLUpdater`, :func:`switch_adapter`, :func:`read_manifest`,
+- during a run: :class:`RLUpdater`, :func:`switch_adapter`, :func:`read_manifest` (an
+  :class:`AdapterManifest`, the frozen record of a version's ``evo-adapter.json``),
   :func:`backends_of`, :class:`Measurer`, :func:`colocated_gate`;
 - reading: :func:`adapter_stats`, :func:`check_figure`; the learning check's helpers.
 """
 from ._adapters import backends_of, read_manifest, switch_adapter, table_from_rows, train_adapter
+from ._manifest import AdapterManifest
 from ._check import Target, choose_target, edit_text, edits, parent_of, proposal_share, synthetic_archive, transcript_of
 from ._dataset import DatasetError, export_rows, group_advantages, messages_of, read_jsonl, write_jsonl
 from ._grpo import GRPOConfig, Prompt, RewardSource, add_elite_demos, prompts_from_rows
@@ -29,7 +31,7 @@ from ._updater import RLUpdater
 __all__ = ["RewardConfig", "RewardTable", "reward_of", "DatasetError", "export_rows", "group_advantages",
            "messages_of", "read_jsonl", "write_jsonl", "export_pairs", "edit_completion", "edits", "parent_of",
            "proposal_share", "synthetic_archive", "transcript_of", "Target", "choose_target", "edit_text",
-           "backends_of", "read_manifest", "switch_adapter", "table_from_rows", "train_adapter", "GRPOConfig", "Prompt",
+           "AdapterManifest", "backends_of", "read_manifest", "switch_adapter", "table_from_rows", "train_adapter", "GRPOConfig", "Prompt",
            "RewardSource", "add_elite_demos", "prompts_from_rows", "Measurer", "colocated_gate", "check_figure",
            "LoraSettings", "Policy", "LayerRow", "ShapeSplit", "read_layers", "split_by_model", "adapter_stats",
            "RLUpdater"]

@@ -2,10 +2,11 @@
 beside an archive, and switching LLM operators to a version without a restart.
 
 A version folder holds peft's ``adapter_config.json`` and ``adapter_model.safetensors`` and
-``evo-adapter.json``: ``version`` (N), ``name`` (``vN-<first 12 hex of the adapter hash>``, what
-new candidates record as ``Candidate.adapter``), ``seed``, ``base_model`` and its
-``base_model_hash``, ``adapter_hash``, ``parent_adapter``, the training ``config`` (GRPO, LoRA,
-rewards), the ``dataset`` it saw (rows, groups, sha256) and per-step ``metrics``.
+``evo-adapter.json``, an :class:`evo.rl._manifest.AdapterManifest`: ``version`` (N), ``name``
+(``vN-<first 12 hex of the adapter hash>``, what new candidates record as ``Candidate.adapter``),
+``seed``, ``base_model`` and its ``base_model_hash``, ``adapter_hash``, ``parent_adapter``, the
+training ``config`` (GRPO, LoRA, rewards), the ``dataset`` it saw (rows, groups, sha256) and
+per-step ``metrics``.
 """
 from __future__ import annotations
 
@@ -20,13 +21,13 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 from populations import Template
 
 from ._grpo import GRPOConfig, RewardSource, add_elite_demos, prompts_from_rows, train
-from ._policy import LoraSettings, Policy, write_manifest
+from ._manifest import MANIFEST, AdapterManifest
+from ._policy import LoraSettings, Policy
 from ._reward import RewardConfig, RewardTable
 
-__all__ = ["MANIFEST", "AdapterStore", "version_name", "read_manifest", "train_adapter", "switch_adapter",
-           "backends_of", "table_from_rows"]
+__all__ = ["MANIFEST", "AdapterManifest", "AdapterStore", "version_name", "read_manifest", "train_adapter",
+           "switch_adapter", "backends_of", "table_from_rows"]
 
-MANIFEST = "evo-adapter.json"
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
@@ -34,12 +35,9 @@ def version_name(version: int, adapter_hash: str) -> str:
     return f"v{version}-{adapter_hash[:12]}"
 
 
-def read_manifest(folder: Union[str, os.PathLike]) -> dict[str, Any]:
-    path = Path(folder) / MANIFEST
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{folder} is not an evo adapter ({MANIFEST}: {exc})") from None
+def read_manifest(folder: Union[str, os.PathLike]) -> AdapterManifest:
+    """The adapter version in ``folder``; ValueError (one line) when there is none."""
+    return AdapterManifest.read(folder)
 
 
 class AdapterStore:
@@ -86,7 +84,7 @@ def train_adapter(rows: Sequence[Mapping[str, Any]], out: Union[str, os.PathLike
                   config: GRPOConfig = GRPOConfig(),
                   version: int = 1, parent_adapter: Optional[str] = None,
                   log: Optional[Callable[[str], None]] = None, deadline: Optional[float] = None,
-                  demos: Sequence[Any] = (), demos_top: int = 4) -> dict[str, Any]:
+                  demos: Sequence[Any] = (), demos_top: int = 4) -> AdapterManifest:
     """Train ``policy`` on ``rows`` with GRPO, save the adapter into ``out`` with its manifest; the
     manifest. ``demos`` (archives) add each group's best ``demos_top`` archived children of its
     parent to the replayed completions (evo.rl._grpo.add_elite_demos). ``evaluate`` (one
@@ -100,18 +98,18 @@ def train_adapter(rows: Sequence[Mapping[str, Any]], out: Union[str, os.PathLike
     start = time.time()
     history = train(policy, prompts, source, config, log=log, deadline=deadline)
     digest = policy.save(out)
-    manifest = {
-        "format": "evo-adapter/1", "version": version, "name": version_name(version, digest),
-        "seed": config.seed, "base_model": policy.backend.name, "base_model_hash": policy.base_hash,
-        "adapter_hash": digest, "parent_adapter": parent_adapter,
-        "config": {"grpo": config.to_dict(), **policy.settings(), "reward": table.config.to_dict()},
-        "dataset": {"rows": len(rows), "groups": len(prompts), "skipped": dict(skipped), "sha256": _rows_digest(rows),
-                    "replay_texts": sum(len(p.replay) for p in prompts)},
-        "reward_sources": dict(source.sources), "train_seconds": round(time.time() - start, 2),
-        "metrics": [{k: v for k, v in h.items() if k != "completions"} for h in history],
-        "created": time.time(),
-    }
-    write_manifest(out, manifest)
+    manifest = AdapterManifest(
+        version=version, name=version_name(version, digest),
+        seed=config.seed, base_model=policy.backend.name, base_model_hash=policy.base_hash,
+        adapter_hash=digest, parent_adapter=parent_adapter,
+        config={"grpo": config.to_dict(), **policy.settings(), "reward": table.config.to_dict()},
+        dataset={"rows": len(rows), "groups": len(prompts), "skipped": dict(skipped), "sha256": _rows_digest(rows),
+                 "replay_texts": sum(len(p.replay) for p in prompts)},
+        reward_sources=dict(source.sources), train_seconds=round(time.time() - start, 2),
+        metrics=tuple({k: v for k, v in h.items() if k != "completions"} for h in history),
+        created=time.time(),
+    )
+    manifest.write(out)
     return manifest
 
 

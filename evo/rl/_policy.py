@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import json
 import os
 import threading
 from dataclasses import asdict, dataclass, field
@@ -270,10 +269,3 @@ class Policy:
 
     def settings(self) -> dict[str, Any]:
         return {"lora": {**asdict(self.lora), "targets": list(self.lora.targets)}, "base_model": self.backend.name}
-
-
-def write_manifest(folder: Union[str, os.PathLike], manifest: dict[str, Any]) -> None:
-    path = Path(folder) / "evo-adapter.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)

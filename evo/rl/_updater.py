@@ -50,7 +50,7 @@ class RLUpdater:
         self._thread: Optional[threading.Thread] = None
         self._result: Optional[dict[str, Any]] = None
         latest = self.store.latest()
-        self.version, self.current = (latest[0], read_manifest(latest[1])["name"]) if latest else (0, None)
+        self.version, self.current = (latest[0], read_manifest(latest[1]).name) if latest else (0, None)
         if not self.model:
             self.log("evo: rl: no LLM operator in this run; --rl-every has nothing to train")
         elif latest is not None:  # a resumed run: its first proposals already come from the newest adapter
@@ -89,14 +89,14 @@ class RLUpdater:
             self._emit("rl_skip", reason=result["skip"], evaluations=result["evaluations"])
         else:
             m = result["manifest"]
-            self.version, self.current = m["version"], m["name"]
-            self._switch(Path(result["folder"]), m["name"])
-            rewards = [s["reward_mean"] for s in m["metrics"]]
-            self._emit("rl_update", adapter=m["name"], version=m["version"], rows=m["dataset"]["rows"],
-                       groups=m["dataset"]["groups"], evaluations=result["evaluations"], reward_means=rewards,
-                       seconds=m["train_seconds"])
-            self.log(f"evo: rl: adapter {m['name']} from {m['dataset']['rows']} rows, "
-                     f"{len(rewards)} steps in {m['train_seconds']:.0f}s")
+            self.version, self.current = m.version, m.name
+            self._switch(Path(result["folder"]), m.name)
+            rewards = [s["reward_mean"] for s in m.metrics]
+            self._emit("rl_update", adapter=m.name, version=m.version, rows=m.dataset["rows"],
+                       groups=m.dataset["groups"], evaluations=result["evaluations"], reward_means=rewards,
+                       seconds=m.train_seconds)
+            self.log(f"evo: rl: adapter {m.name} from {m.dataset['rows']} rows, "
+                     f"{len(rewards)} steps in {m.train_seconds:.0f}s")
 
     def close(self, wait_s: float = 0.0) -> None:
         """At the end of the run: wait up to ``wait_s`` for a round in progress, then report it."""

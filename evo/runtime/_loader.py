@@ -18,7 +18,6 @@ before a call when it is not the current one.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import threading
 from contextlib import nullcontext
@@ -26,21 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from ._manifest import LIBRARY, MANIFEST_FORMAT, ExportError, ExportManifest, KernelEntry
+
 __all__ = ["ExportError", "EvoLibrary", "PreparedWeight", "load_library", "evo_hgemm", "MANIFEST_FORMAT", "LIBRARY"]
-
-MANIFEST_FORMAT = "evo-export/1"
-LIBRARY = "libevo_hgemm.so"
-
-
-class ExportError(Exception):
-    """Bad input or a failed build: one line for the user, nothing left behind."""
-
-
-def _read_manifest(path: Path) -> dict[str, Any]:
-    data = json.loads((path / "manifest.json").read_text())
-    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
-        raise ExportError(f"{path}: not an {MANIFEST_FORMAT} manifest")
-    return data
 
 
 def _arch_matches(arch: str, capability: tuple[int, int]) -> bool:
@@ -51,15 +38,16 @@ def _arch_matches(arch: str, capability: tuple[int, int]) -> bool:
 class EvoLibrary:
     """An exported library: ``evo_hgemm(a, b)`` runs the exported kernel or falls back to matmul.
 
-    ``reason`` says why the library is not used at all (None when it is); ``kernels`` maps
-    (M, N, K, layout) to the manifest entry. The host path per call: a dict lookup, the cached
+    ``reason`` says why the library is not used at all (None when it is); ``manifest`` is the
+    :class:`ExportManifest`; ``kernels`` maps (M, N, K, layout) to its :class:`KernelEntry`. The host path per call: a dict lookup, the cached
     ctypes function, a torch allocation for C and the cached workspace.
     """
 
     def __init__(self, path: Union[str, os.PathLike]) -> None:
         self.path = Path(path)
-        self.manifest = _read_manifest(self.path)
-        self.kernels = {(e["m"], e["n"], e["k"], e["layout"]): e for e in self.manifest["kernels"]}
+        self.manifest = ExportManifest.read(self.path)
+        self.kernels: dict[tuple[int, int, int, str], KernelEntry] = {
+            (e.m, e.n, e.k, e.layout): e for e in self.manifest.kernels}
         self.reason: Optional[str] = None
         self._lib: Optional[ctypes.CDLL] = None
         self._fns: dict[tuple[int, int, int, str, bool], Any] = {}
@@ -77,11 +65,11 @@ class EvoLibrary:
             self.reason = "no CUDA device"
             return
         cap = torch.cuda.get_device_capability()
-        if not _arch_matches(self.manifest["arch"], cap):
-            self.reason = f"library is for {self.manifest['arch']}, the GPU is sm_{cap[0]}{cap[1]}"
+        if not _arch_matches(self.manifest.arch, cap):
+            self.reason = f"library is for {self.manifest.arch}, the GPU is sm_{cap[0]}{cap[1]}"
             return
         try:
-            self._lib = ctypes.CDLL(str(self.path / self.manifest["library"]))
+            self._lib = ctypes.CDLL(str(self.path / self.manifest.library))
         except OSError as exc:
             self.reason = f"cannot load the library: {exc}"
 
@@ -95,7 +83,7 @@ class EvoLibrary:
         fn = self._fns.get((*key, prepared))
         if fn is None:
             entry = self.kernels[key]
-            fn = getattr(self._lib, entry["prepared_b"]["symbol"] if prepared else entry["symbol"])
+            fn = getattr(self._lib, _symbol(entry, prepared))
             fn.restype = ctypes.c_int
             b = [ctypes.c_void_p, ctypes.c_longlong] if prepared else [ctypes.c_void_p]
             fn.argtypes = [ctypes.c_void_p, *b, ctypes.c_void_p] + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
@@ -133,7 +121,7 @@ class EvoLibrary:
         RuntimeError when the library is not loaded here (see ``reason``)."""
         if self._lib is None:
             raise RuntimeError(f"library not loaded: {self.reason}")
-        return self._function(key), int(self.kernels[key]["workspace_bytes"])
+        return self._function(key), self.kernels[key].workspace_bytes
 
     def prepared_launcher(self, key: tuple[int, int, int, str]) -> Optional[Any]:
         """The exported C function for ``key`` that takes B padded once (``fn(A, B, ldb, C, M, N,
@@ -141,7 +129,7 @@ class EvoLibrary:
         does not stage B. Raises like :meth:`launcher`."""
         if self._lib is None:
             raise RuntimeError(f"library not loaded: {self.reason}")
-        return self._function(key, prepared=True) if self.kernels[key].get("prepared_b") else None
+        return self._function(key, prepared=True) if self.kernels[key].prepared_b is not None else None
 
     def prepare_weight(self, weight: Any) -> "PreparedWeight":
         """``weight`` (N x K, fp16, as ``nn.Linear`` stores it: B of the TN layout) with, where an
@@ -156,7 +144,7 @@ class EvoLibrary:
         n, k = weight.shape
         w = weight.contiguous()
         wants = self._lib is not None and w.is_cuda and any(
-            e.get("prepared_b") for (_, en, ek, layout), e in self.kernels.items() if (en, ek, layout) == (n, k, "TN"))
+            e.prepared_b for (_, en, ek, layout), e in self.kernels.items() if (en, ek, layout) == (n, k, "TN"))
         padded = None
         if wants:
             ldb = -(-k // 64) * 64
@@ -188,7 +176,7 @@ class EvoLibrary:
         m, n, k, _ = key
         c = torch.empty((m, n), dtype=torch.float16, device=a.device)
         entry = self.kernels[key]
-        ws = self._workspace(a, int(entry["workspace_bytes"]))
+        ws = self._workspace(a, entry.workspace_bytes)
         fn = self._function(key, prepared)
         other = a.device.index is not None and a.device.index != torch.cuda.current_device()
         with torch.cuda.device(a.device) if other else nullcontext():  # its runtime follows the current context
@@ -196,7 +184,7 @@ class EvoLibrary:
         if rc == -1:
             return fallback()
         if rc:
-            raise RuntimeError(f"{entry['prepared_b']['symbol'] if prepared else entry['symbol']} failed with code {rc}")
+            raise RuntimeError(f"{_symbol(entry, prepared)} failed with code {rc}")
         return c
 
     def _workspace(self, a: Any, nbytes: int) -> int:
@@ -217,11 +205,19 @@ class EvoLibrary:
 
         key = self.route(a, pw.weight.t())
         entry = self.kernels.get(key) if key is not None and key[3] == "TN" else None
-        prep = entry.get("prepared_b") if entry else None
+        prep = entry.prepared_b if entry else None
         if prep is None or pw.padded is None or pw.padded.device != a.device:
             return self.evo_hgemm(a, pw.weight.t())
         return self._launch(a, key, [pw.padded.data_ptr(), pw.padded.stride(0)], lambda: torch.matmul(a, pw.weight.t()),
                             prepared=True)
+
+
+def _symbol(entry: KernelEntry, prepared: bool) -> str:
+    """The C symbol of ``entry``'s launcher: with ``prepared``, the one for a B padded once."""
+    if prepared:
+        assert entry.prepared_b is not None
+        return entry.prepared_b.symbol
+    return entry.symbol
 
 
 @dataclass(frozen=True)
@@ -265,10 +261,7 @@ def load_library(path: Union[str, os.PathLike]) -> EvoLibrary:
     returned library then routes everything to torch.matmul and says why in ``reason``. A
     missing or malformed manifest raises :class:`ExportError`."""
     global _CURRENT
-    try:
-        lib = EvoLibrary(path)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ExportError(f"{path}: cannot read the export manifest: {exc}") from None
+    lib = EvoLibrary(path)  # ExportManifest.read: one-line ExportError on a bad manifest
     _CURRENT = lib
     try:
         _register_op()

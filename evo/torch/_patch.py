@@ -119,7 +119,8 @@ def _stamp(w: Any) -> tuple[int, int, Any]:
 
 def _stages_b(library: Any, n: int, k: int) -> bool:
     """Whether any exported TN kernel of (N, K) has a launcher for a weight padded once."""
-    return any(e.get("prepared_b") for (_, en, ek, layout), e in library.kernels.items() if (en, ek, layout) == (n, k, "TN"))
+    return any(e.prepared_b is not None for (_, en, ek, layout), e in library.kernels.items()
+               if (en, ek, layout) == (n, k, "TN"))
 
 
 def _why_not(mod: Any, cover: dict[tuple[int, int], tuple[int, ...]]) -> str:

@@ -166,11 +166,11 @@ def test_archive_and_engine_rank_alike_on_a_re_measured_candidate(tmp_path: Path
         finally:
             events.close()
             pool.close()
-        ranked = [(m.id, m.fitness) for m in engine.populations[BIG].elites()]
+        ranked = [(m.id, m.fitness) for m in engine.states[BIG].population.elites()]
     assert archived[0] == (once.id, 1.4) and archived[1][0] == twice.id
     assert archived[1][1] == pytest.approx(1.3)
     assert ranked == archived
-    assert engine.populations[BIG].best.id == once.id
+    assert engine.states[BIG].population.best.id == once.id
 
 
 # -- transfer -----------------------------------------------------------------------------------
@@ -361,7 +361,7 @@ def test_duplicates_are_never_evaluated_twice(tmp_path: Path) -> None:
         result = engine.run()
         events.close()
     pool.close()
-    assert result.reason == "exhausted" and engine.duplicates > 0
+    assert result.reason == "exhausted" and engine.proposer.duplicates > 0
     assert len(pool.submitted) == len(set(pool.submitted)) == result.evaluations
 
 

@@ -236,9 +236,7 @@ def test_operator_hot_reloads_the_adapter_and_records_its_version(trained, tiny)
 @needs_llm
 @needs_peft
 def test_updater_trains_in_the_background_and_switches_the_operator(tmp_path: Path, tiny) -> None:
-    """The --rl-every hook with a stand-in for the engine (it only reads the evaluation count)."""
-    from types import SimpleNamespace
-
+    """The --rl-every updater, stepped as the engine's callback steps it (on the evaluation count)."""
     from evo.search._progress import EventLog
     from evo.rl._grpo import GRPOConfig
     from evo.rl._updater import RLUpdater
@@ -249,14 +247,12 @@ def test_updater_trains_in_the_background_and_switches_the_operator(tmp_path: Pa
     op = LLMOperator()
     updater = RLUpdater(arch, {"llm": op}, {"tiny": tiny}, every=5, events=events,
                         config=GRPOConfig(steps=1, group_size=2, seed=3))
-    engine = SimpleNamespace(budget=SimpleNamespace(used_evals=4))
-    updater(engine)
+    updater.step(4)
     assert updater._thread is None  # not yet: 4 < 5 evaluations
-    engine.budget.used_evals = 5
-    updater(engine)
+    updater.step(5)
     assert updater._thread is not None
     updater._thread.join(600)
-    updater(engine)  # the round finished: switch on the engine's thread
+    updater.step(5)  # the round finished: switch on the engine's thread
     backend = load_backend()
     try:
         manifest = json.loads((arch / "adapters" / "v1" / "evo-adapter.json").read_text())

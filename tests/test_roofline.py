@@ -254,11 +254,11 @@ def test_a_shape_whose_every_result_fails_stops_counting_as_all_headroom(tmp_pat
                         events=EventLog(archive_dir / EVENTS_FILE), calibration=_toy_calibration())
         assert engine.weights([BIG, SMALL]) == {BIG: 1.0, SMALL: 1.0}
         for i, c in enumerate(cands[:10]):
-            engine._observe(SMALL, c, Evaluation(c.id, SMALL, Status.COMPILE_ERROR))
+            engine.states[SMALL].observe(c, Evaluation(c.id, SMALL, Status.COMPILE_ERROR))
             assert engine.stalled(SMALL) is (i + 1 >= 10)
         assert engine.weights([BIG, SMALL]) == {BIG: 1.0, SMALL: 0.0}
-        engine.best_time[BIG] = 1.0  # BIG measured, far from its limit: it keeps its headroom share
+        engine.states[BIG].best_time = 1.0  # BIG measured, far from its limit: it keeps its headroom share
         w = engine.weights([BIG, SMALL])
         assert w[SMALL] == 0.0 and w[BIG] == pytest.approx(0.99)
-        engine.best_time[BIG] = 1e-2  # BIG at its limit too: nobody has headroom, the shares are even again
+        engine.states[BIG].best_time = 1e-2  # BIG at its limit too: nobody has headroom, the shares are even again
         assert engine.weights([BIG, SMALL]) == {BIG: 1.0, SMALL: 1.0}

@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Te
 
 from populations import Archive, Candidate, Shape, Template, load_templates
 
-from ..search import ConfigError, PoolConfig, RunConfig
+from ..search import ConfigError, EngineServices, MeasureCallback, Measured, PoolConfig, RunConfig
 from ..search import seed_population
 
 if TYPE_CHECKING:
     from evaluators import EvaluatorPool
 
+    from ..rl import RLUpdater
     from ..search import RunResult
 
 __all__ = ["seed_shapes", "write_seeds", "make_pool", "make_operators", "expand_operators", "known_model",
@@ -211,7 +212,7 @@ def run_search(cfg: RunConfig, *, llm: Optional[Mapping[str, Any]] = None, llm_d
                         calibration=calibration)
         if cfg.rl.every:
             updater = _rl_updater(cfg, operators, templates, events, progress)
-            engine.hooks.append(updater)
+            engine.callbacks.append(RLCallback(updater))  # after archive, record and tell
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 previous[sig] = signal.signal(sig, lambda signum, frame: engine.interrupt())
@@ -244,8 +245,24 @@ def _remove_fresh(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _rl_updater(cfg: RunConfig, operators: dict[str, Any], templates: Any, events: Any, progress: Any) -> Any:
-    """The engine hook of ``rl.every`` (evo.rl.RLUpdater)."""
+class RLCallback(MeasureCallback):
+    """``--rl-every``'s updater (``evo.rl.RLUpdater``) as the engine's last measure callback: it
+    steps on the run's evaluation count once a batch is archived, committed and recorded; one
+    that raises is dropped, the run goes on (not essential)."""
+
+    def __init__(self, updater: "RLUpdater") -> None:
+        self.updater = updater
+
+    def apply(self, services: EngineServices, results: Sequence[Measured]) -> None:
+        self.updater.step(services.budget.used_evals)
+
+    def __repr__(self) -> str:
+        return f"RLCallback({self.updater!r})"
+
+
+def _rl_updater(cfg: RunConfig, operators: dict[str, Any], templates: Any, events: Any,
+                progress: Any) -> "RLUpdater":
+    """The RL updater of ``rl.every`` (evo.rl.RLUpdater); the run appends it as an :class:`RLCallback`."""
     from ..rl import GRPOConfig
     from ..rl import RLUpdater
 

@@ -1,12 +1,13 @@
 """Periodic RL updates inside ``evo run`` (``--rl-every N``).
 
-:class:`RLUpdater` is an engine hook, called on the engine's thread after each batch of results.
+:class:`RLUpdater` steps on the engine's thread after each batch of results (``evo run`` wraps it
+in one of the engine's measure callbacks, after the results are archived and committed).
 Every ``every`` evaluations it starts one background training round (never two at once): export
 the newest ``window`` LLM-made rows of the archive (read through a separate reader, so the
 engine keeps writing), train the policy ``steps`` GRPO steps on them with the archive as reward
 source (and each group's best archived children of its parent replayed as demonstrations,
 whatever operator made them), and save adapter ``vN+1`` under ``ARCHIVE/adapters``. When a round has finished, the
-next hook call (on the engine's thread again) switches the LLM operators to the new adapter
+next step (on the engine's thread again) switches the LLM operators to the new adapter
 and emits an ``rl_update`` event. A round that fails emits ``rl_failed`` with the error and the
 run goes on; rounds with no trainable rows are skipped (``rl_skip``). The policy is created on
 the first round (a copy of the operator's model) and keeps training from round to round; a
@@ -60,16 +61,16 @@ class RLUpdater:
         if self.events is not None:
             self.events.emit(kind, None, **data)
 
-    # -- the engine hook (engine thread) -------------------------------------------------------
-    def __call__(self, engine: Any) -> None:
+    # -- after each batch of results (engine thread) ---------------------------------------------
+    def step(self, evaluations: int) -> None:
+        """Finish a round that ended; start one once the run has made ``evaluations`` >= the next mark."""
         if self._thread is not None and not self._thread.is_alive():
             self._thread = None
             self._finish(self._result or {"error": "the training thread ended without a result"})
-        evals = engine.budget.used_evals
-        if self._thread is None and evals >= self.next_at and self.model:
-            self.next_at = evals + self.every
+        if self._thread is None and evaluations >= self.next_at and self.model:
+            self.next_at = evaluations + self.every
             self._result = None
-            self._thread = threading.Thread(target=self._round, args=(evals,), name="evo-rl", daemon=True)
+            self._thread = threading.Thread(target=self._round, args=(evaluations,), name="evo-rl", daemon=True)
             self._thread.start()
 
     def _switch(self, folder: Path, name: Optional[str]) -> None:

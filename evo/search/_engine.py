@@ -17,9 +17,10 @@ wait on a compile) and proposes a new one each time a result arrives:
 3. skip candidates whose id was already evaluated at the shape or is in flight (de-duplication
    by content hash against the archive), add the candidate to the archive, submit it,
 4. when futures finish: record each evaluation's roofline fraction (``roofline_frac``, with
-   the archive's calibration), archive it, update population, budget, convergence and
-   progress, ``tell`` the operator, and commit (fsync) the archive, so a SIGKILL loses at
-   most the candidates in flight.
+   the archive's calibration) and charge the budget, then apply the measure callbacks
+   (``Engine.callbacks``, ``_callbacks.py``) in order to the batch: archive and commit (fsync:
+   a SIGKILL loses at most the candidates in flight), update population, convergence and
+   progress, ``tell`` the operators, then any a caller appended (``--rl-every``'s RL updater).
 
 Slow operators (those with ``asynchronous = True``: the LLM ones, 1-4 s a call on CPU) propose
 on threads instead (at most ``concurrency`` calls per operator, default 1, and one per
@@ -35,38 +36,44 @@ Every stop but a second interrupt lets in-flight work finish (at most ``pool.dra
 a second interrupt abandons it. Either way the archive is committed before :meth:`Engine.run`
 returns.
 
-This module holds the loop, start-up and allocation; steps 2-3's proposing is
-``evo/search/_engine_propose.py`` and step 4's recording ``evo/search/_engine_results.py`` (mixins of
-:class:`Engine`, sharing its state).
+This module holds the loop, stopping and submission. What the engine knows about a shape is one
+:class:`~evo.search._shape_state.ShapeState` (``Engine.states``). Its collaborators are handed the
+run's services (``_services.py``) and the record they act on: start-up (``_startup.py``), the
+allocator (step 1, ``_allocation.py``), the :class:`Proposer` (steps 2-3, ``_engine_propose.py``)
+with the operator chooser (``_chooser.py``: weights, or the bandit of ``_opbandit.py``), and the
+:class:`Recorder` (step 4, ``_engine_results.py``).
 """
 from __future__ import annotations
 
 import random
 import time
-from collections import Counter, deque
+from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
-from populations import Archive, Calibration, Candidate, Evaluation, Shape, Template, attainable_frac
+from populations import Archive, Calibration, Candidate, Shape, Template
 from operators import Operator
 from evaluators import EliteThreshold
 
-from ._budget import Budget, Convergence, pick_shape, shape_weights
+from ._allocation import make_allocator
+from ._budget import Budget
 from ._calibration import load_calibration
+from ._callbacks import ArchiveResults, InFlight, MeasureCallback, TellOperators, apply_callbacks
+from ._chooser import OperatorChooser, WeightedChooser
 from ._config import RunConfig
-from ._engine_propose import Proposing
-from ._engine_results import Recording, InFlight
-from ._opbandit import OperatorBandit, OperatorChooser
+from ._engine_propose import Proposer
+from ._engine_results import Recorder
+from ._opbandit import OperatorBandit
 from ._progress import EventLog, Progress
-from ._seeding import seed_population
-from ._selection import Population
-from ._transfer import transfer_candidates
+from ._services import EngineServices
+from ._shape_state import ShapeState
+from ._startup import prepare_states
 
 if TYPE_CHECKING:  # the engine needs only the interface; evaluators is imported where a pool is made
     from evaluators import EvaluatorPool
 
-__all__ = ["Engine", "RunResult", "OperatorChooser", "pool_gpus"]
+__all__ = ["Engine", "RunResult", "pool_gpus"]
 
 
 @dataclass
@@ -87,7 +94,7 @@ def pool_gpus(pool: "EvaluatorPool", config: RunConfig) -> int:
     return len(config.pool.gpus) or len(pool.gpus) or 1
 
 
-class Engine(Proposing, Recording):
+class Engine:
     """Runs the search over ``config.shapes``; see the module docstring."""
 
     #: Seconds the loop waits for a result before it looks at budgets and interrupts again.
@@ -113,38 +120,27 @@ class Engine(Proposing, Recording):
         self.max_inflight = config.pool.inflight(pool_gpus(pool, config))
         self.rng = random.Random(config.seed)
         self.budget = Budget(config.budget_s, config.gpu_seconds, config.max_evals, config.max_tokens, clock=clock)
-        self.chooser = (OperatorBandit(config.operators, config.bandit) if config.bandit.enabled
-                        else OperatorChooser(config.operators))
-        self.fitness_of: dict[Shape, dict[str, Optional[float]]] = {s: {} for s in config.shapes}  # latest per id
+        self.chooser: OperatorChooser = (OperatorBandit(config.operators, config.bandit) if config.bandit.enabled
+                                         else WeightedChooser(config.operators))
         families = {name: t.family for name, t in self.templates.items()}
-        sel = config.selection
-        self.populations = {s: Population(sel.elites, sel.cells, sel.register_bucket, families, sel.population)
-                     for s in config.shapes}
-        self.conv = {s: Convergence(config.converge_window, config.converge_threshold) for s in config.shapes}
-        alloc = config.allocation
+        #: one record per shape: population, convergence, stall, best time, queue, known ids, history
+        self.states: dict[Shape, ShapeState] = {s: ShapeState.start(s, config, families) for s in config.shapes}
         #: the device's ceilings (calibration.json beside the archive, else the H200 defaults)
         self.calibration = calibration or load_calibration(getattr(archive, "path", None))
-        #: per shape: no improvement over the last ``stall_window`` evaluations (it then yields its slots)
-        self.stall = {s: Convergence(alloc.stall_window or None, alloc.stall_threshold) for s in config.shapes}
-        self.best_time: dict[Shape, Optional[float]] = {s: None for s in config.shapes}  # fastest ok device median
-        self.yielded: set[Shape] = set()  # shapes whose allocation weight is 0 (announced once each)
-        self.queue: dict[Shape, deque[tuple[Candidate, str]]] = {s: deque() for s in config.shapes}
-        self.known: dict[Shape, set[str]] = {s: set() for s in config.shapes}
+        self.services = EngineServices(config, archive, events, self.progress, self.budget, self.chooser,
+                                       self.operators, self.templates, self.rng, self.arch, clock, self.calibration,
+                                       self.states)
+        self.allocator = make_allocator(self.services)
+        self.proposer = Proposer(self.services)
+        self.recorder = Recorder(self.services)
+        #: applied in order after each batch of results (``_callbacks.py``): archive and commit,
+        #: record, tell the operators; ``evo run --rl-every`` appends its RL updater, which so runs
+        #: on results archived and committed; a non-essential callback that raises is reported as
+        #: an event and dropped, never the end of the run
+        self.callbacks: list[MeasureCallback] = [ArchiveResults(), self.recorder, TellOperators()]
         self.inflight: dict[Future, InFlight] = {}
-        self.converged: set[Shape] = set()
-        self.history: dict[Shape, list[tuple[Candidate, Evaluation]]] = {s: [] for s in config.shapes}
         self.interrupts = 0
         self.lost = 0  # in-flight candidates abandoned without a result
-        self.errors_in_a_row = 0  # runtime errors in a row, all shapes: a dead pool, not bad kernels
-        self.duplicates = 0
-        self.failures: Counter = Counter()  # (operator, reason) of proposals that came back empty
-        #: called with the engine on its own thread after each batch of results is archived and
-        #: committed (``evo run --rl-every`` hangs its RL updater here); a hook that raises is
-        #: reported as an event and dropped, never the end of the run
-        self.hooks: list[Callable[["Engine"], None]] = []
-        self.proposing: dict[Future, tuple[str, Shape]] = {}  # asynchronous proposals running
-        self.token_spenders: set[str] = set()  # operators that reported tokens
-        self.switched_off: set[str] = set()  # operators the token budget stopped
 
     # -- interrupts (called from a signal handler: only set a flag) ---------------------------
     def interrupt(self) -> None:
@@ -179,32 +175,33 @@ class Engine(Proposing, Recording):
                             self._announce(reason)
                     if reason is None:
                         self._fill()
-                        if not self.inflight and not self.proposing:
+                        if not self.inflight and not self.proposer.running:
                             reason = "exhausted"
                             self._announce(reason)
-                    if not self.inflight and (reason is not None or not self.proposing):
+                    if not self.inflight and (reason is not None or not self.proposer.running):
                         break
                     if deadline is not None and self.clock() >= deadline:
                         self._abandon(reason or "drain_timeout")
                         break
-                    done, _ = wait([*self.inflight, *self.proposing], timeout=self.TICK, return_when=FIRST_COMPLETED)
+                    done, _ = wait([*self.inflight, *self.proposer.running], timeout=self.TICK,
+                                   return_when=FIRST_COMPLETED)
                     if done:
-                        self._collect_proposals({f for f in done if f in self.proposing})
+                        self.proposer.collect({f for f in done if f in self.proposer.running})
                         self._collect({f for f in done if f in self.inflight})
                     self.progress.update()
         finally:
-            self._stop_proposals()
+            self.proposer.stop()
             self.archive.commit()
             result = RunResult(reason or "error", self.budget.used_evals, self.lost,
-                               {str(s): self.populations[s].best.fitness if self.populations[s].best else None
-                                for s in cfg.shapes},
+                               {str(s): st.population.best.fitness if st.population.best else None
+                                for s, st in self.states.items()},
                                self.budget.summary())
             self.events.emit("stop", None, reason=result.reason, evaluations=result.evaluations, lost=self.lost,
-                             best=result.best, budget=result.budget, duplicates=self.duplicates,
-                             proposal_failures={f"{op}: {why}": n for (op, why), n in self.failures.items()},
+                             best=result.best, budget=result.budget, duplicates=self.proposer.duplicates,
+                             proposal_failures={f"{op}: {why}": n for (op, why), n in self.proposer.failures.items()},
                              models={name: {m: dict(c) for m, c in op.outcomes.items()}
                                      for name, op in self.operators.items() if op.outcomes is not None},
-                             bandit=self.chooser.summary() if isinstance(self.chooser, OperatorBandit) else None)
+                             bandit=self.chooser.summary())
         return result
 
     def _why_stop(self) -> Optional[str]:
@@ -212,26 +209,15 @@ class Engine(Proposing, Recording):
             return "interrupted"
         exhausted = self.budget.exhausted()
         if exhausted == "tokens":
-            exhausted = self._tokens_spent()
+            exhausted = self.proposer.tokens_spent()
         if exhausted:
             return exhausted
-        if self.converged >= set(self.config.shapes):
+        if all(st.converged for st in self.states.values()):
             return "converged"
         limit = self.config.pool.max_consecutive_errors
-        if limit and self.errors_in_a_row >= limit:
+        if limit and self.recorder.errors_in_a_row >= limit:
             return "pool_failing"
         return None
-
-    def _tokens_spent(self) -> Optional[str]:
-        """The token budget is reached: switch off the operators that spend tokens (once); the run
-        goes on with the others, or stops (``tokens``) when none is left."""
-        stop = self.token_spenders - self.switched_off
-        if stop:
-            self.switched_off |= stop
-            self.events.emit("operators_stopped", None, budget="tokens", operators=sorted(stop),
-                             used=self.budget.summary())
-            self.progress.message(f"evo: token budget reached; no more proposals from {', '.join(sorted(stop))}")
-        return None if set(self.operators) - self.switched_off else "tokens"
 
     def _announce(self, reason: str) -> None:
         if reason == "interrupted":
@@ -243,7 +229,7 @@ class Engine(Proposing, Recording):
                              inflight=len(self.inflight))
             self.progress.message(f"evo: {reason} budget reached; finishing {len(self.inflight)} in-flight candidate(s)")
         elif reason == "pool_failing":
-            self.progress.message(f"evo: {self.errors_in_a_row} runtime errors in a row: the evaluator pool looks "
+            self.progress.message(f"evo: {self.recorder.errors_in_a_row} runtime errors in a row: the evaluator pool looks "
                                   "broken (see the messages in the archive); stopping")
         else:
             self.progress.message(f"evo: stopping ({reason})")
@@ -259,58 +245,16 @@ class Engine(Proposing, Recording):
         self.inflight.clear()
         self.pool.cancel_all()
 
-    # -- start-up: rebuild from the archive, queue seeds ---------------------------------------
+    # -- start-up: rebuild from the archive, queue seeds (``_startup.py``) ----------------------
     def _prepare(self) -> None:
-        archived = set(self.archive.shapes())
-        for shape in self.config.shapes:
-            evaluated: set[str] = set()
-            if shape in archived:
-                cands = {c.id: c for c in self.archive.candidates(shape)}
-                for ev in self.archive.evaluations(shape):
-                    evaluated.add(ev.candidate_id)
-                    cand = cands.get(ev.candidate_id)
-                    if cand is not None:
-                        self._observe(shape, cand, ev)
-                # candidates a killed run submitted but never saw evaluated: evaluate them now
-                for cid, cand in cands.items():
-                    if cid not in evaluated:
-                        self.queue[shape].append((cand, "archived"))
-            self.known[shape] = evaluated
-            best = self.populations[shape].best
-            self.progress.stats[shape].best = best.fitness if best else None
-            if self.conv[shape].converged:
-                self.converged.add(shape)
-            if not evaluated and not self.queue[shape]:
-                self._seed(shape, archived)
+        prepare_states(self.services)
 
-    def _seed(self, shape: Shape, archived: set[Shape]) -> None:
-        cfg = self.config
-        seeds: list[tuple[Candidate, str]] = []
-        if cfg.transfer.enabled and cfg.transfer.neighbors > 0:
-            def elites_of(s: Shape, n: int) -> list[tuple[Candidate, Evaluation]]:
-                return [(e.candidate, e.latest) for e in self.archive.elites(s, n) if e.candidate is not None]
-
-            for cand in transfer_candidates(shape, archived, elites_of, self.templates,
-                                            neighbors=cfg.transfer.neighbors, per_neighbor=cfg.transfer.per_neighbor,
-                                            specialize=cfg.specialize, arch=self.arch):
-                seeds.append((cand, "transfer"))
-        for cand in seed_population(shape, list(self.templates.values()), cfg.seeds_per_template, self.rng,
-                                    arch=self.arch, specialize=cfg.specialize):
-            seeds.append((cand, "seed"))
-        seen: set[str] = set()
-        for cand, op in seeds:
-            if cand.id not in seen:
-                seen.add(cand.id)
-                self.queue[shape].append((cand, op))
-        self.events.emit("seed", shape, transferred=sum(op == "transfer" for _, op in seeds),
-                         templates=sum(op == "seed" for _, op in seeds))
-
-    # -- proposing -----------------------------------------------------------------------------
+    # -- allocation and submission -------------------------------------------------------------
     def _active(self) -> list[Shape]:
-        return [s for s in self.config.shapes if s not in self.converged]
+        return [s for s, st in self.states.items() if not st.converged]
 
     def _load(self, shape: Shape) -> int:
-        return self.populations[shape].evaluated + sum(1 for j in self.inflight.values() if j.shape == shape)
+        return self.states[shape].population.evaluated + sum(1 for j in self.inflight.values() if j.shape == shape)
 
     def _fill(self) -> None:
         """Submit candidates until the in-flight bound (or the evaluation budget) is reached.
@@ -329,50 +273,25 @@ class Engine(Proposing, Recording):
             if not shapes:
                 return
             shape = self._pick(shapes)
-            got = self._next(shape)
+            got = self.proposer.next(self.states[shape])
             if got is None:
                 misses[shape] += 1
                 continue
             misses[shape] = 0
             self._submit(got[0], shape, got[1])
 
-    def attainable(self, shape: Shape) -> Optional[float]:
-        """The shape's best device time as a fraction of its floor-aware attainable time."""
-        return attainable_frac(shape, self.best_time.get(shape), self.calibration)
-
     def stalled(self, shape: Shape) -> bool:
-        """No improvement over the stall window, or (a shape whose every result failed so far)
-        a quarter of it (at least 8) evaluations without one ok result."""
-        window = self.config.allocation.stall_window
-        if not window:
-            return False
-        if self.best_time[shape] is None:
-            return self.populations[shape].evaluated >= max(8, window // 4)
-        return self.stall[shape].converged
+        """The shape stopped improving (``ShapeState.stalled`` over ``[allocation] stall_window``)."""
+        return self.states[shape].stalled(self.config.allocation.stall_window)
 
     def weights(self, shapes: list[Shape]) -> dict[Shape, float]:
-        """Allocation weights of ``shapes`` (see evo/search/_budget.py)."""
-        if not self.config.allocation.enabled:
-            return {s: 1.0 for s in shapes}
-        return shape_weights({s: self.attainable(s) for s in shapes}, {s: self.stalled(s) for s in shapes},
-                             self.config.allocation.saturated)
+        """Allocation weights of ``shapes`` (see evo/search/_allocation.py)."""
+        return self.allocator.weights([self.states[s] for s in shapes])
 
     def _pick(self, shapes: list[Shape]) -> Shape:
-        """The shape that gets the next proposal slot (weighted fair share by headroom)."""
-        order = [s for s in self.config.shapes if s in shapes]
-        loads = {s: self._load(s) for s in order}
-        if not self.config.allocation.enabled:
-            return min(order, key=lambda s: (loads[s], order.index(s)))
-        weights = self.weights(order)
-        for s in order:
-            if weights[s] == 0 and s not in self.yielded:
-                self.yielded.add(s)
-                frac = self.attainable(s)
-                why = "stalled" if self.stalled(s) else "saturated"
-                self.events.emit("yield", s, why=why, attainable_frac=frac, evaluations=self.populations[s].evaluated)
-                self.progress.message(f"evo: {s} yields its slots ({why}; "
-                                      f"{'-' if frac is None else f'{frac:.2f}'} of its attainable time)")
-        return pick_shape(order, loads, weights)
+        """The shape that gets the next proposal slot (the allocator's pick)."""
+        order = [st for s, st in self.states.items() if s in shapes]
+        return self.allocator.pick(order, {st.shape: self._load(st.shape) for st in order})
 
     #: The elite threshold sent with a job is this share of the current elite cutoff (a removed
     #: elite can lower the cutoff a little).
@@ -381,11 +300,7 @@ class Engine(Proposing, Recording):
     def _elite_threshold(self, shape: Shape) -> Optional[float]:
         """The speedup a new candidate must reach to join ``shape``'s elites now (None while the
         elite set is not full); the evaluator skips its memoisation timing pass below it."""
-        population = self.populations[shape]
-        elites = population.elites()
-        if len(elites) < population.n_elites:
-            return None
-        return elites[-1].fitness * self.ELITE_MARGIN
+        return self.states[shape].elite_threshold(self.ELITE_MARGIN)
 
     def _elite_thresholds(self, cand: Candidate, shape: Shape) -> EliteThreshold:
         """What a job carries: ``shape``'s threshold for a candidate that claims one shape; for
@@ -394,12 +309,23 @@ class Engine(Proposing, Recording):
         must not be skipped there on the proposing shape's cutoff."""
         if len(cand.shapes) <= 1:
             return self._elite_threshold(shape)
-        return {str(s): self._elite_threshold(s) if s in self.populations else None for s in cand.shapes}
+        return {str(s): self._elite_threshold(s) if s in self.states else None for s in cand.shapes}
 
     def _submit(self, cand: Candidate, shape: Shape, op: str) -> None:
         self.archive.add(cand)
         fut = self.pool.submit(cand, elite_threshold=self._elite_thresholds(cand, shape))
         self.inflight[fut] = InFlight(cand, shape, op, self.clock())
-        self.known[shape].add(cand.id)
+        self.states[shape].known.add(cand.id)
         self.events.emit("proposal", shape, candidate=cand.id, operator=op, template=cand.template,
                          knobs=dict(cand.knobs) if cand.knobs is not None else None, parents=list(cand.parents))
+
+    # -- results ---------------------------------------------------------------------------------
+    def _collect(self, done: set[Future]) -> None:
+        """The finished jobs of ``done``, accounted, then through the measure callbacks in order."""
+        results = []
+        for fut in done:
+            job = self.inflight.pop(fut, None)
+            if job is not None:
+                results.append(self.recorder.measured(job, fut))
+        self.recorder.account(results)
+        apply_callbacks(self.callbacks, self.services, results, self.events)

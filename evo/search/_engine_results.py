@@ -1,98 +1,65 @@
 """The engine's recording half: what happens when the pool hands results back.
 
-Each evaluation gets its roofline fraction (under the archive's calibration), is archived, and
-feeds the shape's population, budget, convergence, stall detection and progress; the operator
-that proposed it is told, the chooser rewarded; then the archive is committed (fsync) and the
-hooks (``evo run --rl-every``) run. A mixin of :class:`evo.search._engine.Engine`, whose state it shares.
+The :class:`Recorder` turns each finished future into a :class:`Measured` (a failed future or a
+missing shape becomes a runtime error, every evaluation gets its roofline fraction under the
+archive's calibration), charges the budget, counts runtime errors in a row and says once if a
+worker checks in plain allocations. As one of the engine's measure callbacks (``_callbacks.py``)
+it then feeds each evaluation to its shape's :class:`ShapeState` (population, convergence, stall
+detection), progress and events, and tells the chooser; the archive write and ``Operator.tell``
+are its peers in that list. It is a collaborator of :class:`evo.search._engine.Engine`, handed
+the run's services; its own state is the error streak and the buffer warning's flag.
 """
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional
+from dataclasses import replace
+from typing import Sequence
 
-from populations import Archive, Calibration, Candidate, Evaluation, Shape, Status, disqualifies, roofline_frac
-from operators import Operator
+from populations import Evaluation, Status, roofline_frac
 from evaluators import buffers_warning
 
-from ._budget import Budget, Convergence, gpu_seconds
-from ._config import RunConfig
-from ._opbandit import OperatorBandit, OperatorChooser, child_gain
-from ._progress import EventLog, Progress
-from ._selection import Population
+from ._budget import gpu_seconds
+from ._callbacks import InFlight, Measured, MeasureCallback
+from ._opbandit import child_gain
+from ._services import EngineServices
+from ._shape_state import ShapeState
 
-__all__ = ["InFlight", "Recording"]
-
-
-@dataclass
-class InFlight:
-    """A candidate in flight: for which shape, from which operator, since when."""
-
-    candidate: Candidate
-    shape: Shape
-    operator: str
-    submitted: float
+__all__ = ["Recorder"]
 
 
+class Recorder(MeasureCallback):
+    """See the module docstring."""
 
-class Recording:
-    """Result methods of the engine (its state is set up by ``Engine.__init__``)."""
+    essential = True
 
-    config: RunConfig
-    archive: Archive
-    clock: Callable[[], float]
-    calibration: Calibration
-    events: EventLog
-    progress: Progress
-    budget: Budget
-    chooser: "OperatorChooser | OperatorBandit"
-    operators: dict[str, Operator]
-    populations: dict[Shape, Population]
-    conv: dict[Shape, Convergence]
-    stall: dict[Shape, Convergence]
-    best_time: dict[Shape, Optional[float]]
-    fitness_of: dict[Shape, dict[str, Optional[float]]]
-    history: dict[Shape, list[tuple[Candidate, Evaluation]]]
-    known: dict[Shape, set[str]]
-    inflight: dict[Future, InFlight]
-    converged: set[Shape]
-    hooks: list[Callable[[Any], None]]
-    errors_in_a_row: int
-    #: the worker buffer warning is said once a run (a ``warning`` event and a progress line)
-    warned_buffers: bool = False
+    def __init__(self, services: EngineServices) -> None:
+        self.services = services
+        #: runtime errors in a row, all shapes: a dead pool, not bad kernels
+        self.errors_in_a_row = 0
+        #: the worker buffer warning is said once a run (a ``warning`` event and a progress line)
+        self.warned_buffers = False
 
-    # -- results -------------------------------------------------------------------------------
-    def _collect(self, done: set[Future]) -> None:
-        for fut in done:
-            job = self.inflight.pop(fut, None)
-            if job is None:
-                continue
-            try:
-                evals = list(fut.result())
-            except Exception as exc:  # the pool failed this job: record it, do not stop the run
-                evals = []
-                message = f"evaluator pool failed: {type(exc).__name__}: {exc}"
-            else:
-                message = "evaluator pool returned no evaluation for this shape"
-            if not any(e.shape == job.shape for e in evals):
-                evals.append(Evaluation(job.candidate.id, job.shape, Status.RUNTIME_ERROR, message=message))
-            evals = [self._with_roofline(ev) for ev in evals]
-            self.budget.charge(evals)
-            for ev in evals:
+    # -- before the callbacks ------------------------------------------------------------------
+    def measured(self, job: InFlight, fut: Future) -> Measured:
+        """The finished ``fut``'s evaluations of ``job`` (a pool failure is recorded, not raised)."""
+        try:
+            evals = list(fut.result())
+        except Exception as exc:  # the pool failed this job: record it, do not stop the run
+            evals = []
+            message = f"evaluator pool failed: {type(exc).__name__}: {exc}"
+        else:
+            message = "evaluator pool returned no evaluation for this shape"
+        if not any(e.shape == job.shape for e in evals):
+            evals.append(Evaluation(job.candidate.id, job.shape, Status.RUNTIME_ERROR, message=message))
+        return Measured(job, [self._with_roofline(ev) for ev in evals])
+
+    def account(self, results: Sequence[Measured]) -> None:
+        """Charge the budget, count runtime errors in a row, warn about plain buffers (once)."""
+        for measured in results:
+            self.services.budget.charge(measured.evaluations)
+            for ev in measured.evaluations:
                 self._warn_buffers(ev)
                 self.errors_in_a_row = self.errors_in_a_row + 1 if ev.status is Status.RUNTIME_ERROR else 0
-                self.archive.add(ev)
-                if ev.shape in self.populations:  # a candidate claiming several shapes is measured at each
-                    self.known[ev.shape].add(ev.candidate_id)
-                    self._record(job, ev)
-            self._tell(job, evals)
-        self.archive.commit()
-        for hook in list(self.hooks):
-            try:
-                hook(self)
-            except Exception as exc:
-                self.hooks.remove(hook)
-                self.events.emit("hook_failed", None, hook=repr(hook), error=f"{type(exc).__name__}: {exc}")
 
     def _warn_buffers(self, ev: Evaluation) -> None:
         """Say once, loudly, that a worker checks in plain allocations (the driver refused VA
@@ -100,8 +67,8 @@ class Recording:
         why = None if self.warned_buffers else buffers_warning(ev.provenance or {})
         if why:
             self.warned_buffers = True
-            self.events.emit("warning", ev.shape, what="buffers", message=why)
-            self.progress.message(f"evo: WARNING: {why}")
+            self.services.events.emit("warning", ev.shape, what="buffers", message=why)
+            self.services.progress.message(f"evo: WARNING: {why}")
 
     def _with_roofline(self, ev: Evaluation) -> Evaluation:
         """``ev`` with its roofline fraction recorded (device-timer median against
@@ -109,59 +76,47 @@ class Recording:
         t = ev.timers.get("device")
         if ev.roofline_frac is not None or t is None:
             return ev
-        frac = roofline_frac(ev.shape, t.median, self.calibration)
+        frac = roofline_frac(ev.shape, t.median, self.services.calibration)
         return ev if frac is None else replace(ev, roofline_frac=frac)
 
-    def _record(self, job: InFlight, ev: Evaluation) -> None:
-        shape = ev.shape
-        before = self.populations[shape].best
-        improved = self._observe(shape, job.candidate, ev)
-        stats = self.progress.stats[shape]
+    # -- the population update (a measure callback) --------------------------------------------
+    def apply(self, services: EngineServices, results: Sequence[Measured]) -> None:
+        """Record each evaluation at its shape, where this run evolves that shape (a candidate
+        claiming several shapes is measured at each)."""
+        for measured in results:
+            for ev in measured.evaluations:
+                state = services.states.get(ev.shape)
+                if state is not None:
+                    state.known.add(ev.candidate_id)
+                    self.record(state, measured.job, ev)
+
+    def record(self, state: ShapeState, job: InFlight, ev: Evaluation) -> None:
+        """One evaluation at ``state``'s shape: population, progress, events, the chooser, convergence."""
+        s = self.services
+        shape = state.shape
+        before = state.population.best
+        improved = state.observe(job.candidate, ev)
+        stats = s.progress.stats[shape]
         stats.evals += 1
         stats.gpu_s += gpu_seconds(ev)
         stats.statuses[ev.status.value] += 1
-        self.events.emit("evaluation", shape, candidate=ev.candidate_id, status=ev.status.value,
-                         fitness=ev.fitness, operator=job.operator, gpu_s=round(gpu_seconds(ev), 6),
-                         roofline_frac=None if ev.roofline_frac is None else round(ev.roofline_frac, 4),
-                         latency_s=round(self.clock() - job.submitted, 6))
-        self.chooser.reward(job.operator, improved)
-        if isinstance(self.chooser, OperatorBandit) and job.operator in self.operators:
+        s.events.emit("evaluation", shape, candidate=ev.candidate_id, status=ev.status.value,
+                      fitness=ev.fitness, operator=job.operator, gpu_s=round(gpu_seconds(ev), 6),
+                      roofline_frac=None if ev.roofline_frac is None else round(ev.roofline_frac, 4),
+                      latency_s=round(s.clock() - job.submitted, 6))
+        s.chooser.reward(job.operator, improved)
+        if job.operator in s.operators:
             # a parentless proposal (Optuna's samples) is measured against the shape's incumbent
-            fits = [self.fitness_of[shape].get(p) for p in job.candidate.parents] or [before and before.fitness]
+            fits = [state.fitness_of.get(p) for p in job.candidate.parents] or [before and before.fitness]
             parent = max((f for f in fits if f is not None), default=None)
-            self.chooser.observe(job.operator, child_gain(ev.fitness if not ev.flags else None, parent),
-                                 gpu_seconds(ev), job.candidate.adapter or "" if job.candidate.model else None)
+            s.chooser.observe(job.operator, child_gain(ev.fitness if not ev.flags else None, parent),
+                              gpu_seconds(ev), job.candidate.adapter or "" if job.candidate.model else None)
         if improved:
             stats.best = ev.fitness
-            self.events.emit("new_best", shape, candidate=ev.candidate_id, fitness=ev.fitness,
-                             previous=before.fitness if before else None, operator=job.operator)
-            self.progress.message(f"evo: {shape} new best {ev.fitness:.3f}x ({job.operator}, {ev.candidate_id})")
-        if shape not in self.converged and self.conv[shape].converged:
-            self.converged.add(shape)
+            s.events.emit("new_best", shape, candidate=ev.candidate_id, fitness=ev.fitness,
+                          previous=before.fitness if before else None, operator=job.operator)
+            s.progress.message(f"evo: {shape} new best {ev.fitness:.3f}x ({job.operator}, {ev.candidate_id})")
+        if not state.converged and state.conv.converged:
+            state.converged = True
             stats.converged = True
-            self.events.emit("converged", shape, best=self.conv[shape].best, window=self.config.converge_window)
-
-    def _observe(self, shape: Shape, cand: Candidate, ev: Evaluation) -> bool:
-        """Feed one evaluation to the shape's population and convergence; True on a new best."""
-        population = self.populations[shape]
-        self.history[shape].append((cand, ev))
-        self.fitness_of[shape][cand.id] = None if ev.flags else ev.fitness
-        if disqualifies(ev.status, bool(ev.flags)):
-            population.ban(cand.id)
-        before = population.best
-        population.add(cand, ev)
-        self.conv[shape].observe(ev.fitness)
-        self.stall[shape].observe(ev.fitness)
-        t = ev.timers.get("device")
-        if ev.fitness is not None and t is not None and t.median > 0:
-            best = self.best_time[shape]
-            self.best_time[shape] = t.median if best is None else min(best, t.median)
-        after = population.best
-        return after is not None and (before is None or after.fitness > before.fitness)
-
-    def _tell(self, job: InFlight, evals: list[Evaluation]) -> None:
-        op = self.operators.get(job.operator)
-        if op is not None:
-            for ev in evals:
-                op.tell(job.candidate, ev)
-
+            s.events.emit("converged", shape, best=state.conv.best, window=s.config.converge_window)

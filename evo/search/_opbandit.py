@@ -27,7 +27,9 @@ from typing import Any, Mapping, Optional
 
 from operators import ThompsonRates
 
-__all__ = ["BanditConfig", "OperatorBandit", "OperatorChooser", "child_gain"]
+from ._chooser import OperatorChooser
+
+__all__ = ["BanditConfig", "OperatorBandit", "child_gain"]
 
 
 @dataclass
@@ -52,14 +54,12 @@ def child_gain(child_fitness: Optional[float], parent_fitness: Optional[float]) 
     return max(0.0, math.log(child_fitness / parent_fitness))
 
 
-class OperatorBandit:
+class OperatorBandit(OperatorChooser):
     """Thompson sampling over operators (and LLM adapter versions) on gain per GPU-second; the
-    engine's chooser when ``[bandit] enabled`` (the same interface as ``OperatorChooser``)."""
+    engine's chooser when ``[bandit] enabled``."""
 
     def __init__(self, weights: Mapping[str, float], config: Optional[BanditConfig] = None) -> None:
-        self.base = dict(weights)
-        self.proposed: Counter = Counter()
-        self.improved: Counter = Counter()
+        super().__init__(weights)
         self.config = config or BanditConfig()
         if not 0 <= self.config.explore <= 1 or self.config.prior_gain <= 0 or self.config.prior_cost_s <= 0:
             raise ValueError("bandit: explore in [0, 1], prior_gain and prior_cost_s > 0")
@@ -70,11 +70,6 @@ class OperatorBandit:
         self.gainers: Counter = Counter()      # arm -> children with a positive gain
         # the posterior: reward = gain in units, cost = GPU seconds (cost_s; the core the model bandit shares)
         self.rates = ThompsonRates(self.config.prior_gain, self.config.prior_cost_s)
-
-    def reward(self, name: str, improved: bool) -> None:
-        """Count a child and whether it made a new best of its shape (as OperatorChooser does)."""
-        self.proposed[name] += 1
-        self.improved[name] += bool(improved)
 
     def arm(self, name: str, version: Optional[str] = None) -> str:
         """The arm of operator ``name`` answering with adapter ``version`` (its latest when None)."""
@@ -136,32 +131,3 @@ class OperatorBandit:
                     "gpu_s": round(self.cost_s[a], 6), "llm_gpu_s": round(self.llm_s[a], 6),
                     "rate_per_gpu_s": round(self.rates.mean(a) * self.config.unit, 6)} for a in arms}
 
-
-class OperatorChooser:
-    """Picks the operator for each step by configured weight.
-
-    A later bandit replaces :meth:`weights` with one learned from :meth:`reward` (the per-operator
-    counts of proposals and improvements are kept here already)."""
-
-    def __init__(self, weights: Mapping[str, float]) -> None:
-        self.base = dict(weights)
-        self.proposed: Counter = Counter()
-        self.improved: Counter = Counter()
-
-    def weights(self) -> dict[str, float]:
-        return dict(self.base)
-
-    def order(self, rng: random.Random) -> list[str]:
-        """Every operator once, in an order drawn by weight (the first is this step's choice)."""
-        pool, out = self.weights(), []
-        while pool:
-            names = list(pool)
-            pick = rng.choices(names, weights=[pool[n] for n in names], k=1)[0]
-            out.append(pick)
-            del pool[pick]
-        return out
-
-    def reward(self, name: str, improved: bool) -> None:
-        self.proposed[name] += 1
-        if improved:
-            self.improved[name] += 1

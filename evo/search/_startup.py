@@ -1,0 +1,68 @@
+"""Start-up of a run: every shape's record rebuilt from the archive, new shapes seeded.
+
+Resuming is re-running the same command: each shape's evaluations in the archive are fed to its
+:class:`ShapeState` again (population, convergence, stall detection, history), candidates a
+killed run submitted but never saw evaluated are queued, and a shape with nothing archived gets
+its seeds: transferred elites of the nearest archived shapes (``_transfer.py``), then the
+templates' heuristic picks and spread-out samples (``_seeding.py``).
+"""
+from __future__ import annotations
+
+from populations import Candidate, Evaluation, Shape
+
+from ._seeding import seed_population
+from ._services import EngineServices
+from ._shape_state import ShapeState
+from ._transfer import transfer_candidates
+
+__all__ = ["prepare_states"]
+
+
+def prepare_states(services: EngineServices) -> None:
+    """Rebuild each shape's record from the archive; seed the shapes that have nothing yet."""
+    archive, progress = services.archive, services.progress
+    archived = set(archive.shapes())
+    for shape, state in services.states.items():
+        evaluated: set[str] = set()
+        if shape in archived:
+            cands = {c.id: c for c in archive.candidates(shape)}
+            for ev in archive.evaluations(shape):
+                evaluated.add(ev.candidate_id)
+                cand = cands.get(ev.candidate_id)
+                if cand is not None:
+                    state.observe(cand, ev)
+            # candidates a killed run submitted but never saw evaluated: evaluate them now
+            for cid, cand in cands.items():
+                if cid not in evaluated:
+                    state.queue.append((cand, "archived"))
+        state.known.update(evaluated)
+        best = state.population.best
+        progress.stats[shape].best = best.fitness if best else None
+        if state.conv.converged:
+            state.converged = True
+        if not evaluated and not state.queue:
+            _seed(services, state, archived)
+
+
+def _seed(services: EngineServices, state: ShapeState, archived: set[Shape]) -> None:
+    """Queue ``state``'s seeds: transferred elites first, then the templates' seeds (ids once)."""
+    cfg, shape = services.config, state.shape
+    seeds: list[tuple[Candidate, str]] = []
+    if cfg.transfer.enabled and cfg.transfer.neighbors > 0:
+        def elites_of(s: Shape, n: int) -> list[tuple[Candidate, Evaluation]]:
+            return [(e.candidate, e.latest) for e in services.archive.elites(s, n) if e.candidate is not None]
+
+        for cand in transfer_candidates(shape, archived, elites_of, services.templates,
+                                        neighbors=cfg.transfer.neighbors, per_neighbor=cfg.transfer.per_neighbor,
+                                        specialize=cfg.specialize, arch=services.arch):
+            seeds.append((cand, "transfer"))
+    for cand in seed_population(shape, list(services.templates.values()), cfg.seeds_per_template, services.rng,
+                                arch=services.arch, specialize=cfg.specialize):
+        seeds.append((cand, "seed"))
+    seen: set[str] = set()
+    for cand, op in seeds:
+        if cand.id not in seen:
+            seen.add(cand.id)
+            state.queue.append((cand, op))
+    services.events.emit("seed", shape, transferred=sum(op == "transfer" for _, op in seeds),
+                         templates=sum(op == "seed" for _, op in seeds))

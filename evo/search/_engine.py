@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from populations import Archive, Calibration, Candidate, Evaluation, Shape, Template, attainable_frac
-from operators import Operator
+from operators import Operator, model_face
 from evaluators import EliteThreshold
 
 from ._budget import Budget, Convergence, pick_shape, shape_weights
@@ -202,8 +202,8 @@ class Engine(Proposing, Recording):
             self.events.emit("stop", None, reason=result.reason, evaluations=result.evaluations, lost=self.lost,
                              best=result.best, budget=result.budget, duplicates=self.duplicates,
                              proposal_failures={f"{op}: {why}": n for (op, why), n in self.failures.items()},
-                             models={name: {m: dict(c) for m, c in op.outcomes.items()}
-                                     for name, op in self.operators.items() if op.outcomes is not None},
+                             models={name: {m: dict(c) for m, c in model_face(op).outcomes.items()}
+                                     for name, op in self.operators.items() if model_face(op).outcomes is not None},
                              bandit=self.chooser.summary() if isinstance(self.chooser, OperatorBandit) else None)
         return result
 

@@ -16,7 +16,7 @@ from concurrent.futures import Future, wait
 from typing import Any, Optional
 
 from populations import Candidate, Evaluation, Shape
-from operators import Operator, OperatorContext, ParentView
+from operators import Operator, OperatorContext, ParentView, model_face, model_usage
 
 from ._budget import Budget
 from ._config import RunConfig
@@ -63,12 +63,12 @@ class Proposing:
                 continue
             if op.arity > 0 and not len(self.populations[shape]):
                 continue  # nothing to mutate yet (seeds still in flight, or all failed)
-            if op.asynchronous:
+            if model_face(op).asynchronous:
                 self._propose_async(name, shape)  # its answer joins the queue later
                 continue
             context = OperatorContext(history=self.history[shape], templates=self.templates, arch=self.arch)
             proposals = self._accept(name, shape, op.propose(self._parents(op, shape), shape, self.rng,
-                                                             max(self.config.batch, op.batch), context))
+                                                             max(self.config.batch, model_face(op).batch), context))
             fresh = [c for c in proposals if c.id not in self.known[shape]]
             self.duplicates += len(proposals) - len(fresh)
             if fresh:
@@ -81,7 +81,7 @@ class Proposing:
         has ``concurrency`` calls running or one for this shape."""
         op = self.operators[name]
         running = [s for n, s in self.proposing.values() if n == name]
-        if shape in running or len(running) >= max(1, int(op.concurrency or 1)):
+        if shape in running or len(running) >= max(1, int(model_face(op).concurrency or 1)):
             return
         context = OperatorContext(history=self.history[shape], templates=self.templates, arch=self.arch)
         parents = self._parents(op, shape)
@@ -91,7 +91,7 @@ class Proposing:
 
         def work() -> None:
             try:
-                fut.set_result(op.propose(parents, shape, rng, max(self.config.batch, op.batch), context))
+                fut.set_result(op.propose(parents, shape, rng, max(self.config.batch, model_face(op).batch), context))
             except BaseException as exc:  # propose() turns operator errors into failures; this is a bad call
                 fut.set_exception(exc)
 
@@ -107,7 +107,7 @@ class Proposing:
         if not self.proposing:
             return
         for name in {n for n, _ in self.proposing.values()}:
-            self.operators[name].cancel()
+            model_face(self.operators[name]).cancel()
         wait(list(self.proposing), timeout=self.PROPOSAL_GRACE_S)
         self.proposing.clear()
 
@@ -136,14 +136,15 @@ class Proposing:
         """The candidates among operator ``name``'s proposals; failures are counted, not fatal, and
         tokens charged (all the operator spent, failed calls included, where it can say)."""
         op = self.operators[name]
-        counted = op.take_tokens()
+        usage = model_usage(op)
+        counted = usage.tokens
         tokens = counted if counted is not None else sum(int(p.candidate.meta.get("tokens", 0) or 0)
                                                          for p in proposals if p.candidate is not None)
         if tokens > 0:
             self.token_spenders.add(name)
             self.budget.charge_tokens(tokens)
-        self.budget.note_llm_wait(float(op.take_gpu_wait_seconds()))  # reported, charged to no one
-        llm_gpu_s = float(op.take_gpu_seconds())  # held seconds only (issue 35)
+        self.budget.note_llm_wait(usage.gpu_wait_s)  # reported, charged to no one
+        llm_gpu_s = usage.gpu_s  # held seconds only (issue 35)
         if llm_gpu_s > 0:  # the model ran on a GPU: GPU budget, and its operator's cost
             self.budget.charge_gpu(llm_gpu_s)
             if isinstance(self.chooser, OperatorBandit):

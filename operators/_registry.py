@@ -92,7 +92,10 @@ def registered_operators() -> list[str]:
 
 def available_operators() -> list[str]:
     """Registered names whose dependencies are installed here."""
-    return [name for name in OPERATORS.names() if not OPERATORS.get(name).missing()]
+    def missing(factory: Any) -> list[str]:  # a factory registered directly, not as a spec, needs nothing
+        return factory.missing() if isinstance(factory, OperatorSpec) else []
+
+    return [name for name in OPERATORS.names() if not missing(OPERATORS.get(name))]
 
 
 def get_operator(name: str, **options: Any) -> Operator:

@@ -1,7 +1,8 @@
 """The issue-26 benchmark's timer (GPU): the library's (``evo.export._export_timer``), plus the plain peer.
 
-The timer itself (rotating operand sets > 2x L2, CUDA-graph replay, interleaved rounds, medians)
-lives in ``evo/export/_export_timer.py`` because ``evo export --verify`` re-times candidates with it
+The timer itself (CUDA-graph replay, interleaved rounds, medians) is the evaluators' one
+(``evaluators.timers.replay_medians``); the rotating operand sets > 2x L2 live in
+``evo/export/_export_timer.py`` because ``evo export --verify`` re-times candidates with them
 before it decides which path a shape takes; the benchmark then measures the library with the
 same timer that chose it, and the figures compare.
 

@@ -13,11 +13,11 @@ from .static import ScanResult, scan, scan_source
 from .compile import (ARCHS, CompilePool, CompileResult, CubinCache, arch_for_capability, cache_key,
                       compile_candidate, default_backend, default_cache_dir, parse_ptxas)
 # GPU side (issue 4): nothing here imports torch or initialises CUDA in the importing process.
-from .run import (DEFAULT_DEADLINES, CudaError, GpuLease, LoaderUnavailable, ParamPack, TensorMapError,
+from .run import (DEFAULT_DEADLINES, LOADERS, CudaError, GpuLease, LoaderUnavailable, ParamPack, TensorMapError,
                   WorkerSupervisor, WorkerUnavailable, get_loader, gpu_key, tmap_geometry)
 # Ray backend (issue 10): ray itself is imported only when a RayPool is made.
-from .pools import (PRECISE_JOB, EvaluatorPool, LocalPool, PoolStats, RayPool, RayPoolStats, RayUnavailable,
-                    connect_ray, gpu_arch, visible_gpus)
+from .pools import (POOLS, PRECISE_JOB, EvaluatorPool, LocalPool, PoolStats, RayPool, RayPoolStats,
+                    RayUnavailable, connect_ray, gpu_arch, visible_gpus)
 
 __all__ = [
     "EvaluatorPool",
@@ -28,7 +28,7 @@ __all__ = [
     "code_version", "buffers_warning",
     "GpuLease", "gpu_key",
     "ScanResult", "scan", "scan_source",
-    "CudaError", "LoaderUnavailable", "get_loader",
+    "CudaError", "LOADERS", "LoaderUnavailable", "get_loader", "POOLS",
     "JOB_OPTIONS", "EliteThreshold", "Job", "Result", "ShapeDraft", "ShapeResult",
     "PRECISE_JOB", "LocalPool", "PoolStats", "gpu_arch", "visible_gpus",
     "RayPool", "RayPoolStats", "RayUnavailable", "connect_ray",

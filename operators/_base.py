@@ -127,48 +127,14 @@ class Operator(abc.ABC):
     """Base of every proposal operator.
 
     Subclasses set ``name`` and ``arity`` (1: mutation, 2: crossover, 0: samplers that need
-    only history) and implement :meth:`_propose`. The engine calls :meth:`propose`; the other
-    members below have defaults that fit an operator answering at once from the CPU.
+    only history) and implement :meth:`_propose`. The engine calls :meth:`propose` and
+    :meth:`tell`. Operators that call a model derive from :class:`operators.ModelOperator`,
+    which adds the members only they need (asynchronous calls, batch, tokens and GPU seconds,
+    warm-up, cancel).
     """
 
     name: str = "operator"
     arity: int = 1
-    #: True: a call takes seconds (a model), so the engine runs :meth:`propose` on a thread.
-    asynchronous: bool = False
-    #: How many :meth:`propose` calls of an asynchronous operator may run at once.
-    concurrency: int = 1
-    #: Proposals the engine asks of one :meth:`propose` call at least (its ``n`` is the larger of
-    #: this and the run's ``batch``): an operator that makes several children for about the price
-    #: of one (the LLM operator's batched sampling) says how many here.
-    batch: int = 1
-    #: Per-model outcome counts for operators that call models (the run's ``stop`` event
-    #: reports them); None for the others.
-    outcomes: Optional[Mapping[str, Mapping[str, Any]]] = None
-
-    def cancel(self) -> None:
-        """Ask running :meth:`propose` calls to return soon (a stopping run). Default: nothing to stop."""
-
-    def take_tokens(self) -> Optional[int]:
-        """Model tokens spent since the last call, failed calls included (the run's token budget).
-        Default None: the operator does not count them, and the engine sums the ``tokens`` its
-        candidates record in ``meta``."""
-        return None
-
-    def take_gpu_seconds(self) -> float:
-        """Seconds a model of this operator held a GPU since the last call (its cost: the run's
-        GPU budget and the operator bandit count them). Default 0.0."""
-        return 0.0
-
-    def take_gpu_wait_seconds(self) -> float:
-        """Seconds a model of this operator waited for a shared GPU since the last call (reported
-        beside the held seconds, charged to no one). Default 0.0."""
-        return 0.0
-
-    def warm(self) -> dict[str, str]:
-        """Load and warm whatever the operator needs before a run's budget clock starts, so the
-        first proposal costs what the others do; per model, ``ready`` or why not. Default: nothing
-        to load (an empty mapping), and the run records no ``llm_warm`` event for it."""
-        return {}
 
     def propose(self, parents: Sequence[ParentView], shape: Shape, rng: random.Random, n: int,
                 context: Optional[OperatorContext] = None) -> list[Proposal]:

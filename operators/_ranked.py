@@ -28,14 +28,17 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from populations import Archive, Candidate, Evaluation, Shape
 
-from ._base import Operator, OperatorContext, ParentView, Proposal
+from ._base import OperatorContext, ParentView, Proposal
 from ._costmodel import CostModel, archive_records, get_cost_model, load_cost_model
+from ._model import ModelOperator, model_face
 
 __all__ = ["RankedOperator"]
 
 
-class RankedOperator(Operator):
-    """``inner``'s children, ranked by a cost model (see the module docstring)."""
+class RankedOperator(ModelOperator):
+    """``inner``'s children, ranked by a cost model (see the module docstring). A model-backed
+    operator: it asks for ``batch`` children per call, and a cost model on a GPU (the LLM scorer)
+    is warmed and charged through it."""
 
     def __init__(self, *, name: str = "ranked", inner: str = "knob", model: Union[str, CostModel] = "tabular",
                  proposals: int = 64, min_records: int = 16, batch: int = 4, archives: Sequence[str] = (),
@@ -52,7 +55,7 @@ class RankedOperator(Operator):
             raise ValueError(f"min_records must be >= 0, got {min_records!r}")
         self.name, self.proposals, self.min_records, self.batch = name, proposals, min_records, batch
         self.inner = get_operator(inner)
-        if self.inner.asynchronous:
+        if model_face(self.inner).asynchronous:
             raise ValueError(f"ranked: inner operator {inner!r} calls a model; rank a cheap operator's children")
         self.arity = self.inner.arity
         llm = {k: v for k, v in (("model", (list(models) or [None])[0]), ("model_config", tuple(model_config or ())),

@@ -1,4 +1,5 @@
-"""Operator registry: names to classes and default options, read from ``operators/settings.toml``.
+"""Operator registry: names to classes and default options, read from ``operators/settings.toml``
+into a :class:`populations.Registry` (the one registry pattern of every plug-in kind).
 
 Operators are looked up by name (``get_operator("tpe", n_startup_trials=5)``) so the engine's
 configuration can name them as data. Optional dependencies are checked without importing them:
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+from populations import Registry
+
 from ._base import Operator
 
 if sys.version_info >= (3, 11):
@@ -21,15 +24,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["OperatorSpec", "register_operator", "get_operator", "available_operators", "registered_operators",
-           "SETTINGS_FILE"]
+__all__ = ["OPERATORS", "OperatorSpec", "register_operator", "get_operator", "available_operators",
+           "registered_operators", "SETTINGS_FILE"]
 
 SETTINGS_FILE = Path(__file__).with_name("settings.toml")
 
 
 @dataclass(frozen=True)
 class OperatorSpec:
-    """How to build one named operator."""
+    """How to build one named operator: the factory the registry holds under its name."""
 
     name: str
     factory: Callable[..., Operator] | str        # a class, or "module:Class" inside this package
@@ -48,16 +51,18 @@ class OperatorSpec:
             raise ValueError(f"operator {self.name}: class must be 'module:Class' inside operators, got {self.factory!r}")
         return getattr(importlib.import_module(f"{__package__}.{module}"), cls)
 
+    def __call__(self, **options: Any) -> Operator:
+        """A new operator: the defaults updated with ``options``; an ImportError naming the pip
+        extra when its optional dependencies are missing."""
+        missing = self.missing()
+        if missing:
+            hint = f"pip install 'evo-hgemm[{self.extra}]'" if self.extra else f"pip install {' '.join(missing)}"
+            raise ImportError(f"operator {self.name!r} needs {', '.join(missing)}, not installed here: {hint}")
+        return self.resolve()(**{**self.options, **options, "name": self.name})
 
-_REGISTRY: dict[str, OperatorSpec] = {}
-_LOADED = False
 
-
-def _load_settings() -> None:
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
+def _load_settings(registry: Registry) -> None:
+    """The operators of ``settings.toml`` (data), registered the first time the registry is used."""
     with open(SETTINGS_FILE, "rb") as fh:
         data = tomllib.load(fh)
     for name, table in data.items():
@@ -65,40 +70,35 @@ def _load_settings() -> None:
         if unknown or "class" not in table:
             raise ValueError(f"{SETTINGS_FILE}: [{name}] needs 'class' and allows only requires/extra/options, "
                              f"got {sorted(table)}")
-        _REGISTRY.setdefault(name, OperatorSpec(name, table["class"], tuple(table.get("requires", ())),
-                                                table.get("extra"), dict(table.get("options", {}))))
+        if name not in registry:
+            registry.register(name, OperatorSpec(name, table["class"], tuple(table.get("requires", ())),
+                                                 table.get("extra"), dict(table.get("options", {}))))
+
+
+#: Every operator by name: ``settings.toml``'s, then those given to :func:`register_operator`.
+OPERATORS: Registry[Operator] = Registry("operator", populate=_load_settings)
 
 
 def register_operator(name: str, factory: Callable[..., Operator] | str, *, requires: tuple[str, ...] = (),
                       extra: Optional[str] = None, replace: bool = False, **options: Any) -> None:
     """Register ``factory`` (called with ``name=`` and the options) under ``name``."""
-    _load_settings()
-    if name in _REGISTRY and not replace:
-        raise ValueError(f"operator {name!r} is already registered (pass replace=True to override it)")
-    _REGISTRY[name] = OperatorSpec(name, factory, tuple(requires), extra, dict(options))
+    OPERATORS.register(name, OperatorSpec(name, factory, tuple(requires), extra, dict(options)), replace=replace)
 
 
 def registered_operators() -> list[str]:
     """Every registered name, whether or not its optional dependencies are installed."""
-    _load_settings()
-    return sorted(_REGISTRY)
+    return OPERATORS.names()
 
 
 def available_operators() -> list[str]:
     """Registered names whose dependencies are installed here."""
-    _load_settings()
-    return sorted(name for name, spec in _REGISTRY.items() if not spec.missing())
+    def missing(factory: Any) -> list[str]:  # a factory registered directly, not as a spec, needs nothing
+        return factory.missing() if isinstance(factory, OperatorSpec) else []
+
+    return [name for name in OPERATORS.names() if not missing(OPERATORS.get(name))]
 
 
 def get_operator(name: str, **options: Any) -> Operator:
-    """A new operator instance: the registered defaults updated with ``options``."""
-    _load_settings()
-    spec = _REGISTRY.get(name)
-    if spec is None:
-        raise KeyError(f"unknown operator {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
-    missing = spec.missing()
-    if missing:
-        hint = f"pip install 'evo-hgemm[{spec.extra}]'" if spec.extra else f"pip install {' '.join(missing)}"
-        raise ImportError(f"operator {name!r} needs {', '.join(missing)}, not installed here: {hint}")
-    kwargs = {**spec.options, **options, "name": name}
-    return spec.resolve()(**kwargs)
+    """A new operator instance: the registered defaults updated with ``options`` (an unknown name
+    is a KeyError listing the known ones)."""
+    return OPERATORS.create(name, **options)

@@ -16,6 +16,7 @@ from ._template import Template, load_template, load_templates
 from ._archive import LOCK, MANIFEST, Archive, ArchiveDamagedError, ArchiveError, ArchiveLockedError, CandidateInfo, LineageNode
 from ._bounded import InputFileError, load_toml, read_bounded
 from ._check import CheckResult, RepairResult, check_archive, repair_archive
+from ._registry import Registry, UnknownName
 from ._ranking import DISQUALIFYING, Elite, disqualifies, elite_fitness, elite_order, rank
 from ._log import atomic_write
 from ._roofline import (CALIBRATION_FILE, H200_DEFAULTS, Calibration, attainable_frac, attainable_time,
@@ -31,6 +32,7 @@ __all__ = [
     "Constraint", "Knob", "KnobSpace", "TemplateError", "knob_key", "Template", "load_template", "load_templates",
     "DISQUALIFYING", "LOCK", "MANIFEST", "Archive", "ArchiveDamagedError", "ArchiveError", "ArchiveLockedError", "CandidateInfo", "Elite",
     "LineageNode", "InputFileError", "load_toml", "read_bounded", "CheckResult", "RepairResult", "check_archive", "repair_archive", "atomic_write", "disqualifies", "elite_fitness", "elite_order", "rank",
+    "Registry", "UnknownName",
     "CALIBRATION_FILE", "H200_DEFAULTS", "Calibration", "attainable_frac", "attainable_time",
     "read_calibration", "roofline_frac", "roofline_time", "write_calibration",
 ]

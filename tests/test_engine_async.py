@@ -15,14 +15,14 @@ from evo.search._config import merge
 from evo.search._engine import Engine
 from evo.search._progress import EVENTS_FILE, EventLog, read_events
 from fake_pool import FakeEvaluatorPool
-from operators import Operator, get_operator
+from operators import ModelOperator, get_operator
 from populations import Archive, Shape, load_templates
 
 TEMPLATES = load_templates()
 SHAPE = Shape.parse("64x128x64")
 
 
-class _SlowLLM(Operator):
+class _SlowLLM(ModelOperator):
     """Test double of an LLM operator: ``delay_s`` per call, ``tokens`` per call, every other call fails."""
 
     name = "slow"

@@ -370,7 +370,7 @@ def test_every_gpu_operation_of_a_generation_runs_inside_a_slice(monkeypatch) ->
     import random
     import types
 
-    from operators.llm import _transformers, load_backend
+    from operators.llm import _steps, load_backend  # _steps: the backend's model steps (prefill's KV copy)
 
     class OpenGate:
         def __init__(self) -> None:
@@ -390,8 +390,8 @@ def test_every_gpu_operation_of_a_generation_runs_inside_a_slice(monkeypatch) ->
 
     backend = load_backend()
     gate, seen = OpenGate(), []
-    real_deepcopy, real_to = _transformers.copy.deepcopy, backend.model.to
-    monkeypatch.setattr(_transformers, "copy", types.SimpleNamespace(
+    real_deepcopy, real_to = _steps.copy.deepcopy, backend.model.to
+    monkeypatch.setattr(_steps, "copy", types.SimpleNamespace(
         deepcopy=lambda x: (seen.append(("kv copy", gate.open)), real_deepcopy(x))[1]))
     monkeypatch.setattr(backend.model, "to", lambda *a, **k: (seen.append(("move", gate.open)), real_to(*a, **k))[1])
     monkeypatch.setattr(backend, "_placed", False)  # as a GPU backend before its first pass

@@ -97,10 +97,10 @@ def test_the_engine_feeds_the_bandit_and_charges_the_llms_gpu_seconds(tmp_path) 
     from evo.search._opbandit import OperatorBandit
     from evo.search._progress import EVENTS_FILE, EventLog, read_events
     from fake_pool import FakeEvaluatorPool
-    from operators import Operator, get_operator
+    from operators import ModelOperator, get_operator
     from populations import Archive, load_templates
 
-    class ModelOnGpuDouble(Operator):
+    class ModelOnGpuDouble(ModelOperator):
         """Knob mutation standing in for an LLM operator whose model spends 0.25 GPU-s a call
         (the GPU is the boundary here): only the accounting hook matters."""
 

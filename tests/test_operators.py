@@ -11,12 +11,13 @@ import copy
 import random
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import pytest
 
-from operators import (OPERATOR_ERROR, KnobCrossover, KnobMutation, Operator, OperatorContext, ParentView, Proposal,
-                       available_operators, get_operator, register_operator, registered_operators)
+from operators import (OPERATOR_ERROR, KnobCrossover, KnobMutation, ModelOperator, ModelUsage, Operator,
+                       OperatorContext, ParentView, Proposal, available_operators, get_operator, model_face, model_usage,
+                       register_operator, registered_operators)
 from operators._knobs import neighbour
 from populations import (Candidate, Evaluation, Knob, LaunchPlan, Launch, Shape, Status, Template, TimerResult,
                          load_template, load_templates)
@@ -266,6 +267,57 @@ def test_conformance_real_templates(name: str, templates: dict[str, Template]) -
             assert p.ok or not p.reason.startswith(OPERATOR_ERROR), p.reason
             if p.ok:
                 assert t.check(p.candidate.knobs, shape) == [] and p.candidate.id not in context.known_ids
+
+
+#: the members only model-backed operators have (operators.ModelOperator)
+MODEL_MEMBERS = ("asynchronous", "concurrency", "batch", "outcomes", "cancel", "take_tokens", "take_gpu_seconds",
+                 "take_gpu_wait_seconds", "warm")
+
+
+@pytest.mark.parametrize("name", OPERATORS)
+def test_conformance_model_members(name: str) -> None:
+    """Model-backed members are a ModelOperator's alone, and model_face/model_usage read them for
+    any operator: the operator itself, or the defaults of one that calls no model."""
+    op = get_operator(name)
+    face = model_face(op)
+    calls_a_model = name.startswith(("llm", "ranked"))  # the LLM operators, the cost-model rankers
+    assert isinstance(op, ModelOperator) == calls_a_model
+    if calls_a_model:
+        assert face is op
+    else:
+        assert face is not op and not [m for m in MODEL_MEMBERS if hasattr(op, m)]
+    assert isinstance(face.asynchronous, bool) and face.concurrency >= 1 and face.batch >= 1
+    assert face.outcomes is None or all(isinstance(c, Mapping) for c in face.outcomes.values())
+    usage = model_usage(op)  # nothing proposed yet: nothing spent
+    assert usage.tokens in (None, 0) and usage.gpu_s == 0.0 and usage.gpu_wait_s == 0.0
+    face.cancel()  # nothing running: a no-op, never an error
+
+
+def test_a_model_operator_has_the_defaults_of_no_model_until_it_overrides_them() -> None:
+    class CountingDouble(ModelOperator):
+        """Test double of a model-backed operator: spends 7 tokens and 0.5 GPU-s per call."""
+        name, arity, batch = "counting", 0, 4
+
+        def __init__(self) -> None:
+            self.spent = 0
+
+        def _propose(self, parents, shape, rng, n, context):  # type: ignore[override]
+            self.spent += 7
+            return [self.failure("a double makes nothing")]
+
+        def take_tokens(self) -> int:
+            spent, self.spent = self.spent, 0
+            return spent
+
+        def take_gpu_seconds(self) -> float:
+            return 0.5
+
+    op = CountingDouble()
+    assert model_face(op) is op and not op.asynchronous and op.concurrency == 1 and op.warm() == {}
+    op.propose([], SHAPE, random.Random(0), 4)
+    assert model_usage(op) == ModelUsage(tokens=7, gpu_s=0.5, gpu_wait_s=0.0)
+    assert model_usage(op).tokens == 0  # taken: the counter restarts
+    assert model_usage(get_operator("knob_mutation")) == ModelUsage(None, 0.0, 0.0)
 
 
 def test_propose_refuses_bad_arguments_but_never_raises_for_bad_parents(templates: dict[str, Template]) -> None:

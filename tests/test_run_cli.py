@@ -262,14 +262,13 @@ def test_evo_seed_then_evo_run_evaluates_the_seeded_population(tmp_path: Path) -
     assert {e["candidate"] for e in proposals} == seeded and {e["operator"] for e in proposals} == {"archived"}
 
 
-def test_pool_loader_is_checked_and_reaches_the_workers(tmp_path: Path, capsys: pytest.CaptureFixture,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pool_loader_is_checked_and_reaches_the_workers(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """``pool.loader`` picks how GPU workers launch kernels; a name that is neither loader is a
     config error (exit 2), and the chosen one is handed to the pool's workers."""
     (tmp_path / "run.toml").write_text('shapes = ["64x64x64"]\narchive = "a"\n[pool]\nloader = "opencl"\n')
     assert main(["run", "--config", str(tmp_path / "run.toml")], pool_factory=FakeEvaluatorPool) == 2
     assert "pool.loader: 'driver' or 'pycuda', got 'opencl'" in capsys.readouterr().err
-    import evaluators
+    from evaluators import POOLS
     from evo.cli._orchestrate import make_pool
     from evo.search._config import PoolConfig
 
@@ -278,8 +277,12 @@ def test_pool_loader_is_checked_and_reaches_the_workers(tmp_path: Path, capsys: 
     class Recording:  # test double of LocalPool: the real one needs a GPU
         def __init__(self, **kw):
             seen.update(kw)
-    monkeypatch.setattr(evaluators, "LocalPool", Recording)
-    make_pool(PoolConfig(loader="pycuda"))
+    real = POOLS.get("local")
+    POOLS.register("local", Recording, replace=True)  # the pool registry is where evo run finds its pool
+    try:
+        make_pool(PoolConfig(loader="pycuda"))
+    finally:
+        POOLS.register("local", real, replace=True)
     assert seen["worker_options"] == {"loader": "pycuda"}
 
 

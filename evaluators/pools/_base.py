@@ -16,11 +16,11 @@ import abc
 from concurrent.futures import Future
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from populations import Candidate, Evaluation, Shape
+from populations import Candidate, Evaluation, Registry, Shape
 
 from .._job import EliteThreshold
 
-__all__ = ["EvaluatorPool"]
+__all__ = ["EvaluatorPool", "POOLS"]
 
 
 class EvaluatorPool(abc.ABC):
@@ -81,3 +81,8 @@ class EvaluatorPool(abc.ABC):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+#: The evaluator pools by name (``local``: GPU workers on this machine, ``ray``: a Ray cluster);
+#: each pool class registers itself where it is defined.
+POOLS: Registry[EvaluatorPool] = Registry("evaluator pool")

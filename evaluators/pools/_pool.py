@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from populations import Candidate, Evaluation, Status
 
+from ._base import POOLS
 from ._pool_core import CorePool, PoolCore, PoolItem, PoolStats
 from .._job import EliteThreshold
 from ..run import HARNESS_TARGET, WorkerSupervisor, WorkerUnavailable
@@ -65,6 +66,7 @@ def gpu_arch(gpu: int = 0) -> Optional[str]:
     return "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
 
 
+@POOLS.register("local")
 class LocalPool(CorePool):
     """Evaluate candidates on this machine's GPUs (see the module docstring)."""
 

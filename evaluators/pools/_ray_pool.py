@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from populations import Candidate, Evaluation, Shape, Status
 
+from ._base import POOLS
 from ._pool_core import CorePool, PoolCore, PoolItem, PoolStats
 from .._job import EliteThreshold
 from ._shard import shape_loads, shard, slot_loads
@@ -67,6 +68,7 @@ class RayPoolStats(PoolStats):
 _IDLE = object()  # RayPool._take: nothing to do for a while
 
 
+@POOLS.register("ray")
 class RayPool(CorePool, ActorSlots):
     """Evaluate candidates on a Ray cluster's GPUs (see the module docstring).
 

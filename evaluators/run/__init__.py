@@ -6,10 +6,10 @@ Only the torch-free names are re-exported here; ``_harness.py`` and ``_timers.py
 are loaded inside the worker process (``_worker.HARNESS_TARGET``), never by importing this package.
 """
 from ._lease import GpuLease, gpu_key
-from ._loader import CudaError, LoaderUnavailable, get_loader
+from ._loader import LOADERS, CudaError, LoaderUnavailable, get_loader
 from ._tmap import ParamPack, TensorMapError, tmap_geometry
 from ._worker import DEFAULT_DEADLINES, HARNESS_TARGET, WorkerSupervisor, WorkerUnavailable
 
-__all__ = ["GpuLease", "gpu_key", "CudaError", "LoaderUnavailable", "get_loader",
+__all__ = ["GpuLease", "gpu_key", "CudaError", "LOADERS", "LoaderUnavailable", "get_loader",
            "ParamPack", "TensorMapError", "tmap_geometry",
            "DEFAULT_DEADLINES", "HARNESS_TARGET", "WorkerSupervisor", "WorkerUnavailable"]

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Protocol, Sequence
 
-__all__ = ["CudaError", "LoaderUnavailable", "Loader", "DriverLoader", "PycudaLoader", "get_loader",
+from populations import Registry
+
+__all__ = ["CudaError", "LoaderUnavailable", "Loader", "DriverLoader", "PycudaLoader", "LOADERS", "get_loader",
            "POISONING_ERRORS", "nvrtc_cubin"]
 
 #: Errors after which the CUDA context cannot be used again (sticky errors).
@@ -303,13 +305,15 @@ def _error_names() -> dict[str, str]:
     return names
 
 
+#: The kernel loaders by name (``driver``, ``pycuda``); an unknown name raises :class:`LoaderUnavailable`.
+LOADERS: Registry[Loader] = Registry("loader", error=LoaderUnavailable)
+LOADERS.register("driver", DriverLoader)
+LOADERS.register("pycuda", PycudaLoader)
+
+
 def get_loader(name: str = "driver") -> Loader:
     """The named backend (``driver`` or ``pycuda``); raises :class:`LoaderUnavailable`."""
-    if name == "driver":
-        return DriverLoader()
-    if name == "pycuda":
-        return PycudaLoader()
-    raise LoaderUnavailable(f"unknown loader {name!r}: use 'driver' or 'pycuda'")
+    return LOADERS.create(name)
 
 
 def nvrtc_cubin(source: str, arch: str, options: Sequence[str] = ()) -> bytes:

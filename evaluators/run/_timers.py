@@ -10,6 +10,11 @@ the NN and TN layouts of the same problem.
   confidence interval from order statistics.
 - ``offline``: synchronise, one call, synchronise, host clock (CUDA-L2's timer).
 - ``server``: ``offline`` with exponential gaps between calls at a target rate.
+
+:func:`replay_medians` is the plain form of ``device`` that ``evo export --verify`` and the LLM
+layers benchmark use: each arm's whole rotation captured in one graph (repeated until a replay
+lasts about :data:`REPLAY_TARGET_S`), a few warm-up replays, then rounds that replay every arm once
+in a fresh random order, timed with events; an arm's time is its median per call.
 """
 from __future__ import annotations
 
@@ -17,11 +22,12 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 
-__all__ = ["Arm", "DeviceTiming", "median_ci", "device_timer", "host_timer", "rotation_sets", "TimerStats", "capture"]
+__all__ = ["Arm", "DeviceTiming", "median_ci", "device_timer", "host_timer", "rotation_sets", "TimerStats", "capture",
+           "replay_medians", "REPLAY_TARGET_S"]
 
 
 @dataclass
@@ -317,6 +323,62 @@ def capture(fn: Callable[[], object], stream: torch.cuda.Stream) -> torch.cuda.C
         finally:
             g.capture_end()
     return g
+
+
+#: :func:`replay_medians`: a replay is repeated rotations until it lasts about this long (at most 64).
+REPLAY_TARGET_S = 3e-4
+
+
+def replay_medians(arms: Mapping[str, Callable[[int], None]], n_sets: int, *, rounds: int = 7, warmup: int = 2,
+                   rng: Optional[random.Random] = None) -> dict[str, float]:
+    """Median seconds per call of every arm (``launch(i)`` calls it on rotation set ``i``): see
+    the module docstring. Plain medians, no confidence interval, no clock settling: what a
+    re-timing of finished kernels against cuBLAS needs."""
+    rng = rng or random.Random(0)
+    stream = torch.cuda.Stream()
+    graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
+    for name, launch in arms.items():
+        probe = _capture_rotation(launch, n_sets, 1, stream)
+        one = max(_replay_seconds(probe), 1e-7)
+        repeat = max(1, min(64, math.ceil(REPLAY_TARGET_S / one)))
+        graphs[name] = (probe, 1) if repeat == 1 else (_capture_rotation(launch, n_sets, repeat, stream), repeat)
+        if repeat > 1:
+            del probe
+    for _ in range(warmup):
+        for g, _r in graphs.values():
+            g.replay()
+    samples: dict[str, list[float]] = {name: [] for name in graphs}
+    names = list(graphs)
+    for _ in range(rounds):
+        rng.shuffle(names)
+        for name in names:
+            g, repeat = graphs[name]
+            samples[name].append(_replay_seconds(g) / (repeat * n_sets))
+    del graphs
+    return {name: median_ci(xs).median for name, xs in samples.items()}
+
+
+def _capture_rotation(launch: Callable[[int], None], n_sets: int, repeat: int,
+                      stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+    """One graph of ``repeat`` rotations over the sets, after a warm call outside the capture (lazy
+    init, cuBLAS handles and workspaces), replayed once (its upload)."""
+    with torch.cuda.stream(stream):
+        launch(0)
+    torch.cuda.synchronize()
+    g = capture(lambda: [launch(i) for _ in range(repeat) for i in range(n_sets)], stream)
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def _replay_seconds(g: torch.cuda.CUDAGraph) -> float:
+    """Seconds of one replay of ``g``, timed with events."""
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    g.replay()
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) * 1e-3
 
 
 def host_timer(arms: Sequence[Arm], *, calls: int = 20, qps: float = 0.0, rng: random.Random,

@@ -72,20 +72,17 @@ def write_seeds(archive: Archive, per_shape: Mapping[Shape, Sequence[Candidate]]
 
 # -- pools --------------------------------------------------------------------------------------
 def make_pool(pool: PoolConfig) -> "EvaluatorPool":
-    """evaluators.LocalPool, or evaluators.RayPool when ``pool.ray`` names a cluster."""
+    """The pool registered as ``local`` (evaluators.LocalPool), or as ``ray`` (evaluators.RayPool)
+    when ``pool.ray`` names a cluster (evaluators.POOLS)."""
+    from evaluators import POOLS, RayUnavailable  # imported here, not at start-up: it may pull in CUDA bindings
+
     common = {"gpus": pool.gpus or None, "compile_workers": pool.compile_workers,
               "max_in_flight": pool.max_inflight or None, "arch": None if pool.arch == "auto" else pool.arch,
               "worker_options": {"loader": pool.loader}}
-    if pool.ray:
-        from evaluators import RayPool, RayUnavailable
-
-        try:
-            return RayPool(address=pool.ray, **common)
-        except RayUnavailable as exc:
-            raise ConfigError(f"--ray {pool.ray}: {exc}") from None
-    from evaluators import LocalPool  # imported here, not at start-up: it may pull in CUDA bindings
-
-    return LocalPool(**common)
+    try:
+        return POOLS.create("ray", address=pool.ray, **common) if pool.ray else POOLS.create("local", **common)
+    except RayUnavailable as exc:
+        raise ConfigError(f"--ray {pool.ray}: {exc}") from None
 
 
 def need_gpus(pool: PoolConfig) -> None:
@@ -293,9 +290,11 @@ def _warm_llm(operators: dict[str, Any], events: Any, progress: Any) -> None:
     proposal of a run then costs what the others do, whether or not an adapter was loaded first,
     and the load is charged to no budget (issue 25: a lazily loaded model made no proposal in a
     short run)."""
+    from operators import model_face
+
     for name, op in operators.items():
         t0 = time.monotonic()
-        models = op.warm()
+        models = model_face(op).warm()
         if not models:  # an operator with nothing to load
             continue
         seconds = round(time.monotonic() - t0, 3)

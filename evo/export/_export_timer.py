@@ -1,12 +1,12 @@
-"""A GPU timer for exported launchers and cuBLAS, and the re-timing child of ``evo export --verify``.
+"""Timing exported launchers and cuBLAS, and the re-timing child of ``evo export --verify``.
 
-The timer (moved here from the LLM-layers benchmark, which now uses it): per shape, in one
-process, operand sets rotated over more than 2x L2 (A M x K, W N x K as nn.Linear stores it, W^T
-contiguous for the NN calls, C); each contender captured in one CUDA graph that calls it once on
-every set (repeated until a replay lasts about 0.3 ms); warm-up replays; then ``rounds`` rounds
-that replay every contender once in a fresh random order, each replay timed with events. A
-contender's time is the median over rounds / calls per replay. :class:`Sets`, :func:`time_arms`
-and :func:`rel_error` are the pieces.
+Per shape, in one process, operand sets rotated over more than 2x L2 (:class:`Sets`: A M x K,
+W N x K as nn.Linear stores it, W^T contiguous for the NN calls, C), timed by the evaluators'
+timer (:func:`time_arms` is ``evaluators.timers.replay_medians``: each contender captured in one
+CUDA graph that calls it once on every set, repeated until a replay lasts about 0.3 ms; warm-up
+replays; then ``rounds`` rounds that replay every contender once in a fresh random order, each
+replay timed with events; a contender's time is the median over rounds / calls per replay).
+:func:`rel_error` checks outputs against an fp32 reference.
 
 The child (``python -m evo.export._export_timer LIB PLAN OUT``; :func:`retime`) loads a trial library,
 and for every shape of the plan times cuBLAS in both layouts (``a @ w.t()`` and ``a @ wt``) and
@@ -24,18 +24,19 @@ import ctypes
 import json
 import math
 import random
-import statistics
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 
+from evaluators.timers import replay_medians as time_arms
+from evaluators.timers import rotation_sets
+
 __all__ = ["Sets", "time_arms", "rel_error", "retime", "main", "REL_TOL", "ROUNDS"]
 
 REL_TOL = 5e-3  # relative Frobenius error accepted (fp16 output of an fp32-accumulated product is ~3e-4)
 MAX_SETS = 512
-TARGET_REPLAY_S = 3e-4
 ROUNDS = 7
 
 Launch = Callable[[int], None]
@@ -46,7 +47,7 @@ class Sets:
 
     def __init__(self, m: int, n: int, k: int, l2: int, seed: int = 0) -> None:
         per = 2 * (m * k + n * k + m * n)  # what one call touches (the NN arm's W^T copy replaces W)
-        self.n_sets = max(2, min(MAX_SETS, math.ceil(2 * l2 / per) + 1))
+        self.n_sets = rotation_sets(per, l2, maximum=MAX_SETS)
         self.bytes = per * self.n_sets  # bytes one contender rotates over
         gen = torch.Generator(device="cuda").manual_seed(seed)
         self.a = [torch.randn(m, k, device="cuda", dtype=torch.float16, generator=gen) for _ in range(self.n_sets)]
@@ -65,56 +66,6 @@ def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     if not bool(torch.isfinite(g).all()):
         return math.inf
     return float(torch.linalg.vector_norm(g - ref) / torch.linalg.vector_norm(ref).clamp(min=1e-30))
-
-
-def _capture(launch: Launch, n_sets: int, repeat: int, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
-    with torch.cuda.stream(stream):
-        launch(0)  # warm: lazy init, cuBLAS handles and workspaces outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=stream):
-        for _ in range(repeat):
-            for i in range(n_sets):
-                launch(i)
-    g.replay()
-    torch.cuda.synchronize()
-    return g
-
-
-def _replay_seconds(g: torch.cuda.CUDAGraph) -> float:
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    g.replay()
-    e1.record()
-    e1.synchronize()
-    return e0.elapsed_time(e1) * 1e-3
-
-
-def time_arms(arms: dict[str, Launch], n_sets: int, *, rounds: int = ROUNDS, warmup: int = 2,
-              rng: Optional[random.Random] = None) -> dict[str, float]:
-    """Median seconds per call of every arm (see the module docstring)."""
-    rng = rng or random.Random(0)
-    stream = torch.cuda.Stream()
-    graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
-    for name, launch in arms.items():
-        probe = _capture(launch, n_sets, 1, stream)
-        one = max(_replay_seconds(probe), 1e-7)
-        repeat = max(1, min(64, math.ceil(TARGET_REPLAY_S / one)))
-        graphs[name] = (probe, 1) if repeat == 1 else (_capture(launch, n_sets, repeat, stream), repeat)
-        if repeat > 1:
-            del probe
-    for _ in range(warmup):
-        for g, _r in graphs.values():
-            g.replay()
-    samples: dict[str, list[float]] = {name: [] for name in graphs}
-    names = list(graphs)
-    for _ in range(rounds):
-        rng.shuffle(names)
-        for name in names:
-            g, repeat = graphs[name]
-            samples[name].append(_replay_seconds(g) / (repeat * n_sets))
-    del graphs
-    return {name: statistics.median(xs) for name, xs in samples.items()}
 
 
 # -- the re-timing child ----------------------------------------------------------------------

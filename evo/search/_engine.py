@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from populations import Archive, Calibration, Candidate, Shape, Template
-from operators import Operator
+from operators import Operator, model_face
 from evaluators import EliteThreshold
 
 from ._allocation import make_allocator
@@ -199,8 +199,8 @@ class Engine:
             self.events.emit("stop", None, reason=result.reason, evaluations=result.evaluations, lost=self.lost,
                              best=result.best, budget=result.budget, duplicates=self.proposer.duplicates,
                              proposal_failures={f"{op}: {why}": n for (op, why), n in self.proposer.failures.items()},
-                             models={name: {m: dict(c) for m, c in op.outcomes.items()}
-                                     for name, op in self.operators.items() if op.outcomes is not None},
+                             models={name: {m: dict(c) for m, c in model_face(op).outcomes.items()}
+                                     for name, op in self.operators.items() if model_face(op).outcomes is not None},
                              bandit=self.chooser.summary())
         return result
 

@@ -18,7 +18,7 @@ from concurrent.futures import Future, wait
 from typing import Any, Optional
 
 from populations import Candidate
-from operators import Operator, OperatorContext, ParentView
+from operators import Operator, OperatorContext, ParentView, model_face, model_usage
 
 from ._services import EngineServices
 from ._shape_state import ShapeState
@@ -66,12 +66,12 @@ class Proposer:
                 continue
             if op.arity > 0 and not len(state.population):
                 continue  # nothing to mutate yet (seeds still in flight, or all failed)
-            if op.asynchronous:
+            if model_face(op).asynchronous:
                 self._propose_async(name, state)  # its answer joins the queue later
                 continue
             context = OperatorContext(history=state.history, templates=s.templates, arch=s.arch)
             proposals = self._accept(name, state, op.propose(self._parents(op, state), state.shape, s.rng,
-                                                             max(s.config.batch, op.batch), context))
+                                                             max(s.config.batch, model_face(op).batch), context))
             fresh = [c for c in proposals if c.id not in state.known]
             self.duplicates += len(proposals) - len(fresh)
             if fresh:
@@ -85,7 +85,7 @@ class Proposer:
         s = self.services
         op = s.operators[name]
         running = [st for n, st in self.running.values() if n == name]
-        if state in running or len(running) >= max(1, int(op.concurrency or 1)):
+        if state in running or len(running) >= max(1, int(model_face(op).concurrency or 1)):
             return
         context = OperatorContext(history=state.history, templates=s.templates, arch=s.arch)
         parents = self._parents(op, state)
@@ -96,7 +96,7 @@ class Proposer:
 
         def work() -> None:
             try:
-                fut.set_result(op.propose(parents, shape, rng, max(s.config.batch, op.batch), context))
+                fut.set_result(op.propose(parents, shape, rng, max(s.config.batch, model_face(op).batch), context))
             except BaseException as exc:  # propose() turns operator errors into failures; this is a bad call
                 fut.set_exception(exc)
 
@@ -112,7 +112,7 @@ class Proposer:
         if not self.running:
             return
         for name in {n for n, _ in self.running.values()}:
-            self.services.operators[name].cancel()
+            model_face(self.services.operators[name]).cancel()
         wait(list(self.running), timeout=self.PROPOSAL_GRACE_S)
         self.running.clear()
 
@@ -142,14 +142,15 @@ class Proposer:
         tokens charged (all the operator spent, failed calls included, where it can say)."""
         s = self.services
         op = s.operators[name]
-        counted = op.take_tokens()
+        usage = model_usage(op)
+        counted = usage.tokens
         tokens = counted if counted is not None else sum(int(p.candidate.meta.get("tokens", 0) or 0)
                                                          for p in proposals if p.candidate is not None)
         if tokens > 0:
             self.token_spenders.add(name)
             s.budget.charge_tokens(tokens)
-        s.budget.note_llm_wait(float(op.take_gpu_wait_seconds()))  # reported, charged to no one
-        llm_gpu_s = float(op.take_gpu_seconds())  # held seconds only (issue 35)
+        s.budget.note_llm_wait(usage.gpu_wait_s)  # reported, charged to no one
+        llm_gpu_s = usage.gpu_s  # held seconds only (issue 35)
         if llm_gpu_s > 0:  # the model ran on a GPU: GPU budget, and its operator's cost
             s.budget.charge_gpu(llm_gpu_s)
             versions = [p.candidate.adapter or "" for p in proposals if p.candidate is not None]

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
 from ._base import LLMBackend
-from ._spec import BACKENDS, ModelSpec
+from ._spec import BACKENDS, LLM_BACKENDS, ModelSpec
 
-__all__ = ["ModelSpec", "MODELS_FILE", "BACKENDS", "load_models", "resolve_model", "get_backend"]
+__all__ = ["ModelSpec", "MODELS_FILE", "BACKENDS", "LLM_BACKENDS", "load_models", "resolve_model", "get_backend"]
 
 MODELS_FILE = Path(__file__).with_name("models.toml")
 _KEYS = {"backend", "model", "device", "threads", "base_url", "api_key_env", "timeout_s", "retries", "backoff_s",
@@ -114,11 +114,22 @@ def get_backend(spec: ModelSpec) -> LLMBackend:
 
 
 def _build(spec: ModelSpec) -> LLMBackend:
-    if spec.backend == "openai":
-        from ._openai import OpenAIBackend
-        return OpenAIBackend(spec)
-    if spec.backend == "vllm":
-        from ._vllm import VLLMBackend
-        return VLLMBackend(spec)
+    return LLM_BACKENDS.create(spec.backend, spec)
+
+
+@LLM_BACKENDS.register("transformers")
+def _transformers(spec: ModelSpec) -> LLMBackend:
     from ._transformers import load_backend
     return load_backend(spec.model, spec.device, spec.threads)
+
+
+@LLM_BACKENDS.register("openai")
+def _openai(spec: ModelSpec) -> LLMBackend:
+    from ._openai import OpenAIBackend
+    return OpenAIBackend(spec)
+
+
+@LLM_BACKENDS.register("vllm")
+def _vllm(spec: ModelSpec) -> LLMBackend:
+    from ._vllm import VLLMBackend
+    return VLLMBackend(spec)

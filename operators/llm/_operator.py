@@ -22,7 +22,7 @@ the engine every token spent, failed calls included, for the ``--max-tokens`` bu
 ``batch`` (issue 25): knob-mode children are sampled together, all ``n`` of a :meth:`propose`
 call in one :meth:`LLMBackend.complete_many` call (one prompt prefill and one forward pass per
 step for all rows on the in-process model, whose step costs about the same for 8 rows as for
-1); ``batch`` is how many children the engine asks of one call (``Operator.batch``). Rows of
+1); ``batch`` is how many children the engine asks of one call (``ModelOperator.batch``). Rows of
 one call avoid each other's knob sets and repeats are dropped. The other modes ask one at a time.
 
 ``gate`` (issue 25): a device lease (``evaluators.run._lease.GpuLease``) that evo passes when the
@@ -43,7 +43,8 @@ from typing import Any, Optional, Sequence
 
 from populations import Candidate, Evaluation, Shape, Status, Template, TemplateError
 
-from .._base import Operator, OperatorContext, ParentView, Proposal
+from .._base import OperatorContext, ParentView, Proposal
+from .._model import ModelOperator
 from .._knobs import base_knobs, key_of, next_generation, seen_keys, shape_mismatch
 from ._bandit import ModelBandit
 from ._context import rank_siblings
@@ -57,7 +58,7 @@ from ._transformers import DEFAULT_MODEL
 __all__ = ["LLMOperator"]
 
 
-class LLMOperator(Operator):
+class LLMOperator(ModelOperator):
     """Mutation (arity 1) or crossover (arity 2) written by a language model."""
 
     #: the engine runs this operator's proposals on a thread (a call takes seconds)

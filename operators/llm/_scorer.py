@@ -30,7 +30,8 @@ from .._base import OperatorContext, ParentView
 from .._costmodel import CostModel, Record
 from ._models import get_backend
 from ._operator import LLMOperator
-from ._transformers import DEFAULT_MODEL, _Cancelled
+from ._steps import Cancelled
+from ._transformers import DEFAULT_MODEL
 
 __all__ = ["LLMScorer", "UNSCORED"]
 
@@ -145,7 +146,7 @@ class LLMScorer(CostModel):
                 prompt = backend.prompt_ids(messages)
                 for at in range(0, len(seqs), self.rows_per_pass):  # the KV cache copied per row: bounded
                     out += self._pass(backend, prompt, seqs[at:at + self.rows_per_pass], pad)
-            except _Cancelled:
+            except Cancelled:
                 out += [UNSCORED] * (len(seqs) - len(out))
             finally:
                 backend._gate = None

@@ -1,13 +1,26 @@
-"""One model's settings as the LLM operators see them (:class:`ModelSpec`), and the backends that
-can serve it. Below the model table (``_models``) and the backends that take a spec (``_openai``,
-``_vllm``): they import it from here, so the table can build them without an import cycle."""
+"""One model's settings as the LLM operators see them (:class:`ModelSpec`), and the registry of the
+backends that can serve it (:data:`LLM_BACKENDS`, a :class:`populations.Registry`: name -> a
+factory taking a spec). Below the model table (``_models``) and the backends that take a spec
+(``_openai``, ``_vllm``): they import it from here, so the table can build them without an import
+cycle."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-__all__ = ["BACKENDS", "ModelSpec"]
+from populations import Registry
 
+if TYPE_CHECKING:
+    from ._base import LLMBackend
+
+__all__ = ["BACKENDS", "LLM_BACKENDS", "ModelSpec"]
+
+#: LLM backends by name: ``LLM_BACKENDS.create(spec.backend, spec)`` builds one for a model. The
+#: built-in factories are registered by the model table (``_models``), which imports each backend's
+#: module only when its factory is called (torch, vllm, HTTP).
+LLM_BACKENDS: Registry["LLMBackend"] = Registry("LLM backend")
+
+#: The built-in backends' names (the spec strings ``openai:``, ``transformers:``, ``vllm:``).
 BACKENDS = ("transformers", "openai", "vllm")
 
 
@@ -34,8 +47,9 @@ class ModelSpec:
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"model {self.name!r}: backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend not in LLM_BACKENDS:
+            raise ValueError(f"model {self.name!r}: backend must be one of {LLM_BACKENDS.names()}, "
+                             f"got {self.backend!r}")
         if self.backend == "openai" and not self.base_url:
             raise ValueError(f"model {self.name!r}: the openai backend needs base_url")
         if self.structured not in ("json_schema", "guided_json", "none"):

@@ -267,7 +267,7 @@ def test_pool_loader_is_checked_and_reaches_the_workers(tmp_path: Path, capsys: 
     config error (exit 2), and the chosen one is handed to the pool's workers."""
     (tmp_path / "run.toml").write_text('shapes = ["64x64x64"]\narchive = "a"\n[pool]\nloader = "opencl"\n')
     assert main(["run", "--config", str(tmp_path / "run.toml")], pool_factory=FakeEvaluatorPool) == 2
-    assert "pool.loader: 'driver' or 'pycuda', got 'opencl'" in capsys.readouterr().err
+    assert "pool.loader: one of driver, pycuda, got 'opencl'" in capsys.readouterr().err
     from evaluators import POOLS
     from evo.cli._orchestrate import make_pool
     from evo.search._config import PoolConfig

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from populations import Shape  # noqa: E402
-from populations._template import load_template  # noqa: E402
+from populations import load_template  # noqa: E402
 from evaluators.run._loader import nvrtc_cubin  # noqa: E402
 
 TEMPLATE_DIR = ROOT / "populations" / "templates" / "sm90_wgmma"

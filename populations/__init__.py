@@ -12,7 +12,8 @@ from ._records import MEASUREMENT_KEYS, Candidate, Evaluation, KernelStats, Meas
 from ._shape import Shape, ShapeError
 from ._knobs import Constraint, Knob, KnobSpace, TemplateError, knob_key
 from ._staging import stage_grid
-from ._template import Template, load_template, load_templates
+from ._template import Template
+from ._template_load import load_template, load_templates
 from ._archive import LOCK, MANIFEST, Archive, ArchiveDamagedError, ArchiveError, ArchiveLockedError, CandidateInfo, LineageNode
 from ._bounded import InputFileError, load_toml, read_bounded
 from ._check import CheckResult, RepairResult, check_archive, repair_archive

@@ -18,7 +18,8 @@ import pytest
 
 from populations import Shape
 from populations._knobs import TemplateError
-from populations._template import TEMPLATES_DIR, load_template
+from populations import load_template
+from populations._template import TEMPLATES_DIR
 from evaluators.compile import cuda_tool
 from evaluators.run._loader import nvrtc_cubin
 

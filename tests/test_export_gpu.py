@@ -77,7 +77,7 @@ def test_export_builds_for_sm90a_and_leaves_out_a_broken_kernel(exported: tuple[
     assert "deliberately broken" in skipped[str(S_BROKEN)] and not (lib / "src" / f"k_{S_BROKEN.key}.cu").exists()
     for shape in (S_CL_TN, S_CL_NN):
         entry = loaded.kernels[(shape.m, shape.n, shape.k, shape.layout)]
-        assert entry["candidate"] == best[shape].id and entry["knobs"]["CLUSTER_M"] == 2
+        assert entry.candidate == best[shape].id and entry.knobs["CLUSTER_M"] == 2
         unit = (lib / "src" / f"k_{shape.key}.cu").read_text()
         assert "__cluster_dims__(CLUSTER_M, 1, 1)" in unit
         launches, _ = best[shape].plan.resolve(shape)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import re
 import signal
 import time
 import warnings
@@ -37,11 +38,17 @@ def make(seq: int) -> tuple[Candidate, Evaluation]:
     return c, Evaluation(c.id, c.shapes[0], Status.OK, message=str(seq), timers={"device": timer})
 
 
+#: one promise: ``seq:id`` with a whole candidate id (a torn token is shorter, or has no colon)
+PROMISE = re.compile(r"^(\d+):([0-9a-f]{20})$")
+
+
 def committed(side: Path) -> list[tuple[int, str]]:
-    """Every (sequence number, candidate id) a writer promised. Only complete lines count (a
-    writer may die mid-line); a line is ``seq:id seq:id ...``, one per commit."""
+    """Every (sequence number, candidate id) a writer promised; a line is ``seq:id seq:id ...``,
+    one per commit. A writer killed in the middle of a line leaves it torn (SIGKILL can cut a
+    write short); the next writer starts on a new line, so a torn line ends there and only its
+    last token can be cut: whole tokens count (their commits had returned), cut ones do not."""
     text = side.read_bytes().decode() if side.exists() else ""
-    return [(int(seq), cid) for line in text.split("\n")[:-1] for seq, cid in (p.split(":") for p in line.split())]
+    return [(int(m[1]), m[2]) for line in text.split("\n")[:-1] for p in line.split() if (m := PROMISE.match(p))]
 
 
 def writer(root: str, side: str, seed: int) -> None:
@@ -49,6 +56,7 @@ def writer(root: str, side: str, seed: int) -> None:
     forever, recording each commit in the side file after it returns."""
     rng, parent = random.Random(seed), os.getppid()
     fd = os.open(side, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, b"\n")  # ends a line the writer before this one was killed in the middle of
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torn-tail notices during recovery are expected
         archive = Archive(root, "w")

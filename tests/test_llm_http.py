@@ -159,7 +159,7 @@ def rl_adapter(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         rows, table = export_rows([a]), RewardTable().add_archive(a)
     manifest = train_adapter(rows, work / "v1", policy=Policy(load_backend(), seed=0), templates={"tiny": tiny},
                              table=table, config=GRPOConfig(steps=1, group_size=2, seed=0), version=1)
-    return work / "v1", manifest["name"]
+    return work / "v1", manifest.name
 
 
 @pytest.fixture(scope="module")

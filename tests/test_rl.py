@@ -180,7 +180,7 @@ def test_grpo_steps_change_the_adapter_and_write_a_manifest(trained) -> None:
     assert sum(manifest.reward_sources.values()) == 2 * (4 + 6)
     assert manifest.reward_sources.get("archive", 0) >= 1  # sampled edits map to archived candidates
     assert (out / "adapter_model.safetensors").is_file() and (out / "adapter_config.json").is_file()
-    assert json.loads((out / "evo-adapter.json").read_text()) == manifest
+    assert json.loads((out / "evo-adapter.json").read_text()) == manifest.to_dict()
 
 
 @needs_llm

@@ -243,7 +243,7 @@ class GpuHandler(TimingPhase):
         try:
             instances: list[Shape] = []
             large: tuple[Shape, ...] = ()  # one random-input check each (every element compared)
-            big: tuple[Optional[Shape], ...] = (None, None)  # (every tail cut, past the claim)
+            past: Optional[Shape] = None  # the generic claim's instance past the claimed size
             if job.get("generic"):
                 # dimensions a tensor map uses as a row pitch in place (a staged copy has its own)
                 pitch = {("K" if spec.matrix in ("A",) or (spec.matrix == "B" and shape.layout == "TN") else "N")
@@ -251,8 +251,9 @@ class GpuHandler(TimingPhase):
                 instances = ragged_instances(shape, pitch, rng)  # smoke checks (docs: correctness/_instances.py)
                 # every aligned/ragged class of M, N, K at small and mid sizes, as large a grid as the
                 # claim with every tail partial, and past the claim (a generic claim admits it)
-                big = (large_ragged(shape, pitch, rng), beyond_claim(shape, pitch, rng))
-                large = tuple(s for s in class_cover(shape, pitch, rng) if s not in instances) + big
+                tails_cut = large_ragged(shape, pitch, rng)
+                past = beyond_claim(shape, pitch, rng)
+                large = tuple(s for s in class_cover(shape, pitch, rng) if s not in instances) + (tails_cut, past)
                 instances += [s for s in large if s != shape]
             ragged_s = 0.0
             for inst in instances + [shape]:
@@ -260,7 +261,7 @@ class GpuHandler(TimingPhase):
                 try:
                     call, ws, _ = kernels.bind(inst)
                 except (PlanError, TensorMapError) as exc:
-                    if inst is big[1]:  # past the claim: a size the plan refuses is one the claim does not admit
+                    if inst is past:  # past the claim: a size the plan refuses is one the claim does not admit
                         res.note(checks=res.measurement.checks + ("beyond_claim_not_admitted",))
                         continue
                     return res.fail(Status.REJECTED, f"plan does not resolve for {inst}: {exc}")

@@ -117,12 +117,6 @@ def _stamp(w: Any) -> tuple[int, int, Any]:
     return version, w.data_ptr(), w.device
 
 
-def _stages_b(library: Any, n: int, k: int) -> bool:
-    """Whether any exported TN kernel of (N, K) has a launcher for a weight padded once."""
-    return any(e.prepared_b is not None for (_, en, ek, layout), e in library.kernels.items()
-               if (en, ek, layout) == (n, k, "TN"))
-
-
 def _why_not(mod: Any, cover: dict[tuple[int, int], tuple[int, ...]]) -> str:
     import torch
 
@@ -168,12 +162,9 @@ def patch(model: Any, library: Union[Any, str, os.PathLike]) -> PatchReport:
         if why:
             report.skipped.append((name, why))
             continue
-        setattr(mod, _PAD, None)
-        if getattr(library, "active", False) and _stages_b(library, mod.out_features, mod.in_features):
-            _pad_weight(mod)
-            if getattr(mod, _PAD) is not None:
-                report.prepared.append(name)
-        setattr(mod, _PAD_OF, getattr(mod, _PAD_OF, None))
+        _pad_weight(mod)  # None where no kernel of its (N, K) stages B (prepare_weight decides)
+        if getattr(mod, _PAD) is not None:
+            report.prepared.append(name)
         mod.forward = types.MethodType(_forward, mod)
         setattr(mod, _ROWS, frozenset(cover[mod.out_features, mod.in_features]))
         setattr(mod, _MARK, True)

@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import torch
 
 __all__ = ["Arm", "DeviceTiming", "median_ci", "device_timer", "host_timer", "rotation_sets", "TimerStats", "capture",
-           "replay_medians", "REPLAY_TARGET_S"]
+           "replay_medians", "REPLAY_TARGET_S", "HOST_SYNC_ROUNDS"]
 
 
 @dataclass
@@ -53,6 +53,8 @@ class TimerStats:
     idle_s: float = 0.0       # server timer: seconds of the gaps before this arm's calls (the GPU idles by design)
     capture_s: float = 0.0    # device timer: host seconds spent capturing the arms' graphs
     prewarm_replays: int = 0  # device timer: warm-up replays of each cached graph queued before the capture
+    sample_s: float = 0.0     # device timer: wall seconds of the timed rounds (all arms together)
+    events_s: float = 0.0     # device timer: this arm's summed event time over its timed replays (GPU busy)
 
 
 def median_ci(xs: Sequence[float], z: float = 1.96) -> TimerStats:
@@ -82,7 +84,7 @@ class DeviceTiming:
 
     ``rounds``: fixed, else as many as spend about ``budget_s`` of replays per arm (``min_rounds``
     to ``max_rounds``; see :func:`sample_rounds`); each round replays every arm ``replays_per_round`` times plus once
-    host-synchronised. ``target_replay_s``: replay length to aim for without a perturbation.
+    more (host-synchronised in some rounds: :func:`_sample`). ``target_replay_s``: replay length to aim for without a perturbation.
     ``warmup_s``: untimed replays of all arms first. ``settle_s``/``settle_min_s``: clock
     settling after the warm-up (with a ``clock``). ``prewarm``: queue the cached graphs' warm-up
     while the others are captured."""
@@ -107,7 +109,8 @@ def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming()
     """CUDA-graph replays of back-to-back calls, interleaved across arms (see module docstring).
 
     After ``settings.warmup_s`` of untimed replays of all arms, each round replays every arm
-    ``replays_per_round`` times plus once host-synchronised; by default the number of rounds
+    ``replays_per_round + 1`` times, the last of them host-synchronised in
+    :data:`HOST_SYNC_ROUNDS` rounds drawn at random (the side-stream flag's samples); by default the number of rounds
     spends about ``budget_s`` of replays per arm (3 to ``max_rounds`` rounds). ``graph_cache`` keeps the
     graphs of ``cacheable`` arms between calls.
 
@@ -163,11 +166,15 @@ def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming()
               if clock is not None and settings.settle_s > 0 else ())
     warmed_s = time.perf_counter() - warm_t0
     rounds = sample_rounds(settings, replay_s)
+    t_sample = time.perf_counter()
     events, host = _sample(arms, graphs, rounds, settings.replays_per_round, rng, touch, on_replay)
+    sample_s = time.perf_counter() - t_sample
     out = {}
     for arm in arms:
         reps = graphs[arm.name][1]
-        stats = median_ci([s.elapsed_time(e) * 1e-3 / reps for s, e in events[arm.name]])
+        replays = [s.elapsed_time(e) * 1e-3 for s, e in events[arm.name]]
+        stats = median_ci([t / reps for t in replays])
+        stats.sample_s, stats.events_s = sample_s, sum(replays)
         stats.host_median = median_ci(host[arm.name]).median
         stats.reps = reps
         stats.warmup_s, stats.clocks = warmed_s, tuple(clocks)
@@ -240,40 +247,56 @@ def _graphs(arms: Sequence[Arm], settings: DeviceTiming, graph_cache: Optional[d
     return graphs, warm_t0, queued, replay_s, capture_s
 
 
+#: The device timer's host-synchronised replays: in this many rounds per arm, drawn at random
+#: (every round when there are fewer). Each one drains the queue (a GPU bubble of the host's
+#: next enqueue); ten give the side-stream flag a steady median, and which replays they are is
+#: unknown to the kernel as before.
+HOST_SYNC_ROUNDS = 10
+
+
 def _sample(arms: Sequence[Arm], graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]], rounds: int,
             replays_per_round: int, rng: random.Random, touch: Callable[[], None],
             on_replay: Optional[Callable[[str], None]] = None
             ) -> tuple[dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]], dict[str, list[float]]]:
     """The timed rounds, arms in a fresh random order each: per arm, its event pairs (one per
-    replay) and its host-synchronised seconds per call (one per round). ``on_replay(name)`` runs
-    before every replay's ``touch`` (see :func:`device_timer`)."""
+    replay: ``replays_per_round + 1`` a round) and its host-synchronised seconds per call (one
+    per round in :data:`HOST_SYNC_ROUNDS` rounds drawn at random; the round's last replay is
+    then synchronised before and after). ``on_replay(name)`` runs before every replay's
+    ``touch`` (see :func:`device_timer`). Events are recorded on the current stream, passed
+    explicitly (``Event.record()`` without one looks the stream up, tens of microseconds of
+    host time a replay)."""
     note = on_replay or (lambda name: None)
+    stream = torch.cuda.current_stream()
     events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {a.name: [] for a in arms}
     host: dict[str, list[float]] = {a.name: [] for a in arms}
-    for _ in range(rounds):
+    synced = {a.name: set(rng.sample(range(rounds), min(rounds, HOST_SYNC_ROUNDS))) for a in arms}
+
+    def timed(g: torch.cuda.CUDAGraph) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        g.replay()
+        end.record(stream)
+        return start, end
+    for r in range(rounds):
         order = list(arms)
         rng.shuffle(order)
         for arm in order:
             g, reps = graphs[arm.name]
             for _ in range(replays_per_round):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 note(arm.name)
                 touch()
-                start.record()
-                g.replay()
-                end.record()
-                events[arm.name].append((start, end))
+                events[arm.name].append(timed(g))
             note(arm.name)
             touch()
-            torch.cuda.synchronize()  # one host-synchronised replay per round: side streams show here
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if r not in synced[arm.name]:
+                events[arm.name].append(timed(g))
+                continue
+            torch.cuda.synchronize()  # a host-synchronised replay: side streams show here
             t0 = time.perf_counter()
-            start.record()
-            g.replay()
-            end.record()
+            pair = timed(g)
             torch.cuda.synchronize()
             host[arm.name].append((time.perf_counter() - t0) / reps)
-            events[arm.name].append((start, end))
+            events[arm.name].append(pair)
     torch.cuda.synchronize()
     return events, host
 

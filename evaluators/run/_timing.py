@@ -148,6 +148,10 @@ class TimingPhase:
                 res.flags.append(str(exc))
             run.clock("timed_check")
             dev_st = run.stats["device"]["candidate"]
+            # of the device phase: the timed rounds' wall time, and the GPU's share of it in the
+            # timed replays themselves (the rest: perturbations, host gaps, synchronisations)
+            res.phases["device_sample"] = dev_st.sample_s
+            res.phases["device_sample_gpu"] = sum(st.events_s for st in run.stats["device"].values())
             res.note(device_warmup_s=dev_st.warmup_s, device_capture_s=dev_st.capture_s,
                      device_prewarm_replays=dev_st.prewarm_replays)
             if dev_st.clocks:  # clocks: provenance, with the one read after the shape

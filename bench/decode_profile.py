@@ -60,6 +60,23 @@ def kernel_prefix(cand: Any, shape: Shape) -> str:
     return launches[-1].kernel
 
 
+def binder_launch(cubin: bytes, cand: Any, shape: Shape) -> Any:
+    """launch(a, b, c) through the evaluator's binder (``evaluators.run._kernels.CandidateKernels``):
+    a plan with tensor maps passes each as a 128-byte kernel parameter, which cupy cannot."""
+    from align_mid_check import launcher
+    from evaluators.run._kernels import CandidateKernels
+    from evaluators.run._loader import DriverLoader
+    from evaluators.run._tmap import TmapCache
+
+    global _BINDER
+    if _BINDER is None:
+        _BINDER = (DriverLoader(), TmapCache())
+    return launcher(CandidateKernels(_BINDER[0], cubin, cand.plan, _BINDER[1]), shape)
+
+
+_BINDER: Any = None
+
+
 def profile(args: argparse.Namespace) -> int:
     import torch
     from decode_dev import Loaded, compile_all, cublas, graph_us, load_peer, peer_best, reference, rel_error, rotation
@@ -88,7 +105,8 @@ def profile(args: argparse.Namespace) -> int:
             if not r.ok:
                 print(f"{s} {label}: compile failed", flush=True)
                 continue
-            launch = Loaded(r.cubin, tmp).launcher(cand, s)
+            launch = (binder_launch(r.cubin, cand, s) if cand.plan.tensor_maps  # TMA: the evaluator's binder
+                      else Loaded(r.cubin, tmp).launcher(cand, s))
             err = rel_error(sets, launch, ref)
             if not err < 2e-3:
                 print(f"{s} {label}: wrong (rel err {err:.2e})", flush=True)

@@ -63,6 +63,12 @@ class Registry(Generic[T]):
 
         return add if factory is None else add(factory)
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a plug-in that goes away, a test's double); an unknown name is the
+        registry's error."""
+        self.get(name)
+        del self._factories[name]
+
     def get(self, name: str) -> Factory:
         """The factory registered under ``name``; an unknown name raises the registry's error."""
         factories = self._ready()

@@ -344,3 +344,16 @@ def test_a_writer_refuses_logs_without_their_manifest_as_damage(tmp_path: Path, 
     (root / "archive.json").unlink()
     code, _, err = _run(capsys, ["seed", str(root), "--shape", "256x256x256", "--arch", "sm_90a"])
     assert code == 3 and "damaged archive" in err and not (root / "archive.json").exists()
+
+
+def test_eval_loader_choices_come_from_the_registry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--loader`` is checked against ``evaluators.LOADERS`` (a plug-in's registered loader is a
+    choice too), with a one-line error naming the registered ones, before any GPU is looked for."""
+    from evaluators import LOADERS
+
+    k = tmp_path / "k.cu"
+    k.write_text('/* evo-plan: {"launches": [{"kernel": "k", "grid": [1, 1, 1], "block": [32, 1, 1], '
+                 '"args": ["A", "B", "C", "M", "N", "K"]}]} */\nextern "C" __global__ void k() {}\n')
+    code, _, err = _run(capsys, ["eval", str(k), "--shape", "64x64x64", "--loader", "nope"])
+    assert code != 0 and "--loader 'nope'" in err and all(n in err for n in LOADERS.names()), err
+    assert len(err.strip().splitlines()) == 1

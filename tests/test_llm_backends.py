@@ -185,6 +185,28 @@ def test_models_as_data(tmp_path: Path) -> None:
         load_models(tmp_path / "missing.toml")
 
 
+def test_a_plug_in_backend_brings_its_own_spec_string() -> None:
+    """Spec strings are read per backend (``SPEC_STRINGS``), not by a branch per built-in: a backend
+    registered from outside (here a test double, never built) is reachable as ``NAME:REST``, with
+    its own parser or, without one, REST as the model."""
+    from operators.llm import LLM_BACKENDS, SPEC_STRINGS, spec_string
+
+    LLM_BACKENDS.register("double-test", lambda spec: None)
+    try:
+        assert resolve_model("double-test:some/model").model == "some/model"
+
+        @spec_string("double-test")
+        def _parse(name: str, rest: str) -> ModelSpec:
+            model, _, price = rest.partition("#")
+            return ModelSpec(name=name, backend="double-test", model=model, price=float(price or 1))
+        spec = resolve_model("double-test:m#3")
+        assert (spec.backend, spec.model, spec.price) == ("double-test", "m", 3.0)
+        assert resolve_model("nobody:m").backend == "transformers"  # not a backend: a transformers model name
+    finally:
+        SPEC_STRINGS.pop("double-test", None)
+        LLM_BACKENDS.unregister("double-test")
+
+
 def test_vllm_backend_is_lazy_and_skips_without_vllm() -> None:
     import importlib.util
     import sys

@@ -87,3 +87,12 @@ def test_every_plugin_kind_uses_the_one_registry() -> None:
         get_loader("opencl")
     with pytest.raises(UnknownName, match="unknown evaluator pool 'slurm'; known: local, ray"):
         POOLS.create("slurm")
+
+
+def test_unregister_removes_a_name_and_refuses_an_unknown_one() -> None:
+    reg: Registry[list] = Registry("thing")
+    reg.register("plug", list)
+    reg.unregister("plug")
+    assert "plug" not in reg and reg.names() == []
+    with pytest.raises(UnknownName, match="unknown thing 'plug'"):
+        reg.unregister("plug")

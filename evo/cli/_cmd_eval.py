@@ -55,8 +55,9 @@ def add_parser(subparsers: Any) -> None:
                    help="which timers measure the kernel, comma-separated: device (CUDA graph replays of the kernel "
                         "alone), offline (whole launch plan, events), server (the plan under a serving-like stream "
                         "of calls); default all three")
-    p.add_argument("--loader", choices=["driver", "pycuda"], default="driver",
-                   help="how the worker loads and launches the kernel (pycuda: where it is installed)")
+    p.add_argument("--loader", default="driver", metavar="NAME",
+                   help="how the worker loads and launches the kernel: a name in evaluators.LOADERS (driver, "
+                        "the default; pycuda where it is installed; any loader a plug-in registered)")
     p.add_argument("--quick", action="store_true",
                    help="time as a run does (fewer device-timer replays, one rotation) instead of the precise "
                         "preset (evaluators.PRECISE_JOB: 4x the replays over 3 fresh rotations, repeatable across starts)")
@@ -149,8 +150,10 @@ def run(args: argparse.Namespace) -> int:
         return fail("eval", f"{exc.filename or args.file}: {exc.strerror or exc}")
     except (ValueError, PlanError, ShapeError, json.JSONDecodeError, UsageError) as exc:  # UnicodeDecodeError too
         return fail("eval", f"{args.file}: {exc}" if isinstance(exc, UnicodeDecodeError) else exc)
-    from evaluators import PRECISE_JOB, LocalPool, WorkerUnavailable, visible_gpus
+    from evaluators import LOADERS, PRECISE_JOB, LocalPool, WorkerUnavailable, visible_gpus
 
+    if args.loader not in LOADERS:  # the registry, not a list here: a registered plug-in loader is a choice too
+        return fail("eval", f"--loader {args.loader!r}: one of {', '.join(LOADERS.names())}")
     if args.compile_only or (gpus is None and not visible_gpus()):
         return _static(args, cand)
     try:

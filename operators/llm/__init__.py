@@ -12,7 +12,8 @@ from ._grammar import PREFIX, KnobEditGrammar
 from ._hooks import DecodeHook
 from ._model_cache import load_gguf
 from ._checks import check_device, check_spec, check_url, probe_server
-from ._models import BACKENDS, LLM_BACKENDS, MODELS_FILE, ModelSpec, get_backend, load_models, resolve_model
+from ._models import (BACKENDS, LLM_BACKENDS, MODELS_FILE, SPEC_STRINGS, ModelSpec, get_backend, load_models,
+                      resolve_model, spec_string)
 from ._operator import LLMOperator
 from ._parse import Parsed, apply_edits, code_blocks, parse_edits, parse_knob_edit, parse_source
 from ._prompts import KINDS, MODES, PROMPTS_DIR, load_prompts, render_messages
@@ -22,6 +23,6 @@ from ._transformers import DEFAULT_MODEL, TransformersBackend, load_backend
 __all__ = ["LLMBackend", "LLMOperator", "KnobEditGrammar", "PREFIX", "Parsed", "apply_edits", "code_blocks", "parse_edits",
            "parse_knob_edit", "parse_source", "KINDS", "MODES", "PROMPTS_DIR", "load_prompts", "render_messages",
            "DEFAULT_MODEL", "Completion", "TransformersBackend", "load_backend", "ModelBandit", "BACKENDS",
-           "LLM_BACKENDS",
+           "LLM_BACKENDS", "SPEC_STRINGS", "spec_string",
            "MODELS_FILE", "ModelSpec", "get_backend", "load_gguf", "load_models", "resolve_model", "LLMScorer",
            "UNSCORED", "check_device", "check_spec", "check_url", "probe_server", "DecodeHook"]

@@ -12,12 +12,13 @@ import functools
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, Sequence, Union
 
 from ._base import LLMBackend
 from ._spec import BACKENDS, LLM_BACKENDS, ModelSpec
 
-__all__ = ["ModelSpec", "MODELS_FILE", "BACKENDS", "LLM_BACKENDS", "load_models", "resolve_model", "get_backend"]
+__all__ = ["ModelSpec", "MODELS_FILE", "BACKENDS", "LLM_BACKENDS", "load_models", "resolve_model", "get_backend",
+           "SPEC_STRINGS", "spec_string"]
 
 MODELS_FILE = Path(__file__).with_name("models.toml")
 _KEYS = {"backend", "model", "device", "threads", "base_url", "api_key_env", "timeout_s", "retries", "backoff_s",
@@ -71,23 +72,43 @@ def resolve_model(name: str, files: Sequence[Union[str, Path]] = (), **overrides
         spec = tables[name]
     else:
         kind, sep, rest = name.partition(":")
-        if sep and kind in BACKENDS and rest:
-            if kind == "openai":
-                model, at, url = rest.rpartition("@")
-                if not at or not model:
-                    raise ValueError(f"model {name!r}: write openai:MODEL@URL, e.g. openai:qwen@http://127.0.0.1:8000/v1")
-                spec = ModelSpec(name=name, backend="openai", model=model, base_url=url)
-            elif kind == "transformers":
-                model, at, device = rest.partition("@")
-                spec = ModelSpec(name=name, backend="transformers", model=model, device=device or "cpu")
-            else:
-                spec = ModelSpec(name=name, backend="vllm", model=rest)
+        if sep and kind in LLM_BACKENDS and rest:  # a spec string BACKEND:REST, read by its backend's parser
+            parse = SPEC_STRINGS.get(kind)
+            spec = parse(name, rest) if parse is not None else ModelSpec(name=name, backend=kind, model=rest)
         else:
             spec = ModelSpec(name=name, backend="transformers", model=name)
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if "device" in overrides and spec.backend != "transformers":
         overrides.pop("device")  # a device choice concerns in-process transformers models only
     return replace(spec, **overrides) if overrides else spec
+
+
+#: How a spec string ``BACKEND:REST`` becomes a spec, per backend: ``parse(name, rest)``. A
+#: registered backend without an entry reads REST as the model (``vllm:MODEL``); a plug-in backend
+#: adds its own form with :func:`spec_string`, as the built-ins below do, instead of a branch here.
+SPEC_STRINGS: dict[str, Callable[[str, str], ModelSpec]] = {}
+
+
+def spec_string(backend: str) -> Callable[[Callable[[str, str], ModelSpec]], Callable[[str, str], ModelSpec]]:
+    """Register (as a decorator) the parser of ``backend``'s spec strings (see :data:`SPEC_STRINGS`)."""
+    def add(parse: Callable[[str, str], ModelSpec]) -> Callable[[str, str], ModelSpec]:
+        SPEC_STRINGS[backend] = parse
+        return parse
+    return add
+
+
+@spec_string("openai")
+def _openai_spec(name: str, rest: str) -> ModelSpec:
+    model, at, url = rest.rpartition("@")
+    if not at or not model:
+        raise ValueError(f"model {name!r}: write openai:MODEL@URL, e.g. openai:qwen@http://127.0.0.1:8000/v1")
+    return ModelSpec(name=name, backend="openai", model=model, base_url=url)
+
+
+@spec_string("transformers")
+def _transformers_spec(name: str, rest: str) -> ModelSpec:
+    model, _, device = rest.partition("@")
+    return ModelSpec(name=name, backend="transformers", model=model, device=device or "cpu")
 
 
 _BACKENDS: dict[ModelSpec, LLMBackend] = {}

@@ -199,11 +199,11 @@ def _library(args: argparse.Namespace) -> tuple[Any, dict[str, tuple[str, str]]]
         return load_library(args.library), {k: (v["path"], v["why"]) for k, v in manifest.get("paths", {}).items()}
     t0 = time.monotonic()
     manifest = export(args.archive, args.work / "lib", keep_slower=True)
-    print(f"exported {len(manifest['kernels'])} kernels (keep_slower) in {time.monotonic() - t0:.1f} s", flush=True)
+    print(f"exported {len(manifest.kernels)} kernels (keep_slower) in {time.monotonic() - t0:.1f} s", flush=True)
     archive = Archive(args.archive, "r")
     decisions = {}
     for shape in archive.shapes():
-        decisions[str(shape)] = choose_path(*_pick(archive, shape, manifest["arch"]))
+        decisions[str(shape)] = choose_path(*_pick(archive, shape, manifest.arch))
         print(f"  default export: {shape}: {decisions[str(shape)][0]} ({decisions[str(shape)][1]})", flush=True)
     return load_library(args.work / "lib"), decisions
 

@@ -4,7 +4,6 @@ takes and why, with the dispatcher answering -1 (cuBLAS) for the shapes left to 
 from __future__ import annotations
 
 import ctypes
-import json
 import shutil
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from archive_fixture import first_pick, ok
 from evo.export._export import LIBRARY, choose_path, export
+from evo.runtime import ExportManifest
 from evo.cli import main
 from populations import Archive, Elite, Evaluation, Shape, Status
 
@@ -54,17 +54,17 @@ def test_export_leaves_slower_shapes_to_cublas(tmp_path: Path, capsys: pytest.Ca
         a.record(c, [Evaluation(c.id, none, Status.INCORRECT, message="max error 3.2", arch="sm_90a")])
     assert main(["export", str(tmp_path / "arch"), "--out", str(tmp_path / "lib"), "--verify", "off"]) == 0  # the archive decides
     printed = capsys.readouterr().out
-    manifest = json.loads((tmp_path / "lib" / "manifest.json").read_text())
-    assert [e["shape"] for e in manifest["kernels"]] == [str(fast)]
-    assert manifest["kernels"][0]["why"].endswith("1.310x of cuBLAS in GPU time (median device speedup of 1 measurement)")
-    paths = manifest["paths"]
+    manifest = ExportManifest.read(tmp_path / "lib")  # the record, from what the command wrote
+    assert [e.shape for e in manifest.kernels] == [str(fast)]
+    assert manifest.kernels[0].why.endswith("1.310x of cuBLAS in GPU time (median device speedup of 1 measurement)")
+    paths = manifest.paths
     assert set(paths) == {str(s) for s in (fast, slow, tie, none)}
     assert paths[str(fast)]["path"] == "evolved"
     assert {paths[str(s)]["path"] for s in (slow, tie, none)} == {"cublas"}
     assert "0.970x" in paths[str(slow)]["why"] and "1.000x" in paths[str(tie)]["why"]
     assert "no ok" in paths[str(none)]["why"]
     assert f"{str(slow):>26}  cuBLAS: " in printed and "(not re-timed: --verify off)" in printed
-    assert manifest["verify"] == {"ran": False, "why": "--verify off"}
+    assert manifest.verify == {"ran": False, "why": "--verify off"}
     so = ctypes.CDLL(str(tmp_path / "lib" / LIBRARY))
     so.evo_hgemm.restype = ctypes.c_int
     so.evo_hgemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
@@ -72,5 +72,5 @@ def test_export_leaves_slower_shapes_to_cublas(tmp_path: Path, capsys: pytest.Ca
         assert so.evo_hgemm(None, None, None, s.m, s.n, s.k, None, None) == -1
     assert not hasattr(so, f"evo_hgemm_{slow.key}")
     kept = export(tmp_path / "arch", tmp_path / "all", keep_slower=True)
-    assert sorted(e["shape"] for e in kept["kernels"]) == sorted(str(s) for s in (fast, slow, tie))
-    assert all(v["path"] == "evolved" for k, v in kept["paths"].items() if k != str(none))
+    assert sorted(e.shape for e in kept.kernels) == sorted(str(s) for s in (fast, slow, tie))
+    assert all(v["path"] == "evolved" for k, v in kept.paths.items() if k != str(none))

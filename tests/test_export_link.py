@@ -60,8 +60,8 @@ def test_export_links_kernels_with_the_same_names(tmp_path: Path) -> None:
         for shape, cand in cands.items():
             a.record(cand, [ok_eval(cand, shape, 1.2)])
     manifest = export(tmp_path / "arch", tmp_path / "lib")
-    assert manifest["skipped"] == []
-    assert sorted(e["shape"] for e in manifest["kernels"]) == sorted(str(s) for s in cands)
+    assert manifest.skipped == ()
+    assert sorted(e.shape for e in manifest.kernels) == sorted(str(s) for s in cands)
     unit = (tmp_path / "lib" / "src" / f"k_{S1.key}.cu").read_text()
     assert unit.index("#include <cuda_fp16.h>") < unit.index("namespace {") < unit.index("evo_shared_host_helper")
     out = subprocess.run(["nm", "-D", "--defined-only", str(tmp_path / "lib" / LIBRARY)], capture_output=True,

@@ -210,16 +210,16 @@ def test_export_builds_the_top_candidates_and_keeps_what_the_re_timing_keeps(tmp
                         f"evo_hgemm_{lost.key}": 9.9e-6, f"evo_hgemm_{lost.key}_r1": 10.5e-6})
     manifest = export(tmp_path / "arch", tmp_path / "lib", verify=Verify(timer, top_k=2, margin=0.02))
     assert [len(i["candidates"]) for i in timer.plans[0]] == [2, 2]
-    (entry,) = manifest["kernels"]
-    assert entry["shape"] == str(won) and entry["candidate"] != first_pick("tiny", won).id
-    v = entry["verify"]
+    (entry,) = manifest.kernels
+    assert entry.shape == str(won) and entry.candidate != first_pick("tiny", won).id
+    v = entry.verify
     assert v["path"] == "evolved" and v["cublas_tn_s"] == 10e-6 and v["cublas_nn_s"] == 11e-6
     assert [c["rank"] for c in v["candidates"]] == [0, 1] and v["candidates"][1]["speedup"] == pytest.approx(10 / 9)
-    assert entry["why"] == v["why"] and "re-timed 1.111x" in entry["why"]
-    paths = manifest["paths"]
+    assert entry.why == v["why"] and "re-timed 1.111x" in entry.why
+    paths = manifest.paths
     assert paths[str(lost)]["path"] == "cublas" and "does not beat cuBLAS in the shape's layout (TN) by 2%" in paths[str(lost)]["why"]
     assert paths[str(lost)]["verify"]["candidates"][0]["speedup"] == pytest.approx(10 / 9.9)
-    assert manifest["verify"]["ran"] and manifest["verify"]["top_k"] == 2 and manifest["verify"]["against"] == "layout"
+    assert manifest.verify["ran"] and manifest.verify["top_k"] == 2 and manifest.verify["against"] == "layout"
     lib = tmp_path / "lib"
     assert sorted(p.name for p in (lib / "src").iterdir()) == [f"k_{won.key}_r1.cu", "launchers.cu"]
     assert sorted(p.name for p in lib.iterdir()) == [LIBRARY, "manifest.json", "src"]
@@ -257,11 +257,11 @@ def test_the_re_timing_child_on_a_gpu(tmp_path: Path) -> None:
 
     build(tmp_path / "arch")
     manifest = export(tmp_path / "arch", tmp_path / "lib", verify=Verify(child_timer(timeout_s=300), top_k=2))
-    verified = {s: p["verify"] for s, p in manifest["paths"].items() if "verify" in p}
-    assert verified and manifest["verify"]["ran"]
+    verified = {s: p["verify"] for s, p in manifest.paths.items() if "verify" in p}
+    assert verified and manifest.verify["ran"]
     for shape, v in verified.items():
         assert v["cublas_tn_s"] > 0 and v["cublas_nn_s"] > 0, (shape, v)
         assert all(c["status"] == "timed" or "wrong output" in c["status"] for c in v["candidates"]), v
         assert all(c["rel_err"] is not None and c["rel_err"] < 5e-3 for c in v["candidates"] if c["status"] == "timed")
-    kept = {e["shape"]: e["candidate"] for e in manifest["kernels"]}
+    kept = {e.shape: e.candidate for e in manifest.kernels}
     assert kept == {s: v["candidate"] for s, v in verified.items() if v["path"] == "evolved"}

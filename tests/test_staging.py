@@ -292,17 +292,17 @@ def test_a_library_of_staged_kernels_links(tmp_path):
             c = t.candidate(t.heuristic(s, 90)[0], s)
             a.record(c, [ok_eval(c, s, 1.5)])
     manifest = export(tmp_path / "arch", tmp_path / "lib")
-    assert manifest["skipped"] == [] and len(manifest["kernels"]) == 2
+    assert manifest.skipped == () and len(manifest.kernels) == 2
     # both stage B (K % 8 != 0): each has a launcher for a B padded once, in the library
-    preps = {e["shape"]: e.get("prepared_b") for e in manifest["kernels"]}
-    assert all(p and p["symbol"].endswith("_wb") for p in preps.values()), preps
+    preps = {e.shape: e.prepared_b for e in manifest.kernels}
+    assert all(p and p.symbol.endswith("_wb") for p in preps.values()), preps
     nm = shutil.which("nm")
     if nm:
         import subprocess
 
         syms = subprocess.run([nm, "-D", "--defined-only", str(tmp_path / "lib" / "libevo_hgemm.so")],
                               capture_output=True, text=True, check=True).stdout
-        assert all(p["symbol"] in syms for p in preps.values())
+        assert all(p.symbol in syms for p in preps.values())
 
 
 @pytest.mark.gpu

@@ -123,31 +123,31 @@ def run(args: Any) -> int:
         return fail("export", exc)
     except OSError as exc:
         return fail("export", f"--out {args.out}: cannot write the library there: {exc.strerror or exc}")
-    if manifest.get("test_double"):
+    if manifest.test_double:
         warn("export", "the timings behind this library come from a test double (provenance pool=fake), not from a "
                        "GPU; manifest.json says test_double: true")
-    if not manifest["kernels"]:
+    if not manifest.kernels:
         if not existed:
             shutil.rmtree(out, ignore_errors=True)  # a library of 0 kernels is no success: leave nothing
-        reasons = "; ".join(f"{s['shape']}: {s['reason']}" for s in manifest["skipped"])
+        reasons = "; ".join(f"{s['shape']}: {s['reason']}" for s in manifest.skipped)
         tries = ([] if args.arch.strip().lower() == "auto" else
                  ["--arch auto (the architecture the kernels were measured on)"]) + ["--keep-slower where every kernel lost to cuBLAS"]
         return fail("export", f"no kernel could be exported for {arch} ({reasons}); try " + ", or ".join(tries),
                     EXIT_BAD_INPUT)
     if args.json:
-        json.dump(manifest, sys.stdout, indent=1, sort_keys=True, default=str)
+        json.dump(manifest.to_dict(), sys.stdout, indent=1, sort_keys=True, default=str)
         sys.stdout.write("\n")
         return 0
-    for e in manifest["kernels"]:
-        speed = " ".join(f"{k} {v:.3f}x" for k, v in e["speedups"].items())
-        kept = next((c for c in e.get("verify", {}).get("candidates", []) if c["candidate"] == e["candidate"]), None)
+    for e in manifest.kernels:
+        speed = " ".join(f"{k} {v:.3f}x" for k, v in e.speedups.items())
+        kept = next((c for c in (e.verify or {}).get("candidates", []) if c["candidate"] == e.candidate), None)
         retimed = f"  re-timed {kept['speedup']:.3f}x" if kept else ""
-        print(f"{e['shape']:>26}  {e['template'] or 'free-form':>12}  {e['candidate']}  {speed}{retimed}")
-    for s in manifest["skipped"]:
+        print(f"{e.shape:>26}  {e.template or 'free-form':>12}  {e.candidate}  {speed}{retimed}")
+    for s in manifest.skipped:
         print(f"{s['shape']:>26}  cuBLAS: {s['reason']}")
-    v = manifest["verify"]
+    v = manifest.verify
     against = "in the shape's layout" if v.get("against") == "layout" else "in its better layout"
     how = (f"re-timed: top {v['top_k']} per shape, margin {v['margin']:.0%} against cuBLAS {against}"
            if v["ran"] else f"not re-timed: {v['why']}")
-    print(f"{len(manifest['kernels'])} kernels -> {args.out}/{manifest['library']} ({how})")
+    print(f"{len(manifest.kernels)} kernels -> {args.out}/{manifest.library} ({how})")
     return 0

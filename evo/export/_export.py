@@ -344,9 +344,9 @@ def _verified(tmp: Path, trials: list[_Trial], gencode: str, verify: Verify,
 
 def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], arch: str = "sm_90a",
            *, jobs: Optional[int] = None, keep_slower: bool = False, verify: Optional[Verify] = None,
-           verify_why: str = "", damage: Sequence[str] = ()) -> dict[str, Any]:
-    """Build the library at ``out`` (which must not exist, or be an earlier export); returns the
-    manifest's JSON form (:meth:`evo.runtime.ExportManifest.to_dict`, what ``manifest.json`` holds).
+           verify_why: str = "", damage: Sequence[str] = ()) -> ExportManifest:
+    """Build the library at ``out`` (which must not exist, or be an earlier export); returns its
+    manifest (the record whose :meth:`~evo.runtime.ExportManifest.to_dict` ``manifest.json`` holds).
 
     Without ``verify``, a shape whose best kernel is not faster than cuBLAS in the archive's GPU
     time is left to cuBLAS (:func:`choose_path`; ``keep_slower`` exports it anyway). With it, the
@@ -419,4 +419,4 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
             abi="int evo_hgemm(const void* A, const void* B, void* C, int M, int N, int K, "
                 "void* workspace, cudaStream_t stream); evo_hgemm_nn for NN; 0 = ok, -1 = unknown shape")
         manifest.write(tmp)
-    return manifest.to_dict()
+    return manifest

@@ -274,7 +274,7 @@ class Template:
                                        block=block, smem=expr(lt.get("smem", 0)), args=args))
             tmaps = {name: TensorMapSpec(matrix=t["matrix"], box=tuple(evaluate(b, env) for b in t["box"]),
                                          swizzle=int(t.get("swizzle", 128)), staged=staging.get(t["matrix"], 0))
-                     for name, t in (spec.get("tensor_maps") or {}).items()}
+                     for name, t in (spec.get("tensor_maps") or {}).items() if evaluate(t.get("when", "true"), env)}
             return LaunchPlan(launches=tuple(launches), workspace=expr(spec.get("workspace", 0)),
                               zero_workspace=bool(spec.get("zero_workspace", False)), tensor_maps=tmaps,
                               coresident=bool(spec.get("coresident", False)), staging=staging)

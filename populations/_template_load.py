@@ -30,7 +30,7 @@ _REQUIRED = {"name", "family", "min_arch", "layouts", "contracts", "source", "kn
 _KNOB_KEYS = {"values", "default", "axis", "doc"}
 _PLAN_KEYS = {"workspace", "zero_workspace", "launches", "tensor_maps", "coresident", "staging"}
 _LAUNCH_KEYS = {"kernel", "grid", "block", "smem", "args", "when"}
-_TMAP_KEYS = {"matrix", "box", "swizzle"}
+_TMAP_KEYS = {"matrix", "box", "swizzle", "when"}
 _LD_NAMES = {"lda", "ldb", "ldc", "ldsa", "ldsb"}
 _FEATURES = {"sm_90a"}
 _SHAPE_ONLY = SHAPE_NAMES | LAYOUT_NAMES | set(LITERALS)
@@ -188,6 +188,7 @@ def _check_plan(plan: Mapping[str, Any], space: KnobSpace) -> None:
         _unknown(t, _TMAP_KEYS, f"[plan.tensor_maps.{tname}]")
         for b in t["box"]:
             check_expr(str(b), knob_level)
+        check_expr(str(t.get("when", "true")), knob_level)
     for lt in plan["launches"]:
         _unknown(lt, _LAUNCH_KEYS, "[[plan.launches]]")
         check_expr(str(lt.get("when", "true")), knob_level)

@@ -63,7 +63,10 @@ def test_loads_as_family_b_for_hopper_only(tpl):
     ({"BM": 256, "BN": 256}, "accumulators"),
     ({"BM": 64, "CONSUMERS": 2}, "multiple of 64 rows"),
     ({"BM": 128, "BN": 256, "STAGES": 5, "EPI": "direct"}, "227 KiB"),
-    ({"BN": 96}, "not one of"),
+    ({"BN": 100}, "not one of"),
+    ({"BN": 96, "CLUSTER_M": 2}, "TN (K-major B) and CLUSTER_M 1"),
+    ({"SWAP": True, "SPLIT_K": 2, "EPI": "direct"}, "no cluster multicast, no split-K"),
+    ({"SWAP": True, "CLUSTER_M": 2, "BN": 128}, "no cluster multicast, no split-K"),
     ({"SCHED": "pingpong", "CONSUMERS": 1, "BM": 64}, "two consumer"),
     ({"SCHED": "pingpong", "PERSISTENT": False, "BN": 128}, "persistent"),
     ({"SCHED": "pingpong", "BM": 128, "BN": 256}, "accumulators"),
@@ -190,6 +193,39 @@ def test_sample_returns_distinct_valid_sets(tpl):
     assert all(not tpl.check(s, BIG) for s in sets)
 
 
+def test_swap_and_fitted_widths_are_tn_only_and_swap_the_plan(tpl):
+    """A BN that is not a multiple of 64 and SWAP need K-major B (TN); SWAP's plan passes B's map as
+    the kernel's A and A's as its B, with the problem's N and M as the kernel's M and N."""
+    nn = Shape(200, 11008, 4096, "NN", "f32")
+    assert any("TN" in r for r in tpl.check({"BN": 104, "EPI": "direct"}, nn))
+    assert any("SWAP" in r for r in tpl.check({"SWAP": True, "BN": 104, "EPI": "direct"}, nn))
+    shape = Shape(200, 11008, 4096, "TN", "f32")
+    cand = tpl.candidate({"SWAP": True, "BN": 104, "BM": 128, "STAGES": 4}, shape)
+    (launch,) = cand.plan.launches
+    assert launch.args[:2] == ("tmap:tmBs", "tmap:tmAs") and launch.args[4:6] == ("N", "M")  # generic: bound at resolve
+    maps = cand.plan.tensor_maps
+    assert set(maps) == {"tmAs", "tmBs"} and maps["tmBs"].matrix == "B" and maps["tmBs"].box == (128, 64)
+    assert maps["tmAs"].matrix == "A" and maps["tmAs"].box == (104, 64)
+    (resolved,), _ = cand.plan.resolve(shape)
+    assert resolved.grid == (132, 1, 1)  # 86 tiles over N x 2 over M, persistent on 132 SMs
+    plain = tpl.candidate({"BN": 128}, BIG)
+    assert set(plain.plan.tensor_maps) == {"tmA", "tmB"} and plain.plan.tensor_maps["tmB"].box == (64, 64)
+
+
+def test_swap_first_picks_fit_the_tile_width_to_m(tpl):
+    """The swap rules cut M into tiles whose count fills whole waves of 132 SMs with N's tiles,
+    each a multiple of 8 wide: at 777x1536 (12 tiles over N) 11 tiles of 72 rows, cuBLAS's own
+    choice there; at 421x6544 (52 over N) 5 of 88, two waves."""
+    def widths(s: str) -> list[tuple[int, int]]:
+        return [(k["BM"], k["BN"]) for k in tpl.heuristic(Shape.parse(s), 90) if k["SWAP"]]
+    assert widths("777x1536x2880")[0] == (128, 72)
+    assert (128, 88) in widths("421x6544x9136")
+    assert widths("4096x4096x4096") == [] and widths("200x11008x4096:NN") == []
+    for s in ("17x1024x1024", "64x4096x4096", "300x2048x512", "1000x30000x1000"):
+        m = Shape.parse(s).m
+        assert all(w % 8 == 0 and min(32, -(-m // 8) * 8) <= w <= 256 for _, w in widths(s)), (s, widths(s))
+
+
 # ------------------------------------------------------------------------------ compiles
 def _compile_one(source: str) -> str:
     try:
@@ -202,9 +238,11 @@ def _compile_one(source: str) -> str:
 def test_seeded_sample_compiles_for_sm90a(tpl):
     """Every knob set of a seeded sample of 32 (both layouts) compiles with NVRTC for sm_90a."""
     pytest.importorskip("cuda.bindings.nvrtc")
-    sets = tpl.sample(random.Random(2026), BIG, 32)
-    assert len(sets) == 32
-    layouts = ["TN" if i % 2 == 0 else "NN" for i in range(len(sets))]
+    # each layout's own sample: tile widths fitted to a dimension and SWAP are TN-only, so NN's
+    # valid sets are rarer and rejection sampling finds fewer of them in its tries
+    tn, nn = (tpl.sample(random.Random(2026), Shape(4096, 4096, 4096, lay, "f32"), 16) for lay in ("TN", "NN"))
+    assert len(tn) == 16 and len(nn) >= 8
+    sets, layouts = tn + nn, ["TN"] * len(tn) + ["NN"] * len(nn)
     sources = [tpl.render(k, Shape(4096, 4096, 4096, lay, "f32"))[0] for k, lay in zip(sets, layouts)]
     # every schedule, epilogue and cluster value is among them
     for knob in ("SCHED", "EPI", "CLUSTER_M", "CONSUMERS", "PERSISTENT", "RASTER"):
@@ -214,6 +252,20 @@ def test_seeded_sample_compiles_for_sm90a(tpl):
         errors = list(pool.map(_compile_one, sources))
     bad = [(lay, k, e[:1500]) for lay, k, e in zip(layouts, sets, errors) if e]
     assert not bad, bad
+
+
+@pytest.mark.parametrize("knobs, shape, width", [
+    ({"SWAP": True, "BN": 104, "BM": 128, "STAGES": 4}, "200x11008x4096", 104),
+    ({"SWAP": True, "BN": 72, "BM": 256, "STAGES": 3, "EPI": "direct"}, "777x1536x2880", 72),
+    ({"BN": 72, "BM": 128, "SCHED": "pingpong", "STAGES": 4}, "777x1536x2880", 72),
+])
+def test_fitted_widths_compile_to_one_wgmma_of_that_width(tpl, knobs, shape, width):
+    """wgmma_n_any (the register list spliced by BN8) gives one HGMMA.64xBN per slab and K step,
+    B in one TMA box, accumulators in registers."""
+    source, _ = tpl.render(knobs, Shape.parse(shape))
+    text = sass(nvrtc_compile(source))
+    assert f"HGMMA.64x{width}x16.F32" in text and "UTMALDG.2D" in text
+    assert "STL" not in text and "LDL" not in text
 
 
 @pytest.mark.parametrize("layout", ["TN", "NN"])
@@ -248,6 +300,34 @@ def test_cluster_variant_multicasts_without_gpu_fences_in_the_loop(tpl):
 
 
 # ------------------------------------------------------------------------------ device
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+def test_swap_and_fitted_width_candidates_are_correct_on_the_gpu(tmp_path):
+    """SWAP (C^T stored transposed, smem and direct epilogues) and tile widths fitted to M, through
+    the whole evaluator: ragged M and N, generic candidates (checked at every alignment class and
+    past the claim) beside specialised ones, and the swap rules' first picks."""
+    pytest.importorskip("torch")
+    from evaluators import LocalPool
+    from populations import Status
+
+    tpl = load_template(FOLDER)
+    cases = [("200x11008x4096", {"SWAP": True, "BN": 104, "BM": 128, "STAGES": 4}, False),
+             ("777x1536x2880", {"SWAP": True, "BN": 72, "BM": 128, "STAGES": 4, "EPI": "direct"}, False),
+             ("421x6547x1000", {"SWAP": True, "BN": 88, "BM": 256, "STAGES": 3}, False),
+             ("333x2050x520", {"SWAP": True, "BN": 112, "BM": 128, "STAGES": 4}, True),
+             ("777x1536x2880", {"BN": 72, "BM": 128, "SCHED": "pingpong", "STAGES": 4}, False),
+             ("118x31264x1624", {"BN": 120, "BM": 128, "STAGES": 4}, True)]
+    cands = [tpl.candidate(k, Shape.parse(s), specialize=not g) for s, k, g in cases]
+    for s in ("777x1536x2880", "118x31264x1624"):
+        shape = Shape.parse(s)
+        cands += [tpl.candidate(k, shape) for k in tpl.heuristic(shape, 90) if k["SWAP"]][:1]
+    with LocalPool(compile_workers=4, timers=("device",), log_dir=str(tmp_path)) as pool:
+        evals = pool.evaluate(cands)
+    bad = [(str(c.shapes[0]), c.knobs, e.status.value, e.message[:300])
+           for c, e in zip(cands, evals) if e.status is not Status.OK]
+    assert not bad, bad
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(600)
 def test_split_k_candidates_are_correct_on_the_gpu(tmp_path):

@@ -73,6 +73,11 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
 __device__ __forceinline__ void ld_shared_v4(u32 addr, u32& a, u32& b, u32& c, u32& d) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(addr) : "memory");
 }
+__device__ __forceinline__ u32 ld_shared_u16(u32 addr) {
+  u32 v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -183,6 +188,248 @@ __device__ __forceinline__ void wgmma_n256(float (&d)[128], u64 da, u64 db, int 
     : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
 }
 
+// ---------------------------------------------------------------- wgmma m64nNk16, any N % 8 == 0 (TN)
+// For tile widths other than 64/128/192/256 (BN fitted to a dimension: 72, 104, ...): one wrapper
+// whose register list grows by one n8 column group (4 accumulators) per step of BN8 = BN / 8 (a
+// derived knob): EVO_WS_k names group k's operands in the instruction, EVO_WB_k binds them, both
+// empty past BN8 (conditional inclusion: the static scan refuses token pasting). The descriptors
+// and the scale flag come first as read-write operands (%0-%2), so the accumulators' numbers (%3
+// on) do not depend on N; B is K-major (no transpose: TN only).
+#if defined(BN8) && BN % 64 != 0
+#define EVO_WS_1 "%3, %4, %5, %6"
+#define EVO_WB_1 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+#if BN8 >= 2
+#define EVO_WS_2 ", %7, %8, %9, %10"
+#define EVO_WB_2 , "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#else
+#define EVO_WS_2
+#define EVO_WB_2
+#endif
+#if BN8 >= 3
+#define EVO_WS_3 ", %11, %12, %13, %14"
+#define EVO_WB_3 , "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+#else
+#define EVO_WS_3
+#define EVO_WB_3
+#endif
+#if BN8 >= 4
+#define EVO_WS_4 ", %15, %16, %17, %18"
+#define EVO_WB_4 , "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#else
+#define EVO_WS_4
+#define EVO_WB_4
+#endif
+#if BN8 >= 5
+#define EVO_WS_5 ", %19, %20, %21, %22"
+#define EVO_WB_5 , "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
+#else
+#define EVO_WS_5
+#define EVO_WB_5
+#endif
+#if BN8 >= 6
+#define EVO_WS_6 ", %23, %24, %25, %26"
+#define EVO_WB_6 , "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+#else
+#define EVO_WS_6
+#define EVO_WB_6
+#endif
+#if BN8 >= 7
+#define EVO_WS_7 ", %27, %28, %29, %30"
+#define EVO_WB_7 , "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27])
+#else
+#define EVO_WS_7
+#define EVO_WB_7
+#endif
+#if BN8 >= 8
+#define EVO_WS_8 ", %31, %32, %33, %34"
+#define EVO_WB_8 , "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#else
+#define EVO_WS_8
+#define EVO_WB_8
+#endif
+#if BN8 >= 9
+#define EVO_WS_9 ", %35, %36, %37, %38"
+#define EVO_WB_9 , "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+#else
+#define EVO_WS_9
+#define EVO_WB_9
+#endif
+#if BN8 >= 10
+#define EVO_WS_10 ", %39, %40, %41, %42"
+#define EVO_WB_10 , "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+#else
+#define EVO_WS_10
+#define EVO_WB_10
+#endif
+#if BN8 >= 11
+#define EVO_WS_11 ", %43, %44, %45, %46"
+#define EVO_WB_11 , "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43])
+#else
+#define EVO_WS_11
+#define EVO_WB_11
+#endif
+#if BN8 >= 12
+#define EVO_WS_12 ", %47, %48, %49, %50"
+#define EVO_WB_12 , "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+#else
+#define EVO_WS_12
+#define EVO_WB_12
+#endif
+#if BN8 >= 13
+#define EVO_WS_13 ", %51, %52, %53, %54"
+#define EVO_WB_13 , "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51])
+#else
+#define EVO_WS_13
+#define EVO_WB_13
+#endif
+#if BN8 >= 14
+#define EVO_WS_14 ", %55, %56, %57, %58"
+#define EVO_WB_14 , "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+#else
+#define EVO_WS_14
+#define EVO_WB_14
+#endif
+#if BN8 >= 15
+#define EVO_WS_15 ", %59, %60, %61, %62"
+#define EVO_WB_15 , "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59])
+#else
+#define EVO_WS_15
+#define EVO_WB_15
+#endif
+#if BN8 >= 16
+#define EVO_WS_16 ", %63, %64, %65, %66"
+#define EVO_WB_16 , "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#else
+#define EVO_WS_16
+#define EVO_WB_16
+#endif
+#if BN8 >= 17
+#define EVO_WS_17 ", %67, %68, %69, %70"
+#define EVO_WB_17 , "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
+#else
+#define EVO_WS_17
+#define EVO_WB_17
+#endif
+#if BN8 >= 18
+#define EVO_WS_18 ", %71, %72, %73, %74"
+#define EVO_WB_18 , "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71])
+#else
+#define EVO_WS_18
+#define EVO_WB_18
+#endif
+#if BN8 >= 19
+#define EVO_WS_19 ", %75, %76, %77, %78"
+#define EVO_WB_19 , "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75])
+#else
+#define EVO_WS_19
+#define EVO_WB_19
+#endif
+#if BN8 >= 20
+#define EVO_WS_20 ", %79, %80, %81, %82"
+#define EVO_WB_20 , "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+#else
+#define EVO_WS_20
+#define EVO_WB_20
+#endif
+#if BN8 >= 21
+#define EVO_WS_21 ", %83, %84, %85, %86"
+#define EVO_WB_21 , "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83])
+#else
+#define EVO_WS_21
+#define EVO_WB_21
+#endif
+#if BN8 >= 22
+#define EVO_WS_22 ", %87, %88, %89, %90"
+#define EVO_WB_22 , "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
+#else
+#define EVO_WS_22
+#define EVO_WB_22
+#endif
+#if BN8 >= 23
+#define EVO_WS_23 ", %91, %92, %93, %94"
+#define EVO_WB_23 , "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91])
+#else
+#define EVO_WS_23
+#define EVO_WB_23
+#endif
+#if BN8 >= 24
+#define EVO_WS_24 ", %95, %96, %97, %98"
+#define EVO_WB_24 , "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+#else
+#define EVO_WS_24
+#define EVO_WB_24
+#endif
+#if BN8 >= 25
+#define EVO_WS_25 ", %99, %100, %101, %102"
+#define EVO_WB_25 , "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99])
+#else
+#define EVO_WS_25
+#define EVO_WB_25
+#endif
+#if BN8 >= 26
+#define EVO_WS_26 ", %103, %104, %105, %106"
+#define EVO_WB_26 , "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103])
+#else
+#define EVO_WS_26
+#define EVO_WB_26
+#endif
+#if BN8 >= 27
+#define EVO_WS_27 ", %107, %108, %109, %110"
+#define EVO_WB_27 , "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107])
+#else
+#define EVO_WS_27
+#define EVO_WB_27
+#endif
+#if BN8 >= 28
+#define EVO_WS_28 ", %111, %112, %113, %114"
+#define EVO_WB_28 , "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111])
+#else
+#define EVO_WS_28
+#define EVO_WB_28
+#endif
+#if BN8 >= 29
+#define EVO_WS_29 ", %115, %116, %117, %118"
+#define EVO_WB_29 , "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115])
+#else
+#define EVO_WS_29
+#define EVO_WB_29
+#endif
+#if BN8 >= 30
+#define EVO_WS_30 ", %119, %120, %121, %122"
+#define EVO_WB_30 , "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119])
+#else
+#define EVO_WS_30
+#define EVO_WB_30
+#endif
+#if BN8 >= 31
+#define EVO_WS_31 ", %123, %124, %125, %126"
+#define EVO_WB_31 , "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123])
+#else
+#define EVO_WS_31
+#define EVO_WB_31
+#endif
+#if BN8 >= 32
+#define EVO_WS_32 ", %127, %128, %129, %130"
+#define EVO_WB_32 , "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#else
+#define EVO_WS_32
+#define EVO_WB_32
+#endif
+#define EVO_STR2(x) #x
+#define EVO_STR(x) EVO_STR2(x)
+__device__ __forceinline__ void wgmma_n_any(float (&d)[BN / 2], u64 da, u64 db, int scale_d) {
+  u32 s = (u32)scale_d;
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n"
+    "wgmma.mma_async.sync.aligned.m64n" EVO_STR(BN) "k16.f32.f16.f16 {"
+    EVO_WS_1 EVO_WS_2 EVO_WS_3 EVO_WS_4 EVO_WS_5 EVO_WS_6 EVO_WS_7 EVO_WS_8 EVO_WS_9 EVO_WS_10 EVO_WS_11 EVO_WS_12 EVO_WS_13 EVO_WS_14 EVO_WS_15 EVO_WS_16
+    EVO_WS_17 EVO_WS_18 EVO_WS_19 EVO_WS_20 EVO_WS_21 EVO_WS_22 EVO_WS_23 EVO_WS_24 EVO_WS_25 EVO_WS_26 EVO_WS_27 EVO_WS_28 EVO_WS_29 EVO_WS_30 EVO_WS_31 EVO_WS_32
+    "}, %0, %1, p, 1, 1, 0, 0;\n}\n"
+    : "+l"(da), "+l"(db), "+r"(s), EVO_WB_1 EVO_WB_2 EVO_WB_3 EVO_WB_4 EVO_WB_5 EVO_WB_6 EVO_WB_7 EVO_WB_8 EVO_WB_9 EVO_WB_10 EVO_WB_11 EVO_WB_12
+      EVO_WB_13 EVO_WB_14 EVO_WB_15 EVO_WB_16 EVO_WB_17 EVO_WB_18 EVO_WB_19 EVO_WB_20 EVO_WB_21 EVO_WB_22 EVO_WB_23 EVO_WB_24
+      EVO_WB_25 EVO_WB_26 EVO_WB_27 EVO_WB_28 EVO_WB_29 EVO_WB_30 EVO_WB_31 EVO_WB_32);
+}
+#endif
+
 template <int TB>
 __device__ __forceinline__ void wgmma_bn(float (&d)[BN / 2], u64 da, u64 db, int scale_d) {
 #if BN == 64
@@ -191,8 +438,11 @@ __device__ __forceinline__ void wgmma_bn(float (&d)[BN / 2], u64 da, u64 db, int
   wgmma_n128<TB>(d, da, db, scale_d);
 #elif BN == 192
   wgmma_n192<TB>(d, da, db, scale_d);
-#else
+#elif BN == 256
   wgmma_n256<TB>(d, da, db, scale_d);
+#else
+  static_assert(TB == 0, "a tile width other than 64/128/192/256 needs K-major B (TN)");
+  wgmma_n_any(d, da, db, scale_d);
 #endif
 }
 

@@ -17,6 +17,12 @@
 //                   consumers release a stage in both CTAs.
 //   EPI direct:     fp32 registers -> fp16 global, guarded 4-byte stores.
 //   EPI smem:       registers -> padded shared staging -> coalesced, guarded 16-byte stores.
+//   BN % 64 != 0:   (TN, CLUSTER_M 1) a tile width fitted to a dimension (72, 104, ...): B comes in
+//                   one box of BN rows and wgmma's N is BN (wgmma_n_any, _prelude/sm90_ptx.cuh).
+//   SWAP 1:         (TN) the plan passes B's tensor map as tmA and A's as tmB and the kernel's M, N
+//                   are the problem's N, M: it computes C^T tile by tile (the weights' N along wgmma's
+//                   64-row side, the tokens' M along its N, a width fitted to M, as cuBLAS does for
+//                   mid M) and the epilogue stores the accumulators transposed into C.
 //   SPLIT_K > 1:    the work units are SPLIT_K x tiles: unit u computes tile u % tiles over
 //                   the z = u / tiles share of the K blocks (balanced, none empty) and writes
 //                   its fp32 partial tile to workspace[z][M][N] (direct stores); a second
@@ -39,6 +45,10 @@
 #endif
 #ifndef BN
 #define BN 256
+#define BN8 32
+#endif
+#ifndef SWAP
+#define SWAP 0
 #endif
 #ifndef BK
 #define BK 64
@@ -106,8 +116,15 @@
 #if WM % 64 != 0 || WM_TILES < 1
 #error "each consumer warpgroup must own a multiple of 64 rows"
 #endif
-#if BN % 64 != 0 && !(BN == 192)
-#error "BN must be 64, 128, 192 or 256"
+#if BN % 8 != 0 || BN < 8 || BN > 256
+#error "BN must be a multiple of 8 in 8..256"
+#endif
+#define B_ONE_BOX (BN % 64 != 0)     // B in one box of BN rows (TN only) instead of BN / 64 boxes of 64
+#if B_ONE_BOX && (defined(EVO_LAYOUT_NN) || CLUSTER_M != 1)
+#error "a BN that is not a multiple of 64 needs TN (K-major B) and CLUSTER_M 1"
+#endif
+#if SWAP && (defined(EVO_LAYOUT_NN) || CLUSTER_M != 1 || SPLIT_K > 1)
+#error "SWAP needs TN, CLUSTER_M 1 and SPLIT_K 1"
 #endif
 #ifndef THREADS
 #define THREADS (128 * (CONSUMERS + 1))
@@ -159,6 +176,15 @@ __device__ __forceinline__ void store_partial(float* W, int M, int N, int row, i
     p[0] = x;
     if (col + 1 < N) p[1] = y;
   }
+}
+
+// SWAP: the pair (row, col), (row, col + 1) of the kernel's C^T tile is C[col][row], C[col + 1][row]
+// (C is the kernel's N x M: rows of length M).
+__device__ __forceinline__ void store_pair_t(evo_half_bits* C, int M, int N, int row, int col, float x, float y) {
+  if (row >= M || col >= N) return;
+  const u32 h = pack_half2(x, y);
+  C[(long long)col * M + row] = (evo_half_bits)(h & 0xFFFFu);
+  if (col + 1 < N) C[(long long)(col + 1) * M + row] = (evo_half_bits)(h >> 16);
 }
 
 // Unit u of SPLIT_K x ctiles: its cluster tile and its K blocks [kb0, kb1). A balanced split
@@ -254,6 +280,10 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
           const u32 full = FULL(stage);
           mbar_expect_tx(full, STAGE_BYTES);
           tma_load_2d(sA + stage * A_STAGE_BYTES, &tmA, full, kb * BK, m0);
+#if B_ONE_BOX
+          // BN rows of 128 B in one box: the same shared-memory image as BN / 64 boxes of 64 rows
+          tma_load_2d(sB + stage * B_STAGE_BYTES, &tmB, full, kb * BK, n0);
+#else
 #pragma unroll
           for (int j = 0; j < BN / 64; ++j) {
             const u32 dst = sB + stage * B_STAGE_BYTES + j * 8192;
@@ -270,6 +300,7 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
             tma_load_2d(dst, &tmB, full, c0, c1);
 #endif
           }
+#endif
           if (++stage == STAGES) { stage = 0; phase ^= 1u; }
         }
       }
@@ -357,6 +388,35 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
         }
       }
       named_sync(1 + c, 128);
+#if SWAP
+      // C^T's tile: staged row r is column tile_row + r of C, staged column col is C's row
+      // tile_col + col. A thread gathers 8 staged rows of one column (consecutive threads:
+      // consecutive columns, so the 2-byte shared reads spread over the banks) and writes them as
+      // 16 contiguous bytes of C's row.
+      const bool vec_ok = (M & 7) == 0;
+#pragma unroll 2
+      for (int v = lt; v < (WM / 8) * BN; v += 128) {
+        const int col = v % BN, r = (v / BN) * 8;
+        const int crow = tile_col + col, ccol = tile_row + r;   // C's row and first column
+        if (crow < N && ccol < M) {
+          u32 xs[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const u32 lo = ld_shared_u16(stg + (r + 2 * e) * EPI_PITCH + col * 2);
+            const u32 hi = ld_shared_u16(stg + (r + 2 * e + 1) * EPI_PITCH + col * 2);
+            xs[e] = lo | (hi << 16);
+          }
+          evo_half_bits* p = C + (long long)crow * M + ccol;
+          if (vec_ok && ccol + 8 <= M) {
+            asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(xs[0]), "r"(xs[1]), "r"(xs[2]), "r"(xs[3]) : "memory");
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+              if (ccol + e < M) p[e] = (evo_half_bits)((xs[e / 2] >> (16 * (e % 2))) & 0xFFFFu);
+          }
+        }
+      }
+#else
       const bool vec_ok = (N & 7) == 0;
 #pragma unroll 4
       for (int v = lt; v < WM * (BN / 8); v += 128) {
@@ -376,6 +436,7 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
           }
         }
       }
+#endif
       named_sync(1 + c, 128);   // staging is free again before this warpgroup's next tile
 #else
       // epilogue: registers -> global, guarded (fragment layout of wgmma m64nN f32).
@@ -392,6 +453,9 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
 #if SPLIT_K > 1
           store_partial(Wz, M, N, row, col, acc[w][4 * j + 0], acc[w][4 * j + 1]);
           store_partial(Wz, M, N, row + 8, col, acc[w][4 * j + 2], acc[w][4 * j + 3]);
+#elif SWAP
+          store_pair_t(C, M, N, row, col, acc[w][4 * j + 0], acc[w][4 * j + 1]);
+          store_pair_t(C, M, N, row + 8, col, acc[w][4 * j + 2], acc[w][4 * j + 3]);
 #else
           store_pair(C, M, N, row, col, acc[w][4 * j + 0], acc[w][4 * j + 1]);
           store_pair(C, M, N, row + 8, col, acc[w][4 * j + 2], acc[w][4 * j + 3]);

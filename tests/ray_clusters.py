@@ -27,7 +27,8 @@ def one_node(ray: Any, num_gpus: int = 2, num_cpus: int = 2) -> Iterator[Any]:
     """A fresh single-node cluster with ``num_gpus`` logical GPUs; shut down on exit."""
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
+    # address="local": always a new cluster (without it ray.init joins a live one another run left)
+    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
              runtime_env=runtime_env())
     try:
         yield ray

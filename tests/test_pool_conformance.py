@@ -50,7 +50,9 @@ def ray_cluster() -> Iterator[Any]:
     pytest.importorskip("evaluators.compile._compile")
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+    # address="local": a new cluster of our own, never one another run left on this host (ray.init
+    # without an address joins a live local cluster, and then refuses num_cpus/num_gpus)
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}})
     yield ray
     ray.shutdown()

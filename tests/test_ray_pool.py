@@ -57,7 +57,8 @@ def cluster():
     if ray.is_initialized():
         ray.shutdown()
     path = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+    # address="local": always a new cluster (without it ray.init joins a live one another run left)
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield ray
     ray.shutdown()

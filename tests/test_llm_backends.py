@@ -203,7 +203,8 @@ def test_a_plug_in_backend_brings_its_own_spec_string() -> None:
         assert (spec.backend, spec.model, spec.price) == ("double-test", "m", 3.0)
         assert resolve_model("nobody:m").backend == "transformers"  # not a backend: a transformers model name
     finally:
-        SPEC_STRINGS.pop("double-test", None)
+        if "double-test" in SPEC_STRINGS:
+            SPEC_STRINGS.unregister("double-test")
         LLM_BACKENDS.unregister("double-test")
 
 

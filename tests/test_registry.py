@@ -73,12 +73,13 @@ def test_populate_runs_once_at_first_use() -> None:
 def test_every_plugin_kind_uses_the_one_registry() -> None:
     from evaluators import LOADERS, POOLS, LoaderUnavailable, LocalPool, RayPool, get_loader
     from operators import OPERATORS, available_operators, get_operator
-    from operators.llm import LLM_BACKENDS
+    from operators.llm import LLM_BACKENDS, SPEC_STRINGS
 
-    for reg in (OPERATORS, LLM_BACKENDS, POOLS, LOADERS):
+    for reg in (OPERATORS, LLM_BACKENDS, SPEC_STRINGS, POOLS, LOADERS):
         assert isinstance(reg, Registry)
     assert {"knob_mutation", "llm", "ranked"} <= set(OPERATORS.names()) >= set(available_operators())
     assert LLM_BACKENDS.names() == ["openai", "transformers", "vllm"]
+    assert SPEC_STRINGS.names() == ["openai", "transformers"]  # vllm:MODEL needs no parser of its own
     assert POOLS.get("local") is LocalPool and POOLS.get("ray") is RayPool
     assert LOADERS.names() == ["driver", "pycuda"]
     with pytest.raises(KeyError, match="unknown operator 'nope'; known: .*knob_mutation"):

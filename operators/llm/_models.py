@@ -14,6 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, Union
 
+from populations import Registry
+
 from ._base import LLMBackend
 from ._spec import BACKENDS, LLM_BACKENDS, ModelSpec
 
@@ -73,8 +75,8 @@ def resolve_model(name: str, files: Sequence[Union[str, Path]] = (), **overrides
     else:
         kind, sep, rest = name.partition(":")
         if sep and kind in LLM_BACKENDS and rest:  # a spec string BACKEND:REST, read by its backend's parser
-            parse = SPEC_STRINGS.get(kind)
-            spec = parse(name, rest) if parse is not None else ModelSpec(name=name, backend=kind, model=rest)
+            spec = (SPEC_STRINGS.create(kind, name, rest) if kind in SPEC_STRINGS
+                    else ModelSpec(name=name, backend=kind, model=rest))
         else:
             spec = ModelSpec(name=name, backend="transformers", model=name)
     overrides = {k: v for k, v in overrides.items() if v is not None}
@@ -83,18 +85,16 @@ def resolve_model(name: str, files: Sequence[Union[str, Path]] = (), **overrides
     return replace(spec, **overrides) if overrides else spec
 
 
-#: How a spec string ``BACKEND:REST`` becomes a spec, per backend: ``parse(name, rest)``. A
-#: registered backend without an entry reads REST as the model (``vllm:MODEL``); a plug-in backend
+#: How a spec string ``BACKEND:REST`` becomes a spec, per backend: a parser ``parse(name, rest)``
+#: in the project's one registry pattern (:class:`populations.Registry`, as ``LLM_BACKENDS``). A
+#: registered backend without a parser reads REST as the model (``vllm:MODEL``); a plug-in backend
 #: adds its own form with :func:`spec_string`, as the built-ins below do, instead of a branch here.
-SPEC_STRINGS: dict[str, Callable[[str, str], ModelSpec]] = {}
+SPEC_STRINGS: Registry[ModelSpec] = Registry("model spec string")
 
 
 def spec_string(backend: str) -> Callable[[Callable[[str, str], ModelSpec]], Callable[[str, str], ModelSpec]]:
     """Register (as a decorator) the parser of ``backend``'s spec strings (see :data:`SPEC_STRINGS`)."""
-    def add(parse: Callable[[str, str], ModelSpec]) -> Callable[[str, str], ModelSpec]:
-        SPEC_STRINGS[backend] = parse
-        return parse
-    return add
+    return SPEC_STRINGS.register(backend)
 
 
 @spec_string("openai")

@@ -223,6 +223,28 @@ def mid_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]]:
                 k = dict(BM=bm, BN=bn, CONSUMERS=cons, SCHED=sched, SPLIT_K=split, EPI=epi, STAGES=stages, PERSISTENT=True,
                          GROUP=8, RASTER="M", CLUSTER_M=1)
                 add(f"wgmma:{bm}x{bn}c{cons}{sched[0]}{'' if split == 1 else f'k{split}'}{epi[0]}", t, k)
+    def deepest(k: dict) -> dict | None:
+        """k with the deepest ring that fits (the knob's values, 12 down to 3), None if none does."""
+        for st in (12, 10, 8, 7, 6, 5, 4, 3):
+            if not t.check(t.space.complete(dict(k, STAGES=st)), shape, 90):
+                return dict(k, STAGES=st)
+        return None
+    base = dict(SCHED="coop", SPLIT_K=1, EPI="smem", PERSISTENT=True, GROUP=8, RASTER="M")
+    for cl in (1, 2):  # the widest tiles with the deepest ring, alone and in a 2-CTA cluster
+        for bm, bn, cons in [(128, 128, 2), (128, 192, 2), (64, 192, 1), (128, 256, 2), (64, 128, 1), (256, 128, 2)]:
+            k = deepest(dict(base, BM=bm, BN=bn, CONSUMERS=cons, CLUSTER_M=cl))
+            if k:
+                add(f"wgmma:{bm}x{bn}c{cons}cs-deep{k['STAGES']}{'-cl2' if cl > 1 else ''}", t, k)
+    if shape.layout == "TN":  # SWAP: N along the 64-row side, M along a width fitted to it
+        for bm, cons in [(64, 1), (128, 2), (256, 2)]:
+            for nt in sorted({max(1, -(-shape.m // w)) for w in (32, 48, 64, 96, 128, 192, 256)}):
+                for cl in (1, 2):
+                    q = 8 * cl  # a cluster multicasts BN / 2 rows: a multiple of 16
+                    bn = q * -(-(-(-shape.m // nt)) // q)
+                    for k in (dict(base, SWAP=True, BM=bm, BN=bn, CONSUMERS=cons, CLUSTER_M=cl, STAGES=3 if bm > 128 else 4),
+                              deepest(dict(base, SWAP=True, BM=bm, BN=bn, CONSUMERS=cons, CLUSTER_M=cl))):
+                        if k:
+                            add(f"wgmma:swap{bm}x{bn}s{k['STAGES']}{'-cl2' if cl > 1 else ''}", t, k)
     sk = templates["streamk90"]
     if sk.applicable(shape, 90):
         for i, k in enumerate(sk.heuristic(shape, 90)):

@@ -64,13 +64,11 @@ def test_loads_as_family_b_for_hopper_only(tpl):
     ({"BM": 64, "CONSUMERS": 2}, "multiple of 64 rows"),
     ({"BM": 128, "BN": 256, "STAGES": 5, "EPI": "direct"}, "227 KiB"),
     ({"BN": 100}, "not one of"),
-    ({"BN": 96, "CLUSTER_M": 2}, "TN (K-major B) and CLUSTER_M 1"),
-    ({"SWAP": True, "SPLIT_K": 2, "EPI": "direct"}, "no cluster multicast, no split-K"),
-    ({"SWAP": True, "CLUSTER_M": 2, "BN": 128}, "no cluster multicast, no split-K"),
+    ({"BN": 104, "CLUSTER_M": 2}, "BN a multiple of 16"),
+    ({"SWAP": True, "SPLIT_K": 2, "EPI": "direct"}, "no split-K"),
     ({"SCHED": "pingpong", "CONSUMERS": 1, "BM": 64}, "two consumer"),
     ({"SCHED": "pingpong", "PERSISTENT": False, "BN": 128}, "persistent"),
     ({"SCHED": "pingpong", "BM": 128, "BN": 256}, "accumulators"),
-    ({"CLUSTER_M": 2, "BN": 192, "EPI": "direct"}, "BN must be 128 or 256"),
     ({"EPI": "smem", "STAGES": 4}, "227 KiB"),
     ({"SPLIT_K": 2}, "EPI direct"),
     ({"SPLIT_K": 5, "EPI": "direct"}, "not one of"),
@@ -212,18 +210,48 @@ def test_swap_and_fitted_widths_are_tn_only_and_swap_the_plan(tpl):
     assert set(plain.plan.tensor_maps) == {"tmA", "tmB"} and plain.plan.tensor_maps["tmB"].box == (64, 64)
 
 
+def test_a_cluster_multicasts_b_in_slices_where_its_boxes_do_not_split(tpl):
+    """CLUSTER_M 2 shares B between two CTAs: whole 64-row boxes where BN is a multiple of 128,
+    otherwise (TN) one slice of BN / 2 rows per CTA, so the swapped kernel's narrow, M-fitted widths
+    get cuBLAS's 2 x 1 cluster too. NN's B boxes are k-rows: no slices there."""
+    shape = Shape(777, 1536, 2880, "TN", "f32")
+    cand = tpl.candidate({"SWAP": True, "CLUSTER_M": 2, "BN": 80, "BM": 128, "STAGES": 7}, shape)
+    assert cand.plan.tensor_maps["tmAs"].box == (40, 64) and cand.plan.tensor_maps["tmBs"].box == (128, 64)
+    (resolved,), _ = cand.plan.resolve(shape)
+    assert resolved.grid == (120, 1, 1)  # 6 cluster tiles over N x 10 over M, two CTAs each
+    assert any("multiple of 16" in r for r in tpl.check({"SWAP": True, "CLUSTER_M": 2, "BN": 72}, shape))
+    assert tpl.candidate({"CLUSTER_M": 2, "BN": 192}, BIG).plan.tensor_maps["tmB"].box == (96, 64)
+    assert tpl.candidate({"CLUSTER_M": 2, "BN": 256, "STAGES": 3}, BIG).plan.tensor_maps["tmB"].box == (64, 64)
+    nn = Shape(4096, 4096, 4096, "NN", "f32")
+    assert any("multiple of 16" in r for r in tpl.check({"CLUSTER_M": 2, "BN": 192, "EPI": "direct"}, nn))
+
+
 def test_swap_first_picks_fit_the_tile_width_to_m(tpl):
     """The swap rules cut M into tiles whose count fills whole waves of 132 SMs with N's tiles,
-    each a multiple of 8 wide: at 777x1536 (12 tiles over N) 11 tiles of 72 rows, cuBLAS's own
-    choice there; at 421x6544 (52 over N) 5 of 88, two waves."""
+    each a multiple of 8 wide: at 777x1536 with 128-row tiles (12 over N) 11 tiles of 72 rows,
+    cuBLAS's own choice there, with 64-row ones (24 over N) 5 of 160; at 421x6544 5 of 88, two
+    waves. Few rows (M <= 64) take the swapped 64-row tile first, M in one tile."""
     def widths(s: str) -> list[tuple[int, int]]:
         return [(k["BM"], k["BN"]) for k in tpl.heuristic(Shape.parse(s), 90) if k["SWAP"]]
-    assert widths("777x1536x2880")[0] == (128, 72)
+    assert widths("777x1536x2880")[:2] == [(64, 160), (128, 72)]
     assert (128, 88) in widths("421x6544x9136")
     assert widths("4096x4096x4096") == [] and widths("200x11008x4096:NN") == []
+    first = tpl.heuristic(Shape.parse("33x8192x2048"), 90)[0]
+    assert (first["SWAP"], first["BM"], first["BN"], first["STAGES"]) == (True, 64, 40, 12)
     for s in ("17x1024x1024", "64x4096x4096", "300x2048x512", "1000x30000x1000"):
         m = Shape.parse(s).m
         assert all(w % 8 == 0 and min(32, -(-m // 8) * 8) <= w <= 256 for _, w in widths(s)), (s, widths(s))
+
+
+def test_derived_rings_are_the_deepest_that_fit(tpl):
+    """A rule's derived STAGES is the deepest ring within 227 KiB beside the epilogue staging: one
+    more stage would not fit (or the knob's values end)."""
+    for s in ("777x1536x2880", "33x8192x2048", "200x11008x4096", "96x12288x4096", "300x2048x512"):
+        shape = Shape.parse(s)
+        for k in tpl.heuristic(shape, 90):
+            deeper = [v for v in tpl.space.knobs["STAGES"].values if v > k["STAGES"]]
+            if deeper and k["EPI"] == "smem" and k["SPLIT_K"] == 1 and k["STAGES"] >= 5:  # the fixed rings are 3, 4 and 7 (direct)
+                assert tpl.check(dict(k, STAGES=deeper[0]), shape, 90), (s, k)
 
 
 # ------------------------------------------------------------------------------ compiles
@@ -258,6 +286,7 @@ def test_seeded_sample_compiles_for_sm90a(tpl):
     ({"SWAP": True, "BN": 104, "BM": 128, "STAGES": 4}, "200x11008x4096", 104),
     ({"SWAP": True, "BN": 72, "BM": 256, "STAGES": 3, "EPI": "direct"}, "777x1536x2880", 72),
     ({"BN": 72, "BM": 128, "SCHED": "pingpong", "STAGES": 4}, "777x1536x2880", 72),
+    ({"SWAP": True, "CLUSTER_M": 2, "BN": 80, "BM": 128, "STAGES": 7}, "777x1536x2880", 80),
 ])
 def test_fitted_widths_compile_to_one_wgmma_of_that_width(tpl, knobs, shape, width):
     """wgmma_n_any (the register list spliced by BN8) gives one HGMMA.64xBN per slab and K step,
@@ -316,7 +345,13 @@ def test_swap_and_fitted_width_candidates_are_correct_on_the_gpu(tmp_path):
              ("421x6547x1000", {"SWAP": True, "BN": 88, "BM": 256, "STAGES": 3}, False),
              ("333x2050x520", {"SWAP": True, "BN": 112, "BM": 128, "STAGES": 4}, True),
              ("777x1536x2880", {"BN": 72, "BM": 128, "SCHED": "pingpong", "STAGES": 4}, False),
-             ("118x31264x1624", {"BN": 120, "BM": 128, "STAGES": 4}, True)]
+             ("118x31264x1624", {"BN": 120, "BM": 128, "STAGES": 4}, True),
+             # CLUSTER_M 2 with B in slices of BN / 2 rows (an odd tile count over the kernel's M
+             # leaves the second CTA of the last cluster past the edge), swapped and not
+             ("777x1536x2880", {"SWAP": True, "CLUSTER_M": 2, "BN": 80, "BM": 128, "STAGES": 7}, False),
+             ("421x6547x1000", {"SWAP": True, "CLUSTER_M": 2, "BN": 48, "BM": 64, "CONSUMERS": 1,
+                                "STAGES": 10}, True),
+             ("1000x3000x2000", {"CLUSTER_M": 2, "BN": 192, "BM": 128, "STAGES": 4}, False)]
     cands = [tpl.candidate(k, Shape.parse(s), specialize=not g) for s, k, g in cases]
     for s in ("777x1536x2880", "118x31264x1624"):
         shape = Shape.parse(s)

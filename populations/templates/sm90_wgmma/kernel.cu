@@ -96,9 +96,6 @@
 #if SPLIT_K > 1 && EPI == EPI_smem
 #error "split-K partials are fp32 stores straight to the workspace: use EPI direct"
 #endif
-#if CLUSTER_M == 2 && (BN / 64) % 2 != 0
-#error "CLUSTER_M 2 splits B's 64-column boxes between the two CTAs: BN must be 128 or 256"
-#endif
 #define PINGPONG (SCHED == SCHED_pingpong)
 #if PINGPONG && CONSUMERS != 2
 #error "SCHED pingpong alternates two consumer warpgroups"
@@ -119,12 +116,22 @@
 #if BN % 8 != 0 || BN < 8 || BN > 256
 #error "BN must be a multiple of 8 in 8..256"
 #endif
-#define B_ONE_BOX (BN % 64 != 0)     // B in one box of BN rows (TN only) instead of BN / 64 boxes of 64
-#if B_ONE_BOX && (defined(EVO_LAYOUT_NN) || CLUSTER_M != 1)
-#error "a BN that is not a multiple of 64 needs TN (K-major B) and CLUSTER_M 1"
+// B's stage: BN / 64 boxes of 64 rows (multicast: each CTA of the cluster loads every CLUSTER_M-th
+// box), or, in TN (K-major B), one box of BN rows (B_ONE_BOX) or, with a cluster whose CTAs cannot
+// share whole 64-row boxes, one slice of BN / CLUSTER_M rows per CTA (B_SPLIT). A slice starts a
+// multiple of 8 rows (1024 B, one 128-byte swizzle atom) into the stage, so the shared-memory image
+// is the one-box image.
+#define B_SPLIT (CLUSTER_M > 1 && BN % (64 * CLUSTER_M) != 0)
+#define B_ONE_BOX (CLUSTER_M == 1 && BN % 64 != 0)
+#define B_SLICE (BN / CLUSTER_M)
+#if (B_ONE_BOX || B_SPLIT) && defined(EVO_LAYOUT_NN)
+#error "a BN that is not a multiple of 64 (or of 64 x CLUSTER_M with a cluster) needs TN (K-major B)"
 #endif
-#if SWAP && (defined(EVO_LAYOUT_NN) || CLUSTER_M != 1 || SPLIT_K > 1)
-#error "SWAP needs TN, CLUSTER_M 1 and SPLIT_K 1"
+#if B_SPLIT && BN % (8 * CLUSTER_M) != 0
+#error "with CLUSTER_M 2 each CTA multicasts BN / 2 rows of B: BN must be a multiple of 16"
+#endif
+#if SWAP && (defined(EVO_LAYOUT_NN) || SPLIT_K > 1)
+#error "SWAP needs TN and SPLIT_K 1"
 #endif
 #ifndef THREADS
 #define THREADS (128 * (CONSUMERS + 1))
@@ -283,6 +290,10 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
 #if B_ONE_BOX
           // BN rows of 128 B in one box: the same shared-memory image as BN / 64 boxes of 64 rows
           tma_load_2d(sB + stage * B_STAGE_BYTES, &tmB, full, kb * BK, n0);
+#elif B_SPLIT
+          // this CTA's slice of BN / CLUSTER_M rows, multicast into the same place of every CTA
+          tma_load_2d_mc(sB + stage * B_STAGE_BYTES + rank * (B_SLICE * 128), &tmB, full, kb * BK,
+                         n0 + (int)rank * B_SLICE, (unsigned short)((1u << CLUSTER_M) - 1));
 #else
 #pragma unroll
           for (int j = 0; j < BN / 64; ++j) {

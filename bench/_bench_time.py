@@ -41,13 +41,21 @@ def manifest_claim(manifest: dict[str, Any], shape: str) -> tuple[Optional[str],
     return None, "not in the manifest"
 
 
+def as_dict(record: Any) -> dict[str, Any]:
+    """A manifest or kernel entry as its JSON form: the loader hands frozen records
+    (``evo.runtime.ExportManifest``, ``KernelEntry``) with ``to_dict``; a plain dict passes through."""
+    if record is None:
+        return {}
+    return record.to_dict() if hasattr(record, "to_dict") else dict(record)
+
+
 def library_path(lib: Any, row: Any, a: Any, w: Any) -> tuple[str, str]:
     """("evolved" or "cuBLAS", why) for what ``lib.evo_hgemm(a, w.t())`` runs at ``row``."""
     if lib is None:
         return "cuBLAS", "no exported library"
     if not getattr(lib, "active", True):
         return "cuBLAS", f"library not loaded: {getattr(lib, 'reason', '?')}"
-    claim, why = manifest_claim(getattr(lib, "manifest", {}) or {}, row.shape)
+    claim, why = manifest_claim(as_dict(getattr(lib, "manifest", None)), row.shape)
     try:
         routed = lib.route(a, w.t()) if hasattr(lib, "route") else True
     except Exception as exc:
@@ -56,7 +64,7 @@ def library_path(lib: Any, row: Any, a: Any, w: Any) -> tuple[str, str]:
         return "cuBLAS", why or (claim or "not exported")
     if claim and "cublas" in claim.lower():
         return "cuBLAS", why or claim
-    entry = (getattr(lib, "kernels", {}) or {}).get((row.m, row.n, row.k, "TN"), {})
+    entry = as_dict((getattr(lib, "kernels", {}) or {}).get((row.m, row.n, row.k, "TN")))
     return "evolved", f"{entry.get('template') or 'free-form'} {str(entry.get('candidate', ''))[:12]}".strip()
 
 
@@ -214,7 +222,7 @@ def time_one(row: Any, lib: Any, peer: Any, l2: int, reps: int, rng: random.Rand
         arms["evo"] = lambda i: call(sets.a[i], sets.w[i].t())
     else:
         notes.append(f"evo output wrong (relative error {err:.2e}): not timed")
-    entry = (getattr(lib, "kernels", {}) or {}).get((row.m, row.n, row.k, "TN"), {}) if path == "evolved" else {}
+    entry = as_dict((getattr(lib, "kernels", {}) or {}).get((row.m, row.n, row.k, "TN"))) if path == "evolved" else {}
     if entry.get("prepared_b"):  # the weights padded once, as a model holds them (the pad peer's "A" path)
         prepared = [lib.prepare_weight(w) for w in sets.w]
         err_w = rel_error(lib.evo_hgemm(sets.a[0], prepared[0]), ref)

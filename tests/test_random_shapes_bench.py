@@ -436,3 +436,28 @@ def test_a_terminated_benchmark_takes_its_evo_child_with_it(tmp_path: Path) -> N
             return False
         return True
     assert not alive(child_pid)
+
+
+def test_the_timer_reads_the_loaders_manifest_records() -> None:
+    """The runtime loader hands the manifest and its kernels as frozen records (ExportManifest,
+    KernelEntry, PreparedB), not dicts: the time stage names each row's path from them (seed 6's
+    first time stage failed on every row when it called ``.items()`` on the record). The loaded
+    library is a stand-in (a GPU boundary): its manifest and entries are the real records."""
+    from types import SimpleNamespace
+
+    import _bench_time as btime
+    from evo.runtime import ExportManifest, KernelEntry
+
+    entry = KernelEntry(m=777, n=1536, k=2883, layout="TN", symbol="evo_hgemm_777x1536x2883",
+                        shape="777x1536x2883:TN:f32", candidate="c0ffee1234567890", template="sm90_wgmma")
+    manifest = ExportManifest(arch="sm_90a", kernels=(entry,),
+                              skipped=({"shape": "5x9x7:TN:f32", "reason": "no kernel beat cuBLAS"},))
+    lib = SimpleNamespace(active=True, manifest=manifest, kernels={(777, 1536, 2883, "TN"): entry},
+                          route=lambda a, b: True)
+    row = SimpleNamespace(m=777, n=1536, k=2883, shape="777x1536x2883:TN:f32")
+    w = SimpleNamespace(t=lambda: None)  # the weight: only transposed on the way to route()
+    assert btime.library_path(lib, row, None, w) == ("evolved", "sm90_wgmma c0ffee123456")
+    other = SimpleNamespace(m=5, n=9, k=7, shape="5x9x7:TN:f32")
+    lib_off = SimpleNamespace(**{**vars(lib), "route": lambda a, b: None})
+    assert btime.library_path(lib_off, other, None, w) == ("cuBLAS", "no kernel beat cuBLAS")
+    assert btime.as_dict(entry)["template"] == "sm90_wgmma" and btime.as_dict(None) == {}

@@ -203,16 +203,20 @@ def test_transfer_rerenders_elites_of_the_nearest_shapes(tmp_path: Path) -> None
         assert cand.meta["transfer_from"] == str(near)
 
 
-def test_a_new_shape_starts_from_transferred_elites_then_templates(tmp_path: Path) -> None:
+def test_a_new_shape_takes_its_own_picks_and_transfers_in_turn(tmp_path: Path) -> None:
+    """Seeds and transferred elites alternate. A near archived shape (log2 distance <= 1) leads
+    with its elites; a far one follows the shape's own first picks, so a run that gives each shape
+    a few evaluations measures the picks made for it (not only kernels that won elsewhere)."""
     run_engine(tmp_path / "a", [BIG], max_evals=16, seed=1)
-    target = Shape.parse("4096x4096x2048")
-    run_engine(tmp_path / "a", [target], max_evals=8, seed=1)
-    events = [e for e in read_events(tmp_path / "a" / EVENTS_FILE) if e["shape"] == str(target)]
-    proposals = [e["operator"] for e in events if e["event"] == "proposal"]
-    seed = next(e for e in events if e["event"] == "seed")
-    assert seed["transferred"] >= 1 and seed["templates"] >= 1
-    n = seed["transferred"]
-    assert proposals[:n] == ["transfer"] * min(n, len(proposals))
+    near, far = Shape.parse("4096x4096x2048"), Shape.parse("512x4096x512")
+    run_engine(tmp_path / "a", [near, far], max_evals=16, seed=1)
+    events = read_events(tmp_path / "a" / EVENTS_FILE)
+    for target, lead, follow in ((near, "transfer", "seed"), (far, "seed", "transfer")):
+        mine = [e for e in events if e["shape"] == str(target)]
+        seed = next(e for e in mine if e["event"] == "seed")
+        assert seed["transferred"] >= 1 and seed["templates"] >= 1 and seed["lead"] == lead.replace("seed", "templates")
+        proposals = [e["operator"] for e in mine if e["event"] == "proposal"]
+        assert proposals[:4] == [lead, follow, lead, follow], (target, proposals)
 
 
 # -- budgets and convergence -------------------------------------------------------------------
@@ -385,3 +389,13 @@ def test_token_budget_counts_what_operators_report(tmp_path: Path) -> None:
                         events=events).run()
         events.close()
     assert result.reason == "tokens" and result.budget["tokens"] >= 200
+
+
+def test_transfer_near_is_read_and_checked() -> None:
+    """``[transfer] near`` comes from the run file; a negative distance is refused with its name."""
+    from evo.search._config import ConfigError, merge
+
+    cfg = merge({"shapes": ["64x64x64"], "archive": "x", "transfer": {"near": 2.5}}, {})
+    assert cfg.transfer.near == 2.5 and merge({"shapes": ["64x64x64"], "archive": "x"}, {}).transfer.near == 1.0
+    with pytest.raises(ConfigError, match="near"):
+        merge({"shapes": ["64x64x64"], "archive": "x", "transfer": {"near": -1}}, {})

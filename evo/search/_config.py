@@ -128,6 +128,7 @@ class TransferConfig:
     enabled: bool = True
     neighbors: int = 3                # nearest archived shapes used
     per_neighbor: int = 4             # elites re-rendered from each
+    near: float = 1.0                 # log2 distance within which transfers lead the seed queue
 
 
 @dataclass
@@ -214,8 +215,8 @@ class RunConfig:
         a = self.allocation
         if not 0 < a.saturated <= 10 or a.stall_window < 0 or not 0 <= a.stall_threshold < 10:
             raise ConfigError("allocation: saturated in (0, 10], stall_window >= 0, stall_threshold in [0, 10)")
-        if self.transfer.neighbors < 0 or self.transfer.per_neighbor < 0:
-            raise ConfigError("transfer: neighbors and per_neighbor must be >= 0")
+        if self.transfer.neighbors < 0 or self.transfer.per_neighbor < 0 or self.transfer.near < 0:
+            raise ConfigError("transfer: neighbors, per_neighbor and near must be >= 0")
         return self
 
 

@@ -3,8 +3,14 @@
 Resuming is re-running the same command: each shape's evaluations in the archive are fed to its
 :class:`ShapeState` again (population, convergence, stall detection, history), candidates a
 killed run submitted but never saw evaluated are queued, and a shape with nothing archived gets
-its seeds: transferred elites of the nearest archived shapes (``_transfer.py``), then the
-templates' heuristic picks and spread-out samples (``_seeding.py``).
+its seeds: the templates' heuristic picks and spread-out samples (``_seeding.py``) and the
+transferred elites of the nearest archived shapes (``_transfer.py``), taken in turn. The shape's
+own first picks lead unless the nearest archived shape is within ``transfer.near`` (log2
+distance): a run of a hundred shapes gives each a handful of evaluations at first, and elites
+moved from shapes far away (a 64 x 128 split-K tile that won on an anchor, moved to 236x5024x6040)
+used them all when transfers came first (seed 6 of the random-shape benchmark: the second wave's
+mid shapes got 7-9 evaluations, every one a transfer from anchors a median log2 distance of 2.3
+away, none a pick made for the shape).
 """
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ from populations import Candidate, Evaluation, Shape
 from ._seeding import seed_population
 from ._services import EngineServices
 from ._shape_state import ShapeState
-from ._transfer import transfer_candidates
+from ._transfer import shape_distance, transfer_candidates
 
 __all__ = ["prepare_states"]
 
@@ -45,24 +51,36 @@ def prepare_states(services: EngineServices) -> None:
 
 
 def _seed(services: EngineServices, state: ShapeState, archived: set[Shape]) -> None:
-    """Queue ``state``'s seeds: transferred elites first, then the templates' seeds (ids once)."""
+    """Queue ``state``'s seeds: its own picks and transferred elites in turn (ids once); transfers
+    lead when the nearest archived shape is within ``transfer.near``."""
     cfg, shape = services.config, state.shape
-    seeds: list[tuple[Candidate, str]] = []
+    transfers: list[Candidate] = []
     if cfg.transfer.enabled and cfg.transfer.neighbors > 0:
         def elites_of(s: Shape, n: int) -> list[tuple[Candidate, Evaluation]]:
             return [(e.candidate, e.latest) for e in services.archive.elites(s, n) if e.candidate is not None]
 
-        for cand in transfer_candidates(shape, archived, elites_of, services.templates,
+        transfers = transfer_candidates(shape, archived, elites_of, services.templates,
                                         neighbors=cfg.transfer.neighbors, per_neighbor=cfg.transfer.per_neighbor,
-                                        specialize=cfg.specialize, arch=services.arch):
-            seeds.append((cand, "transfer"))
-    for cand in seed_population(shape, list(services.templates.values()), cfg.seeds_per_template, services.rng,
-                                arch=services.arch, specialize=cfg.specialize):
-        seeds.append((cand, "seed"))
+                                        specialize=cfg.specialize, arch=services.arch)
+    own = seed_population(shape, list(services.templates.values()), cfg.seeds_per_template, services.rng,
+                          arch=services.arch, specialize=cfg.specialize)
+    near = bool(transfers) and min(shape_distance(shape, Shape.parse(str(c.meta["transfer_from"])))
+                                   for c in transfers) <= cfg.transfer.near
+    tagged_t = [(c, "transfer") for c in transfers]
+    tagged_o = [(c, "seed") for c in own]
+    seeds = in_turn(tagged_t, tagged_o) if near else in_turn(tagged_o, tagged_t)
     seen: set[str] = set()
     for cand, op in seeds:
         if cand.id not in seen:
             seen.add(cand.id)
             state.queue.append((cand, op))
-    services.events.emit("seed", shape, transferred=sum(op == "transfer" for _, op in seeds),
-                         templates=sum(op == "seed" for _, op in seeds))
+    services.events.emit("seed", shape, transferred=len(transfers), templates=len(own),
+                         lead="transfer" if near else "templates")
+
+
+def in_turn(first: list, second: list) -> list:
+    """``first[0], second[0], first[1], second[1], ...``, then the longer list's rest."""
+    out = []
+    for i in range(max(len(first), len(second))):
+        out += first[i:i + 1] + second[i:i + 1]
+    return out

@@ -243,6 +243,21 @@ def test_swap_first_picks_fit_the_tile_width_to_m(tpl):
         assert all(w % 8 == 0 and min(32, -(-m // 8) * 8) <= w <= 256 for _, w in widths(s)), (s, widths(s))
 
 
+@pytest.mark.parametrize("shape, bm, first, second", [
+    ("200x11008x4096", 128, 192, 128),   # 2 x 58 = 116 tiles of 192 (one wave) against 2 x 86 = 172 of 128
+    ("384x5120x5120", 128, 128, 192),    # 3 x 40 = 120 of 128 against 3 x 27 = 81 of 192
+    ("512x6144x4096", 128, 192, 128),    # 4 x 32 = 128 of 192 against 4 x 48 = 192 of 128
+    ("96x12288x4096", 64, 192, 128),     # 2 x 64 = 128 of 192 against 2 x 96 = 192 of 128
+    ("128x8192x2048", 64, 128, 192),     # 2 x 64 = 128 of 128 against 2 x 43 = 86 of 192
+])
+def test_mid_widths_follow_the_last_waves_fill(tpl, shape, bm, first, second):
+    """The mid rules take first the width (128 or 192) whose tiles fill their last wave of 132 SMs
+    better, the other one later."""
+    widths = [k["BN"] for k in tpl.heuristic(Shape.parse(shape), 90)
+              if not k["SWAP"] and k["BM"] == bm and k["BN"] in (128, 192) and k["EPI"] == "smem"]
+    assert widths[:2] == [first, second], widths
+
+
 def test_derived_rings_are_the_deepest_that_fit(tpl):
     """A rule's derived STAGES is the deepest ring within 227 KiB beside the epilogue staging: one
     more stage would not fit (or the knob's values end)."""

@@ -4,7 +4,7 @@
     python bench/operator_ablation.py --split SPLIT.json --out DIR [--shapes 6] [--seeds 0,1,2]
         [--gpu-seconds 60] [--arms knob,knob+optuna,knob+llm,knob+llm_adapter,bandit]
         [--adapter ADAPTER_DIR/v1 [--adapter ADAPTER_DIR/v2 ...]] [--llm-device cuda] [--wall-cap 240] [--seeds-per-template N]
-        [--call-s 525 [--first-run-s S]]
+        [--call-s 525 [--first-run-s S]] [--gpus 0,1,...]
     python bench/operator_ablation.py --tiny --out DIR      # CPU smoke test: the stand-in pool
     python bench/operator_ablation.py --report-only --out DIR [--runs RUNS]   # the report again, from runs made
 
@@ -114,6 +114,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--adapter", type=Path, action="append", default=[],
                    help="an evo rl adapter (ADAPTER/vN folder); repeat it for several versions: the adapter arm then "
                         "runs once per version (knob+llm_adapter@vN), the bandit gets the latest")
+    p.add_argument("--gpus", default="",
+                   help="comma-separated GPU indices: runs go to them concurrently, one run per GPU at a time "
+                        "(CUDA_VISIBLE_DEVICES set per run, so each run sees its GPU as cuda:0); default: one "
+                        "run at a time on what the process sees")
     p.add_argument("--llm-device", default="cpu", help="cpu, or cuda[:N] (co-located with the timers: leased)")
     p.add_argument("--llm-threads", type=int, default=0)
     p.add_argument("--dry-run", action="store_true", help="print the shapes and every run's evo run command, run nothing")
@@ -125,6 +129,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--evo-module", default="evo", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.seed_list = [int(s) for s in str(args.seeds).split(",") if s.strip()]
+    try:
+        args.gpu_list = [int(g) for g in str(args.gpus).split(",") if g.strip()]
+    except ValueError:
+        p.error(f"--gpus takes comma-separated GPU indices, got {args.gpus!r}")
+    if len(set(args.gpu_list)) != len(args.gpu_list) or any(g < 0 for g in args.gpu_list):
+        p.error(f"--gpus: each index once and >= 0, got {args.gpus!r}")
     args.arm_list = [a.strip() for a in args.arms.split(",") if a.strip()]
     if args.tiny:
         args.evo_module = "fake_evo" if args.evo_module == "evo" else args.evo_module
@@ -261,7 +271,9 @@ class CallClock:
 
 
 def run_arm(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shape],
-            clock: Optional[CallClock] = None) -> dict[str, Any]:
+            clock: Optional[CallClock] = None, gpu: Optional[int] = None) -> dict[str, Any]:
+    """One (arm, seed) run of ``evo run`` (on GPU ``gpu`` alone when given), measured; a finished
+    run is read back, not run again."""
     archive = args.out / "runs" / arm / f"s{seed}"
     why = missing_adapter(args, arm)
     if why:
@@ -281,13 +293,15 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, shapes: Sequence[Shap
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     if args.tiny:
         env.setdefault("EVO_FAKE_GPU_S", "0.05")
+    if gpu is not None:  # the run sees its GPU as device 0; the LLM's cuda[:0] placement follows it
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     t0 = time.time()
     log = archive.parent / f"s{seed}.log"
     with open(log, "w") as fh:
         rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                              timeout=wall_cap + 120)  # evo run stops itself at wall_cap; in-flight jobs end
     out = {"arm": arm, "seed": seed, "rc": rc, "wall_s": round(time.time() - t0, 1), "command": shlex.join(cmd[1:]),
-           "uses_llm": "llm" in cmd[cmd.index("--operators") + 1]}
+           "uses_llm": "llm" in cmd[cmd.index("--operators") + 1], **({"gpu": gpu} if gpu is not None else {})}
     clock.ran(out["wall_s"], arm)
     if rc != 0 or not archive.is_dir():
         out["error"] = f"evo run exited {rc} (log {log})"
@@ -644,6 +658,42 @@ def plot_best_over_time(out: Path, summary: dict[str, dict[str, Any]], budget_s:
     return out / "best_over_time.png"
 
 
+def run_jobs(args: argparse.Namespace, jobs: Sequence[tuple[int, str]], shapes: Sequence[Shape], clock: CallClock,
+             report: Any) -> list[dict[str, Any]]:
+    """Every (seed, arm) job, in order, on ``args.gpu_list``'s GPUs one run per GPU at a time (or one
+    run at a time with no list); ``report(runs)`` after each run ends, so a killed call keeps its
+    table. Results come back in job order."""
+    import threading
+
+    lock = threading.Lock()
+    results: dict[int, dict[str, Any]] = {}
+    queue = list(enumerate(jobs))
+
+    def done(i: int, r: dict[str, Any]) -> None:
+        with lock:
+            results[i] = r
+            print(f"operator_ablation: {r['arm']} s{r['seed']}: " + json.dumps({k: r.get(k) for k in
+                  ("gpu", "skipped", "not_started", "error", "wall_s", "evaluations", "valid_share", "improving_share",
+                   "flagged_share", "improvement_per_gpu_s", "llm_gpu_s", "gpu_s", "stop")}), flush=True)
+            report([results[j] for j in sorted(results)])
+
+    def worker(gpu: Optional[int]) -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                i, (seed, arm) = queue.pop(0)
+            done(i, run_arm(args, arm, seed, shapes, clock, gpu))
+
+    gpus: list[Optional[int]] = list(args.gpu_list) or [None]
+    threads = [threading.Thread(target=worker, args=(g,), name=f"ablation-gpu{g}") for g in gpus]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [results[i] for i in sorted(results)]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -676,16 +726,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"operator_ablation: {len(shapes)} shapes, arms {', '.join(args.arm_list)}, seeds {args.seed_list}, "
           f"{args.gpu_seconds:g} GPU-s each", flush=True)
-    runs = []
     clock = CallClock(args.call_s, args.first_run_s or 25 + 1.6 * args.gpu_seconds)
-    for seed in args.seed_list:  # seeds outermost: a cut-short call still has every arm once
-        for arm in args.arm_list:
-            r = run_arm(args, arm, seed, shapes, clock)
-            runs.append(r)
-            print(f"operator_ablation: {arm} s{seed}: " + json.dumps({k: r.get(k) for k in
-                  ("skipped", "not_started", "error", "wall_s", "evaluations", "valid_share", "improving_share",
-                   "flagged_share", "improvement_per_gpu_s", "llm_gpu_s", "gpu_s", "stop")}), flush=True)
-            write_report(args, shapes, meta, runs, argv)  # after every run: a killed call keeps its table
+    jobs = [(seed, arm) for seed in args.seed_list for arm in args.arm_list]  # seeds outermost: a cut-short call
+    runs = run_jobs(args, jobs, shapes, clock, lambda done: write_report(args, shapes, meta, done, argv))  # still has every arm once
     if not runs:
         write_report(args, shapes, meta, runs, argv)
     print((args.out / "ablation.md").read_text())

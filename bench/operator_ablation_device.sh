@@ -29,6 +29,8 @@
 #
 # Knobs (env), defaults in brackets: TRAIN_SHAPES [6] TRAIN_GPU_S [60] RL_STEPS [40] SHAPES [4] GPU_S [40]
 #   SEEDS_PER_TEMPLATE [1] SEEDS [0,1,2] ARMS [knob,knob+optuna,knob+llm,knob+llm_adapter,bandit]
+#   GPUS [unset: one run at a time] (e.g. 0,1,2,3,4,5,6,7 on nvidia-h200-x8: one run per GPU at a time,
+#   so a powered ablation (10 seeds x 5 arms) takes about an eighth of the calls)
 #   LLM_DEVICE [cuda] CALL_S [train 330, ablate 525] (from this script's start;
 #   a call that first joins and installs the carried wheels, ~10 s, keeps those 330 s under 350)
 #   FIRST_RUN_S [30 + 1.8 x GPU_S] (a run's expected wall before one is timed in the call)
@@ -166,7 +168,7 @@ ablate)
     --seeds "${SEEDS:-0,1,2}" --gpu-seconds "${GPU_S:-40}" --seeds-per-template "${SEEDS_PER_TEMPLATE:-1}"
     --first-run-s "${FIRST_RUN_S:-$(( 30 + 18 * ${GPU_S:-40} / 10 ))}"
     --llm-device "${LLM_DEVICE:-cuda}" --call-s "$(( $(left) - 10 ))"
-    --arms "${ARMS:-knob,knob+optuna,knob+llm,knob+llm_adapter,bandit}" "${AD[@]}")
+    --arms "${ARMS:-knob,knob+optuna,knob+llm,knob+llm_adapter,bandit}" ${GPUS:+--gpus "$GPUS"} "${AD[@]}")
   if [ -n "$DRY" ]; then
     echo "DRY: ${ABL[*]}"
     "${ABL[@]}" --dry-run | cut -c1-400

@@ -237,3 +237,39 @@ def test_paired_bootstrap_intervals_against_knob() -> None:
     assert noisy["lo"] < 1.0 < noisy["hi"]  # a seed-to-seed spread this wide cannot be told from 1.0x
     assert table["twice"]["best_speedup_end"]["ratio"] == 1.0
     assert paired_ratio([(1.0, 1.0)])["lo"] is None and paired_ratio([])["ratio"] is None
+
+
+def test_runs_go_to_their_gpus_concurrently(tmp_path: Path, monkeypatch) -> None:
+    """``--gpus 0,1``: one run per GPU at a time, each child with CUDA_VISIBLE_DEVICES set to its
+    GPU (recorded by a wrapper around fake_evo written here), every job once, results in job order."""
+    wrapper = tmp_path / "mods" / "envrec_evo.py"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        "import os, runpy, sys, time\n"
+        "archive = sys.argv[sys.argv.index('--archive') + 1]\n"  # notes beside it: evo wants it new or empty
+        "open(archive + '.gpu', 'w').write(os.environ.get('CUDA_VISIBLE_DEVICES', '-'))\n"
+        "open(archive + '.start', 'w').write(str(time.time()))\n"
+        "runpy.run_module('fake_evo', run_name='__main__')\n")
+    monkeypatch.setenv("PYTHONPATH", str(wrapper.parent))
+    out = tmp_path / "abl"
+    rc = ab.main(["--tiny", "--out", str(out), "--seeds", "0,1", "--arms", "knob,knob+ranked", "--gpus", "0,1",
+                  "--evo-module", "envrec_evo"])
+    assert rc == 0
+    doc = json.loads((out / "ablation.json").read_text())
+    assert [(r["seed"], r["arm"]) for r in doc["runs"]] == [(0, "knob"), (0, "knob+ranked"), (1, "knob"), (1, "knob+ranked")]
+    for r in doc["runs"]:
+        seen = (out / "runs" / r["arm"] / f"s{r['seed']}.gpu").read_text()
+        assert seen == str(r["gpu"]) and r["gpu"] in (0, 1)
+    assert {r["gpu"] for r in doc["runs"]} == {0, 1}
+    # the first two jobs started together (one per GPU), not one after the other
+    starts = sorted(float((out / "runs" / r["arm"] / f"s{r['seed']}.start").read_text()) for r in doc["runs"])
+    first_wall = min(r["wall_s"] for r in doc["runs"])
+    assert starts[1] - starts[0] < first_wall
+
+
+def test_gpus_must_be_distinct_indices(tmp_path: Path, capsys) -> None:
+    import pytest
+    for bad in ("0,0", "a", "-1"):
+        with pytest.raises(SystemExit) as exc:
+            ab.parse_args(["--tiny", "--out", str(tmp_path), "--gpus", bad])
+        assert exc.value.code == 2 and "--gpus" in capsys.readouterr().err

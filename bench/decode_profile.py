@@ -54,6 +54,40 @@ def contenders(shape: Shape, templates: dict[str, Any], names: tuple[str, ...] =
     return out
 
 
+def parse_knobs(text: str) -> tuple[str, dict[str, Any]]:
+    """``TEMPLATE:K=V,K=V`` -> (template, knobs); values as ints, true/false, else strings.
+    E.g. ``sm90_wgmma:SWAP=true,BM=128,BN=72,STAGES=8`` (cuBLAS's own tile at 777x1536x2880)."""
+    name, _, rest = text.partition(":")
+    knobs: dict[str, Any] = {}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--knobs {text!r}: {item!r} is not KNOB=VALUE")
+        low = value.lower()
+        knobs[key] = True if low == "true" else False if low == "false" else int(value) if value.lstrip("-").isdigit() else value
+    if not name:
+        raise ValueError(f"--knobs {text!r}: no template name before ':'")
+    return name, knobs
+
+
+def explicit(shape: Shape, templates: dict[str, Any], specs: list[str]) -> list[tuple[str, Any]]:
+    """(label, candidate) for each ``--knobs`` set that is valid at ``shape`` (the others are said
+    and skipped: a set can be for some shapes of the list only)."""
+    out = []
+    for spec in specs:
+        name, knobs = parse_knobs(spec)
+        if name not in templates:
+            raise ValueError(f"--knobs {spec!r}: unknown template {name!r}")
+        t = templates[name]
+        full = t.fitted(knobs, shape) or t.space.complete(knobs)
+        why = t.check(full, shape, 90)
+        if why:
+            print(f"decode_profile: --knobs {spec} at {shape}: not valid there ({'; '.join(why)[:200]})", flush=True)
+            continue
+        out.append((f"{name} {json.dumps(full, sort_keys=True)}", t.candidate(full, shape)))
+    return out
+
+
 def kernel_prefix(cand: Any, shape: Shape) -> str:
     """The name of the candidate's main launch at ``shape`` (the last: a staging pre-pass comes first)."""
     launches, _ = cand.plan.resolve(shape)
@@ -88,7 +122,10 @@ def profile(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in templates]
     if unknown:
         raise SystemExit(f"decode_profile: unknown template(s) {', '.join(unknown)}; known: {', '.join(sorted(templates))}")
-    plan = {s: contenders(s, templates, names, args.picks) for s in shapes}
+    try:
+        plan = {s: contenders(s, templates, names, args.picks) + explicit(s, templates, args.knobs) for s in shapes}
+    except ValueError as exc:
+        raise SystemExit(f"decode_profile: {exc}")
     compiled = compile_all([c for cs in plan.values() for _, c in cs])
     peer = None if args.no_peer else load_peer(args.peer)
     fns = peer.build(sorted({s.m for s in shapes} & {1, 8, 16})) if peer is not None else {}
@@ -263,6 +300,9 @@ def main() -> int:
     p.add_argument("--peer", help="path of the plain peer (plain_gemv.py)")
     p.add_argument("--templates", default=",".join(TEMPLATES), help="comma-separated templates whose picks compete")
     p.add_argument("--picks", type=int, default=1, help="heuristic picks per template")
+    p.add_argument("--knobs", action="append", default=[], metavar="TEMPLATE:K=V,...",
+                   help="a knob set to profile beside the picks (repeatable), e.g. cuBLAS's own tile: "
+                        "sm90_wgmma:SWAP=true,BM=128,BN=72,STAGES=8")
     p.add_argument("--no-peer", action="store_true", help="leave the plain peer out (it serves M in 1, 8, 16)")
     p.add_argument("--no-floor", action="store_true", help="leave the streaming-read floor out (compute-bound shapes)")
     p.add_argument("--out", default=os.environ.get("OUT", "."))

@@ -9,7 +9,8 @@
 #                pre-hardening checkout) the elites of an archive that tree's evo run made (bench/false_rejections.py)
 #   profile      the GPU worker under cProfile for PROFILE_N candidates at 4096^3: where the time goes
 #   mid-profile  Nsight Compute on mid shapes (MID_SHAPES): sm90_wgmma's and streamk90's first two picks beside
-#                cuBLAS's kernel, SM / tensor-pipe / memory / occupancy / stalls (bench/decode_profile.py --templates)
+#                cuBLAS's kernel, SM / tensor-pipe / memory / occupancy / stalls (bench/decode_profile.py --templates);
+#                MID_KNOBS="sm90_wgmma:SWAP=true,BM=128,BN=72,STAGES=8 ..." adds named knob sets (--knobs)
 #   llm-layers   issue 26's benchmark: evolve a sample of llm_layers.csv, export, re-time (bench/llm_layers_bench.py)
 #   random-shapes  issue 34's benchmark: shapes drawn from SEED (required: a seed bench/RESULTS.md does not record),
 #                evolve, export, re-time beside cuBLAS and the plain and pad peers (bench/random_shapes_bench.py);
@@ -70,12 +71,13 @@ for part in "$@"; do
       for f in glob.glob('/tmp/evo_prof/*.prof') for k in ('tottime', 'cumulative')]" > "$OUT/profile.txt" 2>&1
     grep -E "function calls|_correctness|_harness.py.*_one_shape|_timing.py.*_time" "$OUT/profile.txt" | head -n 30 | cut -c1-200 ;;
   mid-profile)
+    KN=(); for k in ${MID_KNOBS:-}; do KN+=(--knobs "$k"); done   # extra knob sets, e.g. cuBLAS's own tile
     timeout 420 ncu --clock-control none --nvtx --nvtx-include "prof/" --section SpeedOfLight --section ComputeWorkloadAnalysis \
       --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
       --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
       -o "$OUT/mid_prof" -f python3 bench/decode_profile.py --templates sm90_wgmma,streamk90 --picks 2 --no-peer --no-floor \
       --launches 2 --out "$OUT" --shapes ${MID_SHAPES:-200x11008x4096 777x1536x2880 512x4096x4096 1536x1536x4096} \
-      > "$OUT/mid_profile.log" 2>&1
+      "${KN[@]}" > "$OUT/mid_profile.log" 2>&1
     echo "rc=$?"; grep -E "us|wrong|failed" "$OUT/mid_profile.log" | grep -v "^==PROF==" | tail -n 8 | cut -c1-300
     ncu -i "$OUT/mid_prof.ncu-rep" --csv --page raw > "$OUT/mid_prof.csv" 2>/dev/null && gzip -f "$OUT/mid_prof.csv" && \
       python3 bench/decode_profile.py --summarize "$OUT/mid_prof.csv.gz" --order "$OUT/profile_order.json" | tee "$OUT/mid_profile.md" ;;

@@ -66,3 +66,25 @@ def test_any_family_its_kernel_names_and_the_tensor_pipe(tmp_path, capsys):
     table = {r.split(" | ")[1]: r.split(" | ") for r in out.splitlines() if r.startswith("| 777")}
     assert table[label][2] == "evo_wgmma" and float(table[label][3]) == 41.0 and float(table[label][8]) == 71.0
     assert float(table["cuBLAS TN"][8]) == 80.0
+
+
+def test_explicit_knob_sets_join_the_contenders(capsys):
+    """``--knobs TEMPLATE:K=V,...`` profiles a named knob set beside the picks (cuBLAS's own swapped
+    128 x 72 at 777x1536x2880); a set invalid at a shape is said and skipped there; a malformed
+    one is refused."""
+    import pytest
+
+    from populations import Shape, load_templates
+
+    dp = _module()
+    templates = load_templates()
+    spec = "sm90_wgmma:SWAP=true,BM=128,BN=72,STAGES=8"
+    assert dp.parse_knobs(spec) == ("sm90_wgmma", {"SWAP": True, "BM": 128, "BN": 72, "STAGES": 8})
+    (label, cand), = dp.explicit(Shape.parse("777x1536x2880"), templates, [spec])
+    assert cand.template == "sm90_wgmma" and cand.knobs["BN"] == 72 and cand.knobs["SWAP"] is True
+    assert '"STAGES": 8' in label
+    assert dp.explicit(Shape.parse("777x1536x2880:NN"), templates, [spec]) == []  # SWAP is TN-only
+    assert "not valid there" in capsys.readouterr().out
+    for bad in ("sm90_wgmma:BN", ":BN=8", "nosuch:BN=8"):
+        with pytest.raises(ValueError):
+            dp.explicit(Shape.parse("777x1536x2880"), templates, [bad])

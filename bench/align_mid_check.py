@@ -40,7 +40,7 @@ from typing import Any, Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from decode_dev import compile_all, cublas_us, evaluate_candidates, graph_us, rotation  # noqa: E402
+from decode_dev import cdiv, compile_all, cublas_us, evaluate_candidates, graph_us, rotation  # noqa: E402
 from populations import Candidate, Shape, load_templates, roofline_time  # noqa: E402
 
 RAGGED = ["777x1536x2883", "2000x3000x1001", "4096x4096x4095", "8192x8192x8191", "1000x5000x3001", "4000x11000x5003",
@@ -224,8 +224,8 @@ def mid_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]]:
                          GROUP=8, RASTER="M", CLUSTER_M=1)
                 add(f"wgmma:{bm}x{bn}c{cons}{sched[0]}{'' if split == 1 else f'k{split}'}{epi[0]}", t, k)
     def deepest(k: dict) -> dict | None:
-        """k with the deepest ring that fits (the knob's values, 12 down to 3), None if none does."""
-        for st in (12, 10, 8, 7, 6, 5, 4, 3):
+        """k with the deepest ring that fits (the knob's values down to 3), None if none does."""
+        for st in sorted((v for v in t.space.knobs["STAGES"].values if v >= 3), reverse=True):
             if not t.check(t.space.complete(dict(k, STAGES=st)), shape, 90):
                 return dict(k, STAGES=st)
         return None
@@ -237,10 +237,10 @@ def mid_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]]:
                 add(f"wgmma:{bm}x{bn}c{cons}cs-deep{k['STAGES']}{'-cl2' if cl > 1 else ''}", t, k)
     if shape.layout == "TN":  # SWAP: N along the 64-row side, M along a width fitted to it
         for bm, cons in [(64, 1), (128, 2), (256, 2)]:
-            for nt in sorted({max(1, -(-shape.m // w)) for w in (32, 48, 64, 96, 128, 192, 256)}):
+            for nt in sorted({cdiv(shape.m, w) for w in (32, 48, 64, 96, 128, 192, 256)}):
                 for cl in (1, 2):
                     q = 8 * cl  # a cluster multicasts BN / 2 rows: a multiple of 16
-                    bn = q * -(-(-(-shape.m // nt)) // q)
+                    bn = q * cdiv(cdiv(shape.m, nt), q)
                     for k in (dict(base, SWAP=True, BM=bm, BN=bn, CONSUMERS=cons, CLUSTER_M=cl, STAGES=3 if bm > 128 else 4),
                               deepest(dict(base, SWAP=True, BM=bm, BN=bn, CONSUMERS=cons, CLUSTER_M=cl))):
                         if k:

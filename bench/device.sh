@@ -7,6 +7,8 @@
 #   throughput   evaluator candidates per minute at 4096^3 and 64x128x64 (bench/eval_bench.py)
 #   false-rejections  issue 18: every template seed on the LLM-layer sample, and (OLD_TREE=dir of a
 #                pre-hardening checkout) the elites of an archive that tree's evo run made (bench/false_rejections.py)
+#   perturb-profile  the device timer's perturbation between timed replays, piece by piece, and the timed
+#                rounds with and without each piece at 4096^3 and 64x128x64 (bench/perturb_profile.py)
 #   profile      the GPU worker under cProfile for PROFILE_N candidates at 4096^3: where the time goes
 #   mid-profile  Nsight Compute on mid shapes (MID_SHAPES): sm90_wgmma's and streamk90's first two picks beside
 #                cuBLAS's kernel, SM / tensor-pipe / memory / occupancy / stalls (bench/decode_profile.py --templates);
@@ -51,6 +53,9 @@ for part in "$@"; do
     timeout 300 python3 bench/eval_bench.py --n "${N:-200}" --skip-repeatability \
       --shapes 4096x4096x4096:TN,64x128x64:TN --out "$OUT/eb" > "$OUT/eval_bench.log" 2>&1
     echo "rc=$?"; tail -n 10 "$OUT/eval_bench.log" | cut -c1-400 ;;
+  perturb-profile)
+    timeout 240 python3 bench/perturb_profile.py --out "$OUT/perturb_profile.json" > "$OUT/perturb_profile.log" 2>&1
+    echo "rc=$?"; grep -v "^-\|^ *$" "$OUT/perturb_profile.log" | cut -c1-220 | head -n 90 ;;
   false-rejections)
     fr_arch=()
     if [ -n "${OLD_TREE:-}" ]; then
@@ -112,7 +117,7 @@ for part in "$@"; do
   ray-scaling)
     timeout 540 python3 bench/ray_scaling.py --seconds "${RAY_S:-80}" --out "$OUT/ray" > "$OUT/ray_scaling.log" 2>&1
     echo "rc=$?"; tail -n 12 "$OUT/ray_scaling.log" | cut -c1-400 ;;
-  *) echo "unknown part: $part (gpu-tests, redteam, throughput, false-rejections, profile, mid-profile, llm-layers, random-shapes, e2e, rl-check, ray-scaling)" >&2; exit 2 ;;
+  *) echo "unknown part: $part (gpu-tests, redteam, throughput, perturb-profile, false-rejections, profile, mid-profile, llm-layers, random-shapes, e2e, rl-check, ray-scaling)" >&2; exit 2 ;;
   esac
 done
 log "done"

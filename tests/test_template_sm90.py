@@ -380,6 +380,33 @@ def test_swap_and_fitted_width_candidates_are_correct_on_the_gpu(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.timeout(600)
+def test_ragged_pitch_epilogues_are_correct_on_the_gpu(tmp_path):
+    """The staged epilogue's stores where C's row pitch is not a multiple of 8 (8-, 4- and 2-byte
+    runs for N % 4 == 0, N even, N odd), not swapped and swapped, and the split-K reduce's 8-byte
+    stores where M x N is not a multiple of 4; generic candidates meet every alignment class."""
+    pytest.importorskip("torch")
+    from evaluators import LocalPool
+    from populations import Status
+
+    tpl = load_template(FOLDER)
+    cases = [("1000x3004x520", {"BN": 128, "BM": 128, "STAGES": 4}, False),
+             ("1000x3002x520", {"BN": 128, "BM": 128, "SCHED": "pingpong", "STAGES": 4}, False),
+             ("1000x3001x520", {"BN": 128, "BM": 128, "STAGES": 4}, True),
+             ("700x3004x1000", {"SWAP": True, "BN": 88, "BM": 128, "STAGES": 4}, False),
+             ("700x3002x1000", {"SWAP": True, "BN": 88, "BM": 256, "STAGES": 3}, False),
+             ("333x3001x1000", {"SWAP": True, "BN": 112, "BM": 128, "STAGES": 4}, True),
+             ("129x257x4104", {"BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 7, "SPLIT_K": 8, "EPI": "direct"},
+              False)]
+    cands = [tpl.candidate(k, Shape.parse(s), specialize=not g) for s, k, g in cases]
+    with LocalPool(compile_workers=4, timers=("device",), log_dir=str(tmp_path)) as pool:
+        evals = pool.evaluate(cands)
+    bad = [(str(c.shapes[0]), c.knobs, e.status.value, e.message[:300])
+           for c, e in zip(cands, evals) if e.status is not Status.OK]
+    assert not bad, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
 def test_split_k_candidates_are_correct_on_the_gpu(tmp_path):
     """Split-K candidates of every schedule through the whole evaluator. Generic candidates are
     also checked at small ragged instances (1x1x8, 7x13x24...) where SPLIT_K exceeds the K

@@ -194,6 +194,75 @@ __device__ __forceinline__ void store_pair_t(evo_half_bits* C, int M, int N, int
   if (col + 1 < N) C[(long long)(col + 1) * M + row] = (evo_half_bits)(h >> 16);
 }
 
+// ---------------------------------------------------------------- epilogue, ragged row pitch
+// When C's row pitch is not a multiple of 8 elements (N % 8 != 0: C's rows start at 2-, 4- or
+// 8-byte boundaries), 16-byte stores are misaligned. Writing 8 elements per thread one by one
+// then scatters every warp-wide store over 32 chunks of 16 bytes (a partial write to 16-32 sectors
+// per instruction, 8 instructions per 512 bytes: the L2 write traffic of a large C grows about
+// eight-fold). These loops give each thread VW consecutive elements of one C row instead
+// (VW = 4, 2 or 1: 8-, 4- or 2-byte stores, the widest the pitch keeps aligned) and consecutive
+// threads the next VW elements of the same row, so every store instruction covers one
+// contiguous run of 64-256 bytes.
+__device__ __forceinline__ u32 ld_shared_b32(u32 addr) {
+  u32 v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void ld_shared_b64(u32 addr, u32& a, u32& b) {
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "r"(addr) : "memory");
+}
+
+// The staged WM x BN tile (row r at stg + r * EPI_PITCH) into C (row pitch N) at (tile_row,
+// tile_col): VW elements a thread, a row's runs on consecutive threads. VW divides N.
+template <int VW>
+__device__ __forceinline__ void epi_rows_ragged(evo_half_bits* C, int M, int N, u32 stg, int tile_row,
+                                                int tile_col, int lt) {
+#pragma unroll 4
+  for (int v = lt; v < WM * (BN / VW); v += 128) {
+    const int r = v / (BN / VW), col = (v % (BN / VW)) * VW;
+    const int grow = tile_row + r, gcol = tile_col + col;
+    if (grow >= M || gcol >= N) continue;   // gcol < N and VW | N, so the VW elements are all inside
+    evo_half_bits* p = C + (long long)grow * N + gcol;
+    const u32 a = stg + r * EPI_PITCH + col * 2;
+    if (VW == 4) {
+      u32 x0, x1;
+      ld_shared_b64(a, x0, x1);
+      asm volatile("st.global.v2.u32 [%0], {%1, %2};" :: "l"(p), "r"(x0), "r"(x1) : "memory");
+    } else if (VW == 2) {
+      *reinterpret_cast<u32*>(p) = ld_shared_b32(a);
+    } else {
+      *p = (evo_half_bits)ld_shared_u16(a);
+    }
+  }
+}
+
+// SWAP: staged row r is C's column tile_row + r and staged column col is C's row tile_col + col
+// (C's rows have length M, the kernel's M). A thread takes VW consecutive staged rows of one
+// column (VW consecutive elements of one C row), consecutive threads the next VW, so a warp's
+// store covers WM / VW threads' worth of one C row.
+template <int VW>
+__device__ __forceinline__ void epi_cols_ragged(evo_half_bits* C, int M, int N, u32 stg, int tile_row,
+                                                int tile_col, int lt) {
+#pragma unroll 2
+  for (int v = lt; v < (WM / VW) * BN; v += 128) {
+    const int col = v / (WM / VW), r = (v % (WM / VW)) * VW;
+    const int crow = tile_col + col, ccol = tile_row + r;
+    if (crow >= N || ccol >= M) continue;   // VW | M: the VW elements are all inside
+    evo_half_bits* p = C + (long long)crow * M + ccol;
+    u32 xs[VW];
+#pragma unroll
+    for (int e = 0; e < VW; ++e) xs[e] = ld_shared_u16(stg + (r + e) * EPI_PITCH + col * 2);
+    if (VW == 4) {
+      asm volatile("st.global.v2.u32 [%0], {%1, %2};" :: "l"(p), "r"(xs[0] | (xs[1 % VW] << 16)),
+                   "r"(xs[2 % VW] | (xs[3 % VW] << 16)) : "memory");
+    } else if (VW == 2) {
+      *reinterpret_cast<u32*>(p) = xs[0] | (xs[1 % VW] << 16);
+    } else {
+      *p = (evo_half_bits)xs[0];
+    }
+  }
+}
+
 // Unit u of SPLIT_K x ctiles: its cluster tile and its K blocks [kb0, kb1). A balanced split
 // (z * kblocks / SPLIT_K) leaves no unit empty while SPLIT_K <= kblocks (a constraint at the
 // candidate's own shape; at smaller shapes some units are empty and write zero partials).
@@ -404,48 +473,49 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
       // tile_col + col. A thread gathers 8 staged rows of one column (consecutive threads:
       // consecutive columns, so the 2-byte shared reads spread over the banks) and writes them as
       // 16 contiguous bytes of C's row.
-      const bool vec_ok = (M & 7) == 0;
+      if ((M & 7) == 0) {
 #pragma unroll 2
-      for (int v = lt; v < (WM / 8) * BN; v += 128) {
-        const int col = v % BN, r = (v / BN) * 8;
-        const int crow = tile_col + col, ccol = tile_row + r;   // C's row and first column
-        if (crow < N && ccol < M) {
-          u32 xs[4];
+        for (int v = lt; v < (WM / 8) * BN; v += 128) {
+          const int col = v % BN, r = (v / BN) * 8;
+          const int crow = tile_col + col, ccol = tile_row + r;   // C's row and first column
+          if (crow < N && ccol < M) {                              // M % 8 == 0: ccol + 8 <= M
+            u32 xs[4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const u32 lo = ld_shared_u16(stg + (r + 2 * e) * EPI_PITCH + col * 2);
-            const u32 hi = ld_shared_u16(stg + (r + 2 * e + 1) * EPI_PITCH + col * 2);
-            xs[e] = lo | (hi << 16);
-          }
-          evo_half_bits* p = C + (long long)crow * M + ccol;
-          if (vec_ok && ccol + 8 <= M) {
+            for (int e = 0; e < 4; ++e) {
+              const u32 lo = ld_shared_u16(stg + (r + 2 * e) * EPI_PITCH + col * 2);
+              const u32 hi = ld_shared_u16(stg + (r + 2 * e + 1) * EPI_PITCH + col * 2);
+              xs[e] = lo | (hi << 16);
+            }
+            evo_half_bits* p = C + (long long)crow * M + ccol;
             asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(xs[0]), "r"(xs[1]), "r"(xs[2]), "r"(xs[3]) : "memory");
-          } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e)
-              if (ccol + e < M) p[e] = (evo_half_bits)((xs[e / 2] >> (16 * (e % 2))) & 0xFFFFu);
           }
         }
+      } else if ((M & 3) == 0) {
+        epi_cols_ragged<4>(C, M, N, stg, tile_row, tile_col, lt);
+      } else if ((M & 1) == 0) {
+        epi_cols_ragged<2>(C, M, N, stg, tile_row, tile_col, lt);
+      } else {
+        epi_cols_ragged<1>(C, M, N, stg, tile_row, tile_col, lt);
       }
 #else
-      const bool vec_ok = (N & 7) == 0;
+      if ((N & 7) == 0) {
 #pragma unroll 4
-      for (int v = lt; v < WM * (BN / 8); v += 128) {
-        const int r = v / (BN / 8), col = (v % (BN / 8)) * 8;
-        const int grow = tile_row + r, gcol = tile_col + col;
-        if (grow < M && gcol < N) {
-          u32 x0, x1, x2, x3;
-          ld_shared_v4(stg + r * EPI_PITCH + col * 2, x0, x1, x2, x3);
-          evo_half_bits* p = C + (long long)grow * N + gcol;
-          if (vec_ok && gcol + 8 <= N) {
+        for (int v = lt; v < WM * (BN / 8); v += 128) {
+          const int r = v / (BN / 8), col = (v % (BN / 8)) * 8;
+          const int grow = tile_row + r, gcol = tile_col + col;
+          if (grow < M && gcol < N) {                              // N % 8 == 0: gcol + 8 <= N
+            u32 x0, x1, x2, x3;
+            ld_shared_v4(stg + r * EPI_PITCH + col * 2, x0, x1, x2, x3);
+            evo_half_bits* p = C + (long long)grow * N + gcol;
             asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(x0), "r"(x1), "r"(x2), "r"(x3) : "memory");
-          } else {
-            const u32 xs[4] = {x0, x1, x2, x3};
-#pragma unroll
-            for (int e = 0; e < 8; ++e)
-              if (gcol + e < N) p[e] = (evo_half_bits)((xs[e / 2] >> (16 * (e % 2))) & 0xFFFFu);
           }
         }
+      } else if ((N & 3) == 0) {
+        epi_rows_ragged<4>(C, M, N, stg, tile_row, tile_col, lt);
+      } else if ((N & 1) == 0) {
+        epi_rows_ragged<2>(C, M, N, stg, tile_row, tile_col, lt);
+      } else {
+        epi_rows_ragged<1>(C, M, N, stg, tile_row, tile_col, lt);
       }
 #endif
       named_sync(1 + c, 128);   // staging is free again before this warpgroup's next tile

@@ -13,7 +13,7 @@ from typing import Mapping, Union
 
 Number = Union[int, bool]
 
-__all__ = ["ExprError", "evaluate", "names_in", "check_expr", "substitute"]
+__all__ = ["ExprError", "evaluate", "names_in", "check_expr", "substitute", "inline"]
 
 
 class ExprError(ValueError):
@@ -204,3 +204,20 @@ def substitute(text: str | int, env: Mapping[str, Number]) -> str | int:
 
     bound = ast.fix_missing_locations(_Bind().visit(ast.parse(ast.unparse(tree), mode="eval")))
     return ast.unparse(bound.body)
+
+
+def inline(text: str, names: Mapping[str, str]) -> str:
+    """``text`` with every name of ``names`` replaced by its expression, parenthesised (and the
+    names those use, in turn): the same value wherever it is evaluated, with nothing left to
+    look up. Templates use it for shape-dependent derived values in plans and for the named
+    expressions of their first-pick rules."""
+    if not names or not (names_in(text) & set(names)):
+        return text
+
+    class _Sub(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            if node.id in names:
+                return ast.parse(inline(names[node.id], names), mode="eval").body
+            return node
+
+    return ast.unparse(_Sub().visit(_parse(text)))

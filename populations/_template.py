@@ -24,13 +24,13 @@ staged operand's tensor maps then read the copy.
 """
 from __future__ import annotations
 
-import ast
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
-from ._expr import ExprError, evaluate, names_in, substitute
+from ._expr import ExprError, evaluate, substitute
+from ._expr import inline as inline_names
 from ._knobs import (LITERALS, Knob, KnobSpace, KnobValue, TemplateError,
                      knob_key, layout_env)
 from ._plan import POINTER_ARGS, Launch, LaunchPlan, PlanError, TensorMapSpec, pitch_env
@@ -260,7 +260,7 @@ class Template:
 
         def expr(text: Any) -> Any:
             if isinstance(text, str):
-                text = _inline(text, inline)
+                text = inline_names(text, inline)
             return substitute(text, bind)
 
         launches = []
@@ -281,16 +281,3 @@ class Template:
         except (ExprError, PlanError) as exc:
             raise TemplateError(f"template {self.name}: plan does not render for {shape}: {exc}") from None
 
-
-def _inline(text: str, derived: Mapping[str, str]) -> str:
-    """Replace shape-dependent derived names in ``text`` by their (parenthesised) expressions."""
-    if not derived or not (names_in(text) & set(derived)):
-        return text
-
-    class _Sub(ast.NodeTransformer):
-        def visit_Name(self, node: ast.Name) -> ast.AST:
-            if node.id in derived:
-                return ast.parse(_inline(derived[node.id], derived), mode="eval").body
-            return node
-
-    return ast.unparse(_Sub().visit(ast.parse(text.strip(), mode="eval")).body)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Union
 
-from ._expr import ExprError, check_expr
+from ._expr import ExprError, check_expr, inline
 from ._knobs import LAYOUT_NAMES, LITERALS, SHAPE_NAMES, Constraint, Knob, KnobSpace, TemplateError
 from ._plan import STAGEABLE, PlanError
 from ._shape import CONTRACTS, LAYOUTS
@@ -25,7 +25,7 @@ __all__ = ["load_template", "load_templates"]
 FAMILIES = ("A", "B", "T")
 _TOP_KEYS = {"name", "family", "description", "min_arch", "arch_features", "layouts", "contracts",
              "source", "knobs", "derived", "constraints", "heuristic", "plan", "applies", "prelude", "generic",
-             "fit", "stageable"}
+             "fit", "stageable", "heuristic_exprs"}
 _REQUIRED = {"name", "family", "min_arch", "layouts", "contracts", "source", "knobs", "plan"}
 _KNOB_KEYS = {"values", "default", "axis", "doc"}
 _PLAN_KEYS = {"workspace", "zero_workspace", "launches", "tensor_maps", "coresident", "staging"}
@@ -148,9 +148,34 @@ def _knob_space(data: Mapping[str, Any]) -> KnobSpace:
     return KnobSpace(knobs, dict(data.get("derived", {})), tuple(constraints))
 
 
+def _heuristic_exprs(data: Mapping[str, Any], space: KnobSpace) -> dict[str, str]:
+    """``[heuristic_exprs]``: names for expressions that several first-pick rules share (the
+    deepest ring that fits, which tile width fills the last wave better), each usable in a
+    rule's ``derive`` and in the names after it. Inlined into the rules when the template loads,
+    so a rule evaluates exactly the expression it would spell out; never part of the knob
+    space, the source or a plan."""
+    table = data.get("heuristic_exprs", {})
+    if not isinstance(table, Mapping):
+        raise TemplateError("[heuristic_exprs] must be a table of NAME = \"expression\"")
+    named: dict[str, str] = {}
+    for name, expr in table.items():
+        if not name.isidentifier() or name != name.upper() or name in space.names or name in LITERALS:
+            raise TemplateError(f"[heuristic_exprs] {name!r}: not an upper-case name, or one the knob space already uses")
+        if not isinstance(expr, str):
+            raise TemplateError(f"[heuristic_exprs] {name}: the expression must be a string, got {expr!r}")
+        try:
+            check_expr(expr, space.names | set(named))  # names defined above it only: no cycles
+        except ExprError as exc:
+            raise TemplateError(f"[heuristic_exprs] {name}: {exc}") from None
+        named[name] = inline(expr, named)
+    return named
+
+
 def _heuristics(data: Mapping[str, Any], space: KnobSpace) -> tuple[tuple[str, dict, dict], ...]:
-    """The ``[[heuristic]]`` rules as (when, knob picks, derived knobs), each checked against the space."""
+    """The ``[[heuristic]]`` rules as (when, knob picks, derived knobs), each checked against the
+    space; the names of ``[heuristic_exprs]`` inlined into the derived knobs."""
     knobs = space.knobs
+    named = _heuristic_exprs(data, space)
     heuristics = []
     for rule in data.get("heuristic", ()):
         _unknown(rule, _RULE_KEYS, "[[heuristic]]")
@@ -160,11 +185,12 @@ def _heuristics(data: Mapping[str, Any], space: KnobSpace) -> tuple[tuple[str, d
         bad = [f"{k}={v!r}" for k, v in picks.items() if k not in knobs or v not in knobs[k].values]
         if bad:
             raise TemplateError(f"[[heuristic]] when={when!r}: unknown knob or value outside its domain: {', '.join(bad)}")
-        derive = dict(rule.get("derive", {}))
-        for k, expr in derive.items():
+        derive = {}
+        for k, expr in dict(rule.get("derive", {})).items():
             if k not in knobs or knobs[k].kind != "int" or k in picks:
                 raise TemplateError(f"[[heuristic]] when={when!r}: derive {k!r} must be an int knob not also in knobs")
-            check_expr(str(expr), space.names)
+            check_expr(str(expr), space.names | set(named))
+            derive[k] = inline(str(expr), named)
         heuristics.append((when, picks, derive))
     return tuple(heuristics)
 

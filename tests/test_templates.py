@@ -9,6 +9,7 @@ sm_90a. ``-m slow`` sweeps 500+ knob sets.
 from __future__ import annotations
 
 import random
+import re
 import textwrap
 from pathlib import Path
 
@@ -235,6 +236,26 @@ def test_heuristic_derive_snaps_to_the_domain(tmp_path: Path) -> None:
     bad = CONTEXT.replace('derive = { SPLIT_K', 'derive = { EPI')
     with pytest.raises(TemplateError, match="derive 'EPI' must be an int knob"):
         load_template(write_demo(tmp_path / "b", bad))
+
+
+def test_named_rule_expressions_are_inlined_where_the_rules_use_them(tmp_path: Path) -> None:
+    """``[heuristic_exprs]``: a name a rule's derive uses stands for its expression (names above
+    it included), so the rule picks what the spelled-out expression picks; the name is nowhere
+    in the knob space, the source or the plan."""
+    named = CONTEXT.replace(
+        'derive = { SPLIT_K = "132 // (cdiv(M, BM) * cdiv(N, BM))" }', 'derive = { SPLIT_K = "132 // TILES" }') + (
+        '\n[heuristic_exprs]\nTILES_M = "cdiv(M, BM)"\nTILES = "TILES_M * cdiv(N, BM)"\n')
+    spelled, short = load_template(write_demo(tmp_path / "a", CONTEXT)), load_template(write_demo(tmp_path / "b", named))
+    for s in ("64x64x4096", "32x16x4096", "1000x3000x512", "128x64x100:NN"):
+        assert short.heuristic(Shape.parse(s)) == spelled.heuristic(Shape.parse(s)), s
+    assert "TILES" not in short.space.names and "TILES" not in short.render({}, Shape.parse("64x64x64"))[0]
+    for i, (table, words) in enumerate((('TILES = "LATER * 2"\nLATER = "2"', "unknown name(s) ['LATER']"),  # only above
+                         ('tiles = "cdiv(M, BM)"', "not an upper-case name"),
+                         ('BM = "64"', "one the knob space already uses"),
+                         ('TILES = 3', "must be a string"))):
+        bad = CONTEXT + f"\n[heuristic_exprs]\n{table}\n"
+        with pytest.raises(TemplateError, match=re.escape(words)):
+            load_template(write_demo(tmp_path / f"bad{i}", bad))
 
 
 BROKEN = [

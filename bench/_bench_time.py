@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import _llm_sample as smp
 from _bench_stages import Run, first_file, read_json, shared_files, write_json
 from _llm_report import derive
-from _peer_screen import import_peer, screen  # import_peer re-exported: the peers' importer lives below both
+from _peer_screen import Screened, import_peer, screen  # import_peer re-exported: the peers' importer lives below both
 
 __all__ = ["manifest_claim", "library_path", "import_peer", "stage_time", "time_shapes", "time_one"]
 
@@ -127,18 +127,23 @@ def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optiona
         results["rows"] = [have[r.shape] for r in run.sample if r.shape in have]
         write_json(run.results_path, results)
 
-    hung: set = set()
+    screened = Screened(frozenset(), frozenset())
     if peer is not None:  # the peer's configurations that never return, found in a child (bench/_peer_screen.py)
         jobs = [(r.m, r.n, r.k, name) for r in run.sample if r.m <= 16 and r.k % 8 == 0
                 and (retime(r) or not have.get(r.shape, {}).get("cublas_tn_s")) for name in peer.names(r.m)]
         t = time.monotonic()
-        hung = screen(peer_path, jobs, log=run.log, deadline_s=SCREEN_DEADLINE_S) if jobs else set()
-        run.log(f"peer screen: {len(jobs)} launches, {len(hung)} hanging, {time.monotonic() - t:.1f} s")
-        results["meta"]["peer_hangs"] = sorted(f"{m}x{n}x{k} {name}" for m, n, k, name in hung)
+        if jobs:
+            screened = screen(peer_path, jobs, log=run.log, deadline_s=SCREEN_DEADLINE_S)
+        run.log(f"peer screen: {len(jobs)} launches, {len(screened.hung)} hanging, {len(screened.unscreened)} not "
+                f"screened by the deadline, {time.monotonic() - t:.1f} s")
+        results["meta"]["peer_hangs"] = sorted(f"{m}x{n}x{k} {name}" for m, n, k, name in screened.hung)
+        results["meta"]["peer_unscreened"] = sorted(f"{m}x{n}x{k} {name}" for m, n, k, name in screened.unscreened)
 
     def one(row: Any) -> dict[str, Any]:
-        skip = frozenset(name for m, n, k, name in hung if (m, n, k) == (row.m, row.n, row.k))
-        return time_one(row, lib, peer, l2, args.reps, rng, Sets, rel_error, time_arms, REL_TOL, peer_skip=skip)
+        def of_row(jobs: frozenset) -> frozenset:
+            return frozenset(name for m, n, k, name in jobs if (m, n, k) == (row.m, row.n, row.k))
+        return time_one(row, lib, peer, l2, args.reps, rng, Sets, rel_error, time_arms, REL_TOL,
+                        peer_skip=of_row(screened.hung), peer_unscreened=of_row(screened.unscreened))
 
     ok = time_shapes(smp.interleave(run.sample, args.seed), have, one, save, run.log, cap=run.cap(), retime=retime)
     save()
@@ -203,7 +208,8 @@ def _r(x: Optional[float]) -> str:
 
 
 def time_one(row: Any, lib: Any, peer: Any, l2: int, reps: int, rng: random.Random, Sets: Any, rel_error: Any,
-             time_arms: Any, tol: float, peer_skip: frozenset = frozenset()) -> dict[str, Any]:
+             time_arms: Any, tol: float, peer_skip: frozenset = frozenset(),
+             peer_unscreened: frozenset = frozenset()) -> dict[str, Any]:
     """One row on the GPU: cuBLAS TN and NN, the library's ``evo_hgemm`` (checked first), the peer."""
     import torch
 
@@ -235,9 +241,11 @@ def time_one(row: Any, lib: Any, peer: Any, l2: int, reps: int, rng: random.Rand
         if row.k % 8:
             rec["peer_note"] = "the peer needs K % 8 == 0"
         else:
-            launch, cfg, screened = peer.best(sets, ref, row.m, rng, skip=peer_skip)
+            launch, cfg, screened = peer.best(sets, ref, row.m, rng, skip=peer_skip | peer_unscreened)
             if peer_skip:
                 rec["peer_hangs"] = sorted(peer_skip)
+            if peer_unscreened:  # left by the screen's deadline: not known to hang, not timed either
+                rec["peer_unscreened"] = sorted(peer_unscreened)
             rec.update(peer_cfg=cfg, peer_configs=len(screened))
             if launch is not None:
                 arms["peer"] = launch

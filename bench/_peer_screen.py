@@ -6,7 +6,14 @@ cuBLAS and evo. On 2026-12-04 two of its configurations never returned on small 
 stage, every (row, configuration) pair is launched once in a child process, one at a time; the
 parent waits ``timeout_s`` for each, kills the child at the first that does not finish, records
 that pair as hanging and starts a new child for the rest. The time stage then skips the hanging
-pairs; the timing itself stays in the benchmark's process.
+pairs, and the pairs the deadline left unscreened; the timing itself stays in the benchmark's
+process.
+
+Rows are screened by ``workers`` children at once (a row's configurations all in one child, since
+a hang takes its siblings on that row): each hang costs its child ``timeout_s`` and a rebuild of
+the peer, and with one child a few hangs used the whole deadline (seed 6: 25 of 28 decode rows
+left without a peer). A hung kernel in one child shares the GPU with the others' launches (time
+slices between contexts) until its child is killed, which only slows them.
 
     python3 bench/_peer_screen.py --child PEER_PY < jobs.json      # the child (used by screen())
 
@@ -22,35 +29,76 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["screen", "Job", "import_peer"]
+__all__ = ["screen", "Screened", "Job", "import_peer"]
 
 Job = tuple[int, int, int, str]  # (m, n, k, configuration name as PeerRunner names it)
 
 
-def screen(peer: Path, jobs: Sequence[Job], *, timeout_s: float = 20.0, start_s: float = 120.0,
+@dataclass(frozen=True)
+class Screened:
+    """What the screen found: the jobs that hung (with their siblings on the same row) and the
+    jobs it never reached (a deadline, a child that did not get ready). The time stage skips
+    both; a report says which is which."""
+
+    hung: frozenset
+    unscreened: frozenset
+
+    @property
+    def skip(self) -> frozenset:
+        return self.hung | self.unscreened
+
+
+def screen(peer: Path, jobs: Sequence[Job], *, timeout_s: float = 5.0, start_s: float = 120.0,
            deadline_s: Optional[float] = None, log: Callable[[str], None] = print,
-           command: Optional[list[str]] = None) -> set[Job]:
-    """The jobs not to time: those whose launch did not finish within ``timeout_s``, and with them
+           command: Optional[list[str]] = None, workers: int = 4) -> Screened:
+    """Screen ``jobs``: those whose launch did not finish within ``timeout_s`` hang, and with them
     the same shape's other configurations of the same kernel family (the name before ``<``: on
     2026-12-04 every ``mma<...>`` of 2x304x6128 hung, and each hang costs a new child that builds
-    the peer again), and every job still unscreened ``deadline_s`` after the start. A child has
-    ``start_s`` to say ``ready`` (it builds the peer's kernels first). A job that raised is not a
-    hang (the time stage's own check refuses it). ``command``: the child's command line (default:
-    this file with ``--child``)."""
+    the peer again); every job still unscreened ``deadline_s`` after the start is left out. A
+    child has ``start_s`` to say ``ready`` (it builds the peer's kernels first). A job that
+    raised is not a hang (the time stage's own check refuses it). ``workers`` children run at
+    once, each over whole rows. ``command``: the child's command line (default: this file with
+    ``--child``). A decode launch takes microseconds once the peer is built, so ``timeout_s`` is
+    seconds of slack, not a runtime estimate."""
     command = command or [sys.executable, str(Path(__file__).resolve()), "--child", str(peer)]
-    todo, hung = list(jobs), set()
     end = None if deadline_s is None else time.monotonic() + deadline_s
+    shapes = list(dict.fromkeys(j[:3] for j in jobs))
+    parts = [[j for j in jobs if shapes.index(j[:3]) % max(1, workers) == w] for w in range(max(1, workers))]
+    parts = [p for p in parts if p]
+    found = [(set(), set()) for _ in parts]
+    lock = threading.Lock()
+
+    def say(line: str) -> None:
+        with lock:
+            log(line)
+    threads = [threading.Thread(target=_screen_part, args=(command, part, timeout_s, start_s, end, say, out), daemon=True)
+               for part, out in zip(parts, found)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    hung = frozenset(j for h, _ in found for j in h)
+    return Screened(hung, frozenset(j for _, u in found for j in u) - hung)
+
+
+def _screen_part(command: list[str], jobs: Sequence[Job], timeout_s: float, start_s: float, end: Optional[float],
+                 log: Callable[[str], None], out: tuple[set, set]) -> None:
+    """One child at a time over ``jobs`` (see :func:`screen`); the hanging jobs into ``out[0]``,
+    the ones left unscreened into ``out[1]``."""
+    todo, (hung, unscreened) = list(jobs), out
 
     def left(limit: float) -> float:
         return limit if end is None else min(limit, end - time.monotonic())
     while todo:
         if end is not None and time.monotonic() >= end:
             log(f"peer screen: deadline reached; {len(todo)} configuration(s) not screened, skipped in the time stage")
-            hung.update(todo)
+            unscreened.update(todo)
             break
         child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         assert child.stdin is not None and child.stdout is not None
@@ -61,11 +109,13 @@ def screen(peer: Path, jobs: Sequence[Job], *, timeout_s: float = 20.0, start_s:
             line = _readline(child, left(start_s))
             if line != "ready":  # the build hung, died or said something else: nothing can be screened
                 log(f"peer screen: the child did not get ready ({line!r}); {len(todo)} configuration(s) skipped")
-                hung.update(todo)
+                unscreened.update(todo)
                 todo = []
                 break
             while finished < len(todo):
                 line = _readline(child, left(timeout_s))
+                if line is None and end is not None and time.monotonic() >= end:
+                    break  # the deadline, not the job: what is left is unscreened (the loop says so)
                 if line is None:  # no word within the limit: the job in hand hangs, and its siblings go too
                     job = todo[finished]
                     family = [j for j in todo[finished:] if j[:3] == job[:3] and _family(j[3]) == _family(job[3])]
@@ -84,7 +134,6 @@ def screen(peer: Path, jobs: Sequence[Job], *, timeout_s: float = 20.0, start_s:
             child.kill()
             child.wait()
         todo = [j for j in todo[finished:] if j not in hung]
-    return hung
 
 
 def _family(name: str) -> str:

@@ -8,7 +8,8 @@ the knob values into the plan, giving a :class:`~populations.Candidate` for one 
 
 Optional keys beyond §2: ``applies = "M <= 128 or N <= 128"``, an expression of M, N, K (and
 ``LAYOUT_TN``/``LAYOUT_NN``) that says for which shapes a template is meant at all (the tiny
-latency family uses it); and in a ``[[heuristic]]`` rule, ``derive = { SPLIT_K = "expr" }``:
+latency family uses it); ``lead = "M <= 16"``, an expression of the same names that says where
+the family's first picks are seeded before every other family's (the decode families); and in a ``[[heuristic]]`` rule, ``derive = { SPLIT_K = "expr" }``:
 integer knobs computed from the shape and the rule's other knobs (``expr`` may use every name
 of the knob space), snapped down to the largest value of the knob's domain that is <= the
 result (the smallest value when none is), e.g. a split-K factor that fills the SMs; and
@@ -96,6 +97,9 @@ class Template:
     generic: bool = True
     #: knob -> expression of the shape and the other knobs, applied to every first pick (module docstring)
     fit: Mapping[str, str] = None  # type: ignore[assignment]
+    #: shapes (an expression of M, N, K) where this family's first picks go before every other
+    #: family's when a population is seeded: the decode families on decode rows
+    lead: str = "false"
 
     def for_arch(self, arch: Union[int, str, None]) -> "Template":
         """This template with ``arch`` as the default target of :meth:`check`, :meth:`heuristic`,
@@ -115,6 +119,10 @@ class Template:
     def applicable(self, shape: Shape, arch: Union[int, str] = 90) -> bool:
         """True when this template is meant for ``shape`` on ``arch`` (layout, contract, arch, ``applies``)."""
         return self.why_not(shape, arch) is None
+
+    def leads(self, shape: Shape) -> bool:
+        """True when this family's first picks go before the others' at ``shape`` (its ``lead`` rule)."""
+        return bool(evaluate(self.lead, _shape_env(shape)))
 
     def why_not(self, shape: Shape, arch: Union[int, str] = 90) -> Optional[str]:
         """Why this template is not meant for ``shape`` on ``arch``, in a few words; None when it is."""

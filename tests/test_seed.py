@@ -123,3 +123,23 @@ def test_seeds_come_by_rank_native_families_first():
     assert all(c.meta["seed"] == "heuristic" for c in seeds[:len(applicable)])
     old = seed_population(shape, templates, 4, _random.Random(0), arch="sm_80")
     assert old and not {c.template for c in old} & native
+
+
+@pytest.mark.parametrize("shape, leaders", [("1x3968x1216", {"gemv"}), ("8x4096x4096", {"swab", "swpipe"}),
+                                            ("12x1070x20859", {"swab", "swpipe"})])
+def test_decode_families_lead_on_decode_rows(shape: str, leaders: set) -> None:
+    """Where a family's ``lead`` rule holds, its first two picks come before every other family's
+    first (the decode families on decode rows: seed 6's 1x3968x1216 measured one gemv pick among
+    its 7 candidates), and the other families still come before the leaders' third picks; where
+    no rule holds the order is by rank as before."""
+    templates = list(load_templates().values())
+    seeds = seed_population(Shape.parse(shape), templates, 4, random.Random(0), arch="sm_90a")
+    order = [c.template for c in seeds]
+    head = order[:2 * len(leaders)]
+    assert set(head) == leaders and all(head.count(t) == 2 for t in leaders)
+    others = [t.name for t in templates if t.applicable(Shape.parse(shape), "sm_90a") and t.name not in leaders]
+    nxt = order[2 * len(leaders):3 * len(leaders) + len(others)]  # the leaders' third picks, the others' first
+    assert others and all(nxt.count(t) == 1 for t in others) and set(nxt) == leaders | set(others)
+    mid = Shape.parse("777x1536x2880")
+    assert not any(t.leads(mid) for t in templates if t.applicable(mid, "sm_90a"))
+

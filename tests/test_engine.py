@@ -221,7 +221,11 @@ def test_a_new_shape_takes_its_own_picks_and_transfers_in_turn(tmp_path: Path) -
 
 # -- budgets and convergence -------------------------------------------------------------------
 def test_evaluation_budget_is_exact_and_deduplicated(tmp_path: Path) -> None:
-    result, pool = run_engine(tmp_path / "a", [BIG, SMALL], max_evals=40)
+    # failure shares high enough that 40 candidates surely include failures whatever their ids (the
+    # fake draws them from the id, and any template edit changes every id: at the default 10%, one
+    # id set in 70 has none)
+    result, pool = run_engine(tmp_path / "a", [BIG, SMALL], max_evals=40,
+                              pool=FakeEvaluatorPool(delay_s=0.0, fail=0.2, incorrect=0.1, crash=0.05))
     assert result.reason == "evals" and result.evaluations == 40 and result.lost == 0
     evals = _archived(tmp_path / "a")
     assert sum(map(len, evals.values())) == 40

@@ -128,6 +128,18 @@ def test_weights_are_headroom_and_saturated_or_stalled_shapes_yield() -> None:
     assert headroom(1.3) == 0.0 and headroom(-0.1) == 1.0 and headroom(None) == 1.0
 
 
+def test_fresh_shapes_keep_full_weight_and_a_shape_behind_its_baseline_is_not_saturated() -> None:
+    """A shape's first ``min_evals`` evaluations are at weight 1 whatever its headroom (random-shape
+    seed 7: mid shapes near the roofline got 1-4 evaluations, all below cuBLAS); a shape at the
+    saturation fraction whose best is still slower than its baseline keeps its headroom; a stalled
+    shape yields even while fresh or behind."""
+    fracs = {"near": 0.8, "sat": 0.92, "sat_behind": 0.92, "stalled": 0.3}
+    w = shape_weights(fracs, {"stalled": True}, 0.9, fresh={"near": True, "stalled": True},
+                      behind={"sat_behind": True, "stalled": True})
+    assert w == {"near": 1.0, "sat": 0.0, "sat_behind": pytest.approx(0.08), "stalled": 0.0}
+    assert shape_weights(fracs, {"stalled": True}, 0.9)["near"] == pytest.approx(0.2)  # not fresh: its headroom
+
+
 def test_pick_shape_is_weighted_fair_sharing() -> None:
     order = ["a", "b", "c"]
     weights = {"a": 0.75, "b": 0.25, "c": 0.0}
@@ -143,8 +155,11 @@ def test_pick_shape_is_weighted_fair_sharing() -> None:
 def test_allocation_config_is_checked() -> None:
     with pytest.raises(ConfigError):
         merge({"allocation": {"saturated": 0}}, {"shapes": ["1x2x3"], "archive": "x"})
-    cfg = merge({"allocation": {"saturated": 0.8, "stall_window": 10}}, {"shapes": ["1x2x3"], "archive": "x"})
-    assert cfg.allocation.saturated == 0.8 and cfg.allocation.stall_window == 10
+    with pytest.raises(ConfigError):
+        merge({"allocation": {"min_evals": -1}}, {"shapes": ["1x2x3"], "archive": "x"})
+    cfg = merge({"allocation": {"saturated": 0.8, "stall_window": 10, "min_evals": 4}},
+                {"shapes": ["1x2x3"], "archive": "x"})
+    assert cfg.allocation.saturated == 0.8 and cfg.allocation.stall_window == 10 and cfg.allocation.min_evals == 4
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -245,7 +260,8 @@ def test_a_shape_whose_every_result_fails_stops_counting_as_all_headroom(tmp_pat
     from populations import Evaluation, Status
 
     archive_dir = tmp_path / "a"
-    cfg = merge({"allocation": {"stall_window": 40}},
+    # min_evals 0: BIG's best time is set below without evaluations, and its headroom is the point
+    cfg = merge({"allocation": {"stall_window": 40, "min_evals": 0}},
                 {"shapes": [str(BIG), str(SMALL)], "archive": str(archive_dir), "progress": "none"})
     cands = [TEMPLATES["sm80_mma"].candidate(k, SMALL)
              for k in TEMPLATES["sm80_mma"].sample(__import__("random").Random(1), SMALL, 12)]

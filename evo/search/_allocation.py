@@ -4,8 +4,9 @@ A :class:`ShapeAllocator` gives each active shape a weight (the engine tells the
 weights: a pool of several GPUs shards by them) and hands the next slot to the shape whose
 evaluations (finished + in flight) per unit of weight are fewest (``_budget.pick_shape``); a
 shape whose weight fell to 0 yields its slots, announced once (a ``yield`` event). :class:`HeadroomShares` is
-``[allocation] enabled = true`` (issue 26: weight = headroom to the shape's attainable time, 0
-when saturated or stalled; ``_budget.shape_weights``); :class:`EvenShares` is ``enabled =
+``[allocation] enabled = true`` (issue 26: weight = headroom to the shape's attainable time, 1
+for its first ``min_evals`` evaluations, 0 when stalled or saturated (not while slower than its
+baseline); ``_budget.shape_weights``); :class:`EvenShares` is ``enabled =
 false`` (every shape the same weight: the shape with the fewest evaluations goes first).
 """
 from __future__ import annotations
@@ -65,7 +66,15 @@ class HeadroomShares(ShapeAllocator):
         s = self.services
         alloc = s.config.allocation
         return shape_weights({st.shape: st.attainable(s.calibration) for st in states},
-                             {st.shape: st.stalled(alloc.stall_window) for st in states}, alloc.saturated)
+                             {st.shape: st.stalled(alloc.stall_window) for st in states}, alloc.saturated,
+                             fresh={st.shape: st.population.evaluated < alloc.min_evals for st in states},
+                             behind={st.shape: _behind(st) for st in states})
+
+
+def _behind(state: ShapeState) -> bool:
+    """Whether the shape's best ok result is still slower than its baseline (speedup < 1)."""
+    best = state.population.best
+    return best is not None and best.fitness is not None and best.fitness < 1.0
 
 
 def make_allocator(services: EngineServices) -> ShapeAllocator:

@@ -10,7 +10,14 @@ headroom, ``1 - f`` where ``f`` is its best time's fraction of the floor-aware a
 (``populations.attainable_frac``; a shape not yet measured has headroom 1). A shape at
 ``saturated`` (default 0.9) or more of that limit, or stalled (no improvement over its last
 ``stall_window`` evaluations), has weight 0 and yields its slots to the others; when no shape
-has a positive weight, all get the same (nothing has headroom: spread the budget evenly).
+has a positive weight, all get the same (nothing has headroom: spread the budget evenly). A shape
+with fewer than ``min_evals`` (default 8) evaluations has weight 1 whatever its headroom, so that
+the first picks made for it are measured: in the random-shape benchmark's seed 7 (100 shapes, 312
+s) mid shapes whose first result already sat near the roofline (cuBLAS at 0.8 of it, evo a few
+percent below cuBLAS) had headroom 0.2-0.3 and got 1-4 evaluations where the others got 9-11,
+and all of them stayed below cuBLAS (608x18688x8448: one evaluation, 0.94x). Nor is a shape
+saturated while its best is slower than its baseline (that one sat at 0.90 of its attainable time
+and yielded after its first result, where cuBLAS was 6% faster).
 :func:`pick_shape` is weighted fair sharing: the shape whose evaluations (finished + in flight)
 divided by its weight is smallest gets the next slot, so over time the evaluations split in
 proportion to the weights.
@@ -139,6 +146,7 @@ class AllocationConfig:
     stall_window: int = 64            # evaluations of a shape without improvement before it yields (0: never;
                                       # a shape with no ok result yet: a quarter of it, at least 8)
     stall_threshold: float = 0.005    # relative improvement of the best fitness that counts
+    min_evals: int = 8                # evaluations a shape gets at full weight before its headroom counts
 
 
 def headroom(frac: Optional[float]) -> float:
@@ -149,11 +157,15 @@ def headroom(frac: Optional[float]) -> float:
 
 
 def shape_weights(fracs: Mapping[K, Optional[float]], stalled: Optional[Mapping[K, bool]] = None,
-                  saturated: float = 0.9) -> dict[K, float]:
+                  saturated: float = 0.9, fresh: Optional[Mapping[K, bool]] = None,
+                  behind: Optional[Mapping[K, bool]] = None) -> dict[K, float]:
     """Weight per shape of ``fracs`` (best attainable fraction, None when unmeasured): its
-    headroom, 0 when at ``saturated`` or more or ``stalled``; all 1 when none is positive."""
-    stalled = stalled or {}
-    out = {s: 0.0 if (f is not None and f >= saturated) or stalled.get(s, False) else headroom(f)
+    headroom, 1 while ``fresh`` (fewer evaluations than ``AllocationConfig.min_evals``), 0 when
+    ``stalled`` or at ``saturated`` or more (unless ``behind``: its best is still slower than its
+    baseline, which shows that more is attainable); all 1 when none is positive."""
+    stalled, fresh, behind = stalled or {}, fresh or {}, behind or {}
+    out = {s: 0.0 if (f is not None and f >= saturated and not behind.get(s, False)) or stalled.get(s, False)
+           else 1.0 if fresh.get(s, False) else headroom(f)
            for s, f in fracs.items()}
     if not any(w > 0 for w in out.values()):
         return {s: 1.0 for s in out}

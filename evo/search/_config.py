@@ -213,8 +213,9 @@ class RunConfig:
         if r.every < 0 or r.steps < 1 or r.group_size < 2 or r.window < 1 or not r.lr > 0 or not r.wait_s >= 0:
             raise ConfigError("rl: every >= 0, steps >= 1, group_size >= 2, window >= 1, lr > 0, wait_s >= 0")
         a = self.allocation
-        if not 0 < a.saturated <= 10 or a.stall_window < 0 or not 0 <= a.stall_threshold < 10:
-            raise ConfigError("allocation: saturated in (0, 10], stall_window >= 0, stall_threshold in [0, 10)")
+        if not 0 < a.saturated <= 10 or a.stall_window < 0 or not 0 <= a.stall_threshold < 10 or a.min_evals < 0:
+            raise ConfigError("allocation: saturated in (0, 10], stall_window >= 0, stall_threshold in [0, 10), "
+                              "min_evals >= 0")
         if self.transfer.neighbors < 0 or self.transfer.per_neighbor < 0 or self.transfer.near < 0:
             raise ConfigError("transfer: neighbors, per_neighbor and near must be >= 0")
         return self

@@ -332,6 +332,19 @@ def test_compile_candidate_accepts_the_defaults(tpl, tmp_path):
     assert stats.spill_stores == 0 and stats.stack_frame == 0
 
 
+@pytest.mark.parametrize("knobs", [{"BN": 128, "BM": 128, "STAGES": 4},
+                                   {"SWAP": True, "BN": 112, "BM": 128, "STAGES": 4}])
+def test_staged_epilogue_stores_as_wide_as_each_pitch_allows(tpl, knobs):
+    """The staged epilogue has a store of each width a row pitch allows (16 bytes for N % 8 == 0,
+    then 8, 4 and 2 for the ragged pitches, each a contiguous run per warp), swapped or not, and
+    the extra loops keep the accumulators out of local memory."""
+    source, _ = tpl.render(knobs, Shape.parse("777x3001x1000"))
+    text = sass(nvrtc_compile(source))
+    for width in ("STG.E.128", "STG.E.64", "STG.E ", "STG.E.U16"):
+        assert width in text, width
+    assert "STL" not in text and "LDL" not in text
+
+
 def test_cluster_variant_multicasts_without_gpu_fences_in_the_loop(tpl):
     """CLUSTER_M 2: B arrives by TMA multicast; releasing a stage in the peer CTA must not cost a
     MEMBAR.ALL.GPU per K block (a .release.cluster arrive did; only the two cluster barriers at

@@ -220,4 +220,5 @@ def inline(text: str, names: Mapping[str, str]) -> str:
                 return ast.parse(inline(names[node.id], names), mode="eval").body
             return node
 
-    return ast.unparse(_Sub().visit(_parse(text)))
+    _parse(text)  # checked like any expression; the tree it caches is shared, so it is not the one rewritten
+    return ast.unparse(_Sub().visit(ast.parse(text.strip(), mode="eval")).body)

@@ -71,3 +71,16 @@ def test_substitute_agrees_with_evaluate(n: int, bn: int) -> None:
     assert isinstance(partial, str) and "BN" not in names_in(partial)
     assert evaluate(partial, {"N": n}) == evaluate(text, {"N": n, "BN": bn})
     assert substitute(text, {"N": n, "BN": bn}) == evaluate(text, {"N": n, "BN": bn})
+
+
+def test_inlining_leaves_the_parse_cache_alone() -> None:
+    """``inline`` rewrites a fresh tree: the parser's cached tree of the same text (shared by every
+    later evaluation) must not change. Rewriting the cached one made a plan of one template render
+    with another's expressions (46048b9, caught by the operator conformance suite)."""
+    from populations._expr import evaluate, inline
+
+    text = "GRID * 2"
+    assert evaluate(text, {"GRID": 3}) == 6
+    assert inline(text, {"GRID": "cdiv(M, 64)"}) == "cdiv(M, 64) * 2"
+    assert evaluate(text, {"GRID": 3}) == 6  # still the name, not the inlined expression
+    assert inline(text, {"GRID": "K + 1"}) == "(K + 1) * 2"

@@ -68,9 +68,9 @@ def screen(peer: Path, jobs: Sequence[Job], *, timeout_s: float = 5.0, start_s: 
     seconds of slack, not a runtime estimate."""
     command = command or [sys.executable, str(Path(__file__).resolve()), "--child", str(peer)]
     end = None if deadline_s is None else time.monotonic() + deadline_s
-    shapes = list(dict.fromkeys(j[:3] for j in jobs))
-    parts = [[j for j in jobs if shapes.index(j[:3]) % max(1, workers) == w] for w in range(max(1, workers))]
-    parts = [p for p in parts if p]
+    n = max(1, workers)
+    child_of = {row: i % n for i, row in enumerate(dict.fromkeys(j[:3] for j in jobs))}  # rows dealt in turn
+    parts = [p for p in ([j for j in jobs if child_of[j[:3]] == w] for w in range(n)) if p]
     found = [(set(), set()) for _ in parts]
     lock = threading.Lock()
 

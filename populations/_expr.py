@@ -220,5 +220,5 @@ def inline(text: str, names: Mapping[str, str]) -> str:
                 return ast.parse(inline(names[node.id], names), mode="eval").body
             return node
 
-    _parse(text)  # checked like any expression; the tree it caches is shared, so it is not the one rewritten
+    # names_in above has parsed and checked the text; its cached tree is shared, so a fresh one is rewritten
     return ast.unparse(_Sub().visit(ast.parse(text.strip(), mode="eval")).body)

@@ -30,8 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
-from ._expr import ExprError, evaluate, substitute
-from ._expr import inline as inline_names
+from ._expr import ExprError, evaluate, inline, substitute
 from ._knobs import (LITERALS, Knob, KnobSpace, KnobValue, TemplateError,
                      knob_key, layout_env)
 from ._plan import POINTER_ARGS, Launch, LaunchPlan, PlanError, TensorMapSpec, pitch_env
@@ -264,11 +263,11 @@ class Template:
         if specialize:
             bind.update(shape.env())
             bind.update(pitch_env(shape, staging))
-        inline = {n: self.space.derived[n] for n in self.space.shape_dependent()}
+        shape_derived = {n: self.space.derived[n] for n in self.space.shape_dependent()}
 
         def expr(text: Any) -> Any:
             if isinstance(text, str):
-                text = inline_names(text, inline)
+                text = inline(text, shape_derived)
             return substitute(text, bind)
 
         launches = []

@@ -9,11 +9,11 @@ chosen to be far apart in the knob space (greedy farthest-point over per-axis di
 from __future__ import annotations
 
 import random
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeVar
 
 from populations import Candidate, KnobSpace, Shape, Template, knob_key
 
-__all__ = ["seed_population", "knob_distance", "spread", "POOL_FACTOR"]
+__all__ = ["seed_population", "by_rank", "knob_distance", "spread", "POOL_FACTOR"]
 
 #: How many valid samples to draw per wanted diverse pick before choosing the spread subset.
 POOL_FACTOR = 12
@@ -53,6 +53,8 @@ def spread(space: KnobSpace, pool: Sequence[Mapping[str, Any]], n: int,
         best = [min(d, knob_distance(space, k, choice)) for d, k in zip(best, rest)]
     return picked
 
+
+T = TypeVar("T")
 
 #: Picks per leading family seeded before any other family's (see :func:`seed_population`).
 LEAD_RANKS = 2
@@ -96,12 +98,12 @@ def seed_population(shape: Shape, templates: Sequence[Template], per_template: i
                     seen.add(cand.id)
                     mine.append(cand)
         (leading if t.leads(shape) else per).append(mine)
-    return _by_rank([m[:LEAD_RANKS] for m in leading]) + _by_rank([m[LEAD_RANKS:] for m in leading] + per)
+    return by_rank([m[:LEAD_RANKS] for m in leading]) + by_rank([m[LEAD_RANKS:] for m in leading] + per)
 
 
-def _by_rank(per: list[list[Candidate]]) -> list[Candidate]:
-    """Every list's first item, then every second, and so on."""
-    return [c for rank in range(max(map(len, per), default=0)) for c in (m[rank] for m in per if rank < len(m))]
+def by_rank(lists: Sequence[Sequence[T]]) -> list[T]:
+    """Every list's first item, then every second, and so on (a shorter list drops out)."""
+    return [x for rank in range(max(map(len, lists), default=0)) for x in (m[rank] for m in lists if rank < len(m))]
 
 
 def _native(t: Template, arch: str) -> bool:

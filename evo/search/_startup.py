@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from populations import Candidate, Evaluation, Shape
 
-from ._seeding import seed_population
+from ._seeding import by_rank, seed_population
 from ._services import EngineServices
 from ._shape_state import ShapeState
 from ._transfer import shape_distance, transfer_candidates
@@ -68,7 +68,7 @@ def _seed(services: EngineServices, state: ShapeState, archived: set[Shape]) -> 
                                    for c in transfers) <= cfg.transfer.near
     tagged_t = [(c, "transfer") for c in transfers]
     tagged_o = [(c, "seed") for c in own]
-    seeds = in_turn(tagged_t, tagged_o) if near else in_turn(tagged_o, tagged_t)
+    seeds = by_rank([tagged_t, tagged_o] if near else [tagged_o, tagged_t])
     seen: set[str] = set()
     for cand, op in seeds:
         if cand.id not in seen:
@@ -77,10 +77,3 @@ def _seed(services: EngineServices, state: ShapeState, archived: set[Shape]) -> 
     services.events.emit("seed", shape, transferred=len(transfers), templates=len(own),
                          lead="transfer" if near else "templates")
 
-
-def in_turn(first: list, second: list) -> list:
-    """``first[0], second[0], first[1], second[1], ...``, then the longer list's rest."""
-    out = []
-    for i in range(max(len(first), len(second))):
-        out += first[i:i + 1] + second[i:i + 1]
-    return out

@@ -8,6 +8,7 @@ archive (every reader reports it, export/report refuse it) and random strings fo
 same cases as a table."""
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import shutil
@@ -223,7 +224,9 @@ def _base_archive() -> Path:
     if "root" not in _BASE:
         import archive_fixture
 
-        root = Path(tempfile.mkdtemp(prefix="evo-fuzz-base-")) / "a"
+        tmp = tempfile.mkdtemp(prefix="evo-fuzz-base-")
+        atexit.register(shutil.rmtree, tmp, True)  # CI runs share a disk: leave nothing behind
+        root = Path(tmp) / "a"
         archive_fixture.build(root)
         _BASE["root"] = root
     return _BASE["root"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -125,6 +126,11 @@ extern "C" __global__ void evo_mma(const __half* A, const __half* B, __half* C, 
 def test_timeout_kills_compile_bomb(tmp_path: Path, backend: str, zygote: str,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EVO_COMPILE_ZYGOTE", zygote)
+    scratch_root = tmp_path / "tmp"
+    scratch_root.mkdir()
+    system_tmp = Path(tempfile.gettempdir())
+    before = set(system_tmp.glob("evo-nvcc-*"))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch_root))
     t0 = time.monotonic()
     r = compile_candidate(cand("#include <cuda_fp16.h>\n" + BOMB), "sm_90a", cache_dir=tmp_path, timeout_s=2,
                           backend=backend)
@@ -134,6 +140,8 @@ def test_timeout_kills_compile_bomb(tmp_path: Path, backend: str, zygote: str,
     assert not any(tmp_path.rglob("*.msgpack")), "timeouts must not be cached"
     # the child led its own process group (nvcc's cicc/ptxas included): nothing of it survives
     assert _group_gone(r.telemetry["child_pid"])
+    # a killed nvcc child's intermediates went with it (the parent owns its scratch folder)
+    assert list(scratch_root.iterdir()) == [] and set(system_tmp.glob("evo-nvcc-*")) <= before
 
 
 def _group_gone(pgid: int, wait_s: float = 5.0) -> bool:

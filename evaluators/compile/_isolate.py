@@ -15,8 +15,10 @@ server, which imports it as a top-level module) never pays for importing our pac
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,14 +60,22 @@ def run_compile_isolated(backend: str, source: str, flags: tuple[str, ...], *, t
                "library": library, "sass": list(sass) if sass is not None else None}
     if zygote is None:
         zygote = os.environ.get("EVO_COMPILE_ZYGOTE", "1") != "0"
-    if zygote:
-        from ._zygote import ZygoteUnavailable, zygote_for
+    # nvcc's scratch folder belongs to the parent: a child killed at its deadline cannot clean up,
+    # and its ~4 MB of intermediates per kill used to stay in the temporary folder for good
+    scratch = tempfile.mkdtemp(prefix="evo-nvcc-") if backend == "nvcc" else None
+    request["scratch"] = scratch
+    try:
+        if zygote:
+            from ._zygote import ZygoteUnavailable, zygote_for
 
-        try:
-            return zygote_for(library, flags if backend == "nvrtc" else ()).compile(request, timeout_s)
-        except ZygoteUnavailable:
-            pass
-    return _spawn_compile(request, timeout_s)
+            try:
+                return zygote_for(library, flags if backend == "nvrtc" else ()).compile(request, timeout_s)
+            except ZygoteUnavailable:
+                pass
+        return _spawn_compile(request, timeout_s)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _spawn_compile(request: dict, timeout_s: float) -> ChildOutcome:
@@ -193,11 +203,13 @@ def _nvrtc_compile_bindings(source: str, flags: list[str]) -> tuple[bool, bytes,
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def _nvcc_compile(source: str, flags: list[str], nvcc: str | None) -> tuple[bool, bytes, str, str]:
-    """nvcc to a cubin, keeping its intermediate files so that the PTX it assembled can be scanned."""
+def _nvcc_compile(source: str, flags: list[str], nvcc: str | None,
+                  scratch: str | None = None) -> tuple[bool, bytes, str, str]:
+    """nvcc to a cubin, keeping its intermediate files so that the PTX it assembled can be scanned;
+    in ``scratch`` (the parent's folder, removed by the parent) when given."""
     if not nvcc:
         return False, b"", "nvcc not found (set CUDA_HOME or put nvcc on PATH)", ""
-    with tempfile.TemporaryDirectory(prefix="evo-nvcc-") as tmp:
+    with (contextlib.nullcontext(scratch) if scratch else tempfile.TemporaryDirectory(prefix="evo-nvcc-")) as tmp:
         src, out = Path(tmp) / "candidate.cu", Path(tmp) / "candidate.cubin"
         keep = Path(tmp) / "keep"
         keep.mkdir()
@@ -227,7 +239,7 @@ def compile_request(req: dict) -> tuple[bool, bytes, str, dict]:
         if req["backend"] == "nvrtc":
             ok, cubin, log, ptx = _nvrtc_compile(req["source"], req["flags"], req.get("library"))
         else:
-            ok, cubin, log, ptx = _nvcc_compile(req["source"], req["flags"], req["nvcc"])
+            ok, cubin, log, ptx = _nvcc_compile(req["source"], req["flags"], req["nvcc"], req.get("scratch"))
         if not ok:
             return ok, cubin, log, {}
         reasons = scan_ptx(ptx) if ptx.strip() else ["the compiler produced no PTX to scan"]

@@ -31,9 +31,17 @@ def is_ordered(knob: Knob) -> bool:
     return knob.kind == "int" and len(knob.values) > 2
 
 
-def neighbour(knob: Knob, value: Any, rng: random.Random, locality: float = 0.85) -> Any:
+def neighbour(knob: Knob, value: Any, rng: random.Random, locality: float = 0.85,
+              feasible: Optional[Callable[[Any], bool]] = None) -> Any:
     """A value other than ``value``: a step of 1 (or 2) in an ordered domain with probability
-    ``locality``, else any other value uniformly. Returns ``value`` for single-valued knobs."""
+    ``locality``, else any other value uniformly. Returns ``value`` for single-valued knobs.
+
+    ``feasible(v)`` (e.g. "the knob set with ``v`` breaks no constraint"): the steps walk only the
+    values it accepts, so a domain that is mostly invalid in this context (sm90_wgmma's BN in NN:
+    4 of 32 widths) is walked over its valid values, 64 -> 128 -> 192, instead of stepping into an
+    invalid neighbour every time. It is asked lazily, nearest values first; when it accepts no
+    neighbour the plain walk is used (the caller's repair may fix it). The non-local jump ignores
+    it, so values reachable only through a repair of other knobs stay reachable."""
     values = domain(knob)
     if len(values) < 2:
         return value
@@ -45,6 +53,10 @@ def neighbour(knob: Knob, value: Any, rng: random.Random, locality: float = 0.85
     if is_ordered(knob) and rng.random() < locality:
         i = values.index(value)
         step = 1 if rng.random() < 0.75 else 2
+        if feasible is not None:
+            picked = _feasible_step(values, i, step, rng, feasible)
+            if picked is not None:
+                return picked
         j = i + rng.choice((-step, step))
         if not 0 <= j < len(values):
             j = i - (j - i)  # reflect at the ends of the domain
@@ -52,6 +64,26 @@ def neighbour(knob: Knob, value: Any, rng: random.Random, locality: float = 0.85
         if j != i:
             return values[j]
     return rng.choice(others)
+
+
+def _feasible_step(values: Sequence[Any], i: int, step: int, rng: random.Random,
+                   feasible: Callable[[Any], bool]) -> Any:
+    """Walking from index ``i`` towards a side drawn at random (the other side when this one has
+    no feasible value): the ``step``-th feasible value met, or the last one met when fewer lie on
+    that side. None when neither side has one."""
+    sides = [-1, 1]
+    rng.shuffle(sides)
+    for direction in sides:
+        met = None
+        left = step
+        j = i + direction
+        while 0 <= j < len(values) and left:
+            if feasible(values[j]):
+                met, left = values[j], left - 1
+            j += direction
+        if met is not None:
+            return met
+    return None
 
 
 def pick_knobs(template: Template, names: Sequence[str], count: int, rng: random.Random) -> list[str]:

@@ -96,8 +96,9 @@ class KnobMutation(Operator):
                 count += 1
             chosen = pick_knobs(template, names, count, rng)
             child = dict(base)
-            for name in chosen:
-                child[name] = neighbour(template.space.knobs[name], base[name], rng, self.locality)
+            for name in chosen:  # steps walk the values valid beside the knobs already set
+                child[name] = neighbour(template.space.knobs[name], base[name], rng, self.locality,
+                                        feasible=lambda v, n=name, c=child: not template.check({**c, n: v}, shape))
             return child, chosen
 
         def fix(child: dict[str, Any], chosen: list[str]) -> Optional[dict[str, Any]]:

@@ -415,6 +415,40 @@ def test_neighbour_steps_are_local_in_ordered_domains() -> None:
     assert {neighbour(word, "a", rng) for _ in range(50)} == {"b", "c"}
 
 
+def test_neighbour_walks_the_feasible_values_when_told_which() -> None:
+    knob = Knob("BN", tuple(range(8, 264, 8)), 128, "tiling")
+    rng = random.Random(0)
+    wide = lambda v: v % 64 == 0  # noqa: E731 - sm90_wgmma's BN in NN: 4 of 32 widths
+    asked: list[int] = []
+    picks = Counter(neighbour(knob, 128, rng, locality=1.0, feasible=lambda v: asked.append(v) or wide(v))
+                    for _ in range(400))
+    assert set(picks) == {64, 192, 256}, picks  # steps of one or two feasible values, nothing between
+    assert picks[64] + picks[192] >= 0.6 * 400, picks
+    assert max(abs(v - 128) for v in asked) <= 128  # asked lazily, nearest first, never the whole domain at once
+    assert neighbour(knob, 256, rng, locality=1.0, feasible=wide) in (192, 128)  # the top end turns back
+    nothing = Counter(neighbour(knob, 128, rng, locality=1.0, feasible=lambda v: False) for _ in range(200))
+    assert set(nothing) <= {112, 120, 136, 144}, nothing  # none feasible: the plain walk, for repair to fix
+    jumps = {neighbour(knob, 128, rng, locality=0.0, feasible=wide) for _ in range(300)}
+    assert any(not wide(v) for v in jumps)  # the non-local jump ignores feasibility
+
+
+def test_mutation_moves_a_mostly_invalid_knob_as_often_in_nn_as_in_tn(templates: dict[str, Template]) -> None:
+    """sm90_wgmma's BN holds 32 widths of which NN admits 4: before mutation walked the feasible
+    values, BN moved in 1 of 300 NN mutants against 30 of 300 in TN (a step of 8 was invalid)."""
+    t = templates["sm90_wgmma"]
+    moved = {}
+    for layout in ("TN", "NN"):
+        shape = Shape(777, 1536, 2880, layout=layout)
+        base = {name: knob.default for name, knob in t.space.knobs.items()} | {"BN": 128, "STAGES": 4}
+        assert not t.check(base, shape)
+        names = [k for k, knob in t.space.knobs.items() if len(knob.values) > 1]
+        op, rng = KnobMutation(), random.Random(1)
+        kids = [op._one(t, base, names, shape, rng, set(), False)[0] for _ in range(200)]
+        assert all(k is not None and not t.check(k, shape) for k in kids)
+        moved[layout] = sum(k["BN"] != 128 for k in kids)
+    assert moved["NN"] >= 0.5 * moved["TN"] > 0, moved
+
+
 def test_mutation_repairs_into_validity_and_respects_axes(templates: dict[str, Template]) -> None:
     # SWZ mutations from PAD=8 break "swizzle and padding are alternatives" unless PAD is repaired to 0
     op = KnobMutation(axes=("swizzle",), max_repair=1)

@@ -64,7 +64,6 @@ def test_loads_as_family_b_for_hopper_only(tpl):
     ({"BM": 64, "CONSUMERS": 2}, "multiple of 64 rows"),
     ({"BM": 128, "BN": 256, "STAGES": 5, "EPI": "direct"}, "227 KiB"),
     ({"BN": 100}, "not one of"),
-    ({"BN": 104, "CLUSTER_M": 2}, "BN a multiple of 16"),
     ({"SWAP": True, "SPLIT_K": 2, "EPI": "direct"}, "no split-K"),
     ({"SCHED": "pingpong", "CONSUMERS": 1, "BM": 64}, "two consumer"),
     ({"SCHED": "pingpong", "PERSISTENT": False, "BN": 128}, "persistent"),
@@ -213,17 +212,37 @@ def test_swap_and_fitted_widths_are_tn_only_and_swap_the_plan(tpl):
 def test_a_cluster_multicasts_b_in_slices_where_its_boxes_do_not_split(tpl):
     """CLUSTER_M 2 shares B between two CTAs: whole 64-row boxes where BN is a multiple of 128,
     otherwise (TN) one slice of BN / 2 rows per CTA, so the swapped kernel's narrow, M-fitted widths
-    get cuBLAS's 2 x 1 cluster too. NN's B boxes are k-rows: no slices there."""
+    get cuBLAS's 2 x 1 cluster too; where BN / 2 is not a multiple of 8 rows (a slice would start
+    mid swizzle atom) the whole BN-row box, multicast by the CTAs in turn. NN's B boxes are k-rows:
+    no slices there."""
     shape = Shape(777, 1536, 2880, "TN", "f32")
     cand = tpl.candidate({"SWAP": True, "CLUSTER_M": 2, "BN": 80, "BM": 128, "STAGES": 7}, shape)
     assert cand.plan.tensor_maps["tmAs"].box == (40, 64) and cand.plan.tensor_maps["tmBs"].box == (128, 64)
     (resolved,), _ = cand.plan.resolve(shape)
     assert resolved.grid == (120, 1, 1)  # 6 cluster tiles over N x 10 over M, two CTAs each
-    assert any("multiple of 16" in r for r in tpl.check({"SWAP": True, "CLUSTER_M": 2, "BN": 72}, shape))
+    turns = tpl.candidate({"SWAP": True, "CLUSTER_M": 2, "BN": 72, "BM": 128, "STAGES": 8}, shape)
+    assert turns.plan.tensor_maps["tmAs"].box == (72, 64)  # cuBLAS's swapped 128 x 72 in a 2 x 1 cluster
+    (resolved,), _ = turns.plan.resolve(shape)
+    assert resolved.grid == (132, 1, 1)  # 6 cluster tiles over N x 11 over M, two CTAs each
     assert tpl.candidate({"CLUSTER_M": 2, "BN": 192}, BIG).plan.tensor_maps["tmB"].box == (96, 64)
     assert tpl.candidate({"CLUSTER_M": 2, "BN": 256, "STAGES": 3}, BIG).plan.tensor_maps["tmB"].box == (64, 64)
+    assert tpl.candidate({"CLUSTER_M": 2, "BN": 104, "BM": 128, "STAGES": 4}, BIG).plan.tensor_maps["tmB"].box == (104, 64)
     nn = Shape(4096, 4096, 4096, "NN", "f32")
-    assert any("multiple of 16" in r for r in tpl.check({"CLUSTER_M": 2, "BN": 192, "EPI": "direct"}, nn))
+    assert any("BN 128 or 256" in r for r in tpl.check({"CLUSTER_M": 2, "BN": 192, "EPI": "direct"}, nn))
+    assert any("BN 128 or 256" in r for r in tpl.check({"CLUSTER_M": 2, "BN": 64, "EPI": "direct"}, nn))
+
+
+@pytest.mark.parametrize("knobs, slice_rows", [
+    ({"SWAP": True, "CLUSTER_M": 2, "BN": 72, "BM": 128, "STAGES": 8}, None),   # in turns: the whole box
+    ({"SWAP": True, "CLUSTER_M": 2, "BN": 80, "BM": 128, "STAGES": 7}, 40),     # a slice of 40 rows each
+])
+def test_cluster_multicast_compiles_with_slices_or_turns(tpl, knobs, slice_rows):
+    """Both ways of sharing B compile to multicast TMA loads and one wgmma of the tile's width,
+    with no local memory; the turns (B_ALT) differ from the slices only in who loads."""
+    source, _ = tpl.render(knobs, Shape.parse("777x1536x2880"))
+    text = sass(nvrtc_compile(source))
+    assert f"HGMMA.64x{knobs['BN']}x16.F32" in text and "UTMALDG.2D.MULTICAST" in text
+    assert "STL" not in text and "LDL" not in text
 
 
 def test_swap_first_picks_fit_the_tile_width_to_m(tpl):
@@ -410,6 +429,31 @@ def test_ragged_pitch_epilogues_are_correct_on_the_gpu(tmp_path):
              ("333x3001x1000", {"SWAP": True, "BN": 112, "BM": 128, "STAGES": 4}, True),
              ("129x257x4104", {"BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 7, "SPLIT_K": 8, "EPI": "direct"},
               False)]
+    cands = [tpl.candidate(k, Shape.parse(s), specialize=not g) for s, k, g in cases]
+    with LocalPool(compile_workers=4, timers=("device",), log_dir=str(tmp_path)) as pool:
+        evals = pool.evaluate(cands)
+    bad = [(str(c.shapes[0]), c.knobs, e.status.value, e.message[:300])
+           for c, e in zip(cands, evals) if e.status is not Status.OK]
+    assert not bad, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+def test_cluster_turns_multicast_b_correctly_on_the_gpu(tmp_path):
+    """B multicast by a cluster's CTAs in turns (B_ALT: BN / 2 not a multiple of 8 rows): an odd
+    count of K blocks (K 2880: 45), swapped and not, a ragged C pitch on a generic candidate, a
+    cluster tile whose second CTA is past M, one CTA per tile, and split-K (each K share starts
+    its own turns) through the whole evaluator."""
+    pytest.importorskip("torch")
+    from evaluators import LocalPool
+    from populations import Status
+
+    tpl = load_template(FOLDER)
+    cases = [("777x1536x2880", {"SWAP": True, "CLUSTER_M": 2, "BN": 72, "BM": 128, "STAGES": 8}, False),
+             ("333x3001x1000", {"SWAP": True, "CLUSTER_M": 2, "BN": 88, "BM": 128, "STAGES": 4}, True),
+             ("1100x2000x2880", {"CLUSTER_M": 2, "BN": 104, "BM": 128, "STAGES": 4, "PERSISTENT": False}, False),
+             ("300x1000x4104", {"CLUSTER_M": 2, "BN": 40, "BM": 64, "CONSUMERS": 1, "STAGES": 7, "SPLIT_K": 3,
+                                "EPI": "direct"}, False)]
     cands = [tpl.candidate(k, Shape.parse(s), specialize=not g) for s, k, g in cases]
     with LocalPool(compile_workers=4, timers=("device",), log_dir=str(tmp_path)) as pool:
         evals = pool.evaluate(cands)

@@ -120,15 +120,16 @@
 // box), or, in TN (K-major B), one box of BN rows (B_ONE_BOX) or, with a cluster whose CTAs cannot
 // share whole 64-row boxes, one slice of BN / CLUSTER_M rows per CTA (B_SPLIT). A slice starts a
 // multiple of 8 rows (1024 B, one 128-byte swizzle atom) into the stage, so the shared-memory image
-// is the one-box image.
-#define B_SPLIT (CLUSTER_M > 1 && BN % (64 * CLUSTER_M) != 0)
+// is the one-box image. Where BN / CLUSTER_M is not a multiple of 8 (BN 72: a slice would start
+// 4,608 B in, mid-atom) the CTAs take turns instead (B_ALT): in K block kb the CTA of rank
+// kb % CLUSTER_M loads the whole BN-row box and multicasts it. cuBLAS's mid-M kernel is such a
+// tile (swapped 128 x 72 in a 2 x 1 cluster); either way B leaves L2 once per cluster.
+#define B_ALT (CLUSTER_M > 1 && BN % (64 * CLUSTER_M) != 0 && BN % (8 * CLUSTER_M) != 0)
+#define B_SPLIT (CLUSTER_M > 1 && BN % (64 * CLUSTER_M) != 0 && !B_ALT)
 #define B_ONE_BOX (CLUSTER_M == 1 && BN % 64 != 0)
 #define B_SLICE (BN / CLUSTER_M)
-#if (B_ONE_BOX || B_SPLIT) && defined(EVO_LAYOUT_NN)
+#if (B_ONE_BOX || B_SPLIT || B_ALT) && defined(EVO_LAYOUT_NN)
 #error "a BN that is not a multiple of 64 (or of 64 x CLUSTER_M with a cluster) needs TN (K-major B)"
-#endif
-#if B_SPLIT && BN % (8 * CLUSTER_M) != 0
-#error "with CLUSTER_M 2 each CTA multicasts BN / 2 rows of B: BN must be a multiple of 16"
 #endif
 #if SWAP && (defined(EVO_LAYOUT_NN) || SPLIT_K > 1)
 #error "SWAP needs TN and SPLIT_K 1"
@@ -359,6 +360,11 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
 #if B_ONE_BOX
           // BN rows of 128 B in one box: the same shared-memory image as BN / 64 boxes of 64 rows
           tma_load_2d(sB + stage * B_STAGE_BYTES, &tmB, full, kb * BK, n0);
+#elif B_ALT
+          // every CTA walks the same K blocks of the same cluster tiles: one of them loads B's whole
+          // box and multicasts it; the others' full barriers count its bytes as their own slice's
+          if (kb % CLUSTER_M == (int)rank)
+            tma_load_2d_mc(sB + stage * B_STAGE_BYTES, &tmB, full, kb * BK, n0, (unsigned short)((1u << CLUSTER_M) - 1));
 #elif B_SPLIT
           // this CTA's slice of BN / CLUSTER_M rows, multicast into the same place of every CTA
           tma_load_2d_mc(sB + stage * B_STAGE_BYTES + rank * (B_SLICE * 128), &tmB, full, kb * BK,

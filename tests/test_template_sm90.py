@@ -410,6 +410,19 @@ def test_swap_and_fitted_width_candidates_are_correct_on_the_gpu(tmp_path):
     assert not bad, bad
 
 
+def _all_ok_on_the_gpu(tpl, cases, tmp_path) -> None:
+    """Each ``(shape, knobs, generic)`` case as a candidate through the whole evaluator: all ``ok``."""
+    from evaluators import LocalPool
+    from populations import Status
+
+    cands = [tpl.candidate(k, Shape.parse(s), specialize=not g) for s, k, g in cases]
+    with LocalPool(compile_workers=4, timers=("device",), log_dir=str(tmp_path)) as pool:
+        evals = pool.evaluate(cands)
+    bad = [(str(c.shapes[0]), c.knobs, e.status.value, e.message[:300])
+           for c, e in zip(cands, evals) if e.status is not Status.OK]
+    assert not bad, bad
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(600)
 def test_ragged_pitch_epilogues_are_correct_on_the_gpu(tmp_path):
@@ -417,9 +430,6 @@ def test_ragged_pitch_epilogues_are_correct_on_the_gpu(tmp_path):
     runs for N % 4 == 0, N even, N odd), not swapped and swapped, and the split-K reduce's 8-byte
     stores where M x N is not a multiple of 4; generic candidates meet every alignment class."""
     pytest.importorskip("torch")
-    from evaluators import LocalPool
-    from populations import Status
-
     tpl = load_template(FOLDER)
     cases = [("1000x3004x520", {"BN": 128, "BM": 128, "STAGES": 4}, False),
              ("1000x3002x520", {"BN": 128, "BM": 128, "SCHED": "pingpong", "STAGES": 4}, False),
@@ -429,12 +439,7 @@ def test_ragged_pitch_epilogues_are_correct_on_the_gpu(tmp_path):
              ("333x3001x1000", {"SWAP": True, "BN": 112, "BM": 128, "STAGES": 4}, True),
              ("129x257x4104", {"BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 7, "SPLIT_K": 8, "EPI": "direct"},
               False)]
-    cands = [tpl.candidate(k, Shape.parse(s), specialize=not g) for s, k, g in cases]
-    with LocalPool(compile_workers=4, timers=("device",), log_dir=str(tmp_path)) as pool:
-        evals = pool.evaluate(cands)
-    bad = [(str(c.shapes[0]), c.knobs, e.status.value, e.message[:300])
-           for c, e in zip(cands, evals) if e.status is not Status.OK]
-    assert not bad, bad
+    _all_ok_on_the_gpu(tpl, cases, tmp_path)
 
 
 @pytest.mark.gpu
@@ -445,21 +450,13 @@ def test_cluster_turns_multicast_b_correctly_on_the_gpu(tmp_path):
     cluster tile whose second CTA is past M, one CTA per tile, and split-K (each K share starts
     its own turns) through the whole evaluator."""
     pytest.importorskip("torch")
-    from evaluators import LocalPool
-    from populations import Status
-
     tpl = load_template(FOLDER)
     cases = [("777x1536x2880", {"SWAP": True, "CLUSTER_M": 2, "BN": 72, "BM": 128, "STAGES": 8}, False),
              ("333x3001x1000", {"SWAP": True, "CLUSTER_M": 2, "BN": 88, "BM": 128, "STAGES": 4}, True),
              ("1100x2000x2880", {"CLUSTER_M": 2, "BN": 104, "BM": 128, "STAGES": 4, "PERSISTENT": False}, False),
              ("300x1000x4104", {"CLUSTER_M": 2, "BN": 40, "BM": 64, "CONSUMERS": 1, "STAGES": 7, "SPLIT_K": 3,
                                 "EPI": "direct"}, False)]
-    cands = [tpl.candidate(k, Shape.parse(s), specialize=not g) for s, k, g in cases]
-    with LocalPool(compile_workers=4, timers=("device",), log_dir=str(tmp_path)) as pool:
-        evals = pool.evaluate(cands)
-    bad = [(str(c.shapes[0]), c.knobs, e.status.value, e.message[:300])
-           for c, e in zip(cands, evals) if e.status is not Status.OK]
-    assert not bad, bad
+    _all_ok_on_the_gpu(tpl, cases, tmp_path)
 
 
 @pytest.mark.gpu

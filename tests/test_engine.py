@@ -208,7 +208,9 @@ def test_a_new_shape_takes_its_own_picks_and_transfers_in_turn(tmp_path: Path) -
     with its elites; a far one follows the shape's own first picks, so a run that gives each shape
     a few evaluations measures the picks made for it (not only kernels that won elsewhere)."""
     run_engine(tmp_path / "a", [BIG], max_evals=16, seed=1)
-    near, far = Shape.parse("4096x4096x2048"), Shape.parse("512x4096x512")
+    # far: log2 distance 4; 512x4096x512 was far too, but most of 4096^3's elites re-render there as
+    # its own picks (deduplicated), leaving 0-1 transfers by the thread timing of the fake pool
+    near, far = Shape.parse("4096x4096x2048"), Shape.parse("1024x4096x1024")
     run_engine(tmp_path / "a", [near, far], max_evals=16, seed=1)
     events = read_events(tmp_path / "a" / EVENTS_FILE)
     for target, lead, follow in ((near, "transfer", "seed"), (far, "seed", "transfer")):

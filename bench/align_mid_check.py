@@ -230,21 +230,24 @@ def mid_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]]:
                 return dict(k, STAGES=st)
         return None
     base = dict(SCHED="coop", SPLIT_K=1, EPI="smem", PERSISTENT=True, GROUP=8, RASTER="M")
-    for cl in (1, 2):  # the widest tiles with the deepest ring, alone and in a 2-CTA cluster
+    # clusters: none, two CTAs sharing B along M (-cm2), two sharing A along N (-cn2)
+    clusters = {"": dict(CLUSTER_M=1, CLUSTER_N=1), "-cm2": dict(CLUSTER_M=2, CLUSTER_N=1),
+                "-cn2": dict(CLUSTER_M=1, CLUSTER_N=2)}
+    for tag, cl in clusters.items():  # the widest tiles with the deepest ring, alone and in a 2-CTA cluster
         for bm, bn, cons in [(128, 128, 2), (128, 192, 2), (64, 192, 1), (128, 256, 2), (64, 128, 1), (256, 128, 2)]:
-            k = deepest(dict(base, BM=bm, BN=bn, CONSUMERS=cons, CLUSTER_M=cl))
+            k = deepest(dict(base, BM=bm, BN=bn, CONSUMERS=cons, **cl))
             if k:
-                add(f"wgmma:{bm}x{bn}c{cons}cs-deep{k['STAGES']}{'-cl2' if cl > 1 else ''}", t, k)
+                add(f"wgmma:{bm}x{bn}c{cons}cs-deep{k['STAGES']}{tag}", t, k)
     if shape.layout == "TN":  # SWAP: N along the 64-row side, M along a width fitted to it
         for bm, cons in [(64, 1), (128, 2), (256, 2)]:
-            for nt in sorted({cdiv(shape.m, w) for w in (32, 48, 64, 96, 128, 192, 256)}):
-                for cl in (1, 2):
-                    q = 8 * cl  # a cluster multicasts BN / 2 rows: a multiple of 16
-                    bn = q * cdiv(cdiv(shape.m, nt), q)
-                    for k in (dict(base, SWAP=True, BM=bm, BN=bn, CONSUMERS=cons, CLUSTER_M=cl, STAGES=3 if bm > 128 else 4),
-                              deepest(dict(base, SWAP=True, BM=bm, BN=bn, CONSUMERS=cons, CLUSTER_M=cl))):
+            waves = {max(1, sms // cdiv(shape.n, bm)) for sms in (132, 264)}  # M's tiles that fill whole waves
+            for nt in sorted({cdiv(shape.m, w) for w in (32, 48, 64, 96, 128, 192, 256)} | waves):
+                bn = 8 * cdiv(cdiv(shape.m, nt), 8)  # any multiple of 8: a cluster shares B in turns where halves split atoms
+                for tag, cl in clusters.items():
+                    for k in (dict(base, SWAP=True, BM=bm, BN=bn, CONSUMERS=cons, STAGES=3 if bm > 128 else 4, **cl),
+                              deepest(dict(base, SWAP=True, BM=bm, BN=bn, CONSUMERS=cons, **cl))):
                         if k:
-                            add(f"wgmma:swap{bm}x{bn}s{k['STAGES']}{'-cl2' if cl > 1 else ''}", t, k)
+                            add(f"wgmma:swap{bm}x{bn}s{k['STAGES']}{tag}", t, k)
     sk = templates["streamk90"]
     if sk.applicable(shape, 90):
         for i, k in enumerate(sk.heuristic(shape, 90)):

@@ -190,6 +190,19 @@ def test_sample_returns_distinct_valid_sets(tpl):
     assert all(not tpl.check(s, BIG) for s in sets)
 
 
+def test_sample_finds_valid_sets_where_few_uniform_draws_are(tpl):
+    """In NN about 1 uniform draw in 2,000 is valid (BN admits 4 widths of 32, the cluster knobs 3
+    pairs of 4, SWAP and the staging knobs one value each): the sampler redraws the knobs that a
+    violated constraint names, so seeding and the random operator get 16 sets in the same tries."""
+    nn = Shape(777, 1536, 2880, "NN", "f32")
+    rng = random.Random(3)
+    uniform = sum(tpl.space.is_valid(tpl.space.random(rng), nn) for _ in range(2000))
+    assert uniform <= 8  # the statistic the redraws change: pure rejection gets about one
+    sets = tpl.sample(random.Random(3), nn, 16)
+    assert len(sets) == 16 and all(not tpl.check(s, nn) for s in sets)
+    assert len({s["BN"] for s in sets}) >= 3 and {s["STAGES"] for s in sets} != {3}  # spread, not one corner
+
+
 def test_swap_and_fitted_widths_are_tn_only_and_swap_the_plan(tpl):
     """A BN that is not a multiple of 64 and SWAP need K-major B (TN); SWAP's plan passes B's map as
     the kernel's A and A's as its B, with the problem's N and M as the kernel's M and N."""
@@ -232,14 +245,34 @@ def test_a_cluster_multicasts_b_in_slices_where_its_boxes_do_not_split(tpl):
     assert any("BN 128 or 256" in r for r in tpl.check({"CLUSTER_M": 2, "BN": 64, "EPI": "direct"}, nn))
 
 
-@pytest.mark.parametrize("knobs, slice_rows", [
-    ({"SWAP": True, "CLUSTER_M": 2, "BN": 72, "BM": 128, "STAGES": 8}, None),   # in turns: the whole box
-    ({"SWAP": True, "CLUSTER_M": 2, "BN": 80, "BM": 128, "STAGES": 7}, 40),     # a slice of 40 rows each
+def test_a_cluster_along_n_multicasts_halves_of_a(tpl):
+    """CLUSTER_N 2: horizontally adjacent tiles share A, each CTA loading BM / 2 rows (whole
+    swizzle atoms for every BM); with SWAP that is the weights' tile. One cluster, two CTAs."""
+    shape = Shape(777, 1536, 2880, "TN", "f32")
+    swapped = tpl.candidate({"SWAP": True, "CLUSTER_N": 2, "BN": 72, "BM": 128, "STAGES": 8}, shape)
+    assert swapped.plan.tensor_maps["tmBs"].box == (64, 64) and swapped.plan.tensor_maps["tmAs"].box == (72, 64)
+    (resolved,), _ = swapped.plan.resolve(shape)
+    assert resolved.grid == (132, 1, 1)  # 12 tiles of the weights x 6 cluster tiles over M (11 of 72): 144 CTAs, persistent on 132
+    nn = Shape(777, 1536, 2880, "NN", "f32")
+    plain = tpl.candidate({"CLUSTER_N": 2, "BN": 128, "BM": 64, "CONSUMERS": 1, "STAGES": 6}, nn)
+    assert plain.plan.tensor_maps["tmA"].box == (32, 64)
+    (resolved,), _ = plain.plan.resolve(nn)
+    assert resolved.grid == (132, 1, 1)
+    unclustered = tpl.candidate({"BN": 128, "BM": 64, "CONSUMERS": 1, "STAGES": 6}, nn)
+    assert unclustered.plan.tensor_maps["tmA"].box == (64, 64)
+    assert any("not both" in r for r in tpl.check({"CLUSTER_M": 2, "CLUSTER_N": 2, "BN": 128}, shape))
+
+
+@pytest.mark.parametrize("knobs, shape", [
+    ({"SWAP": True, "CLUSTER_M": 2, "BN": 72, "BM": 128, "STAGES": 8}, "777x1536x2880"),  # B in turns: the whole box
+    ({"SWAP": True, "CLUSTER_M": 2, "BN": 80, "BM": 128, "STAGES": 7}, "777x1536x2880"),  # B in slices of 40 rows
+    ({"SWAP": True, "CLUSTER_N": 2, "BN": 72, "BM": 128, "STAGES": 8}, "777x1536x2880"),  # A (the weights) in halves
+    ({"CLUSTER_N": 2, "BN": 128, "BM": 64, "CONSUMERS": 1, "STAGES": 6}, "777x1536x2880:NN"),
 ])
-def test_cluster_multicast_compiles_with_slices_or_turns(tpl, knobs, slice_rows):
-    """Both ways of sharing B compile to multicast TMA loads and one wgmma of the tile's width,
-    with no local memory; the turns (B_ALT) differ from the slices only in who loads."""
-    source, _ = tpl.render(knobs, Shape.parse("777x1536x2880"))
+def test_cluster_multicast_compiles_with_slices_or_turns(tpl, knobs, shape):
+    """Every way of sharing an operand in a cluster compiles to multicast TMA loads and one wgmma
+    of the tile's width, with no local memory."""
+    source, _ = tpl.render(knobs, Shape.parse(shape))
     text = sass(nvrtc_compile(source))
     assert f"HGMMA.64x{knobs['BN']}x16.F32" in text and "UTMALDG.2D.MULTICAST" in text
     assert "STL" not in text and "LDL" not in text
@@ -444,17 +477,24 @@ def test_ragged_pitch_epilogues_are_correct_on_the_gpu(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.timeout(600)
-def test_cluster_turns_multicast_b_correctly_on_the_gpu(tmp_path):
+def test_clusters_share_operands_correctly_on_the_gpu(tmp_path):
     """B multicast by a cluster's CTAs in turns (B_ALT: BN / 2 not a multiple of 8 rows): an odd
     count of K blocks (K 2880: 45), swapped and not, a ragged C pitch on a generic candidate, a
     cluster tile whose second CTA is past M, one CTA per tile, and split-K (each K share starts
-    its own turns) through the whole evaluator."""
+    its own turns); A's halves multicast along N (CLUSTER_N): swapped with the second CTA's tiles
+    wholly past N, pingpong on a ragged pitch, NN with one consumer, split-K. Through the whole
+    evaluator."""
     pytest.importorskip("torch")
     tpl = load_template(FOLDER)
     cases = [("777x1536x2880", {"SWAP": True, "CLUSTER_M": 2, "BN": 72, "BM": 128, "STAGES": 8}, False),
              ("333x3001x1000", {"SWAP": True, "CLUSTER_M": 2, "BN": 88, "BM": 128, "STAGES": 4}, True),
              ("1100x2000x2880", {"CLUSTER_M": 2, "BN": 104, "BM": 128, "STAGES": 4, "PERSISTENT": False}, False),
              ("300x1000x4104", {"CLUSTER_M": 2, "BN": 40, "BM": 64, "CONSUMERS": 1, "STAGES": 7, "SPLIT_K": 3,
+                                "EPI": "direct"}, False),
+             ("777x1536x2880", {"SWAP": True, "CLUSTER_N": 2, "BN": 72, "BM": 128, "STAGES": 8}, False),
+             ("1000x3001x520", {"CLUSTER_N": 2, "BN": 128, "BM": 128, "SCHED": "pingpong", "STAGES": 4}, True),
+             ("777x1536x2880:NN", {"CLUSTER_N": 2, "BN": 128, "BM": 64, "CONSUMERS": 1, "STAGES": 6}, False),
+             ("300x1000x4104", {"CLUSTER_N": 2, "BN": 40, "BM": 64, "CONSUMERS": 1, "STAGES": 7, "SPLIT_K": 3,
                                 "EPI": "direct"}, False)]
     _all_ok_on_the_gpu(tpl, cases, tmp_path)
 

@@ -15,6 +15,10 @@
 //   CLUSTER_M 2:    CTA pairs of a cluster compute vertically adjacent tiles that share a B
 //                   panel; each CTA loads half of B's boxes and multicasts them to both, and
 //                   consumers release a stage in both CTAs.
+//   CLUSTER_N 2:    the same along N: the pair computes horizontally adjacent tiles that share an
+//                   A panel, each CTA loading BM / 2 of its rows and multicasting them (with SWAP,
+//                   the weights' tile: what a mid-M shape re-reads most from L2). A cluster holds
+//                   at most two CTAs (CLUSTER_M x CLUSTER_N <= 2).
 //   EPI direct:     fp32 registers -> fp16 global, guarded 4-byte stores.
 //   EPI smem:       registers -> padded shared staging -> coalesced, guarded 16-byte stores.
 //   BN % 64 != 0:   (TN, CLUSTER_M 1) a tile width fitted to a dimension (72, 104, ...): B comes in
@@ -35,7 +39,7 @@
 // (RASTER = M) or tile-columns (RASTER = N), like Triton's grouped order.
 //
 // Knobs (prepended by the renderer as #defines; template.toml documents them): BM, BN, BK,
-// STAGES, CONSUMERS, SCHED, GROUP, RASTER, EPI, CLUSTER_M, SPLIT_K. PERSISTENT only changes
+// STAGES, CONSUMERS, SCHED, GROUP, RASTER, EPI, CLUSTER_M, CLUSTER_N, SPLIT_K. PERSISTENT only changes
 // the grid.
 // No CUTLASS/CuTe, no <cuda.h>, no includes at all: raw PTX (the wrappers, shared with streamk90,
 // are _prelude/sm90_ptx.cuh, which the renderer puts before this file).
@@ -80,6 +84,9 @@
 #ifndef CLUSTER_M
 #define CLUSTER_M 1
 #endif
+#ifndef CLUSTER_N
+#define CLUSTER_N 1
+#endif
 #ifndef SPLIT_K
 #define SPLIT_K 1
 #endif
@@ -93,6 +100,18 @@
 #if CLUSTER_M != 1 && CLUSTER_M != 2
 #error "CLUSTER_M must be 1 or 2"
 #endif
+#if CLUSTER_N != 1 && CLUSTER_N != 2
+#error "CLUSTER_N must be 1 or 2"
+#endif
+#ifndef CLUSTER
+#define CLUSTER (CLUSTER_M * CLUSTER_N)   // CTAs per cluster, ranks 0 .. CLUSTER - 1 along the grid's x
+#endif
+#if CLUSTER > 2
+#error "a cluster holds at most two CTAs: CLUSTER_M or CLUSTER_N, not both"
+#endif
+// A's stage: one box of BM rows, or with CLUSTER_N 2 one slice of BM / 2 rows per CTA (a multiple
+// of 32 rows: 4 KiB, whole swizzle atoms), multicast to both.
+#define A_SLICE (BM / CLUSTER_N)
 #if SPLIT_K > 1 && EPI == EPI_smem
 #error "split-K partials are fp32 stores straight to the workspace: use EPI direct"
 #endif
@@ -103,11 +122,11 @@
 #if PINGPONG
 #define WM BM                        // rows per consumer warpgroup (whole tiles)
 #define TILE_STEP CONSUMERS          // a consumer takes every CONSUMERS-th tile of its CTA
-#define EMPTY_ARRIVALS (CLUSTER_M)
+#define EMPTY_ARRIVALS (CLUSTER)
 #else
 #define WM (BM / CONSUMERS)
 #define TILE_STEP 1
-#define EMPTY_ARRIVALS (CONSUMERS * CLUSTER_M)
+#define EMPTY_ARRIVALS (CONSUMERS * CLUSTER)
 #endif
 #define WM_TILES (WM / 64)           // m64 wgmma slabs per consumer
 #if WM % 64 != 0 || WM_TILES < 1
@@ -281,19 +300,19 @@ __device__ __forceinline__ void unit_range(int u, int ctiles, int kblocks, int& 
 }
 
 // A consumer gives a ring slot back: to its own producer, and with multicast to every
-// producer of the cluster (each one writes B boxes into this CTA's slot).
+// producer of the cluster (each one writes B boxes, or A slices, into this CTA's slot).
 __device__ __forceinline__ void release_stage(u32 empty_bar) {
-#if CLUSTER_M > 1
+#if CLUSTER > 1
 #pragma unroll
-  for (u32 r = 0; r < CLUSTER_M; ++r) mbar_arrive_cluster(empty_bar, r);
+  for (u32 r = 0; r < CLUSTER; ++r) mbar_arrive_cluster(empty_bar, r);
 #else
   mbar_arrive(empty_bar);
 #endif
 }
 
 // ---------------------------------------------------------------- the kernel
-#if CLUSTER_M > 1
-#define EVO_CLUSTER __cluster_dims__(CLUSTER_M, 1, 1)
+#if CLUSTER > 1
+#define EVO_CLUSTER __cluster_dims__(CLUSTER, 1, 1)
 #else
 #define EVO_CLUSTER
 #endif
@@ -313,16 +332,18 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
 
   const int tiles_m = (M + BM - 1) / BM;
   const int tiles_n = (N + BN - 1) / BN;
-  // A cluster of CLUSTER_M CTAs walks "cluster tiles" of CLUSTER_M vertically adjacent tiles.
+  // A cluster walks "cluster tiles": CLUSTER_M vertically or CLUSTER_N horizontally adjacent tiles.
   const int ctiles_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
-  const int ctiles = ctiles_m * tiles_n;
+  const int ctiles_n = (tiles_n + CLUSTER_N - 1) / CLUSTER_N;
+  const int ctiles = ctiles_m * ctiles_n;
   const int units = ctiles * SPLIT_K;            // work units: (K share, cluster tile)
-  const int first = blockIdx.x / CLUSTER_M, stride = gridDim.x / CLUSTER_M;
-#if CLUSTER_M > 1
+  const int first = blockIdx.x / CLUSTER, stride = gridDim.x / CLUSTER;
+#if CLUSTER > 1
   const u32 rank = cluster_rank();
 #else
   const u32 rank = 0;
 #endif
+  const int rank_m = CLUSTER_M > 1 ? (int)rank : 0, rank_n = CLUSTER_N > 1 ? (int)rank : 0;
   const int kblocks = (K + BK - 1) / BK;
   const int wg = threadIdx.x / 128;
 
@@ -335,7 +356,7 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
     tma_prefetch_desc(&tmA);
     tma_prefetch_desc(&tmB);
   }
-#if CLUSTER_M > 1
+#if CLUSTER > 1
   cluster_sync();   // peers' barriers are initialised before anyone multicasts or arrives remotely
 #else
   __syncthreads();
@@ -350,13 +371,19 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
       for (int u = first; u < units; u += stride) {
         int t, kb0, kb1, tm, tn;
         unit_range(u, ctiles, kblocks, t, kb0, kb1);
-        tile_coords(t, ctiles_m, tiles_n, tm, tn);
-        const int m0 = (tm * CLUSTER_M + (int)rank) * BM, n0 = tn * BN;
+        tile_coords(t, ctiles_m, ctiles_n, tm, tn);
+        const int m0 = (tm * CLUSTER_M + rank_m) * BM, n0 = (tn * CLUSTER_N + rank_n) * BN;
         for (int kb = kb0; kb < kb1; ++kb) {
           mbar_wait(EMPTY(stage), phase ^ 1u);
           const u32 full = FULL(stage);
           mbar_expect_tx(full, STAGE_BYTES);
+#if CLUSTER_N > 1
+          // this CTA's half of the shared A panel, multicast into the same place of both CTAs
+          tma_load_2d_mc(sA + stage * A_STAGE_BYTES + rank * (A_SLICE * 128), &tmA, full, kb * BK,
+                         m0 + (int)rank * A_SLICE, (unsigned short)((1u << CLUSTER) - 1));
+#else
           tma_load_2d(sA + stage * A_STAGE_BYTES, &tmA, full, kb * BK, m0);
+#endif
 #if B_ONE_BOX
           // BN rows of 128 B in one box: the same shared-memory image as BN / 64 boxes of 64 rows
           tma_load_2d(sB + stage * B_STAGE_BYTES, &tmB, full, kb * BK, n0);
@@ -414,8 +441,8 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
       // pingpong: consumer c owns units c, c + CONSUMERS, ... of its CTA; skip the others' K blocks
       if (local % TILE_STEP != c) { it += (u32)(kb1 - kb0); continue; }
 #endif
-      tile_coords(t, ctiles_m, tiles_n, tm, tn);
-      const int m_tile = tm * CLUSTER_M + (int)rank;
+      tile_coords(t, ctiles_m, ctiles_n, tm, tn);
+      const int m_tile = tm * CLUSTER_M + rank_m, n_tile = tn * CLUSTER_N + rank_n;
       int prev_stage = -1;
 #if PINGPONG
       // Main loops run in tile order, one warpgroup at a time: wait for the previous tile's
@@ -460,7 +487,7 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
         for (int i = 0; i < ACC; ++i) fence_operand(acc[w][i]);
       }
 
-      const int tile_row = m_tile * BM + row_off, tile_col = tn * BN;
+      const int tile_row = m_tile * BM + row_off, tile_col = n_tile * BN;
 #if EPI == EPI_smem
       // fragments -> padded staging (conflict-free 4-byte writes) -> 16-byte coalesced stores
       const u32 stg = sEpi + c * WM * EPI_PITCH;
@@ -552,7 +579,7 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
 #endif
     }
   }
-#if CLUSTER_M > 1
+#if CLUSTER > 1
   cluster_sync();   // no CTA leaves while its peer may still multicast into it or arrive on it
 #endif
 #undef FULL

@@ -79,7 +79,7 @@ def test_export_builds_for_sm90a_and_leaves_out_a_broken_kernel(exported: tuple[
         entry = loaded.kernels[(shape.m, shape.n, shape.k, shape.layout)]
         assert entry.candidate == best[shape].id and entry.knobs["CLUSTER_M"] == 2
         unit = (lib / "src" / f"k_{shape.key}.cu").read_text()
-        assert "__cluster_dims__(CLUSTER_M, 1, 1)" in unit
+        assert "__cluster_dims__(CLUSTER, 1, 1)" in unit and "#define CLUSTER 2" in unit.splitlines()
         launches, _ = best[shape].plan.resolve(shape)
         assert launches[0].grid[0] % 2 == 0  # a grid of whole clusters: the classic launch is valid
     # The machine code in the library (no cuobjdump here): every embedded CUDA ELF (e_machine 190)

@@ -7,7 +7,6 @@ touching only knobs that the violated constraints mention.
 """
 from __future__ import annotations
 
-import ast
 import math
 import random
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
@@ -101,34 +100,9 @@ def pick_knobs(template: Template, names: Sequence[str], count: int, rng: random
     return chosen
 
 
-def _names(expr: str) -> set[str]:
-    try:
-        tree = ast.parse(expr.strip(), mode="eval")
-    except SyntaxError:
-        return set()
-    funcs = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in funcs}
-
-
 def involved_knobs(template: Template, reasons: Sequence[str]) -> set[str]:
     """Knobs mentioned (directly or through derived values) by the constraints behind ``reasons``."""
-    space = template.space
-    exprs = [c.expr for c in space.constraints if any(r == c.reason or r.startswith(c.reason + " (") for r in reasons)]
-    out: set[str] = set()
-    stack = [n for e in exprs for n in _names(e)]
-    seen: set[str] = set()
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        if name in space.knobs:
-            out.add(name)
-        elif name in space.derived:
-            stack.extend(_names(space.derived[name]))
-        else:  # NAME_value alias of a string knob
-            out.update(k for k, knob in space.knobs.items() if name in knob.aliases())
-    return out
+    return template.space.knobs_behind(reasons)
 
 
 def repair(template: Template, knobs: Mapping[str, Any], shape: Shape, rng: random.Random, *,

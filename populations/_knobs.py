@@ -277,8 +277,6 @@ class KnobSpace:
         bounds the work as before."""
         seen = {_key(k) for k in exclude}
         out: list[dict[str, KnobValue]] = []
-        culprits = _culprits(tuple(self.derived.items()), self.constraints,
-                             tuple((name, tuple(k.aliases())) for name, k in self.knobs.items()))
         movable = tuple(name for name, k in self.knobs.items() if len(k.values) > 1)
         tries = 0
         while tries < max_tries and len(out) < n:
@@ -288,7 +286,7 @@ class KnobSpace:
             for _ in range(REDRAWS if tries > REJECTION_TRIES else 0):
                 if not reasons or tries >= max_tries or not movable:
                     break
-                names = sorted({k for r in reasons for k in culprits.get(r.split(" (")[0], movable)} & set(movable))
+                names = sorted(self.knobs_behind(reasons) & set(movable))
                 name = rng.choice(names or movable)
                 trial = dict(knobs)
                 trial[name] = rng.choice(self.knobs[name].values)
@@ -304,6 +302,15 @@ class KnobSpace:
             seen.add(key)
             out.append(knobs)
         return out
+
+    def knobs_behind(self, reasons: Sequence[str]) -> set[str]:
+        """The knobs named, directly, through derived values or through a string knob's value
+        names, by the constraints whose reasons (as :meth:`check` gives them) are ``reasons``."""
+        culprits = _culprits(tuple(self.derived.items()), self.constraints,
+                             tuple((name, tuple(k.aliases())) for name, k in self.knobs.items()))
+        return {k for c in self.constraints
+                if any(r == c.reason or r.startswith(c.reason + " (") for r in reasons)
+                for k in culprits[c.reason]}
 
     def size(self) -> int:
         """Number of knob combinations before constraints."""

@@ -154,6 +154,8 @@ def throughput(pool: LocalPool, cands: list[Candidate], elites: int = 8) -> dict
     warm = sum(e.measurement.device_warmup_s or 0.0 for e in evals)
     capture = sum(e.measurement.device_capture_s or 0.0 for e in evals)
     prewarmed = sum(1 for e in evals if e.measurement.device_prewarm_replays)
+    raced = [e.measurement for e in evals if e.measurement.device_rounds is not None
+             and e.measurement.device_rounds < (e.measurement.device_rounds_planned or 0)]
     return {
         "candidates": len(cands), "wall_s": wall, "per_minute": 60 * len(cands) / wall,
         "statuses": dict(Counter(e.status.value for e in evals)),
@@ -173,6 +175,9 @@ def throughput(pool: LocalPool, cands: list[Candidate], elites: int = 8) -> dict
         "median_speedup": statistics.median(speedups) if speedups else None,
         "phases_s": {k: round(v, 3) for k, v in sorted(phases.items())}, "memo_pass": dict(memo),
         "host_timers": dict(host),  # offline + server: run for would-be elites, skipped below the threshold
+        # the race: candidates whose timed rounds stopped early (below the elite threshold), rounds run / planned
+        "raced": len(raced), "raced_rounds": [sum(m.device_rounds or 0 for m in raced),
+                                              sum(m.device_rounds_planned or 0 for m in raced)],
         "messages": sorted({e.message[:160] for e in evals if e.status is not Status.OK})[:8],
     }
 
@@ -368,7 +373,8 @@ def print_report(report: dict[str, Any], shapes: list[str]) -> None:
               f"{_num(r.get('nvml_util_mean')):>11}{_num(r.get('lead_in_s'), '.1f'):>10}  {r['statuses']}")
         print(f"  phases (s, summed over candidates) {r['phases_s']}  memo {r['memo_pass']}  host timers "
               f"{r.get('host_timers')}  capture "
-              f"{r.get('device_capture_s', 0.0):.2f} s ({r.get('prewarmed_captures', 0)} behind a queued warm-up)")
+              f"{r.get('device_capture_s', 0.0):.2f} s ({r.get('prewarmed_captures', 0)} behind a queued warm-up)  "
+              f"raced {r.get('raced', 0)} (rounds run/planned {r.get('raced_rounds')})")
         if r.get("eval_phase_s"):
             print(f"  idle by design: server timer gaps {r['server_gaps_s']:.2f} s = {100 * r['server_gaps_share']:.1f}% of "
                   f"the {r['eval_phase_s']:.1f} s evaluation phase (qps gaps between calls); offline timer: one sync per "

@@ -45,6 +45,7 @@ class Job:
     seed: Optional[int] = None             # the job's random stream (None: fresh)
     elite_threshold: EliteThreshold = None  # memo pass and host timers only at or above this (per shape)
     memo_check: Optional[bool] = None       # False: never run the memoisation pass
+    race: Optional[bool] = None             # False: time every planned round (else a loser stops early)
     rotations: Optional[int] = None         # freshly allocated rotations the device timer runs on
     host_timers: Optional[str] = None       # "elites" (default) or "always"
     host_calls: Optional[int] = None        # calls per host timer

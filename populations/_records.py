@@ -140,7 +140,8 @@ class Measurement:
     ``floor_s``: the physical floor the device time was held against; ``memo_check`` and
     ``host_timers``: what the elite gates decided (``"run"`` or why not); ``server_gaps_s``,
     ``device_warmup_s``, ``device_capture_s``, ``device_prewarm_replays``: the timers' own costs;
-    ``gpu_lease``: what the timed region waited for the GPU lease. Archives written before this
+    ``device_rounds``/``device_rounds_planned``: the device timer's timed rounds run and planned
+    (fewer run: the race stopped a candidate that could not become an elite); ``gpu_lease``: what the timed region waited for the GPU lease. Archives written before this
     record kept these keys in ``Evaluation.provenance``; :meth:`lift` moves them here."""
 
     checks: tuple[str, ...] = ()
@@ -155,6 +156,8 @@ class Measurement:
     device_warmup_s: Optional[float] = None
     device_capture_s: Optional[float] = None
     device_prewarm_replays: Optional[int] = None
+    device_rounds: Optional[int] = None
+    device_rounds_planned: Optional[int] = None
     gpu_lease: Optional[Mapping[str, Any]] = None
 
     def __post_init__(self) -> None:
@@ -193,6 +196,8 @@ class Measurement:
                    host_timers=_opt(str, g("host_timers")), server_gaps_s=_opt(float, g("server_gaps_s")),
                    device_warmup_s=_opt(float, g("device_warmup_s")), device_capture_s=_opt(float, g("device_capture_s")),
                    device_prewarm_replays=_opt(int, g("device_prewarm_replays")),
+                   device_rounds=_opt(int, g("device_rounds")),
+                   device_rounds_planned=_opt(int, g("device_rounds_planned")),
                    gpu_lease=None if g("gpu_lease") is None else dict(g("gpu_lease")))
 
     @classmethod
@@ -207,7 +212,8 @@ class Measurement:
 #: Measurement's fields: also the keys an old record kept in its provenance.
 MEASUREMENT_KEYS: tuple[str, ...] = ("checks", "phases", "rotation_sets", "rotation_bytes", "device_rotations",
                                      "floor_s", "memo_check", "host_timers", "server_gaps_s", "device_warmup_s",
-                                     "device_capture_s", "device_prewarm_replays", "gpu_lease")
+                                     "device_capture_s", "device_prewarm_replays", "device_rounds",
+                                     "device_rounds_planned", "gpu_lease")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 memoisation) and the gates that skip work only a would-be elite needs (memo pass, host timers)."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from populations import Shape
 
@@ -65,6 +65,41 @@ def host_timers_wanted(job: Mapping[str, Any], device_speedup: float, shape: Opt
     if job.get("host_timers", "elites") == "always":
         return "run"
     return _elite_gate(job, device_speedup, shape)
+
+
+#: Racing: a candidate whose fastest call so far is below this share of its elite threshold stops
+#: being timed (its median is below the threshold by more than the timer's noise).
+RACE_SHARE = 0.8
+
+
+def race_stop(job: Mapping[str, Any], shape: Optional[Shape] = None
+              ) -> Optional[Callable[[Mapping[str, Sequence[float]]], bool]]:
+    """The device timer's ``stop`` for this job and shape, or None (no elite threshold known
+    there, or job option ``race`` False).
+
+    Precision only an elite needs, like the memo pass and the host timers: from the timer's
+    ``min_rounds`` on, once even the candidate's fastest call is below :data:`RACE_SHARE` of
+    the elite threshold against the better baseline's median so far, more rounds cannot make
+    it an elite, so they stop (most children of a search are far slower than the elites, and
+    a slow candidate's rounds are the longest). It can only shorten a losing candidate's
+    timing: a kernel gains nothing by being slow early, it is then timed less and ranked as
+    slow, and the checks of the timed calls run as before."""
+    if not job.get("race", True):
+        return None
+    thr = job.get("elite_threshold")
+    if isinstance(thr, Mapping):
+        thr = thr.get(str(shape)) if shape is not None else None
+    if thr is None or float(thr) <= 0:
+        return None
+    cutoff = RACE_SHARE * float(thr)
+
+    def stop(per_call: Mapping[str, Sequence[float]]) -> bool:
+        cand = per_call.get("candidate") or ()
+        bases = [sorted(v)[len(v) // 2] for name, v in per_call.items() if name != "candidate" and v]
+        if len(cand) < 2 or not bases:
+            return False
+        return min(bases) / min(cand) < cutoff
+    return stop
 
 
 def _elite_gate(job: Mapping[str, Any], speedup: float, shape: Optional[Shape] = None) -> str:

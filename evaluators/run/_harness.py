@@ -8,7 +8,9 @@ A job is the wire form of :class:`evaluators._job.Job` (checked with ``Job.from_
 arrival): ``{"cubin", "plan", "shapes", "generic", "timers", "seed", "qps"}`` plus optional
 ``elite_threshold`` (the memoisation timing pass runs only when the device speedup reaches it:
 below it the candidate cannot become an elite, so a memo would buy it nothing; absent or None:
-always), ``memo_check`` (False: never) and ``rotations`` (time the device timer on that many
+always), ``memo_check`` (False: never), ``race`` (False: the device timer never stops a
+candidate early; by default it stops one that cannot reach ``elite_threshold``: see
+:func:`evaluators.run._gates.race_stop`) and ``rotations`` (time the device timer on that many
 freshly allocated rotations and report the median of their medians, with each one kept);
 ``host_timers`` (``"elites"``, the default: the offline and server timers run only where the
 device speedup reaches ``elite_threshold``; ``"always"``),

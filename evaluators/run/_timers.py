@@ -55,6 +55,8 @@ class TimerStats:
     prewarm_replays: int = 0  # device timer: warm-up replays of each cached graph queued before the capture
     sample_s: float = 0.0     # device timer: wall seconds of the timed rounds (all arms together)
     events_s: float = 0.0     # device timer: this arm's summed event time over its timed replays (GPU busy)
+    rounds: int = 0           # device timer: timed rounds run (fewer than planned when ``stop`` ended them)
+    planned: int = 0          # device timer: timed rounds planned
 
 
 def median_ci(xs: Sequence[float], z: float = 1.96) -> TimerStats:
@@ -105,7 +107,8 @@ def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming()
                  graph_cache: Optional[dict] = None, perturb: Optional[Callable[[], None]] = None,
                  keep: Optional[dict] = None, clock: Optional[Callable[[], Optional[int]]] = None,
                  stream: Optional[torch.cuda.Stream] = None,
-                 on_replay: Optional[Callable[[str], None]] = None) -> dict[str, TimerStats]:
+                 on_replay: Optional[Callable[[str], None]] = None,
+                 stop: Optional[Callable[[Mapping[str, Sequence[float]]], bool]] = None) -> dict[str, TimerStats]:
     """CUDA-graph replays of back-to-back calls, interleaved across arms (see module docstring).
 
     After ``settings.warmup_s`` of untimed replays of all arms, each round replays every arm
@@ -142,7 +145,13 @@ def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming()
 
     ``on_replay(name)``: called before each sampled replay of the arm ``name``, before
     ``perturb`` and outside the timed events (the harness keeps the outputs of random timed
-    replays there, to check them after the loop)."""
+    replays there, to check them after the loop).
+
+    ``stop(per_call)``: racing. After each round from ``settings.min_rounds`` on, it gets every
+    arm's seconds per call so far (the replays whose events have completed: no extra
+    synchronisation) and may end the timed rounds there (the harness stops a candidate that
+    cannot become an elite: :func:`evaluators.run._gates.race_stop`). ``rounds`` and ``planned``
+    in the result say how many ran."""
     touch = perturb or (lambda: None)
     graphs, warm_t0, queued, replay_s, capture_s = _graphs(arms, settings, graph_cache, perturb, stream)
     for arm in arms:
@@ -167,7 +176,8 @@ def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming()
     warmed_s = time.perf_counter() - warm_t0
     rounds = sample_rounds(settings, replay_s)
     t_sample = time.perf_counter()
-    events, host = _sample(arms, graphs, rounds, settings.replays_per_round, rng, touch, on_replay)
+    race = _Race(graphs, settings.min_rounds, stop) if stop is not None else None
+    events, host, done = _sample(arms, graphs, rounds, settings.replays_per_round, rng, touch, on_replay, race)
     sample_s = time.perf_counter() - t_sample
     out = {}
     for arm in arms:
@@ -179,6 +189,7 @@ def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming()
         stats.reps = reps
         stats.warmup_s, stats.clocks = warmed_s, tuple(clocks)
         stats.capture_s, stats.prewarm_replays = capture_s, queued
+        stats.rounds, stats.planned = done, rounds
         out[arm.name] = stats
     del graphs
     return out
@@ -254,17 +265,40 @@ def _graphs(arms: Sequence[Arm], settings: DeviceTiming, graph_cache: Optional[d
 HOST_SYNC_ROUNDS = 10
 
 
+class _Race:
+    """The device timer's early stop (``stop`` of :func:`device_timer`): every arm's seconds per
+    call from the event pairs that have completed (a prefix per arm: one stream, in order; each
+    pair read once), offered to ``stop`` after every round from ``min_rounds`` on."""
+
+    def __init__(self, graphs: Mapping[str, tuple[torch.cuda.CUDAGraph, int]], min_rounds: int,
+                 stop: Callable[[Mapping[str, Sequence[float]]], bool]) -> None:
+        self.reps = {name: g[1] for name, g in graphs.items()}
+        self.min_rounds, self.stop = max(1, min_rounds), stop
+        self.per_call: dict[str, list[float]] = {name: [] for name in graphs}
+
+    def done(self, rounds_run: int, events: Mapping[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]]) -> bool:
+        if rounds_run < self.min_rounds:
+            return False
+        for name, pairs in events.items():
+            seen = self.per_call[name]
+            while len(seen) < len(pairs) and pairs[len(seen)][1].query():
+                start, end = pairs[len(seen)]
+                seen.append(start.elapsed_time(end) * 1e-3 / self.reps[name])
+        return bool(self.stop(self.per_call))
+
+
 def _sample(arms: Sequence[Arm], graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]], rounds: int,
             replays_per_round: int, rng: random.Random, touch: Callable[[], None],
-            on_replay: Optional[Callable[[str], None]] = None
-            ) -> tuple[dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]], dict[str, list[float]]]:
+            on_replay: Optional[Callable[[str], None]] = None, race: Optional[_Race] = None
+            ) -> tuple[dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]], dict[str, list[float]], int]:
     """The timed rounds, arms in a fresh random order each: per arm, its event pairs (one per
     replay: ``replays_per_round + 1`` a round) and its host-synchronised seconds per call (one
     per round in :data:`HOST_SYNC_ROUNDS` rounds drawn at random; the round's last replay is
     then synchronised before and after). ``on_replay(name)`` runs before every replay's
     ``touch`` (see :func:`device_timer`). Events are recorded on the current stream, passed
     explicitly (``Event.record()`` without one looks the stream up, tens of microseconds of
-    host time a replay)."""
+    host time a replay). ``race``: may end the rounds early (see :class:`_Race`); the third
+    value returned is the number of rounds run."""
     note = on_replay or (lambda name: None)
     stream = torch.cuda.current_stream()
     events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {a.name: [] for a in arms}
@@ -297,8 +331,11 @@ def _sample(arms: Sequence[Arm], graphs: dict[str, tuple[torch.cuda.CUDAGraph, i
             torch.cuda.synchronize()
             host[arm.name].append((time.perf_counter() - t0) / reps)
             events[arm.name].append(pair)
+        if race is not None and r + 1 < rounds and race.done(r + 1, events):
+            rounds = r + 1
+            break
     torch.cuda.synchronize()
-    return events, host
+    return events, host, rounds
 
 
 #: Clock settling: readings at least this far apart ...

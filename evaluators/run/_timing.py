@@ -18,7 +18,8 @@ from populations import Shape, Status
 from .._job import ShapeDraft
 from ..correctness import CheckFailed, recheck_sets, workspace_fill
 from .._provenance import sm_clock_mhz
-from ._gates import DEFAULT_CEILINGS, _baseline, _speedup, host_timers_wanted, memo_flag, memo_wanted, physical_floor
+from ._gates import (DEFAULT_CEILINGS, _baseline, _speedup, host_timers_wanted, memo_flag, memo_wanted, physical_floor,
+                     race_stop)
 from ._rotation import InputsModified, TimedSamples, TimingBuffers, WorkspaceRows, _check_timed, _perturber
 from ._timers import Arm, DeviceTiming, device_timer, host_timer
 
@@ -134,7 +135,8 @@ class TimingPhase:
             samples = TimedSamples(run.tb, run.shape, random.Random(rng.getrandbits(62)))
             run.stats["device"] = device_timer(run.arms, settings=settings, rng=rng, graph_cache=run.tb.graphs,
                                                perturb=run.perturb, keep=run.kept, clock=sm_clock_mhz,
-                                               stream=self.capture_stream, on_replay=samples.note)
+                                               stream=self.capture_stream, on_replay=samples.note,
+                                               stop=race_stop(job, run.shape))
             samples.flush()
             self._last_busy = time.perf_counter()
             run.clock("device")
@@ -153,7 +155,8 @@ class TimingPhase:
             res.phases["device_sample"] = dev_st.sample_s
             res.phases["device_sample_gpu"] = sum(st.events_s for st in run.stats["device"].values())
             res.note(device_warmup_s=dev_st.warmup_s, device_capture_s=dev_st.capture_s,
-                     device_prewarm_replays=dev_st.prewarm_replays)
+                     device_prewarm_replays=dev_st.prewarm_replays, device_rounds=dev_st.rounds,
+                     device_rounds_planned=dev_st.planned)
             if dev_st.clocks:  # clocks: provenance, with the one read after the shape
                 res.provenance["settle_clocks_mhz"] = list(dev_st.clocks)
         if "device" in run.stats:

@@ -9,7 +9,8 @@
 #                pre-hardening checkout) the elites of an archive that tree's evo run made (bench/false_rejections.py)
 #   perturb-profile  the device timer's perturbation between timed replays, piece by piece, and the timed
 #                rounds with and without each piece at 4096^3 and 64x128x64 (bench/perturb_profile.py)
-#   profile      the GPU worker under cProfile for PROFILE_N candidates at 4096^3: where the time goes
+#   profile      the GPU worker under cProfile for PROFILE_N candidates at PROFILE_SHAPES (default 4096^3): where
+#                the time goes; the raw .prof files under $OUT/prof
 #   mid-profile  Nsight Compute on mid shapes (MID_SHAPES): sm90_wgmma's and streamk90's first two picks beside
 #                cuBLAS's kernel, SM / tensor-pipe / memory / occupancy / stalls (bench/decode_profile.py --templates);
 #                MID_KNOBS="sm90_wgmma:SWAP=true,BM=128,BN=72,STAGES=8 ..." adds named knob sets (--knobs)
@@ -71,8 +72,8 @@ for part in "$@"; do
     echo "rc=$?"; tail -n 30 "$OUT/false_rejections.log" | cut -c1-300 ;;
   profile)
     rm -rf /tmp/evo_prof; EVO_WORKER_PROFILE=/tmp/evo_prof timeout 200 python3 bench/eval_bench.py --n "${PROFILE_N:-16}" \
-      --skip-repeatability --shapes 4096x4096x4096:TN --out /tmp/evo_prof_eb > /dev/null 2>&1
-    echo "rc=$?"; python3 -c "import glob, pstats; [pstats.Stats(f).sort_stats(k).print_stats(r'evaluators|torch/(cuda|_tensor)|method', 45)
+      --skip-repeatability --shapes "${PROFILE_SHAPES:-4096x4096x4096:TN}" --out /tmp/evo_prof_eb > /dev/null 2>&1
+    echo "rc=$?"; mkdir -p "$OUT/prof" && cp /tmp/evo_prof/*.prof "$OUT/prof/" 2>/dev/null; python3 -c "import glob, pstats; [pstats.Stats(f).sort_stats(k).print_stats(r'evaluators|torch/(cuda|_tensor)|method', 45)
       for f in glob.glob('/tmp/evo_prof/*.prof') for k in ('tottime', 'cumulative')]" > "$OUT/profile.txt" 2>&1
     grep -E "function calls|_correctness|_harness.py.*_one_shape|_timing.py.*_time" "$OUT/profile.txt" | head -n 30 | cut -c1-200 ;;
   mid-profile)

@@ -248,6 +248,12 @@ def mid_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]]:
                               deepest(dict(base, SWAP=True, BM=bm, BN=bn, CONSUMERS=cons, **cl))):
                         if k:
                             add(f"wgmma:swap{bm}x{bn}s{k['STAGES']}{tag}", t, k)
+                # the transposed staging (EPI tsmem: stmatrix, stores along C's rows) beside the
+                # unclustered twins, with its own deepest ring (its staging has another size)
+                for k in (dict(base, SWAP=True, EPI="tsmem", BM=bm, BN=bn, CONSUMERS=cons, STAGES=3 if bm > 128 else 4),
+                          deepest(dict(base, SWAP=True, EPI="tsmem", BM=bm, BN=bn, CONSUMERS=cons))):
+                    if k:
+                        add(f"wgmma:swap{bm}x{bn}s{k['STAGES']}-t", t, k)
     sk = templates["streamk90"]
     if sk.applicable(shape, 90):
         for i, k in enumerate(sk.heuristic(shape, 90)):

@@ -79,6 +79,7 @@
 #ifndef EPI
 #define EPI_direct 0
 #define EPI_smem 1
+#define EPI_tsmem 2
 #define EPI EPI_direct
 #endif
 #ifndef CLUSTER_M
@@ -112,7 +113,7 @@
 // A's stage: one box of BM rows, or with CLUSTER_N 2 one slice of BM / 2 rows per CTA (a multiple
 // of 32 rows: 4 KiB, whole swizzle atoms), multicast to both.
 #define A_SLICE (BM / CLUSTER_N)
-#if SPLIT_K > 1 && EPI == EPI_smem
+#if SPLIT_K > 1 && EPI != EPI_direct
 #error "split-K partials are fp32 stores straight to the workspace: use EPI direct"
 #endif
 #define PINGPONG (SCHED == SCHED_pingpong)
@@ -163,8 +164,15 @@
 #endif
 #define ACC (BN / 2)                 // fp32 accumulators per thread per m64 slab
 #define EPI_PITCH (BN * 2 + 16)      // bytes per staged row: +16 B keeps fragment writes conflict-free
+// EPI tsmem (SWAP): the staged tile transposed, one C row of the tile (WM elements) per staged row
+#define EPI_TPITCH (WM * 2 + 16)     // +16 B: the 8 rows of one stmatrix land in 8 distinct bank groups
+#if EPI == EPI_tsmem && !SWAP
+#error "EPI tsmem stages the swapped kernel's C^T tile transposed: it needs SWAP"
+#endif
 #if EPI == EPI_smem
 #define EPI_STAGE_BYTES (CONSUMERS * WM * EPI_PITCH)
+#elif EPI == EPI_tsmem
+#define EPI_STAGE_BYTES (CONSUMERS * BN * EPI_TPITCH)
 #else
 #define EPI_STAGE_BYTES 0
 #endif
@@ -232,19 +240,26 @@ __device__ __forceinline__ void ld_shared_b64(u32 addr, u32& a, u32& b) {
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "r"(addr) : "memory");
 }
 
-// The staged WM x BN tile (row r at stg + r * EPI_PITCH) into C (row pitch N) at (tile_row,
-// tile_col): VW elements a thread, a row's runs on consecutive threads. VW divides N.
-template <int VW>
-__device__ __forceinline__ void epi_rows_ragged(evo_half_bits* C, int M, int N, u32 stg, int tile_row,
-                                                int tile_col, int lt) {
+// A staged tile of ROWS x COLS elements (row r at stg + r * PITCH) into C (row pitch ldc, rows_ok x
+// cols_ok valid) at (row0, col0): VW elements a thread (8, 4, 2 or 1: 16-, 8-, 4- or 2-byte
+// stores), a row's runs on consecutive threads. VW divides ldc and cols_ok, so a run that starts
+// inside is inside. The plain staging (WM x BN, C's rows) and the transposed one (EPI tsmem: BN x
+// WM, C's rows of the swapped tile) both leave through it.
+template <int VW, int ROWS, int COLS, int PITCH>
+__device__ __forceinline__ void epi_runs(evo_half_bits* C, int ldc, int rows_ok, int cols_ok, u32 stg, int row0,
+                                         int col0, int lt) {
 #pragma unroll 4
-  for (int v = lt; v < WM * (BN / VW); v += 128) {
-    const int r = v / (BN / VW), col = (v % (BN / VW)) * VW;
-    const int grow = tile_row + r, gcol = tile_col + col;
-    if (grow >= M || gcol >= N) continue;   // gcol < N and VW | N, so the VW elements are all inside
-    evo_half_bits* p = C + (long long)grow * N + gcol;
-    const u32 a = stg + r * EPI_PITCH + col * 2;
-    if (VW == 4) {
+  for (int v = lt; v < ROWS * (COLS / VW); v += 128) {
+    const int r = v / (COLS / VW), col = (v % (COLS / VW)) * VW;
+    const int grow = row0 + r, gcol = col0 + col;
+    if (grow >= rows_ok || gcol >= cols_ok) continue;
+    evo_half_bits* p = C + (long long)grow * ldc + gcol;
+    const u32 a = stg + r * PITCH + col * 2;
+    if (VW == 8) {
+      u32 x0, x1, x2, x3;
+      ld_shared_v4(a, x0, x1, x2, x3);
+      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(x0), "r"(x1), "r"(x2), "r"(x3) : "memory");
+    } else if (VW == 4) {
       u32 x0, x1;
       ld_shared_b64(a, x0, x1);
       asm volatile("st.global.v2.u32 [%0], {%1, %2};" :: "l"(p), "r"(x0), "r"(x1) : "memory");
@@ -253,6 +268,21 @@ __device__ __forceinline__ void epi_rows_ragged(evo_half_bits* C, int M, int N, 
     } else {
       *p = (evo_half_bits)ld_shared_u16(a);
     }
+  }
+}
+
+// epi_runs with the widest run C's row pitch keeps aligned (16 bytes where ldc % 8 == 0).
+template <int ROWS, int COLS, int PITCH>
+__device__ __forceinline__ void epi_runs_aligned(evo_half_bits* C, int ldc, int rows_ok, int cols_ok, u32 stg,
+                                                 int row0, int col0, int lt) {
+  if ((ldc & 7) == 0) {
+    epi_runs<8, ROWS, COLS, PITCH>(C, ldc, rows_ok, cols_ok, stg, row0, col0, lt);
+  } else if ((ldc & 3) == 0) {
+    epi_runs<4, ROWS, COLS, PITCH>(C, ldc, rows_ok, cols_ok, stg, row0, col0, lt);
+  } else if ((ldc & 1) == 0) {
+    epi_runs<2, ROWS, COLS, PITCH>(C, ldc, rows_ok, cols_ok, stg, row0, col0, lt);
+  } else {
+    epi_runs<1, ROWS, COLS, PITCH>(C, ldc, rows_ok, cols_ok, stg, row0, col0, lt);
   }
 }
 
@@ -281,6 +311,14 @@ __device__ __forceinline__ void epi_cols_ragged(evo_half_bits* C, int M, int N, 
       *p = (evo_half_bits)xs[0];
     }
   }
+}
+
+// EPI tsmem: two 8 x 8 fp16 fragments (rows r..r+7 and r+8..r+15 of one 8-column group, in the
+// mma C-fragment layout) stored transposed: lane L < 16 names the shared row that receives column
+// L % 8 of fragment L / 8 (lanes 16-31 repeat those addresses, as stmatrix .x2 ignores them).
+__device__ __forceinline__ void stmatrix_x2_trans(u32 addr, u32 top, u32 bottom) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};"
+               :: "r"(addr), "r"(top), "r"(bottom) : "memory");
 }
 
 // Unit u of SPLIT_K x ctiles: its cluster tile and its K blocks [kb0, kb1). A balanced split
@@ -488,7 +526,26 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
       }
 
       const int tile_row = m_tile * BM + row_off, tile_col = n_tile * BN;
-#if EPI == EPI_smem
+#if EPI == EPI_tsmem
+      // SWAP: fragments -> staging transposed by stmatrix (a staged row is one C row of the tile)
+      // -> loads and stores along C's rows, 16 bytes a thread where M % 8 == 0
+      const u32 stg = sEpi + c * BN * EPI_TPITCH;
+      {
+        const int half = (lane >> 3) & 1, rr = lane & 7;
+#pragma unroll
+        for (int w = 0; w < WM_TILES; ++w) {
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const u32 addr = stg + (j * 8 + rr) * EPI_TPITCH + (w * 64 + warp * 16 + half * 8) * 2;
+            stmatrix_x2_trans(addr, pack_half2(acc[w][4 * j + 0], acc[w][4 * j + 1]),
+                              pack_half2(acc[w][4 * j + 2], acc[w][4 * j + 3]));
+          }
+        }
+      }
+      named_sync(1 + c, 128);
+      epi_runs_aligned<BN, WM, EPI_TPITCH>(C, M, N, M, stg, tile_col, tile_row, lt);
+      named_sync(1 + c, 128);   // staging is free again before this warpgroup's next tile
+#elif EPI == EPI_smem
       // fragments -> padded staging (conflict-free 4-byte writes) -> 16-byte coalesced stores
       const u32 stg = sEpi + c * WM * EPI_PITCH;
 #pragma unroll
@@ -531,25 +588,7 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
         epi_cols_ragged<1>(C, M, N, stg, tile_row, tile_col, lt);
       }
 #else
-      if ((N & 7) == 0) {
-#pragma unroll 4
-        for (int v = lt; v < WM * (BN / 8); v += 128) {
-          const int r = v / (BN / 8), col = (v % (BN / 8)) * 8;
-          const int grow = tile_row + r, gcol = tile_col + col;
-          if (grow < M && gcol < N) {                              // N % 8 == 0: gcol + 8 <= N
-            u32 x0, x1, x2, x3;
-            ld_shared_v4(stg + r * EPI_PITCH + col * 2, x0, x1, x2, x3);
-            evo_half_bits* p = C + (long long)grow * N + gcol;
-            asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(x0), "r"(x1), "r"(x2), "r"(x3) : "memory");
-          }
-        }
-      } else if ((N & 3) == 0) {
-        epi_rows_ragged<4>(C, M, N, stg, tile_row, tile_col, lt);
-      } else if ((N & 1) == 0) {
-        epi_rows_ragged<2>(C, M, N, stg, tile_row, tile_col, lt);
-      } else {
-        epi_rows_ragged<1>(C, M, N, stg, tile_row, tile_col, lt);
-      }
+      epi_runs_aligned<WM, BN, EPI_PITCH>(C, N, M, N, stg, tile_row, tile_col, lt);
 #endif
       named_sync(1 + c, 128);   // staging is free again before this warpgroup's next tile
 #else

@@ -687,6 +687,22 @@ def test_precise_preset_gives_the_device_timer_more_replays_over_fresh_rotations
 
 
 @needs_torch
+def test_the_main_timing_races_on_the_jobs_elite_threshold(monkeypatch):
+    """The harness hands the device timer a stop rule exactly when the job carries an elite
+    threshold for the shape and does not turn the race off; the memo pass never races."""
+    h, handler = _cpu_harness(monkeypatch)
+    asked = _asked_device_timer(monkeypatch, h, lambda kw: kw.get("stop"))
+    shape = Shape(40, 24, 32, "TN")
+    _timed(h, handler, shape, _honest("TN"))
+    assert asked == []  # no threshold: no race, and the memo pass (which runs then) has none either
+    _timed(h, handler, shape, _honest("TN"), job={"elite_threshold": 5.0})
+    assert len(asked) == 1 and asked[0]({"candidate": [2e-3, 2e-3], "b": [1e-3] * 3})  # 0.5x < 0.8 x 5.0
+    asked.clear()
+    _timed(h, handler, shape, _honest("TN"), job={"elite_threshold": 5.0, "race": False})
+    assert asked == []
+
+
+@needs_torch
 def test_host_timers_run_only_for_candidates_that_can_become_elites(monkeypatch):
     """The stand-in device timer gives every arm the same median: speedup 1.0."""
     h, handler = _cpu_harness(monkeypatch)

@@ -238,22 +238,19 @@ def mid_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]]:
             k = deepest(dict(base, BM=bm, BN=bn, CONSUMERS=cons, **cl))
             if k:
                 add(f"wgmma:{bm}x{bn}c{cons}cs-deep{k['STAGES']}{tag}", t, k)
+    # swapped: each cluster with the plain staging, and the transposed staging (EPI tsmem: stmatrix,
+    # stores along C's rows) without a cluster, each with its own deepest ring (their staging sizes differ)
+    swap_kinds = {**clusters, "-t": dict(clusters[""], EPI="tsmem")}
     if shape.layout == "TN":  # SWAP: N along the 64-row side, M along a width fitted to it
         for bm, cons in [(64, 1), (128, 2), (256, 2)]:
             waves = {max(1, sms // cdiv(shape.n, bm)) for sms in (132, 264)}  # M's tiles that fill whole waves
             for nt in sorted({cdiv(shape.m, w) for w in (32, 48, 64, 96, 128, 192, 256)} | waves):
                 bn = 8 * cdiv(cdiv(shape.m, nt), 8)  # any multiple of 8: a cluster shares B in turns where halves split atoms
-                for tag, cl in clusters.items():
-                    for k in (dict(base, SWAP=True, BM=bm, BN=bn, CONSUMERS=cons, STAGES=3 if bm > 128 else 4, **cl),
-                              deepest(dict(base, SWAP=True, BM=bm, BN=bn, CONSUMERS=cons, **cl))):
+                for tag, extra in swap_kinds.items():
+                    for k in (dict(base, SWAP=True, BM=bm, BN=bn, CONSUMERS=cons, STAGES=3 if bm > 128 else 4, **extra),
+                              deepest(dict(base, SWAP=True, BM=bm, BN=bn, CONSUMERS=cons, **extra))):
                         if k:
                             add(f"wgmma:swap{bm}x{bn}s{k['STAGES']}{tag}", t, k)
-                # the transposed staging (EPI tsmem: stmatrix, stores along C's rows) beside the
-                # unclustered twins, with its own deepest ring (its staging has another size)
-                for k in (dict(base, SWAP=True, EPI="tsmem", BM=bm, BN=bn, CONSUMERS=cons, STAGES=3 if bm > 128 else 4),
-                          deepest(dict(base, SWAP=True, EPI="tsmem", BM=bm, BN=bn, CONSUMERS=cons))):
-                    if k:
-                        add(f"wgmma:swap{bm}x{bn}s{k['STAGES']}-t", t, k)
     sk = templates["streamk90"]
     if sk.applicable(shape, 90):
         for i, k in enumerate(sk.heuristic(shape, 90)):

@@ -86,9 +86,7 @@ def race_stop(job: Mapping[str, Any], shape: Optional[Shape] = None
     slow, and the checks of the timed calls run as before."""
     if not job.get("race", True):
         return None
-    thr = job.get("elite_threshold")
-    if isinstance(thr, Mapping):
-        thr = thr.get(str(shape)) if shape is not None else None
+    thr = _threshold(job, shape)
     if thr is None or float(thr) <= 0:
         return None
     cutoff = RACE_SHARE * float(thr)
@@ -108,12 +106,19 @@ def _elite_gate(job: Mapping[str, Any], speedup: float, shape: Optional[Shape] =
     shape the mapping leaves out, or maps to None, has no known cutoff and always runs: a
     candidate claiming several shapes can become an elite at any of them, so none of them may
     skip the checks on another shape's cutoff."""
-    thr = job.get("elite_threshold")
-    if isinstance(thr, Mapping):
-        thr = thr.get(str(shape)) if shape is not None else None
+    thr = _threshold(job, shape)
     if thr is None or speedup >= float(thr):
         return "run"
     return f"skipped: speedup {speedup:.3f} below the elite threshold {float(thr):.3f}"
+
+
+def _threshold(job: Mapping[str, Any], shape: Optional[Shape]) -> Optional[float]:
+    """The job's elite threshold for ``shape``: its one number, or the per-shape mapping's entry
+    (None where the mapping leaves the shape out, or without a shape)."""
+    thr = job.get("elite_threshold")
+    if isinstance(thr, Mapping):
+        thr = thr.get(str(shape)) if shape is not None else None
+    return None if thr is None else float(thr)
 
 
 def _baseline(timer_stats: Mapping[str, Any]) -> str:

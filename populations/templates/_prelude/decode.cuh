@@ -42,7 +42,8 @@ __device__ __forceinline__ uint4 dec_ld_keep_v(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
-// Eight halves of a row at [k, k + 8), zero past kend: the ragged or misaligned path (2-byte loads).
+// Eight halves of a row at [k, k + 8), zero past kend, in 2-byte loads (swab's ragged path; gemv's
+// realigns 16-byte loads instead, below).
 __device__ __forceinline__ uint4 dec_ld_tail(const unsigned short* __restrict__ row, int k, int kend) {
   unsigned int w[4];
 #pragma unroll
@@ -53,6 +54,66 @@ __device__ __forceinline__ uint4 dec_ld_tail(const unsigned short* __restrict__ 
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
+// ---- the realigning path: rows that do not start on 16 bytes (K % 8 != 0, a misaligned base) ----
+// A row at p is read as 16-byte blocks of the aligned grid below it (base = p rounded down to 16
+// bytes, s = halves of the first block before the row's first). Logical chunk j (halves [8j, 8j + 8)
+// of the row) is halves s..s+7 of blocks j and j + 1: each lane of a warp loads block j of its own
+// chunk, takes block j + 1 from the next lane (lane 31 loads it), and shifts the pair by s halves.
+// Every load is one aligned 16-byte load of a block that holds at least one half of the row, so it
+// never touches a page the row does not; halves past the row (the next row, a guard band) are
+// zeroed in both operands before any FMA, so no NaN or Inf from outside the matrix reaches a sum.
+// The whole warp must call it together (shuffles): callers keep their K loops warp-uniform.
+__device__ __forceinline__ unsigned int dec_shf_r(unsigned int lo, unsigned int hi, unsigned int sh) {
+  unsigned int d;
+  asm("shf.r.wrap.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"(sh));
+  return d;
+}
+// Halves s..s+7 of the 16 halves (lo, hi), s in 0..7 and uniform over the warp: a three-step barrel
+// shift (one half, one word, two words), about 16 instructions and no local memory.
+__device__ __forceinline__ uint4 dec_realign(uint4 lo, uint4 hi, int s) {
+  const unsigned int w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  const unsigned int sh = (unsigned int)(s & 1) << 4;
+  unsigned int v[7], u[6];
+#pragma unroll
+  for (int i = 0; i < 7; ++i) v[i] = dec_shf_r(w[i], w[i + 1], sh);
+#pragma unroll
+  for (int i = 0; i < 6; ++i) u[i] = (s & 2) ? v[i + 1] : v[i];
+  return (s & 4) ? make_uint4(u[2], u[3], u[4], u[5]) : make_uint4(u[0], u[1], u[2], u[3]);
+}
+// Keep the first n halves of v (n < 8: the row's last, partial chunk).
+__device__ __forceinline__ uint4 dec_keep(uint4 v, int n) {
+  const unsigned int m0 = n >= 2 ? 0xffffffffu : (n == 1 ? 0xffffu : 0u);
+  const unsigned int m1 = n >= 4 ? 0xffffffffu : (n == 3 ? 0xffffu : 0u);
+  const unsigned int m2 = n >= 6 ? 0xffffffffu : (n == 5 ? 0xffffu : 0u);
+  const unsigned int m3 = n >= 8 ? 0xffffffffu : (n == 7 ? 0xffffu : 0u);
+  return make_uint4(v.x & m0, v.y & m1, v.z & m2, v.w & m3);
+}
+// Logical chunk j of the row at p (K halves), zeros where j >= jend (the caller's K range ends
+// there; a lane past it still loads its block for the lane before). STREAM: the weights' load
+// (no L1 allocation), else the tokens' (through L1).
+template <bool STREAM>
+__device__ __forceinline__ uint4 dec_ld_realign(const unsigned short* p, int j, int jend, int K) {
+  const unsigned long long a = (unsigned long long)p;
+  const uint4* base = reinterpret_cast<const uint4*>(a & ~15ull);
+  const int s = (int)((a & 15ull) >> 1);
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  // block j holds a half of the row iff 8j < s + K; it is needed iff j <= jend
+  uint4 lo = zero;
+  if (j <= jend && 8 * j < s + K) lo = STREAM ? dec_ld_stream(base + j) : dec_ld_keep(base + j);
+  uint4 hi;
+  hi.x = __shfl_down_sync(0xffffffffu, lo.x, 1);
+  hi.y = __shfl_down_sync(0xffffffffu, lo.y, 1);
+  hi.z = __shfl_down_sync(0xffffffffu, lo.z, 1);
+  hi.w = __shfl_down_sync(0xffffffffu, lo.w, 1);
+  if ((threadIdx.x & 31) == 31) {
+    hi = zero;
+    if (j < jend && 8 * (j + 1) < s + K) hi = STREAM ? dec_ld_stream(base + j + 1) : dec_ld_keep(base + j + 1);
+  }
+  if (j >= jend) return zero;
+  const uint4 v = dec_realign(lo, hi, s);
+  return 8 * j + 8 > K ? dec_keep(v, K - 8 * j) : v;
+}
+
 __device__ __forceinline__ float2 dec_h2f2(unsigned int v) {
   float2 f;
   asm("{.reg .f16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.f32.f16 %0, lo;\n cvt.f32.f16 %1, hi;}"

@@ -10,8 +10,12 @@
 //   Grid: x = cdiv(N, ROWS * TILES) * cdiv(M, TOK) (token groups of one row tile adjacent, so a row
 //   tile read twice is read from L2), z = CLUSTER; TILES > 1 runs that many row tiles per CTA in
 //   turn, the next tile's loads issued ahead of this one's epilogue (gemv_tiles). Any M, N, K >= 1:
-//   rows and tokens past the edge are clamped loads whose sums are never stored; K % 8 != 0 or
-//   misaligned pointers take 2-byte loads with zero fill.
+//   rows and tokens past the edge are clamped loads whose sums are never stored. Rows that do not
+//   start on 16 bytes (K % 8 != 0, misaligned pointers): RAGGED = 1 compiles only the realigning
+//   path (decode.cuh: aligned 16-byte loads shifted into place in registers, the next block from
+//   the neighbouring lane: the aligned path's bytes per FMA), RAGGED = 0 the 16-byte path with a
+//   2-byte fallback for such rows (one kernel holding both would need the realigning path's
+//   registers on the aligned one too).
 // Knobs arrive as #defines (template.toml); prelude: _prelude/decode.cuh.
 
 #define THREADS (WARPS * 32)
@@ -30,13 +34,15 @@ __device__ __forceinline__ void gemv_load(GemvFrag& f, int c, int c1, const unsi
     const int cc = c + u * THREADS;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      if (cc >= c1) f.w[u][r] = make_uint4(0u, 0u, 0u, 0u);
+      if (!VEC && RAGGED) f.w[u][r] = dec_ld_realign<true>(brow[r], cc, c1, K);  // the whole warp, every chunk
+      else if (cc >= c1) f.w[u][r] = make_uint4(0u, 0u, 0u, 0u);
       else if (VEC) f.w[u][r] = dec_ld_stream(brow[r] + cc * 8);
       else f.w[u][r] = dec_ld_tail(brow[r], cc * 8, K);
     }
 #pragma unroll
     for (int t = 0; t < TOK; ++t) {
-      if (cc >= c1) f.x[u][t] = make_uint4(0u, 0u, 0u, 0u);
+      if (!VEC && RAGGED) f.x[u][t] = dec_ld_realign<false>(arow[t], cc, c1, K);
+      else if (cc >= c1) f.x[u][t] = make_uint4(0u, 0u, 0u, 0u);
       else if (VEC) f.x[u][t] = dec_ld_keep(arow[t] + cc * 8);
       else f.x[u][t] = dec_ld_tail(arow[t], cc * 8, K);
     }
@@ -107,19 +113,22 @@ template <bool VEC>
 __device__ __forceinline__ void gemv_mainloop(float (&acc)[ROWS][TOK], int c, int c1,
                                               const unsigned short* const (&brow)[ROWS],
                                               const unsigned short* const (&arow)[TOK], int K) {
+  // the realigning path shuffles blocks between lanes: its loop runs while the warp's first lane has
+  // a chunk (lanes past c1 load zeros), so no lane leaves it early
+  const int lag = VEC || !RAGGED ? 0 : (int)(threadIdx.x & 31);
 #if PIPE
   // Ping-pong: the loads of the next iteration are in flight while this one's FMAs run.
   const int stride = THREADS * UNROLL;
   GemvFrag f0, f1;
   gemv_load<VEC>(f0, c, c1, brow, arow, K);
-  for (; c < c1; c += 2 * stride) {
+  for (; c - lag < c1; c += 2 * stride) {
     gemv_load<VEC>(f1, c + stride, c1, brow, arow, K);
     gemv_fma(acc, f0);
     gemv_load<VEC>(f0, c + 2 * stride, c1, brow, arow, K);
     gemv_fma(acc, f1);
   }
 #else
-  for (; c < c1; c += THREADS * UNROLL) {
+  for (; c - lag < c1; c += THREADS * UNROLL) {
     GemvFrag f;
     gemv_load<VEC>(f, c, c1, brow, arow, K);
     gemv_fma(acc, f);
@@ -203,7 +212,7 @@ __device__ __forceinline__ void gemv_tiles(int nb, int m0, int c0, int c1, const
     for (int c = c0 + tid;;) {
       gemv_fma(acc, f);
       c += THREADS * UNROLL;
-      if (c >= c1) break;
+      if (c - (VEC || !RAGGED ? 0 : lane) >= c1) break;  // warp-uniform on the realigning path (shuffles)
       gemv_load<VEC>(f, c, c1, brow, arow, K);
     }
     if (ti + 1 < TILES && n0 + ROWS < N) {  // the next tile's first loads, ahead of this epilogue
@@ -225,7 +234,14 @@ __device__ __forceinline__ void gemv_tiles(int nb, int m0, int c0, int c1, const
 }
 #endif
 
-extern "C" __global__ void DEC_CLUSTER_DIMS __launch_bounds__(THREADS)
+// The realigning path's shifts hold more registers live than ptxas's default budget for these
+// kernels (it spilled at 64-80); one resident CTA is the only promise it is given there.
+#if RAGGED
+#define GEMV_BOUNDS __launch_bounds__(THREADS, 1)
+#else
+#define GEMV_BOUNDS __launch_bounds__(THREADS)
+#endif
+extern "C" __global__ void DEC_CLUSTER_DIMS GEMV_BOUNDS
 evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ C,
          int M_, int N_, int K_) {
   DEC_PROBLEM_SIZE;
@@ -235,7 +251,11 @@ evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict_
 
   int c0, c1;  // this CTA's 16-byte K chunks
   dec_k_range((K + 7) >> 3, c0, c1);
+#if RAGGED
+  const bool vec = false;  // every row through the realigning path: one K loop, registers for it alone
+#else
   const bool vec = dec_vec16(A, B, K);
+#endif
 #if TILES > 1
   __shared__ float red2[2][WARPS][RED];
   if (vec) gemv_tiles<true>(n0, m0, c0, c1, A, B, C, M, N, K, red2);

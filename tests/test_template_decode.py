@@ -261,6 +261,27 @@ def test_gemv_ragged_rows_take_the_realigning_path(fams: dict[str, Template]) ->
     compile_and_check(jobs)
 
 
+def test_swab_ragged_rows_take_the_realigning_path(fams: dict[str, Template]) -> None:
+    """swab's RAGGED = 1 (each lane's chunk completed from the neighbour that holds the next block:
+    the next lane, the next step's first lane, or its own next step, by KMAP): every first pick of a
+    ragged K, none of an aligned one; its loop shapes (KMAP 0/1, U 1..8, PIPE, WMAP, clusters)
+    compile for sm_90a and, without a cluster, sm_80, without spills."""
+    sw = fams["swab"]
+    for text in ("5x203x9531", "9x511x2945", "14x1201x17765", "40x100x73"):
+        picks = sw.heuristic(Shape.parse(text), "sm_90a")
+        assert picks and all(k["RAGGED"] == 1 for k in picks), (text, picks)
+    assert all(k["RAGGED"] == 0 for k in sw.heuristic(Shape.parse("8x4096x4096"), "sm_90a"))
+    def sets(shape: Shape, arch: str) -> list[dict]:
+        base = dict(sw.space.defaults(), RAGGED=1)
+        return sw.heuristic(shape, arch) + [dict(base, **v) for v in (
+            dict(RT=1, NT=1, WARPS=4, U=1, KMAP=0), dict(RT=2, NT=1, WARPS=4, U=3, KMAP=0, PIPE=1),
+            dict(RT=1, NT=2, WARPS=8, U=4, KMAP=1), dict(RT=2, NT=2, WARPS=4, U=2, KMAP=1, PIPE=1),
+            dict(RT=1, NT=1, WARPS=4, U=8, KMAP=1, WMAP=1), dict(RT=2, NT=1, WARPS=4, U=2, CLUSTER=4))]
+    jobs = _valid_jobs(sw, ("5x203x9531", "14x1201x17765", "3x77x9", "40x100x73"), sets)
+    assert len(jobs) >= 14
+    compile_and_check(jobs)
+
+
 def _valid_jobs(t: Template, shapes: tuple[str, ...], knob_sets, archs=("sm_90a", "sm_80")) -> list:
     """Compile jobs of ``t`` for every knob set ``knob_sets(shape, arch)`` gives that the template
     accepts at that shape and arch (one job per distinct source and arch)."""
@@ -319,7 +340,7 @@ def test_first_picks_pass_the_evaluator_on_the_gpu(fams: dict[str, Template], tm
 
     cases = []
     for text in ["8x6144x768", "8x50257x768", "16x6144x4096", "16x1152x896", "1x9216x3072", "3x77x9", "5x4100x1030",
-                 "1x851x21953", "2x1001x4413", "4x129x1030", "1x300x7"]:
+                 "1x851x21953", "2x1001x4413", "4x129x1030", "1x300x7", "9x511x2945", "14x1201x1765", "40x100x73"]:
         s = Shape.parse(text)
         for name in DECODE:
             if fams[name].applicable(s, 90):
@@ -330,4 +351,5 @@ def test_first_picks_pass_the_evaluator_on_the_gpu(fams: dict[str, Template], tm
     assert {n for n, _, _ in cases} == set(DECODE)
     bad = [(n, s, k, e.status.value, e.message[:300]) for (n, s, k), e in zip(cases, evals) if e.status is not Status.OK]
     assert not bad, bad
-    assert sum(1 for n, _, k in cases if n == "gemv" and k.get("RAGGED")) >= 6  # the realigning path was judged
+    for name in ("gemv", "swab"):  # the realigning paths were judged
+        assert sum(1 for n, _, k in cases if n == name and k.get("RAGGED")) >= 6, name

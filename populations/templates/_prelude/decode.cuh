@@ -68,7 +68,7 @@ __device__ __forceinline__ unsigned int dec_shf_r(unsigned int lo, unsigned int 
   asm("shf.r.wrap.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"(sh));
   return d;
 }
-// Halves s..s+7 of the 16 halves (lo, hi), s in 0..7 and uniform over the warp: a three-step barrel
+// Halves s..s+7 of the 16 halves (lo, hi), s in 0..7 (each thread its own): a three-step barrel
 // shift (one half, one word, two words), about 16 instructions and no local memory.
 __device__ __forceinline__ uint4 dec_realign(uint4 lo, uint4 hi, int s) {
   const unsigned int w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
@@ -88,30 +88,43 @@ __device__ __forceinline__ uint4 dec_keep(uint4 v, int n) {
   const unsigned int m3 = n >= 8 ? 0xffffffffu : (n == 7 ? 0xffffu : 0u);
   return make_uint4(v.x & m0, v.y & m1, v.z & m2, v.w & m3);
 }
-// Logical chunk j of the row at p (K halves), zeros where j >= jend (the caller's K range ends
-// there; a lane past it still loads its block for the lane before). STREAM: the weights' load
-// (no L1 allocation), else the tokens' (through L1).
-template <bool STREAM>
-__device__ __forceinline__ uint4 dec_ld_realign(const unsigned short* p, int j, int jend, int K) {
+// The aligned grid below the row at p: its first 16-byte block and the halves of it before the row.
+__device__ __forceinline__ void dec_grid(const unsigned short* p, const uint4*& base, int& s) {
   const unsigned long long a = (unsigned long long)p;
-  const uint4* base = reinterpret_cast<const uint4*>(a & ~15ull);
-  const int s = (int)((a & 15ull) >> 1);
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  // block j holds a half of the row iff 8j < s + K; it is needed iff j <= jend
-  uint4 lo = zero;
-  if (j <= jend && 8 * j < s + K) lo = STREAM ? dec_ld_stream(base + j) : dec_ld_keep(base + j);
-  uint4 hi;
-  hi.x = __shfl_down_sync(0xffffffffu, lo.x, 1);
-  hi.y = __shfl_down_sync(0xffffffffu, lo.y, 1);
-  hi.z = __shfl_down_sync(0xffffffffu, lo.z, 1);
-  hi.w = __shfl_down_sync(0xffffffffu, lo.w, 1);
-  if ((threadIdx.x & 31) == 31) {
-    hi = zero;
-    if (j < jend && 8 * (j + 1) < s + K) hi = STREAM ? dec_ld_stream(base + j + 1) : dec_ld_keep(base + j + 1);
-  }
-  if (j >= jend) return zero;
+  base = reinterpret_cast<const uint4*>(a & ~15ull);
+  s = (int)((a & 15ull) >> 1);
+}
+// Block j of a row's grid (shift s, K halves) where it holds a half of the row (8j < s + K) and is
+// needed (j <= jneed: the last logical chunk, jneed - 1, may end in block jneed); zeros otherwise.
+// STREAM: the weights' load (no L1 allocation), else the tokens' (through L1).
+template <bool STREAM>
+__device__ __forceinline__ uint4 dec_ld_block(const uint4* base, int s, int j, int jneed, int K) {
+  if (j > jneed || 8 * j >= s + K) return make_uint4(0u, 0u, 0u, 0u);
+  return STREAM ? dec_ld_stream(base + j) : dec_ld_keep(base + j);
+}
+__device__ __forceinline__ uint4 dec_shfl(uint4 v, int src) {
+  return make_uint4(__shfl_sync(0xffffffffu, v.x, src), __shfl_sync(0xffffffffu, v.y, src),
+                    __shfl_sync(0xffffffffu, v.z, src), __shfl_sync(0xffffffffu, v.w, src));
+}
+// Logical chunk j (halves [8j, 8j + 8) of the row) from its blocks j and j + 1: zeros where j >= jend
+// (the caller's K range ends there), the halves past K zeroed.
+__device__ __forceinline__ uint4 dec_chunk(uint4 lo, uint4 hi, int s, int j, int jend, int K) {
+  if (j >= jend) return make_uint4(0u, 0u, 0u, 0u);
   const uint4 v = dec_realign(lo, hi, s);
   return 8 * j + 8 > K ? dec_keep(v, K - 8 * j) : v;
+}
+// Logical chunk j of the row at p, lane j's neighbour (chunk j + 1) on lane + 1: gemv's layout. Every
+// lane of the warp calls it (a lane past jend still loads its block for the lane before).
+template <bool STREAM>
+__device__ __forceinline__ uint4 dec_ld_realign(const unsigned short* p, int j, int jend, int K) {
+  const uint4* base;
+  int s;
+  dec_grid(p, base, s);
+  const uint4 lo = dec_ld_block<STREAM>(base, s, j, jend, K);
+  const int lane = (int)(threadIdx.x & 31);
+  uint4 hi = dec_shfl(lo, lane < 31 ? lane + 1 : lane);
+  if (lane == 31) hi = dec_ld_block<STREAM>(base, s, j + 1, j < jend ? jend : -1, K);
+  return dec_chunk(lo, hi, s, j, jend, K);
 }
 
 __device__ __forceinline__ float2 dec_h2f2(unsigned int v) {

@@ -17,8 +17,10 @@
 //   Grid: x = cdiv(N, ROWS_CTA) * cdiv(M, 8 * NT) (ROWS_CTA = 16 * RT, times WARPS with WMAP = 1),
 //   the token groups of one weight tile adjacent (a weight tile read by two groups is served from
 //   L2 the second time); z = CLUSTER.
-//   Any M, N, K >= 1: edge rows/tokens are clamped loads whose results are never stored; K % 8
-//   != 0 or misaligned operands take 2-byte loads with zero fill.
+//   Any M, N, K >= 1: edge rows/tokens are clamped loads whose results are never stored. Rows that
+//   do not start on 16 bytes (K % 8 != 0, misaligned operands): RAGGED = 1 compiles only the
+//   realigning path (aligned 16-byte blocks shifted into place, swab_row_ragged), RAGGED = 0 the
+//   16-byte path with a 2-byte fallback for such rows.
 // Knobs arrive as #defines (template.toml); preludes: mma_sync.cuh, decode.cuh.
 
 #define THREADS (WARPS * 32)
@@ -43,9 +45,74 @@
 struct SwabFrag {
   uint4 lo[U][RT], hi[U][RT], x[U][NT];
 };
+#if RAGGED
+// RAGGED = 1: the U logical chunks this lane holds of the row at p, read as aligned 16-byte blocks
+// shifted into place (decode.cuh). A chunk's next block is held by the lane (g, q + 1) at the same
+// step (KMAP 0, q < 3), by the lane (g, 0) at the next step (KMAP 0, q = 3), by this lane at the
+// next u (KMAP 1), or by the lane (g, q + 1) at u = 0 (KMAP 1, u = U - 1); a lane whose neighbour
+// lies in the next iteration loads it itself. The whole warp calls it (shuffles): swab's K loop is
+// warp-uniform.
+template <bool STREAM>
+__device__ __forceinline__ void swab_row_ragged(uint4 (&out)[U], const unsigned short* p, int s, int jend, int q,
+                                                int K) {
+  const uint4* base;
+  int sh;
+  dec_grid(p, base, sh);
+  const int lane = (int)(threadIdx.x & 31);
+  uint4 raw[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#if KMAP
+    const int j = s * 4 + q * U + u;
+#else
+    const int j = (s + u) * 4 + q;
+#endif
+    raw[u] = dec_ld_block<STREAM>(base, sh, j, jend, K);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#if KMAP
+    const int j = s * 4 + q * U + u;
+    uint4 nb;
+    if (u + 1 < U) {
+      nb = raw[u + 1];
+    } else {
+      nb = dec_shfl(raw[0], q < 3 ? lane + 1 : lane);
+      if (q == 3) nb = dec_ld_block<STREAM>(base, sh, j + 1, j < jend ? jend : -1, K);
+    }
+#else
+    const int j = (s + u) * 4 + q;
+    uint4 nb = dec_shfl(q == 0 && u + 1 < U ? raw[u + 1 < U ? u + 1 : u] : raw[u], q < 3 ? lane + 1 : lane - 3);
+    if (q == 3 && u + 1 == U) nb = dec_ld_block<STREAM>(base, sh, j + 1, j < jend ? jend : -1, K);
+#endif
+    out[u] = dec_chunk(raw[u], nb, sh, j, jend, K);
+  }
+}
+#endif
+
 __device__ __forceinline__ void swab_load(SwabFrag& f, int s, int s1, int q, const unsigned short* const (&wlo)[RT],
                                           const unsigned short* const (&whi)[RT],
                                           const unsigned short* const (&xr)[NT], int K, bool vec) {
+#if RAGGED
+  (void)vec;
+  const int jend = min(s1 * 4, (K + 7) >> 3);
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+    uint4 lo[U], hi[U];
+    swab_row_ragged<true>(lo, wlo[r], s, jend, q, K);
+    swab_row_ragged<true>(hi, whi[r], s, jend, q, K);
+#pragma unroll
+    for (int u = 0; u < U; ++u) { f.lo[u][r] = lo[u]; f.hi[u][r] = hi[u]; }
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    uint4 x[U];
+    swab_row_ragged<false>(x, xr[j], s, jend, q, K);
+#pragma unroll
+    for (int u = 0; u < U; ++u) f.x[u][j] = x[u];
+  }
+  return;
+#endif
 #pragma unroll
   for (int u = 0; u < U; ++u) {
 #if KMAP
@@ -95,7 +162,12 @@ __device__ __forceinline__ void swab_stash(float* row, const float (&acc)[RT][NT
       for (int c = 0; c < 4; ++c) row[((r * NT + j) * 4 + c) * 32 + lane] = acc[r][j][c];
 }
 
-extern "C" __global__ void DEC_CLUSTER_DIMS __launch_bounds__(THREADS)
+#if RAGGED
+#define SWAB_BOUNDS __launch_bounds__(THREADS, 1)   // the shifts' registers: see gemv
+#else
+#define SWAB_BOUNDS __launch_bounds__(THREADS)
+#endif
+extern "C" __global__ void DEC_CLUSTER_DIMS SWAB_BOUNDS
 evo_swab(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ C,
          int M_, int N_, int K_) {
   DEC_PROBLEM_SIZE;
@@ -107,7 +179,11 @@ evo_swab(const unsigned short* __restrict__ A, const unsigned short* __restrict_
 
   int s0, s1;  // this CTA's k32 steps
   dec_k_range((K + 31) >> 5, s0, s1);
+#if RAGGED
+  const bool vec = false;  // every row through the realigning path (swab_row_ragged)
+#else
   const bool vec = dec_vec16(A, B, K);
+#endif
 
   const unsigned short* wlo[RT];
   const unsigned short* whi[RT];

@@ -346,3 +346,18 @@ def test_crossover_edits_the_fitter_parent_and_names_both(mini: Template, family
     for p in ok:
         assert p.parents == (parents[0].id, parents[1].id) and mini.check(p.candidate.knobs, SHAPE) == []
         assert "## Parent 2: " + parents[1].id in p.candidate.prompt
+
+
+def test_grammar_never_offers_a_knob_the_shape_forbids_changing() -> None:
+    """gemv's RAGGED = 1 is refused at an aligned K and its other value is the default: a name
+    whose values can lead to no valid set is never offered (a row that wrote it dead-ended), while
+    at a ragged K it is."""
+    from populations import load_templates
+
+    gemv = load_templates(errors="warn")["gemv"]
+    parent = gemv.space.complete({})
+    for changes in (1, 2, 3):
+        aligned = KnobEditGrammar(gemv, parent, Shape.parse("2x256x64"), max_changes=changes).options()
+        assert aligned and 'RAGGED": ' not in aligned, (changes, aligned)
+    ragged = KnobEditGrammar(gemv, parent, Shape.parse("2x256x65"), max_changes=2).options()
+    assert 'RAGGED": ' in ragged

@@ -5,7 +5,9 @@ prefix, then each choice is one prefix-free string: a knob name with its ``": ``
 edited that has another value), then a value with what follows it (``, "`` for another knob or
 ``}`` to finish). A value may finish the edit only when the knob set it gives passes
 ``Template.check``; at the last allowed change only such values are offered, and only knob
-names that have one. So every finished edit is valid; a rare dead end (no knob can complete a
+names that have one; before it, only names with a value that is valid or that one more change
+makes valid (a knob whose other values the shape forbids, such as a ragged-K path at an aligned
+K, is never offered). So every finished edit is valid; a rare dead end (no knob can complete a
 valid set) ends unfinished and becomes a counted failure.
 """
 from __future__ import annotations
@@ -18,6 +20,10 @@ from populations import Shape, Template
 __all__ = ["KnobEditGrammar", "PREFIX"]
 
 PREFIX = '{"'
+
+#: Memo of :meth:`KnobEditGrammar._live_names` (oldest dropped first).
+_LIVE: dict[tuple, frozenset] = {}
+_LIVE_MAX = 256
 
 
 class KnobEditGrammar:
@@ -49,6 +55,9 @@ class KnobEditGrammar:
             names = [n for n in self.template.space.knobs if n not in self.edit and self._values(n)]
             if last:
                 names = [n for n in names if any(self._valid(n, v) for v in self._values(n))]
+            else:  # a name none of whose values is valid, or valid after one more change, is a dead end
+                live = self._live_names()
+                names = [n for n in names if n in live]
             return [f'{n}": ' for n in names]
         out = []
         for v in self._values(self.pending):
@@ -77,6 +86,30 @@ class KnobEditGrammar:
             return any(self._valid(n, v) for n in others for v in self._values(n))
         finally:
             del self.edit[name]
+
+    def _live_names(self) -> frozenset[str]:
+        """Knobs not yet edited with a value that is valid, or valid after one more change (beside
+        this edit; ``known`` sets aside, which only ever rules out a few). Rows of a call share a
+        parent and shape, so the answer is memoised per (template, parent, shape, edit): tens of
+        milliseconds of checks at the first name of a large template, once."""
+        key = (self.template.name, self.template.source_text, tuple(sorted(self.parent.items())), self.shape,
+               tuple(sorted(self.edit.items())))
+        hit = _LIVE.get(key)
+        if hit is not None:
+            return hit
+        ok = lambda full: not self.template.check(full, self.shape)  # noqa: E731
+        base = {**self.parent, **self.edit}
+        free = [n for n in self.template.space.knobs if n not in self.edit]
+
+        def reachable(name: str, value: Any) -> bool:
+            one = {**base, name: value}
+            return ok(one) or any(ok({**one, n: v}) for n in free if n != name for v in self._values(n))
+
+        live = frozenset(n for n in free if any(reachable(n, v) for v in self._values(n)))
+        if len(_LIVE) >= _LIVE_MAX:
+            _LIVE.pop(next(iter(_LIVE)))
+        _LIVE[key] = live
+        return live
 
     def choose(self, option: str) -> None:
         if self.pending is None:

@@ -42,8 +42,8 @@ __device__ __forceinline__ uint4 dec_ld_keep_v(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
-// Eight halves of a row at [k, k + 8), zero past kend, in 2-byte loads (swab's ragged path; gemv's
-// realigns 16-byte loads instead, below).
+// Eight halves of a row at [k, k + 8), zero past kend, in 2-byte loads: the fallback of kernels built
+// without the realigning path (RAGGED 0) for rows that do not start on 16 bytes.
 __device__ __forceinline__ uint4 dec_ld_tail(const unsigned short* __restrict__ row, int k, int kend) {
   unsigned int w[4];
 #pragma unroll
@@ -159,9 +159,24 @@ __device__ __forceinline__ void dec_k_range(int units, int& lo, int& hi) {
 #endif
 }
 // 16-byte loads are legal when every row starts 16-byte aligned: K % 8 == 0 and aligned base pointers.
+// A kernel built with RAGGED 1 reads every row through the realigning path (one K loop, registers
+// for it alone), so for it the answer is a constant false and the 16-byte loop is never compiled in.
 __device__ __forceinline__ bool dec_vec16(const void* A, const void* B, int K) {
+#if defined(RAGGED) && RAGGED
+  (void)A, (void)B, (void)K;
+  return false;
+#else
   return (K % 8 == 0) && (((unsigned long long)A | (unsigned long long)B) & 15) == 0;
+#endif
 }
+// Launch bounds of the decode kernels: the realigning path's shifts hold more registers live than
+// ptxas's default budget for these kernels (gemv and swab spilled at 64-80 and 128), so RAGGED 1
+// kernels promise only one resident CTA.
+#if defined(RAGGED) && RAGGED
+#define DEC_BOUNDS(threads) __launch_bounds__(threads, 1)
+#else
+#define DEC_BOUNDS(threads) __launch_bounds__(threads)
+#endif
 
 #if CLUSTER > 1
 // Cluster-wide barrier with release/acquire semantics: shared-memory writes before it are visible

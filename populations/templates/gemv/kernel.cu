@@ -234,14 +234,7 @@ __device__ __forceinline__ void gemv_tiles(int nb, int m0, int c0, int c1, const
 }
 #endif
 
-// The realigning path's shifts hold more registers live than ptxas's default budget for these
-// kernels (it spilled at 64-80); one resident CTA is the only promise it is given there.
-#if RAGGED
-#define GEMV_BOUNDS __launch_bounds__(THREADS, 1)
-#else
-#define GEMV_BOUNDS __launch_bounds__(THREADS)
-#endif
-extern "C" __global__ void DEC_CLUSTER_DIMS GEMV_BOUNDS
+extern "C" __global__ void DEC_CLUSTER_DIMS DEC_BOUNDS(THREADS)
 evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ C,
          int M_, int N_, int K_) {
   DEC_PROBLEM_SIZE;
@@ -251,11 +244,7 @@ evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict_
 
   int c0, c1;  // this CTA's 16-byte K chunks
   dec_k_range((K + 7) >> 3, c0, c1);
-#if RAGGED
-  const bool vec = false;  // every row through the realigning path: one K loop, registers for it alone
-#else
-  const bool vec = dec_vec16(A, B, K);
-#endif
+  const bool vec = dec_vec16(A, B, K);  // false with RAGGED 1: the realigning path only (decode.cuh)
 #if TILES > 1
   __shared__ float red2[2][WARPS][RED];
   if (vec) gemv_tiles<true>(n0, m0, c0, c1, A, B, C, M, N, K, red2);

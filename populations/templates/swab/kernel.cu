@@ -82,7 +82,10 @@ __device__ __forceinline__ void swab_row_ragged(uint4 (&out)[U], const unsigned 
     }
 #else
     const int j = (s + u) * 4 + q;
-    uint4 nb = dec_shfl(q == 0 && u + 1 < U ? raw[u + 1 < U ? u + 1 : u] : raw[u], q < 3 ? lane + 1 : lane - 3);
+    // lanes q = 1..3 offer this step's block to the lane before; lane q = 0 the next step's to lane q = 3
+    // (at the last step lane q = 3 loads it itself, and lane q = 0's offer goes unread)
+    const uint4 next = raw[u + 1 < U ? u + 1 : u];
+    uint4 nb = dec_shfl(q == 0 ? next : raw[u], q < 3 ? lane + 1 : lane - 3);
     if (q == 3 && u + 1 == U) nb = dec_ld_block<STREAM>(base, sh, j + 1, j < jend ? jend : -1, K);
 #endif
     out[u] = dec_chunk(raw[u], nb, sh, j, jend, K);
@@ -111,8 +114,7 @@ __device__ __forceinline__ void swab_load(SwabFrag& f, int s, int s1, int q, con
 #pragma unroll
     for (int u = 0; u < U; ++u) f.x[u][j] = x[u];
   }
-  return;
-#endif
+#else
 #pragma unroll
   for (int u = 0; u < U; ++u) {
 #if KMAP
@@ -134,6 +136,7 @@ __device__ __forceinline__ void swab_load(SwabFrag& f, int s, int s1, int q, con
       else f.x[u][j] = dec_ld_tail(xr[j], k, K);
     }
   }
+#endif
 }
 // Two mmas per (step, weight tile, token tile): physical k 8q..8q+3, then 8q+4..8q+7 (see above).
 __device__ __forceinline__ void swab_mma(float (&acc)[RT][NT][4], const SwabFrag& f) {
@@ -162,12 +165,7 @@ __device__ __forceinline__ void swab_stash(float* row, const float (&acc)[RT][NT
       for (int c = 0; c < 4; ++c) row[((r * NT + j) * 4 + c) * 32 + lane] = acc[r][j][c];
 }
 
-#if RAGGED
-#define SWAB_BOUNDS __launch_bounds__(THREADS, 1)   // the shifts' registers: see gemv
-#else
-#define SWAB_BOUNDS __launch_bounds__(THREADS)
-#endif
-extern "C" __global__ void DEC_CLUSTER_DIMS SWAB_BOUNDS
+extern "C" __global__ void DEC_CLUSTER_DIMS DEC_BOUNDS(THREADS)
 evo_swab(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, unsigned short* __restrict__ C,
          int M_, int N_, int K_) {
   DEC_PROBLEM_SIZE;
@@ -179,11 +177,7 @@ evo_swab(const unsigned short* __restrict__ A, const unsigned short* __restrict_
 
   int s0, s1;  // this CTA's k32 steps
   dec_k_range((K + 31) >> 5, s0, s1);
-#if RAGGED
-  const bool vec = false;  // every row through the realigning path (swab_row_ragged)
-#else
-  const bool vec = dec_vec16(A, B, K);
-#endif
+  const bool vec = dec_vec16(A, B, K);  // false with RAGGED 1: the realigning path only (decode.cuh)
 
   const unsigned short* wlo[RT];
   const unsigned short* whi[RT];

@@ -122,7 +122,10 @@ def test_the_engine_feeds_the_bandit_and_charges_the_llms_gpu_seconds(tmp_path) 
             return 0.75
 
     cfg = merge({}, {"shapes": ["256x256x256"], "archive": str(tmp_path / "a"), "operators": "knob_mutation,llm",
-                     "progress": "none", "max_evals": 60, "bandit": {"enabled": True}})
+                     "progress": "none", "max_evals": 60,
+                     # uniform order every step: this test is about the accounting, and under Thompson
+                     # draws alone the cheap knob arm could take all 60 evaluations (a CI run saw it)
+                     "bandit": {"enabled": True, "explore": 1.0}})
     ops = make_operators({"knob_mutation": 1.0})
     ops["llm"] = ModelOnGpuDouble()
     pool = FakeEvaluatorPool(delay_s=0.0)
@@ -137,7 +140,7 @@ def test_the_engine_feeds_the_bandit_and_charges_the_llms_gpu_seconds(tmp_path) 
     arms = stop["bandit"]
     assert arms["knob_mutation"]["children"] > 0 and arms["knob_mutation"]["gpu_s"] > 0
     calls = ops["llm"].calls
-    assert calls > 0 and arms["llm"]["llm_gpu_s"] == pytest.approx(0.25 * calls)
+    assert calls >= 3 and arms["llm"]["llm_gpu_s"] == pytest.approx(0.25 * calls)
     assert result.budget["llm_gpu_s"] == pytest.approx(0.25 * calls)
     assert result.budget["gpu_s"] >= result.budget["llm_gpu_s"]
     assert result.budget["llm_gpu_wait_s"] == pytest.approx(0.75 * calls)  # reported beside, not in gpu_s

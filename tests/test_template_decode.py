@@ -26,7 +26,9 @@ SAMPLE = ["1x2304x768", "1x768x3072", "1x50257x768", "1x576x576", "1x49152x576",
           "8x50257x768", "16x2304x2304", "12x3072x3072"]
 RAGGED = ["1x1x1", "3x77x9", "5x1000x1001", "7x33x4100", "13x129x520", "2x8191x17", "64x1x2049", "40x100x72",
           "13x2049x1032", "5x1000x4100"]
-FIRST = SAMPLE[::3] + RAGGED[:4] + RAGGED[-2:]  # the quick compile test's shapes
+# the small-K rows at M = 1 (one warp, 4 or 8 rows) and the few-rows deep-K rows at M = 2..4
+FEW = ["1x28080x192", "1x8080x512", "1x700x300", "3x392x4816"]
+FIRST = SAMPLE[::3] + RAGGED[:4] + RAGGED[-2:] + FEW  # the quick compile test's shapes
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +146,24 @@ def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> N
     for text in ("1x2304x2304", "1x3072x3072", "1x4096x4096"):
         k = first(g, text)
         assert k["WARPS"] * 32 * k["UNROLL"] * 8 >= Shape.parse(text).k and k["CLUSTER"] == 1, (text, k)
+    # M = 1, K <= 512: as many warps as the row has chunks for (no warp idles: (WARPS - 1) * 32 < chunks),
+    # one round trip, ROWS x WARPS = 4 first and 8 next on wide N (the plain peer's best shapes)
+    for text in ("1x28080x192", "1x5376x128", "1x880x160", "1x8080x512", "1x700x300", "1x300x7"):
+        shape = Shape.parse(text)
+        chunks = -(-shape.k // 8)
+        picks = g.heuristic(shape, 90)
+        k = picks[0]
+        assert (k["WARPS"] - 1) * 32 < chunks <= k["WARPS"] * 32 * k["UNROLL"], (text, k)
+        assert k["ROWS"] * k["WARPS"] == 4 and k["TOK"] == 1, (text, k)
+        if shape.n >= 6144:
+            assert picks[1]["ROWS"] * picks[1]["WARPS"] == 8 and picks[1]["WARPS"] == k["WARPS"], (text, picks[1])
     # M = 2..4: all tokens of a row tile in one CTA (TOK = M rounded up to the domain)
     assert [first(g, f"{m}x2304x768")["TOK"] for m in (2, 3, 4)] == [2, 4, 4]
+    # ... and with few rows (N <= 1024) and deep K, one row a CTA and 8 warps (enough CTAs for the SMs)
+    for text in ("3x392x4816", "2x64x17856", "4x1000x2048"):
+        k = first(g, text)
+        assert (k["ROWS"], k["WARPS"]) == (1, 8) and k["TOK"] >= Shape.parse(text).m, (text, k)
+    assert first(g, "3x2048x4816")["ROWS"] == 4  # wide N keeps the ROWS 4 rule
     # swab, small weights: one 16 x 8 tile per CTA; a cluster splits K only where K is deep (K >= 1536)
     # and the tiles are few (about 200 CTAs)
     assert first(s, "8x768x3072")["CLUSTER"] == 4 and first(s, "8x576x1536")["CLUSTER"] == 2
@@ -324,7 +342,7 @@ def test_swab_warp_row_tiles_compile_and_are_never_a_first_pick(fams: dict[str, 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_every_first_pick_of_the_sample_compiles(fams: dict[str, Template]) -> None:
-    compile_and_check(first_pick_jobs(fams, SAMPLE + RAGGED, samples=40))
+    compile_and_check(first_pick_jobs(fams, SAMPLE + RAGGED + FEW, samples=40))
 
 
 # ---- device -----------------------------------------------------------------------------------
@@ -340,7 +358,8 @@ def test_first_picks_pass_the_evaluator_on_the_gpu(fams: dict[str, Template], tm
 
     cases = []
     for text in ["8x6144x768", "8x50257x768", "16x6144x4096", "16x1152x896", "1x9216x3072", "3x77x9", "5x4100x1030",
-                 "1x851x21953", "2x1001x4413", "4x129x1030", "1x300x7", "9x511x2945", "14x1201x1765", "40x100x73"]:
+                 "1x851x21953", "2x1001x4413", "4x129x1030", "1x300x7", "9x511x2945", "14x1201x1765", "40x100x73",
+                 "1x7000x200", "1x900x456", "3x500x4816"]:
         s = Shape.parse(text)
         for name in DECODE:
             if fams[name].applicable(s, 90):

@@ -68,12 +68,14 @@ def library_path(lib: Any, row: Any, a: Any, w: Any) -> tuple[str, str]:
     return "evolved", f"{entry.get('template') or 'free-form'} {str(entry.get('candidate', ''))[:12]}".strip()
 
 
-def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optional[list[int]] = None) -> bool:
+def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optional[list[int]] = None,
+               reserve_s: float = 0.0) -> bool:
     """Time every row (:func:`time_one`, interleaved over the M classes) into ``WORK/results.json``:
     cuBLAS both layouts, the exported library, the plain peer on decode rows. ``meta`` is added
     to the results' ``meta``; ``peer_ms``: the M values to build the peer for (default: the decode
-    rows' own; one fixed list lets a later call reuse cupy's compile cache). False without a GPU
-    or when a shape failed."""
+    rows' own; one fixed list lets a later call reuse cupy's compile cache); ``reserve_s``: seconds
+    before the run's cap at which this stage starts no new row, left for a pass that follows it
+    (the random-shape benchmark's pad peer). False without a GPU or when a shape failed."""
     args = run.args
     import torch
 
@@ -145,7 +147,9 @@ def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optiona
         return time_one(row, lib, peer, l2, args.reps, rng, Sets, rel_error, time_arms, REL_TOL,
                         peer_skip=of_row(screened.hung), peer_unscreened=of_row(screened.unscreened))
 
-    ok = time_shapes(smp.interleave(run.sample, args.seed), have, one, save, run.log, cap=run.cap(), retime=retime)
+    cap = run.cap()
+    ok = time_shapes(smp.interleave(run.sample, args.seed), have, one, save, run.log,
+                     cap=None if cap is None else cap - reserve_s, retime=retime)
     save()
     return ok
 

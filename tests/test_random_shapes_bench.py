@@ -383,8 +383,11 @@ def test_the_time_stage_runs_the_timer_then_the_pad_peer_then_the_best_kernels(t
     rows = gen.generate(8)
     mid = next(r for r in rows if "mid" in r.classes)
 
-    def stand_in_timer(run: Any, meta: dict[str, Any], peer_ms: list[int]) -> bool:  # test double: no GPU
+    def stand_in_timer(run: Any, meta: dict[str, Any], peer_ms: list[int], reserve_s: float) -> bool:  # test double: no GPU
         seen.append(("time", meta["seed"], peer_ms))
+        # time kept back for the pad peer, which runs after every timed row: per misaligned row
+        ragged = sum("misaligned" in r.classes for r in run.sample)
+        assert ragged > 0 and reserve_s == pytest.approx(bench.PAD_S_A_ROW * ragged)
         bench.stg.write_json(run.results_path, {"meta": meta, "rows": [
             {**r.to_dict(), "cublas_tn_s": 2e-5, "cublas_nn_s": 3e-5, "evo_s": 1e-5} for r in run.sample]})
         return True

@@ -560,6 +560,11 @@ def test_split_k_candidates_are_correct_on_the_gpu(tmp_path):
     tpl = load_template(FOLDER)
     cases = [("64x64x16384", {"BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 7, "SPLIT_K": 64}),
              ("256x256x4096", {"BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 7, "SPLIT_K": 16}),
+             # the reduce's 8-lane path: SPLIT_K not a multiple of 8, M * N % 4 != 0 (C's last 1-3
+             # elements), and a C of one partial block
+             ("103x125x16768", {"BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 7, "SPLIT_K": 12}),
+             ("118x96x16384", {"BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 7, "SPLIT_K": 24}),
+             ("5x7x9000", {"BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 7, "SPLIT_K": 8}),
              ("129x257x520", {"BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 7, "SPLIT_K": 3}),
              ("77x4096x4096:NN", {"BM": 128, "BN": 128, "SCHED": "pingpong", "STAGES": 4, "SPLIT_K": 3}),
              ("512x512x4096", {"BM": 128, "BN": 256, "CLUSTER_M": 2, "STAGES": 3, "SPLIT_K": 4}),

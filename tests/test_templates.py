@@ -340,8 +340,10 @@ def test_plans_resolve_at_ragged_shapes(families: dict[str, Template], name: str
                     assert launches[0].grid[2] == split and launches[0].smem <= MAX_SMEM
                     assert ws == (split * shape.m * shape.n * 4 if split > 1 else 0)
                     assert [launch.kernel for launch in launches][1:] == (["evo_splitk_reduce"] if split > 1 else [])
-                    reduce_threads = launches[-1].grid[0] * 256 * 4  # _prelude/splitk_reduce.cuh: 4 per thread
-                    assert split == 1 or reduce_threads >= shape.m * shape.n  # the reduce covers C
+                    # _prelude/splitk_reduce.cuh: 4 elements per group of SK_LANES threads (8 from split-K 8 on)
+                    lanes = 8 if split >= 8 else 1
+                    assert split == 1 or launches[-1].grid[0] * (256 // lanes) * 4 >= shape.m * shape.n  # covers C
+                    assert split == 1 or (launches[-1].grid[0] - 1) * (256 // lanes) * 4 < shape.m * shape.n  # no idle block
                     if specialize:
                         assert LaunchPlan.from_dict(plan.to_dict()) == plan and isinstance(plan.workspace, int)
 

@@ -116,13 +116,21 @@ def test_seeds_come_by_rank_native_families_first():
     shape = Shape.parse("777x1536x2883")
     seeds = seed_population(shape, templates, 4, _random.Random(0), arch="sm_90a")
     applicable = [t for t in templates if t.applicable(shape, "sm_90a")]
-    first = [c.template for c in seeds[:len(applicable)]]
-    assert sorted(first) == sorted(t.name for t in applicable)  # one of each before any second
     native = {t.name for t in applicable if t.arch_features}
-    assert set(first[:len(native)]) == native and native
+    order = [c.template for c in seeds]
+    # the native families lead past the decode rows (test_hopper_families_lead_past_the_decode_rows):
+    # their first two picks each, by rank, then by rank again over everyone's later picks
+    head = order[:2 * len(native)]
+    assert native and set(head) == native and all(head.count(t) == 2 for t in native)
+    rest = order[2 * len(native):]
+    portable = sorted(t.name for t in applicable if t.name not in native)
+    firsts = rest[:len(native) + len(portable)]  # the leaders' third picks and every other family's first
+    assert portable and sorted(firsts) == sorted(list(native) + portable)
     assert all(c.meta["seed"] == "heuristic" for c in seeds[:len(applicable)])
     old = seed_population(shape, templates, 4, _random.Random(0), arch="sm_80")
-    assert old and not {c.template for c in old} & native
+    old_order = [c.template for c in old]
+    assert old and not set(old_order) & native
+    assert sorted(old_order[:len(portable)]) == portable  # one of each before any second (no leader there)
 
 
 @pytest.mark.parametrize("shape, leaders", [("1x3968x1216", {"gemv"}), ("8x4096x4096", {"swab", "swpipe"}),
@@ -141,5 +149,19 @@ def test_decode_families_lead_on_decode_rows(shape: str, leaders: set) -> None:
     nxt = order[2 * len(leaders):3 * len(leaders) + len(others)]  # the leaders' third picks, the others' first
     assert others and all(nxt.count(t) == 1 for t in others) and set(nxt) == leaders | set(others)
     mid = Shape.parse("777x1536x2880")
-    assert not any(t.leads(mid) for t in templates if t.applicable(mid, "sm_90a"))
+    assert {t.name for t in templates if t.applicable(mid, "sm_90a") and t.leads(mid)} == {"sm90_wgmma", "streamk90"}
+
+
+@pytest.mark.parametrize("shape", ["777x1536x2880", "118x96x16384", "4096x4096x4096", "51x96x208"])
+def test_hopper_families_lead_past_the_decode_rows(shape: str) -> None:
+    """Past M = 16 on sm_90a the native families' first two picks come before the portable
+    families' first (seed 9: sm80_mma's first pick the best on 1 of the 80 rows it was measured
+    on); swab leads beside them on its aligned M 17-64 rows; sm_80 keeps the portable families."""
+    templates = list(load_templates().values())
+    s = Shape.parse(shape)
+    order = [c.template for c in seed_population(s, templates, 4, random.Random(0), arch="sm_90a")]
+    assert order.index("sm80_mma") > [i for i, t in enumerate(order) if t == "sm90_wgmma"][1]
+    assert ("swab" in order[:4]) == (s.m <= 64 and s.k % 8 == 0 and "swab" in order)
+    old = [c.template for c in seed_population(s, templates, 4, random.Random(0), arch="sm_80")]
+    assert old[0] in {"sm80_mma", "swab"} and "sm90_wgmma" not in old
 

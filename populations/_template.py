@@ -9,7 +9,9 @@ the knob values into the plan, giving a :class:`~populations.Candidate` for one 
 Optional keys beyond §2: ``applies = "M <= 128 or N <= 128"``, an expression of M, N, K (and
 ``LAYOUT_TN``/``LAYOUT_NN``) that says for which shapes a template is meant at all (the tiny
 latency family uses it); ``lead = "M <= 16"``, an expression of the same names that says where
-the family's first picks are seeded before every other family's (the decode families); and in a ``[[heuristic]]`` rule, ``derive = { SPLIT_K = "expr" }``:
+the family's first picks are seeded before every other family's (the decode families); ``trail =
+"M > 16"``, where they come after every other family's first two on a target with an arch-native
+family (sm80_mma beside sm90_wgmma); and in a ``[[heuristic]]`` rule, ``derive = { SPLIT_K = "expr" }``:
 integer knobs computed from the shape and the rule's other knobs (``expr`` may use every name
 of the knob space), snapped down to the largest value of the knob's domain that is <= the
 result (the smallest value when none is), e.g. a split-K factor that fills the SMs; and
@@ -99,6 +101,10 @@ class Template:
     #: shapes (an expression of M, N, K) where this family's first picks go before every other
     #: family's when a population is seeded: the decode families on decode rows
     lead: str = "false"
+    #: shapes where this family's first picks go after every other family's first two, on a target
+    #: where a family built for its own features (wgmma and TMA on sm_90a) applies: the portable
+    #: mma.sync GEMMs beside the Hopper ones (see evo/search/_seeding.py)
+    trail: str = "false"
 
     def for_arch(self, arch: Union[int, str, None]) -> "Template":
         """This template with ``arch`` as the default target of :meth:`check`, :meth:`heuristic`,
@@ -122,6 +128,11 @@ class Template:
     def leads(self, shape: Shape) -> bool:
         """True when this family's first picks go before the others' at ``shape`` (its ``lead`` rule)."""
         return bool(evaluate(self.lead, _shape_env(shape)))
+
+    def trails(self, shape: Shape) -> bool:
+        """True when this family's first picks go after the others' first two at ``shape`` (its
+        ``trail`` rule; the seeding applies it only where an arch-native family applies too)."""
+        return bool(evaluate(self.trail, _shape_env(shape)))
 
     def why_not(self, shape: Shape, arch: Union[int, str] = 90) -> Optional[str]:
         """Why this template is not meant for ``shape`` on ``arch``, in a few words; None when it is."""

@@ -25,7 +25,7 @@ __all__ = ["load_template", "load_templates"]
 FAMILIES = ("A", "B", "T")
 _TOP_KEYS = {"name", "family", "description", "min_arch", "arch_features", "layouts", "contracts",
              "source", "knobs", "derived", "constraints", "heuristic", "plan", "applies", "prelude", "generic",
-             "fit", "stageable", "heuristic_exprs", "lead"}
+             "fit", "stageable", "heuristic_exprs", "lead", "trail"}
 _REQUIRED = {"name", "family", "min_arch", "layouts", "contracts", "source", "knobs", "plan"}
 _KNOB_KEYS = {"values", "default", "axis", "doc"}
 _PLAN_KEYS = {"workspace", "zero_workspace", "launches", "tensor_maps", "coresident", "staging"}
@@ -87,6 +87,8 @@ def _build(folder: Path, data: Mapping[str, Any]) -> Template:
     check_expr(applies, _SHAPE_ONLY)
     lead = data.get("lead", "false")
     check_expr(lead, _SHAPE_ONLY)
+    trail = data.get("trail", "false")
+    check_expr(trail, _SHAPE_ONLY)
     heuristics = _heuristics(data, space)
     plan = data["plan"]
     _check_plan(plan, space)
@@ -103,6 +105,7 @@ def _build(folder: Path, data: Mapping[str, Any]) -> Template:
         arch_features=features, layouts=layouts, contracts=contracts, source_name=data["source"],
         source_text=src.read_text(), space=space, heuristics=heuristics, plan_spec=plan,
         applies=applies, path=folder, prelude_text=prelude, generic=generic, fit=fit, lead=lead,
+        trail=trail,
     )
 
 

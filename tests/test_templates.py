@@ -274,6 +274,7 @@ BROKEN = [
     ('KT = "cdiv(K, 32)"', 'KT = "cdiv(K, ARCH)"', "unknown name(s) ['ARCH']"),
     ('source = "k.cu"', 'source = "missing.cu"', "does not exist"),
     ('source = "k.cu"', 'source = "k.cu"\nlead = "BM > 2"', "unknown name(s) ['BM']"),  # a lead rule names the shape only
+    ('source = "k.cu"', 'source = "k.cu"\ntrail = "WARPS > 2"', "unknown name(s) ['WARPS']"),  # so does a trail rule
     ('family = "A"', 'family = "Z"', "family 'Z'"),
     ('[plan]', '[plan]\nstreams = 2', "unknown key(s) ['streams'] in [plan]"),
     ('grid = ["cdiv(N, BM)"', 'grid = ["cdiv(N, BMX)"', "unknown name(s) ['BMX']"),

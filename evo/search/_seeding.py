@@ -76,12 +76,18 @@ def seed_population(shape: Shape, templates: Sequence[Template], per_template: i
     evolved kernels of the random-shape benchmark's seeds 5 and 6, and where a 100-shape run
     measures 7-9 candidates a shape (seed 6's 1x3968x1216 measured one gemv pick and four
     sm90_wgmma ones, 0.76-0.82x cuBLAS); the others keep a place early on (split-K wgmma won
-    12x1070x20859). Past the decode rows the Hopper-native families lead (with swab on its aligned
-    M 17-64 rows): at 3 evaluations a shape, seed 9 spent one on sm80_mma's first pick on 80
-    rows, the best on one."""
+    12x1070x20859).
+
+    Families whose ``trail`` rule holds, on a target where an arch-native family applies, come
+    :data:`LEAD_RANKS` ranks late: the portable mma.sync GEMMs (sm80_mma, streamk) past the decode
+    rows on sm_90a, where sm90_wgmma and streamk90 do what they do with wgmma and TMA (at 3
+    evaluations a shape, seed 9 spent one on sm80_mma's first pick on 80 rows, and it was the best
+    on one). The latency family tiny keeps its rank (it won 6 mid rows of seeds 4-6)."""
     per: list[list[Candidate]] = []
     seen: set[str] = set()
     leading: list[list[Candidate]] = []
+    trailing: list[list[Candidate]] = []
+    native_here = any(_native(t, arch) and t.applicable(shape, arch) for t in templates)
     for t in sorted(templates, key=lambda t: (not _native(t, arch), t.name)):
         if not t.applicable(shape, arch):
             continue
@@ -99,8 +105,16 @@ def seed_population(shape: Shape, templates: Sequence[Template], per_template: i
                 if cand.id not in seen:
                     seen.add(cand.id)
                     mine.append(cand)
-        (leading if t.leads(shape) else per).append(mine)
-    return by_rank([m[:LEAD_RANKS] for m in leading]) + by_rank([m[LEAD_RANKS:] for m in leading] + per)
+        if t.leads(shape):
+            leading.append(mine)
+        elif native_here and t.trails(shape):
+            trailing.append(mine)
+        else:
+            per.append(mine)
+    # a trailing family's picks join the rank order LEAD_RANKS ranks late (None marks the gap)
+    late: list[list[Any]] = [[None] * LEAD_RANKS + m for m in trailing]
+    rest = by_rank([m[LEAD_RANKS:] for m in leading] + per + late)
+    return by_rank([m[:LEAD_RANKS] for m in leading]) + [c for c in rest if c is not None]
 
 
 def by_rank(lists: Sequence[Sequence[T]]) -> list[T]:

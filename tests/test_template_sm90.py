@@ -141,6 +141,13 @@ def test_heuristic_splits_k_to_fill_the_sms(tpl, shape, tiles):
     assert -(-s.m // first["BM"]) * -(-s.n // first["BN"]) == tiles
     assert units <= 132 and (units >= 64 or s.k // 64 // first["SPLIT_K"] <= 7), (first, units)
     assert all(p["SPLIT_K"] == 1 for p in tpl.heuristic(BIG, 90))
+    # next, the same tile with a smaller split (fewer partials) before any unsplit pick, which at a
+    # few tiles would leave most SMs idle
+    splits = [p["SPLIT_K"] for p in tpl.heuristic(s, 90)]
+    unsplit = splits.index(1)
+    assert all(x > 1 for x in splits[:unsplit])
+    if first["SPLIT_K"] >= 4 and 2 * splits[0] <= 132 // tiles:
+        assert splits[1] == splits[0] // 2, splits
 
 
 def test_plan_grid_smem_and_tensor_maps(tpl):

@@ -130,7 +130,6 @@ def test_seeds_come_by_rank_native_families_first():
     old_order = [c.template for c in old]
     assert old and not set(old_order) & native
     assert sorted(old_order[:len(portable)]) == portable  # one of each before any second (nothing trails there)
-    assert sorted(old_order[:len(portable)]) == portable  # one of each before any second (no leader there)
 
 
 @pytest.mark.parametrize("shape, leaders", [("1x3968x1216", {"gemv"}), ("8x4096x4096", {"swab", "swpipe"}),
@@ -173,4 +172,4 @@ def test_portable_gemms_trail_the_hopper_ones_past_the_decode_rows(shape: str) -
     assert old[0] == "sm80_mma" and "sm90_wgmma" not in old
     decode = [c.template for c in seed_population(Shape.parse("16x4096x4096"), templates, 4, random.Random(0), arch="sm_90a")]
     assert not any(t.trails(Shape.parse("16x4096x4096")) for t in templates)
-    assert decode.index("sm80_mma") < len(decode)  # still seeded there, by rank
+    assert "sm80_mma" in decode  # still seeded there, by rank

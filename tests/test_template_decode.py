@@ -364,6 +364,14 @@ def test_first_picks_pass_the_evaluator_on_the_gpu(fams: dict[str, Template], tm
         for name in DECODE:
             if fams[name].applicable(s, 90):
                 cases += [(name, text, k) for k in fams[name].heuristic(s, 90)[:3]]
+    # gemv's one-warp epilogue (stores from registers, no shared memory) on both of its paths: one
+    # tile and TILES > 1, aligned and realigning, several tokens, rows past N's edge
+    one_warp = [dict(ROWS=4, TOK=1, WARPS=1, UNROLL=1), dict(ROWS=8, TOK=1, WARPS=1, UNROLL=2, TILES=2),
+                dict(ROWS=2, TOK=4, WARPS=1, UNROLL=1, TILES=4, RAGGED=1), dict(ROWS=4, TOK=2, WARPS=1, UNROLL=2, PIPE=1)]
+    for text, k in zip(["1x1002x136", "1x7003x200", "5x1001x455", "3x333x1024"], one_warp):
+        k = fams["gemv"].space.complete(k)
+        assert not fams["gemv"].check(k, Shape.parse(text), 90), (text, k)
+        cases.append(("gemv", text, k))
     cands = [fams[n].candidate(k, Shape.parse(s)) for n, s, k in cases]
     with LocalPool(compile_workers=4, timers=("device",), log_dir=str(tmp_path)) as pool:
         evals = pool.evaluate(cands)

@@ -4,8 +4,8 @@
 //   THREADS, ... and loading UNROLL x ROWS of them before any arithmetic (bytes in flight are
 //   what an HBM-bound kernel needs; PIPE = 1 issues the next iteration's loads before this one's
 //   FMAs). Weights stream once through ld.global.nc.L1::no_allocate,
-//   tokens are read through L1; fp32 FMA. Partial sums: warp shuffles, then the CTA's warps in
-//   shared memory, then (CLUSTER > 1, sm_90) the CTAs of a cluster that split K between them,
+//   tokens are read through L1; fp32 FMA. Partial sums: warp shuffles (one warp: stored from
+//   registers), then the CTA's warps in shared memory, then (CLUSTER > 1, sm_90) the CTAs of a cluster that split K between them,
 //   through distributed shared memory: one launch, no workspace.
 //   Grid: x = cdiv(N, ROWS * TILES) * cdiv(M, TOK) (token groups of one row tile adjacent, so a row
 //   tile read twice is read from L2), z = CLUSTER; TILES > 1 runs that many row tiles per CTA in
@@ -86,9 +86,8 @@ __device__ __forceinline__ void gemv_zero(float (&acc)[ROWS][TOK]) {
 #pragma unroll
     for (int t = 0; t < TOK; ++t) acc[r][t] = 0.f;
 }
-// Every acc summed over the warp (butterfly: each lane ends with the warp's sum), then lane 0 puts
-// the warp's sums in its row of the CTA's reduction buffer rb (the caller synchronises after).
-__device__ __forceinline__ void gemv_warp_sums(float (&acc)[ROWS][TOK], float (&rb)[WARPS][RED], int warp, int lane) {
+// Every acc summed over the warp (butterfly: each lane ends with the warp's sum).
+__device__ __forceinline__ void gemv_butterfly(float (&acc)[ROWS][TOK]) {
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -98,6 +97,26 @@ __device__ __forceinline__ void gemv_warp_sums(float (&acc)[ROWS][TOK], float (&
       for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
       acc[r][t] = v;
     }
+}
+// One warp, no cluster: the butterfly leaves every sum in every lane, so the lanes store the CTA's
+// outputs straight from registers (output i by lane i % 32; indices are compile-time, acc stays in
+// registers): no shared memory, no barrier, no second pass. The plain peer's one-warp epilogue
+// (lane 0 stores all) is the same round trip.
+__device__ __forceinline__ void gemv_store_warp(float (&acc)[ROWS][TOK], int n0, int m0, unsigned short* __restrict__ C,
+                                                int M, int N, int lane) {
+  gemv_butterfly(acc);
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int t = 0; t < TOK; ++t) {
+      const int n = n0 + r, m = m0 + t;
+      if (lane == ((r * TOK + t) & 31) && n < N && m < M) C[(long long)m * N + n] = dec_f2h(acc[r][t]);
+    }
+}
+// The butterfly, then lane 0 puts the warp's sums in its row of the CTA's reduction buffer rb (the
+// caller synchronises after).
+__device__ __forceinline__ void gemv_warp_sums(float (&acc)[ROWS][TOK], float (&rb)[WARPS][RED], int warp, int lane) {
+  gemv_butterfly(acc);
   if (lane == 0) {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
@@ -220,6 +239,10 @@ __device__ __forceinline__ void gemv_tiles(int nb, int m0, int c0, int c1, const
       for (int r = 0; r < ROWS; ++r) brow[r] = B + (long long)min(n0 + ROWS + r, N - 1) * K;
       gemv_load<VEC>(f, c0 + tid, c1, brow, arow, K);
     }
+#if WARPS == 1
+    (void)red, (void)warp;
+    gemv_store_warp(acc, n0, m0, C, M, N, lane);
+#else
     float (&rb)[WARPS][RED] = red[ti & 1];
     gemv_warp_sums(acc, rb, warp, lane);
     __syncthreads();
@@ -230,6 +253,7 @@ __device__ __forceinline__ void gemv_tiles(int nb, int m0, int c0, int c1, const
       const int n = n0 + i / TOK, m = m0 + i % TOK;
       if (n < N && m < M) C[(long long)m * N + n] = dec_f2h(s);
     }
+#endif
   }
 }
 #endif
@@ -268,6 +292,10 @@ evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict_
 #endif
   else gemv_mainloop<false>(acc, c0 + tid, c1, brow, arow, K);
 
+#if WARPS == 1 && CLUSTER == 1
+  (void)tid, (void)warp;
+  gemv_store_warp(acc, n0, m0, C, M, N, lane);
+#else
   __shared__ float red[WARPS][RED];
   gemv_warp_sums(acc, red, warp, lane);
   __syncthreads();
@@ -298,5 +326,6 @@ evo_gemv(const unsigned short* __restrict__ A, const unsigned short* __restrict_
   }
   dec_cluster_sync();  // no CTA leaves while another still reads its shared memory
 #endif
+#endif  // WARPS == 1 && CLUSTER == 1
 #endif  // TILES > 1
 }

@@ -147,16 +147,21 @@ def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> N
         k = first(g, text)
         assert k["WARPS"] * 32 * k["UNROLL"] * 8 >= Shape.parse(text).k and k["CLUSTER"] == 1, (text, k)
     # M = 1, K <= 512: as many warps as the row has chunks for (no warp idles: (WARPS - 1) * 32 < chunks),
-    # one round trip, ROWS x WARPS = 4 first and 8 next on wide N (the plain peer's best shapes)
+    # one round trip, ROWS x WARPS = 8 first on wide N and 4 next, 4 elsewhere (the plain peer's best shapes)
     for text in ("1x28080x192", "1x5376x128", "1x880x160", "1x8080x512", "1x700x300", "1x300x7"):
         shape = Shape.parse(text)
         chunks = -(-shape.k // 8)
         picks = g.heuristic(shape, 90)
         k = picks[0]
         assert (k["WARPS"] - 1) * 32 < chunks <= k["WARPS"] * 32 * k["UNROLL"], (text, k)
-        assert k["ROWS"] * k["WARPS"] == 4 and k["TOK"] == 1, (text, k)
+        assert k["ROWS"] * k["WARPS"] == (8 if shape.n >= 6144 else 4) and k["TOK"] == 1, (text, k)
         if shape.n >= 6144:
-            assert picks[1]["ROWS"] * picks[1]["WARPS"] == 8 and picks[1]["WARPS"] == k["WARPS"], (text, picks[1])
+            assert picks[1]["ROWS"] * picks[1]["WARPS"] == 4 and picks[1]["WARPS"] == k["WARPS"], (text, picks[1])
+    # M = 1, at most 512 rows and K >= 8192: one row a CTA, 8 warps, 4 chunks in flight a thread; 2 next
+    for text in ("1x144x14720", "1x304x12992", "1x512x8192"):
+        ks = g.heuristic(Shape.parse(text), 90)
+        assert [(k["ROWS"], k["WARPS"], k["UNROLL"]) for k in ks[:2]] == [(1, 8, 4), (1, 8, 2)], (text, ks[:2])
+    assert first(g, "1x513x8192")["UNROLL"] == first(g, "1x512x8184")["UNROLL"] == 2
     # M = 2..4: all tokens of a row tile in one CTA (TOK = M rounded up to the domain)
     assert [first(g, f"{m}x2304x768")["TOK"] for m in (2, 3, 4)] == [2, 4, 4]
     # ... and with few rows (N <= 1024) and deep K, one row a CTA and 8 warps (enough CTAs for the SMs)

@@ -17,7 +17,9 @@ template's resolved plan. Each variant is checked against an fp32 torch referenc
 NaN first) and timed by CUDA-graph replay over rotating operand sets of more than 3x L2 (weights
 come from HBM, as in a model), beside torch.matmul(a, w.t()) (cuBLAS, TN) and the best launch
 configuration of the plain peer ``../.carry_shared/peers/plain_gemv.py`` (imported at run time,
-never part of the repository; its best configuration is timed again after evo's variants and the
+never part of the repository; at every M <= 16 with K % 8 == 0, its configurations first launched
+once each in a child by bench/_peer_screen.py, the hanging ones and those past ``--peer-screen-s``
+left out; its best configuration is timed again after evo's variants and the
 faster of the two timings kept, so the order of timing favours the peer, not evo). ``--floors``
 adds, per shape with weights >= 8 MB, an empty kernel's and a pure streaming read's time on the
 same bytes (bench/decode_floors.py): what launch and ramp-up cost, which no kernel avoids. Ragged shapes (``RAGGED``, one with a misaligned A) are checked for
@@ -340,35 +342,55 @@ def wrong_where(sets: list, ref: Any) -> str:
            f"cols {int(bad.any(0).sum())}/{c.shape[1]}, first {idx}"
 
 
-def load_peer(where: str | None = None) -> Any:
-    """The plain peer from ``where`` or the shared folder (beside or inside the checkout, or carried
-    as .carry_shared/), or None when it is not there."""
+def peer_path(where: str | None = None) -> Path | None:
+    """The plain peer's file: ``where``, else the shared folder (beside or inside the checkout, or
+    carried as .carry_shared/); None when it is not there."""
     here = Path(__file__).resolve().parent.parent
     paths = [root / sub / "peers" / "plain_gemv.py" for root in (here.parent, here) for sub in (".carry_shared", "shared")]
-    if where:
-        paths = [Path(where)]
-    for path in paths:
-        if path.is_file():
-            spec = importlib.util.spec_from_file_location("plain_gemv_peer", path)
-            mod = importlib.util.module_from_spec(spec)
-            assert spec.loader is not None
-            spec.loader.exec_module(mod)
-            return mod
+    return next((path for path in ([Path(where)] if where else paths) if path.is_file()), None)
+
+
+def load_peer(where: str | None = None) -> Any:
+    """The plain peer module (see :func:`peer_path`), or None when it is not there."""
+    path = peer_path(where)
+    if path is not None:
+        spec = importlib.util.spec_from_file_location("plain_gemv_peer", path)
+        mod = importlib.util.module_from_spec(spec)
+        assert spec.loader is not None
+        spec.loader.exec_module(mod)
+        return mod
     print("peer not found (peers/plain_gemv.py under shared/ or .carry_shared/, in or beside the checkout): "
           "its column stays empty", flush=True)
     return None
 
 
-def peer_best(peer: Any, fns: dict, s: Shape, sets: list, ref: Any) -> tuple[float | None, str, Callable | None]:
-    """The peer's best launch configuration at this shape (its own config lists): us, label, launcher."""
+def peer_configs(peer: Any, m: int) -> list[tuple[str, int, int, int]]:
+    """The peer's launch configurations for M = ``m`` (its own lists): (kind, M or M tiles, rows, warps)."""
+    return [("gemv", m, r, wp) for r, wp in peer.CONFIGS] + [("mma", (m + 7) // 8, r, wp) for r, wp in peer.MMA_CONFIGS]
+
+
+def peer_name(kind: str, mm: int, r: int, wp: int) -> str:
+    """A configuration's name as bench/_peer_screen.py's child (through _llm_timer.PeerRunner) knows it."""
+    return f"{kind}<{mm},{r},{wp}>"
+
+
+def peer_jobs(peer: Any, shapes: list[Shape]) -> list[tuple[int, int, int, str]]:
+    """(m, n, k, configuration) for every configuration the peer has at every shape it runs (M <= 16,
+    K % 8 == 0): what bench/_peer_screen.py launches once each in a child before any is timed here."""
+    return [(s.m, s.n, s.k, peer_name(*c)) for s in shapes if s.m <= 16 and s.k % 8 == 0 for c in peer_configs(peer, s.m)]
+
+
+def peer_best(peer: Any, fns: dict, s: Shape, sets: list, ref: Any,
+              skip: frozenset = frozenset()) -> tuple[float | None, str, Callable | None]:
+    """The peer's best launch configuration at this shape (its own config lists): us, label, launcher.
+    ``skip``: (m, n, k, name) of configurations not to launch (the screen found them hanging, or never
+    reached them)."""
     if peer is None or s.k % 8:
         return None, "", None
-    cands = [("gemv", s.m, r, wp) for r, wp in peer.CONFIGS if ("gemv", s.m, r, wp) in fns]
-    cands += [("mma", (s.m + 7) // 8, r, wp) for r, wp in peer.MMA_CONFIGS]
     best: tuple[float | None, str, Callable | None] = (None, "", None)
-    for kind, mm, r, wp in cands:
+    for kind, mm, r, wp in peer_configs(peer, s.m):
         fn = fns.get((kind, mm, r, wp))
-        if fn is None:
+        if fn is None or (s.m, s.n, s.k, peer_name(kind, mm, r, wp)) in skip:
             continue
         launch = peer.ours(kind, fn, r, wp)
         if not rel_error(sets, launch, ref) < 2e-3:
@@ -460,6 +482,9 @@ def main() -> int:
                         "old and new first picks (and the best of the first --picks of each) per shape")
     p.add_argument("--peer", help="path of the plain peer (plain_gemv.py); default: shared/ or .carry_shared/ "
                                   "peers/, in or beside the checkout")
+    p.add_argument("--peer-screen-s", type=float, default=90.0,
+                   help="deadline of the peer's hang screen (bench/_peer_screen.py; configurations it does not "
+                        "reach are not timed); 0: no screen, every configuration launched here")
     args = p.parse_args()
     t0 = time.monotonic()
     templates = load_templates()
@@ -489,8 +514,21 @@ def main() -> int:
     import torch
 
     peer = load_peer(args.peer)
-    peer_ms = sorted({s.m for s in shapes} & {1, 8, 16})  # the peer's own rows (its compile is one NVRTC call)
-    peer_fns = peer.build(peer_ms) if peer is not None else {}
+    # the peer at every M <= 16 of the shapes (its build is one NVRTC call, a few seconds an M), each of
+    # its configurations launched once in a child first: some never return on some rows (mma<1,1,4> at
+    # M = 3-7 on the random-shape seeds), and a hung kernel would take this process with it
+    peer_ms = sorted({s.m for s in shapes if s.m <= 16 and s.k % 8 == 0})
+    peer_fns = peer.build(peer_ms) if peer is not None and peer_ms else {}
+    peer_skip: frozenset = frozenset()
+    if peer is not None and peer_ms and args.peer_screen_s > 0:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from _peer_screen import screen
+
+        screened = screen(peer_path(args.peer), peer_jobs(peer, shapes), deadline_s=args.peer_screen_s,
+                          log=lambda line: print(line, flush=True))
+        peer_skip = screened.skip
+        print(f"peer screen: {len(screened.hung)} hanging, {len(screened.unscreened)} not screened, "
+              f"{time.monotonic() - t0:.0f} s", flush=True)
     floors = None
     if args.floors:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -540,7 +578,8 @@ def main() -> int:
         sets = rotation(s)
         ref = reference(sets)
         t_cb, layout = cublas_us(sets)
-        t_peer, peer_cfg, peer_launch = peer_best(peer, peer_fns, s, sets, ref) if s.m in peer_ms else (None, "", None)
+        t_peer, peer_cfg, peer_launch = (peer_best(peer, peer_fns, s, sets, ref, peer_skip) if s.m in peer_ms
+                                         else (None, "", None))
         rows = []
         for name, knobs, origin in plan[s]:
             launch = checked(s, name, knobs, sets, ref)

@@ -15,8 +15,8 @@
 #                cuBLAS's kernel, SM / tensor-pipe / memory / occupancy / stalls (bench/decode_profile.py --templates);
 #                MID_KNOBS="sm90_wgmma:SWAP=true,BM=128,BN=72,STAGES=8 ..." adds named knob sets (--knobs)
 #   decode-dev   the decode families' knob sweep (bench/decode_dev.py: a pruned grid, the first picks and the plain
-#                peer in one process) on DECODE_SHAPES, default the rows of the random-shape seeds where evo ran
-#                below the peer; DECODE_GRID knob sets per template and shape (default 24)
+#                peer, at every M <= 16 after its hang screen, in one process) on DECODE_SHAPES, default seed 10's
+#                rows where evo ran below the peer; DECODE_GRID knob sets per template and shape (default 24)
 #   llm-layers   issue 26's benchmark: evolve a sample of llm_layers.csv, export, re-time (bench/llm_layers_bench.py)
 #   random-shapes  issue 34's benchmark: shapes drawn from SEED (required: a seed bench/RESULTS.md does not record),
 #                evolve, export, re-time beside cuBLAS and the plain and pad peers (bench/random_shapes_bench.py);
@@ -91,8 +91,8 @@ for part in "$@"; do
     ncu -i "$OUT/mid_prof.ncu-rep" --csv --page raw > "$OUT/mid_prof.csv" 2>/dev/null && gzip -f "$OUT/mid_prof.csv" && \
       python3 bench/decode_profile.py --summarize "$OUT/mid_prof.csv.gz" --order "$OUT/profile_order.json" | tee "$OUT/mid_profile.md" ;;
   decode-dev)
-    timeout 240 python3 bench/decode_dev.py --out "$OUT" --max-grid "${DECODE_GRID:-24}" --picks 3 --budget-s 200 \
-      --shapes ${DECODE_SHAPES:-1x5376x128 1x28080x192 3x392x4816 1x144x14720 1x304x12992 1x880x160 1x8080x512 2x64x17856} \
+    timeout 330 python3 bench/decode_dev.py --out "$OUT" --max-grid "${DECODE_GRID:-24}" --picks 3 --budget-s 270 \
+      --shapes ${DECODE_SHAPES:-7x432x4776 3x704x64 4x3456x4992 1x64x128 1x1408x1152 3x406x12952 4x832x6976 3x7680x29312} \
       > "$OUT/decode_dev.log" 2>&1
     echo "rc=$?"; tail -n 40 "$OUT/decode_dev.log" | cut -c1-300 ;;
   llm-layers)

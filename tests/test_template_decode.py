@@ -350,6 +350,33 @@ def test_every_first_pick_of_the_sample_compiles(fams: dict[str, Template]) -> N
     compile_and_check(first_pick_jobs(fams, SAMPLE + RAGGED + FEW, samples=40))
 
 
+def test_gemv_realigning_path_issues_every_load_before_its_first_shuffle(fams: dict[str, Template]) -> None:
+    """RAGGED 1 (rows off the 16-byte grid): each iteration's UNROLL x (ROWS + TOK) block loads are
+    all issued before the first shuffle of the realignment (decode.cuh dec_raw / dec_join). Loading,
+    shuffling and shifting one chunk after another left one 16-byte load in flight a thread (the
+    SASS had a SHFL after every LDG), and gemv ran 0.52x of cuBLAS at 1x13696x2756 (H100, seed 10)."""
+    import re
+
+    from evaluators.compile import cuda_tool
+    from evaluators.compile._sass import disassemble
+    from test_sass_check import build
+
+    tool = cuda_tool("nvdisasm")
+    if tool is None:
+        pytest.skip("no nvdisasm (the dev extra's nvidia-cuda-nvdisasm)")
+    g = fams["gemv"]
+    for text, knobs in (("1x13696x2756", dict(ROWS=4, TOK=1, WARPS=8, UNROLL=2)),
+                        ("3x1001x999", dict(ROWS=1, TOK=4, WARPS=8, UNROLL=2))):
+        k = g.space.complete(dict(knobs, RAGGED=1))
+        assert not g.check(k, Shape.parse(text), 90)
+        cubin, _ = build(g.candidate(k, Shape.parse(text), specialize=True).source, "sm_90a")
+        ops = re.findall(r"\b(LDG\.E[.\w]*|SHFL\.\w+)", disassemble(cubin, tool))
+        first_shfl = next(i for i, op in enumerate(ops) if op.startswith("SHFL"))
+        loads = sum(op.startswith("LDG") and ".128" in op for op in ops[:first_shfl])
+        # each chunk: its own block, and lane 31's next block (a predicated load on every lane)
+        assert loads >= 2 * k["UNROLL"] * (k["ROWS"] + k["TOK"]), (text, loads, ops[:first_shfl + 2])
+
+
 # ---- device -----------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.timeout(600)

@@ -29,20 +29,38 @@ struct GemvFrag {
 template <bool VEC>
 __device__ __forceinline__ void gemv_load(GemvFrag& f, int c, int c1, const unsigned short* const (&brow)[ROWS],
                                           const unsigned short* const (&arow)[TOK], int K) {
+  if (!VEC && RAGGED) {
+    // the realigning path, the whole warp on every chunk: every block load of the iteration first
+    // (UNROLL x (ROWS + TOK) in flight), then the shuffles and shifts (decode.cuh dec_raw / dec_join)
+    DecRaw rw[UNROLL][ROWS], rx[UNROLL][TOK];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) rw[u][r] = dec_raw<true>(brow[r], c + u * THREADS, c1, K);
+#pragma unroll
+      for (int t = 0; t < TOK; ++t) rx[u][t] = dec_raw<false>(arow[t], c + u * THREADS, c1, K);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) f.w[u][r] = dec_join(rw[u][r], c + u * THREADS, c1, K);
+#pragma unroll
+      for (int t = 0; t < TOK; ++t) f.x[u][t] = dec_join(rx[u][t], c + u * THREADS, c1, K);
+    }
+    return;
+  }
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
     const int cc = c + u * THREADS;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      if (!VEC && RAGGED) f.w[u][r] = dec_ld_realign<true>(brow[r], cc, c1, K);  // the whole warp, every chunk
-      else if (cc >= c1) f.w[u][r] = make_uint4(0u, 0u, 0u, 0u);
+      if (cc >= c1) f.w[u][r] = make_uint4(0u, 0u, 0u, 0u);
       else if (VEC) f.w[u][r] = dec_ld_stream(brow[r] + cc * 8);
       else f.w[u][r] = dec_ld_tail(brow[r], cc * 8, K);
     }
 #pragma unroll
     for (int t = 0; t < TOK; ++t) {
-      if (!VEC && RAGGED) f.x[u][t] = dec_ld_realign<false>(arow[t], cc, c1, K);
-      else if (cc >= c1) f.x[u][t] = make_uint4(0u, 0u, 0u, 0u);
+      if (cc >= c1) f.x[u][t] = make_uint4(0u, 0u, 0u, 0u);
       else if (VEC) f.x[u][t] = dec_ld_keep(arow[t] + cc * 8);
       else f.x[u][t] = dec_ld_tail(arow[t], cc * 8, K);
     }

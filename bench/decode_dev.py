@@ -33,7 +33,6 @@ Exit 1 when any variant is wrong or fails to compile.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/'s helpers (_peer_screen, _llm_timer, decode_floors)
 
 from populations import Candidate, Shape, load_templates  # noqa: E402
 
@@ -354,45 +354,39 @@ def load_peer(where: str | None = None) -> Any:
     """The plain peer module (see :func:`peer_path`), or None when it is not there."""
     path = peer_path(where)
     if path is not None:
-        spec = importlib.util.spec_from_file_location("plain_gemv_peer", path)
-        mod = importlib.util.module_from_spec(spec)
-        assert spec.loader is not None
-        spec.loader.exec_module(mod)
-        return mod
+        from _peer_screen import import_peer  # bench/: the benchmarks' one importer of peer files
+
+        return import_peer(path)
     print("peer not found (peers/plain_gemv.py under shared/ or .carry_shared/, in or beside the checkout): "
           "its column stays empty", flush=True)
     return None
 
 
-def peer_configs(peer: Any, m: int) -> list[tuple[str, int, int, int]]:
-    """The peer's launch configurations for M = ``m`` (its own lists): (kind, M or M tiles, rows, warps)."""
-    return [("gemv", m, r, wp) for r, wp in peer.CONFIGS] + [("mma", (m + 7) // 8, r, wp) for r, wp in peer.MMA_CONFIGS]
+def peer_runs(s: Shape) -> bool:
+    """The shapes the plain peer has kernels for: M <= 16, rows on the 16-byte grid (K % 8 == 0)."""
+    return s.m <= 16 and s.k % 8 == 0
 
 
-def peer_name(kind: str, mm: int, r: int, wp: int) -> str:
-    """A configuration's name as bench/_peer_screen.py's child (through _llm_timer.PeerRunner) knows it."""
-    return f"{kind}<{mm},{r},{wp}>"
+def peer_jobs(runner: Any, shapes: list[Shape]) -> list[tuple[int, int, int, str]]:
+    """(m, n, k, configuration) for every configuration ``runner`` (bench/_llm_timer.PeerRunner) built
+    at every shape the peer runs: what bench/_peer_screen.py launches once each in a child, by the
+    same names, before any is timed here."""
+    return [(s.m, s.n, s.k, name) for s in shapes if peer_runs(s) for name in runner.names(s.m)]
 
 
-def peer_jobs(peer: Any, shapes: list[Shape]) -> list[tuple[int, int, int, str]]:
-    """(m, n, k, configuration) for every configuration the peer has at every shape it runs (M <= 16,
-    K % 8 == 0): what bench/_peer_screen.py launches once each in a child before any is timed here."""
-    return [(s.m, s.n, s.k, peer_name(*c)) for s in shapes if s.m <= 16 and s.k % 8 == 0 for c in peer_configs(peer, s.m)]
-
-
-def peer_best(peer: Any, fns: dict, s: Shape, sets: list, ref: Any,
+def peer_best(runner: Any, s: Shape, sets: list, ref: Any,
               skip: frozenset = frozenset()) -> tuple[float | None, str, Callable | None]:
-    """The peer's best launch configuration at this shape (its own config lists): us, label, launcher.
-    ``skip``: (m, n, k, name) of configurations not to launch (the screen found them hanging, or never
-    reached them)."""
-    if peer is None or s.k % 8:
+    """The peer's best launch configuration at this shape (its own config lists, built by ``runner``, a
+    bench/_llm_timer.PeerRunner): us, label, launcher. ``skip``: (m, n, k, name) of configurations
+    not to launch (the screen found them hanging, or never reached them)."""
+    if runner is None or not peer_runs(s):
         return None, "", None
     best: tuple[float | None, str, Callable | None] = (None, "", None)
-    for kind, mm, r, wp in peer_configs(peer, s.m):
-        fn = fns.get((kind, mm, r, wp))
-        if fn is None or (s.m, s.n, s.k, peer_name(kind, mm, r, wp)) in skip:
+    for kind, mm, r, wp in runner.configs(s.m):
+        fn = runner.fns.get((kind, mm, r, wp))
+        if fn is None or (s.m, s.n, s.k, runner.name(kind, mm, r, wp)) in skip:
             continue
-        launch = peer.ours(kind, fn, r, wp)
+        launch = runner.mod.ours(kind, fn, r, wp)
         if not rel_error(sets, launch, ref) < 2e-3:
             continue
         t = graph_us(sets, launch)
@@ -517,21 +511,21 @@ def main() -> int:
     # the peer at every M <= 16 of the shapes (its build is one NVRTC call, a few seconds an M), each of
     # its configurations launched once in a child first: some never return on some rows (mma<1,1,4> at
     # M = 3-7 on the random-shape seeds), and a hung kernel would take this process with it
-    peer_ms = sorted({s.m for s in shapes if s.m <= 16 and s.k % 8 == 0})
-    peer_fns = peer.build(peer_ms) if peer is not None and peer_ms else {}
+    from _llm_timer import PeerRunner
+
+    peer_ms = sorted({s.m for s in shapes if peer_runs(s)})
+    runner = PeerRunner(peer, peer_ms) if peer is not None and peer_ms else None
     peer_skip: frozenset = frozenset()
-    if peer is not None and peer_ms and args.peer_screen_s > 0:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if runner is not None and args.peer_screen_s > 0:
         from _peer_screen import screen
 
-        screened = screen(peer_path(args.peer), peer_jobs(peer, shapes), deadline_s=args.peer_screen_s,
+        screened = screen(peer_path(args.peer), peer_jobs(runner, shapes), deadline_s=args.peer_screen_s,
                           log=lambda line: print(line, flush=True))
         peer_skip = screened.skip
         print(f"peer screen: {len(screened.hung)} hanging, {len(screened.unscreened)} not screened, "
               f"{time.monotonic() - t0:.0f} s", flush=True)
     floors = None
     if args.floors:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from decode_floors import Floors
 
         floors = Floors()
@@ -578,8 +572,7 @@ def main() -> int:
         sets = rotation(s)
         ref = reference(sets)
         t_cb, layout = cublas_us(sets)
-        t_peer, peer_cfg, peer_launch = (peer_best(peer, peer_fns, s, sets, ref, peer_skip) if s.m in peer_ms
-                                         else (None, "", None))
+        t_peer, peer_cfg, peer_launch = peer_best(runner, s, sets, ref, peer_skip)
         rows = []
         for name, knobs, origin in plan[s]:
             launch = checked(s, name, knobs, sets, ref)

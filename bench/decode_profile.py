@@ -127,8 +127,10 @@ def profile(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"decode_profile: {exc}")
     compiled = compile_all([c for cs in plan.values() for _, c in cs])
+    from _llm_timer import PeerRunner
+
     peer = None if args.no_peer else load_peer(args.peer)
-    fns = peer.build(sorted({s.m for s in shapes} & {1, 8, 16})) if peer is not None else {}
+    runner = PeerRunner(peer, sorted({s.m for s in shapes} & {1, 8, 16})) if peer is not None else None
     floors = None if args.no_floor else Floors()
     tmp = Path(tempfile.mkdtemp())  # cubins for cupy (not under --out: $OUT returns few files)
     order: list[dict[str, Any]] = []
@@ -150,8 +152,8 @@ def profile(args: argparse.Namespace) -> int:
                 continue
             runs.append((f"evo {label}", launch))
             prefixes[f"evo {label}"] = kernel_prefix(cand, s)
-        if peer is not None:
-            _, cfg, peer_launch = peer_best(peer, fns, s, sets, ref)
+        if runner is not None:
+            _, cfg, peer_launch = peer_best(runner, s, sets, ref)
             if peer_launch is not None:
                 runs.append((f"peer {cfg}", peer_launch))
         runs.append(("cuBLAS TN", cublas))

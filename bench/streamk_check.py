@@ -227,8 +227,10 @@ def main() -> int:
         del sets, ref
     print(f"ragged correctness: {len(wrong)} wrong, {time.monotonic() - t0:.0f} s", flush=True)
 
+    from _llm_timer import PeerRunner
+
     peer = load_peer()
-    peer_fns = peer.build([1]) if peer is not None else {}
+    runner = PeerRunner(peer, [1]) if peer is not None else None
     records = []
     for s in [Shape.parse(x) for x in GEMV_ROWS + MID]:
         sets = rotation(s)
@@ -237,7 +239,7 @@ def main() -> int:
         rec: dict[str, Any] = {"shape": str(s).split(":")[0], "floor_us": roofline_us(s), "cublas_us": t_cb,
                                "cublas_layout": layout, "variants": []}
         if s.m == 1:
-            rec["peer_us"], rec["peer_cfg"], _ = peer_best(peer, peer_fns, s, sets, ref)
+            rec["peer_us"], rec["peer_cfg"], _ = peer_best(runner, s, sets, ref)
         for name, label, knobs in plan[s]:
             launch = checked(s, name, label, sets, ref)
             if launch is not None:

@@ -488,3 +488,17 @@ def test_uncomputable_derived_value_is_a_reason(tmp_path: Path) -> None:
     assert t.check({"BM": 128}) == []
     assert t.check({"BM": 64}) == ["derived Q cannot be computed: division by zero in '64 // (BM - 64)'"]
     assert t.check({"BM": 64, "WM": 32, "EPI": "smem", "SPLIT_K": 2}) == ["smem epilogue only without split-K"]
+
+
+def test_first_pick_rules_are_over_shape_features_not_shape_values() -> None:
+    """No [[heuristic]] rule, ``applies``, ``lead`` or ``trail`` of a shipped template picks one value of
+    M, N or K (``N == 4096``): first picks come from rules over shape features (bounds, ratios,
+    tile and wave counts), never from a benchmark's own shapes. M == 1 (a single token) is a class,
+    not a shape; the check is for values of two digits or more."""
+    keyed = re.compile(r"\b[MNK]\s*(==|!=)\s*\d{2,}|\d{2,}\s*(==|!=)\s*[MNK]\b")
+    bad = []
+    for t in load_templates().values():
+        texts = [t.applies, t.lead, t.trail]
+        texts += [when for when, _, _ in t.heuristics] + [e for _, _, derive in t.heuristics for e in derive.values()]
+        bad += [(t.name, x) for x in texts if isinstance(x, str) and keyed.search(x)]
+    assert not bad, bad

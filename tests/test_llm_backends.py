@@ -50,6 +50,13 @@ class MisbehavingServer:
                 try:
                     status, data, delay = outer.script(n, body)
                     time.sleep(delay)
+                finally:
+                    # The request stops counting as active before its reply goes out: a client that
+                    # gets the reply may send its next request at once, and this thread could still
+                    # be between the write and a later decrement (seen as max_active 3 of 2 in CI).
+                    with outer.lock:
+                        outer.active -= 1
+                try:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
@@ -57,9 +64,6 @@ class MisbehavingServer:
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
-                finally:
-                    with outer.lock:
-                        outer.active -= 1
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

@@ -17,6 +17,10 @@ A template whose kernels read A and B through TMA tensor maps needs 16-byte row 
 
 The template's kernels are unchanged: a staged tensor map has the matrix's rows and columns and
 only a larger pitch, and TMA zero-fills what lies past the columns.
+
+A template whose kernels can also read ragged pitches in place (sm90_wgmma's ``RAGGED`` producer)
+names those knob sets with ``stage_bypass = "EXPR"``: there a ragged pitch needs no staging (the
+constraints above accept it unstaged), ``STAGE`` stays ``none``, and the ``fit`` rule leaves it so.
 """
 from __future__ import annotations
 
@@ -106,6 +110,7 @@ def with_staging(data: Mapping[str, Any]) -> dict[str, Any]:
     added; raises ValueError where the template already uses a name the transform adds."""
     out = copy.deepcopy(dict(data))
     out.pop("stageable", None)
+    bypass = out.pop("stage_bypass", None)
     clash = set(STAGE_KNOBS) & set(out.get("knobs", {}))
     if clash:
         raise ValueError(f"stageable template defines {sorted(clash)} itself")
@@ -113,8 +118,19 @@ def with_staging(data: Mapping[str, Any]) -> dict[str, Any]:
     if "staging" in plan:
         raise ValueError("stageable template has its own [plan.staging]")
     out["knobs"] = {**out.get("knobs", {}), **copy.deepcopy(_KNOBS)}
-    out["constraints"] = list(out.get("constraints", [])) + copy.deepcopy(_CONSTRAINTS) + [_fits(plan)]
-    out["fit"] = {**out.get("fit", {}), "STAGE": _FIT}
+    constraints = copy.deepcopy(_CONSTRAINTS)
+    fit = _FIT
+    if bypass is not None:
+        if not isinstance(bypass, str) or not bypass.strip():
+            raise ValueError(f"stage_bypass must be a knob expression, got {bypass!r}")
+        for rule in constraints[:2]:  # a ragged pitch must be staged, unless the kernels read it in place
+            rule["expr"] = f"({bypass}) or ({rule['expr']})"
+            rule["reason"] += f", or read it in place ({bypass})"
+        constraints.append({"expr": f"not ({bypass}) or STAGE == STAGE_none",
+                            "reason": f"kernels that read ragged pitches in place ({bypass}) take no staged copies"})
+        fit = f"0 if ({bypass}) else {_FIT}"
+    out["constraints"] = list(out.get("constraints", [])) + constraints + [_fits(plan)]
+    out["fit"] = {**out.get("fit", {}), "STAGE": fit}
     out["prelude"] = list(out.get("prelude", [])) + [_PRELUDE]
     plan["staging"] = {"A": f"STAGE_PITCH if {_A} else 0", "B": f"STAGE_PITCH if {_B} else 0"}
     plan["launches"] = copy.deepcopy(_LAUNCHES) + list(plan.get("launches", []))

@@ -25,7 +25,7 @@ __all__ = ["load_template", "load_templates"]
 FAMILIES = ("A", "B", "T")
 _TOP_KEYS = {"name", "family", "description", "min_arch", "arch_features", "layouts", "contracts",
              "source", "knobs", "derived", "constraints", "heuristic", "plan", "applies", "prelude", "generic",
-             "fit", "stageable", "heuristic_exprs", "lead", "trail"}
+             "fit", "stageable", "stage_bypass", "heuristic_exprs", "lead", "trail"}
 _REQUIRED = {"name", "family", "min_arch", "layouts", "contracts", "source", "knobs", "plan"}
 _KNOB_KEYS = {"values", "default", "axis", "doc"}
 _PLAN_KEYS = {"workspace", "zero_workspace", "launches", "tensor_maps", "coresident", "staging"}
@@ -71,6 +71,8 @@ def _build(folder: Path, data: Mapping[str, Any]) -> Template:
         raise TemplateError(f"stageable must be true or false, got {stageable!r}")
     if stageable:  # the alignment transform (populations/_staging.py)
         data = with_staging(data)
+    elif "stage_bypass" in data:
+        raise TemplateError("stage_bypass names knob sets that need no alignment transform: only with stageable = true")
     missing = _REQUIRED - set(data)
     if missing:
         raise TemplateError(f"missing required key(s) {sorted(missing)}")

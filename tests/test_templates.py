@@ -502,3 +502,21 @@ def test_first_pick_rules_are_over_shape_features_not_shape_values() -> None:
         texts += [when for when, _, _ in t.heuristics] + [e for _, _, derive in t.heuristics for e in derive.values()]
         bad += [(t.name, x) for x in texts if isinstance(x, str) and keyed.search(x)]
     assert not bad, bad
+
+
+def test_stage_bypass_relaxes_the_staging_rules_only_where_it_holds(tmp_path: Path) -> None:
+    """``stage_bypass`` (with ``stageable``) names knob sets that read ragged pitches in place: there
+    an unstaged ragged K is valid and staging is refused, elsewhere a ragged K must be staged; the
+    fit rule stages only outside the bypass. Without ``stageable`` the key is an error."""
+    text = DEMO.replace('source = "k.cu"', 'source = "k.cu"\nstageable = true\nstage_bypass = "FAST"')
+    (tmp_path / "a" / "_prelude").mkdir(parents=True)
+    (tmp_path / "a" / "_prelude" / "stage.cuh").write_text('extern "C" __global__ void evo_stage() {}\n')
+    t = load_template(write_demo(tmp_path / "a", text))
+    ragged = Shape.parse("100x200x1001")
+    assert not t.check({"FAST": True}, ragged)
+    assert any("in place" in r for r in t.check({"FAST": True, "STAGE": "AB"}, ragged))
+    assert any("16 bytes" in r for r in t.check({"FAST": False}, ragged))
+    assert t.fitted({"FAST": True}, ragged)["STAGE"] == "none"
+    assert t.fitted({"FAST": False}, ragged)["STAGE"] == "AB"
+    with pytest.raises(TemplateError, match="only with stageable"):
+        load_template(write_demo(tmp_path / "b", DEMO.replace('source = "k.cu"', 'source = "k.cu"\nstage_bypass = "FAST"')))

@@ -12,6 +12,9 @@ tile space on mid shapes, against cuBLAS (and the pad peer), about 5 minutes on 
   variants, each checked against an fp32 reference (C NaN-poisoned) and timed beside cuBLAS in
   both layouts; with ``--peer-dir`` the pad peer (``pad_cublas.py``, imported at run time, never
   copied in) is run in this process on the same shapes.
+  sm90_wgmma's picks also run as their twins: a staged pick read in place (``RAGGED`` 1, labels
+  ``-ip<stages>r<raw stages>``) and an in-place pick staged (``-st<stages>``); the table gives the
+  best of each kind.
 - ``mid``: mid shapes (M 64-2047): sm90_wgmma over a grid of tiles, schedules, split-K and
   clusters, and streamk90's picks, against cuBLAS; the best variant per shape and where the first
   pick ranks.
@@ -44,7 +47,9 @@ from decode_dev import cdiv, compile_all, cublas_us, evaluate_candidates, graph_
 from populations import Candidate, Shape, load_templates, roofline_time  # noqa: E402
 
 RAGGED = ["777x1536x2883", "2000x3000x1001", "4096x4096x4095", "8192x8192x8191", "1000x5000x3001", "4000x11000x5003",
-          "512x4096x1001", "300x1001x2050:NN", "129x4100x1030:NN"]
+          "512x4096x1001", "300x1001x2050:NN", "129x4100x1030:NN",
+          # seed 10's rows where the copies cost most (per call against B padded once: 0.94x / 1.97x, 1.41x / 3.13x)
+          "22x6490x2881", "227x25573x2795", "440x1350x5345"]
 MID = ["200x11008x4096", "777x1536x2880", "256x14336x4096", "512x6144x4096", "128x8192x2048", "384x5120x5120",
        "1024x4096x1024", "1536x2816x3584", "96x12288x4096", "640x2560x10240"]
 EVAL = ["777x1536x2883", "300x1001x2050:NN", "65x8191x2057", "2000x3000x1001"]
@@ -194,6 +199,33 @@ def ragged_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]
             seen.add(c.id)
             label = f"{name}:{'pick' + str(i) if i < len(picks) else 'p' + str(k['STAGE_PITCH']) + ('f' if k['STAGE_FUSED'] else 's')}"
             out.append((label, c))
+            if name == "sm90_wgmma" and i < len(picks):
+                out += [(f"{label}-{tag}", tc) for tag, tc in twins(t, k, shape) if tc.id not in seen]
+                seen.update(tc.id for _, tc in out)
+    return out
+
+
+def twins(t: Any, k: dict, shape: Shape) -> list[tuple[str, Candidate]]:
+    """The other way of reading a ragged K (TN) with ``k``'s tile: a staged pick read in place
+    (``RAGGED`` 1, the raw ring 2 or 3 deep, the deepest swizzled ring that still fits) or an
+    in-place pick staged (its ring as deep as the staged rules make it); ``ip``/``st`` labels."""
+    if shape.layout != "TN" or shape.k % 8 == 0:
+        return []
+    out = []
+    if k.get("RAGGED"):
+        staged = t.fitted(dict(k, RAGGED=0, RSTAGES=2), shape)
+        for st in sorted((v for v in t.space.knobs["STAGES"].values if v >= k["STAGES"]), reverse=True):
+            if staged and not t.check(dict(staged, STAGES=st), shape, 90):
+                out.append((f"st{st}", t.candidate(dict(staged, STAGES=st), shape)))
+                break
+        return out
+    base = dict(k, RAGGED=1, STAGE="none", STAGE_PITCH=64, STAGE_FUSED=True, CLUSTER_M=1, CLUSTER_N=1)
+    for rst in (2, 3):
+        for st in sorted((v for v in t.space.knobs["STAGES"].values if v <= max(4, k["STAGES"])), reverse=True):
+            kk = dict(base, RSTAGES=rst, STAGES=st)
+            if not t.check(kk, shape, 90):
+                out.append((f"ip{st}r{rst}", t.candidate(kk, shape)))
+                break
     return out
 
 
@@ -289,20 +321,23 @@ def summarize(rows: list[dict], peers: list[dict]) -> list[str]:
     for r in rows:
         by.setdefault(r["shape"], []).append(r)
     peer = {f"{p['M']}x{p['N']}x{p['K']}:TN:f32": p for p in peers}
-    lines = ["| shape | cuBLAS us (layout) | cuBLAS roof | pick0 x | best x | best variant | best roof | pad_both x | pad_a x |",
-             "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    lines = ["| shape | cuBLAS us (layout) | cuBLAS roof | pick0 x | best x | best variant | best roof | pad_both x | pad_a x "
+             "| best staged x | best in place x |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for shape, rs in by.items():
         ok = [r for r in rs if "x" in r and r.get("err", 1) < 2e-3]
         if not ok:
-            lines.append(f"| {shape} | - | - | - | - | none ok | - | - | - |")
+            lines.append(f"| {shape} | - | - | - | - | none ok | - | - | - | - | - |")
             continue
         best = max(ok, key=lambda r: r["x"])
         pick0 = next((r for r in ok if r["variant"].endswith("pick0")), None)
         p = peer.get(shape)
+        kinds = [max((r["x"] for r in ok if bool((r.get("knobs") or {}).get("RAGGED")) == inplace), default=float("nan"))
+                 for inplace in (False, True)]
         lines.append(f"| {shape} | {best['cublas_us']:.2f} ({best['cublas_layout']}) | {best['roof_us'] / best['cublas_us']:.2f} | "
                      f"{pick0['x'] if pick0 else float('nan'):.3f} | {best['x']:.3f} | {best['variant']} | "
                      f"{best['roof_us'] / best['us']:.2f} | {p['both_x'] if p else float('nan'):.3f} | "
-                     f"{p['a_x'] if p else float('nan'):.3f} |")
+                     f"{p['a_x'] if p else float('nan'):.3f} | {kinds[0]:.3f} | {kinds[1]:.3f} |")
     return lines
 
 

@@ -14,6 +14,9 @@
 #   mid-profile  Nsight Compute on mid shapes (MID_SHAPES): sm90_wgmma's and streamk90's first two picks beside
 #                cuBLAS's kernel, SM / tensor-pipe / memory / occupancy / stalls (bench/decode_profile.py --templates);
 #                MID_KNOBS="sm90_wgmma:SWAP=true,BM=128,BN=72,STAGES=8 ..." adds named knob sets (--knobs)
+#   ragged-inplace  sm90_wgmma's RAGGED producer (a ragged K read in place): its GPU correctness test, then the ragged
+#                section of bench/align_mid_check.py (every first pick beside its in-place / staged twin, cuBLAS and
+#                the pad peer) and its eval section (first picks through the evaluator); RAGGED_SHAPES overrides the shapes
 #   decode-dev   the decode families' knob sweep (bench/decode_dev.py: a pruned grid, the first picks and the plain
 #                peer, at every M <= 16 after its hang screen, in one process) on DECODE_SHAPES, default seed 10's
 #                rows where evo ran below the peer; DECODE_GRID knob sets per template and shape (default 24)
@@ -90,6 +93,15 @@ for part in "$@"; do
     echo "rc=$?"; grep -E "us|wrong|failed" "$OUT/mid_profile.log" | grep -v "^==PROF==" | tail -n 8 | cut -c1-300
     ncu -i "$OUT/mid_prof.ncu-rep" --csv --page raw > "$OUT/mid_prof.csv" 2>/dev/null && gzip -f "$OUT/mid_prof.csv" && \
       python3 bench/decode_profile.py --summarize "$OUT/mid_prof.csv.gz" --order "$OUT/profile_order.json" | tee "$OUT/mid_profile.md" ;;
+  ragged-inplace)
+    timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_template_sm90.py -k "in_place" \
+      > "$OUT/ragged_gpu_tests.log" 2>&1
+    echo "tests rc=$?"; tail -n 6 "$OUT/ragged_gpu_tests.log" | cut -c1-600
+    peers=""; for d in ../shared/peers .carry_shared/peers; do [ -f "$d/pad_cublas.py" ] && peers="$d"; done
+    RG=(); [ -n "${RAGGED_SHAPES:-}" ] && RG=(--ragged $RAGGED_SHAPES)
+    timeout 330 python3 bench/align_mid_check.py --out "$OUT" --sections ragged,eval ${peers:+--peer-dir "$peers"} \
+      "${RG[@]}" > "$OUT/ragged_inplace.log" 2>&1
+    echo "rc=$?"; grep -v '^{' "$OUT/ragged_inplace.log" | tail -n 30 | cut -c1-300 ;;
   decode-dev)
     timeout 330 python3 bench/decode_dev.py --out "$OUT" --max-grid "${DECODE_GRID:-24}" --picks 3 --budget-s 270 \
       --shapes ${DECODE_SHAPES:-7x432x4776 3x704x64 4x3456x4992 1x64x128 1x1408x1152 3x406x12952 4x832x6976 3x7680x29312} \

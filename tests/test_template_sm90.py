@@ -101,6 +101,74 @@ def test_ragged_pitches_must_be_staged(tpl, m, n, k, layouts, staged):
         assert {s.matrix for s in cand.plan.tensor_maps.values() if s.staged} == set(want)
 
 
+@pytest.mark.parametrize("shape, knobs", [
+    ("1000x3000x1001", {"RAGGED": 1, "BM": 128, "BN": 128, "STAGES": 3}),
+    ("358x14070x32735", {"RAGGED": 1, "SWAP": True, "EPI": "tsmem", "BM": 128, "BN": 120, "STAGES": 3}),
+])
+def test_a_ragged_k_is_read_in_place_without_tensor_maps(tpl, shape, knobs):
+    """RAGGED reads a ragged K (TN) in place: valid unstaged, its plan launches the pointer entry
+    (evo_wgmma_ragged; A and B swapped with SWAP) with no tensor map and no staged copy, and its
+    shared memory counts the raw ring."""
+    sh = Shape.parse(shape)
+    assert not tpl.check(knobs, sh)
+    plan = tpl.candidate(knobs, sh).plan
+    (launch,) = plan.launches
+    assert launch.kernel == "evo_wgmma_ragged" and not plan.tensor_maps and not plan.staging
+    assert launch.args[:2] == (("B", "A") if knobs.get("SWAP") else ("A", "B"))
+    env = tpl.space.env(tpl.space.complete(knobs), sh)
+    rows = knobs["BM"] + knobs["BN"]
+    assert env["RAW_BYTES"] == 2 * (rows * 144 + 8) and env["SMEM"] == env["RAW_BYTES"] + (
+        knobs["STAGES"] * rows * 128 + env["EPI_BYTES"] + 1024 + 16 * knobs["STAGES"])
+
+
+@pytest.mark.parametrize("knobs, shape, words", [
+    ({"RAGGED": 1, "STAGE": "AB"}, "1000x3000x1001", "in place"),         # in place takes no copies
+    ({"RAGGED": 1}, "1000x3000x1000", "K % 8 == 0"),                       # aligned K: TMA reads it
+    ({"RAGGED": 1, "CLUSTER_M": 2, "BN": 128}, "1000x3000x1001", "no cluster"),
+    ({"RAGGED": 1, "BN": 128}, "1000x3000x1001:NN", "no NN"),
+    ({"RSTAGES": 3, "STAGE": "AB"}, "1000x3000x1001", "RSTAGES"),         # RAGGED's knob alone
+])
+def test_ragged_in_place_refuses_what_it_cannot_do(tpl, knobs, shape, words):
+    reasons = tpl.check({"BM": 128, "BN": 256, "STAGES": 2, **knobs}, Shape.parse(shape))
+    assert any(words in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("shape, bm, bn", [("22x6490x2881", 64, 24), ("200x14070x32735", 128, 104),
+                                           ("227x25573x2795", 128, 120), ("100x1350x5345", 128, 32)])
+def test_ragged_k_first_picks_read_in_place_then_staged(tpl, shape, bm, bn):
+    """For M 17-256 with wide weights and a ragged K the first pick reads in place (swapped, at
+    most 128 wide past M 64, the ring as deep as fits beside the raw ring, <= 4), the next ones
+    are the staged picks of the other rules: both kinds are measured first. Past M 256 the staged
+    picks alone (the producer's shift would cost more than the copies)."""
+    sh = Shape.parse(shape)
+    first, *rest = tpl.heuristic(sh)
+    assert (first["RAGGED"], first["STAGE"], first["SWAP"], first["BM"], first["BN"]) == (1, "none", True, bm, bn)
+    assert 2 <= first["STAGES"] <= 4 and not tpl.check(first, sh)
+    assert rest and all(p["RAGGED"] == 0 and p["STAGE"] == "AB" for p in rest)
+    aligned = Shape(sh.m, sh.n, sh.k + 8 - sh.k % 8, "TN", "f32")
+    assert all(p["RAGGED"] == 0 and p["STAGE"] == "none" for p in tpl.heuristic(aligned))
+    wider = Shape(sh.m + 300, sh.n, sh.k, "TN", "f32")
+    assert all(p["RAGGED"] == 0 and p["STAGE"] == "AB" for p in tpl.heuristic(wider))
+
+
+@pytest.mark.parametrize("knobs, shape", [
+    ({"RAGGED": 1, "SWAP": True, "EPI": "tsmem", "BM": 128, "BN": 120, "STAGES": 3}, "358x14070x32735"),
+    ({"RAGGED": 1, "SWAP": True, "EPI": "tsmem", "BM": 64, "BN": 40, "CONSUMERS": 1, "STAGES": 4, "RSTAGES": 3},
+     "40x3000x1001"),
+    ({"RAGGED": 1, "BM": 128, "BN": 128, "SCHED": "pingpong", "STAGES": 2, "EPI": "smem"}, "1000x3000x1002"),
+    ({"RAGGED": 1, "BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 4, "RSTAGES": 4, "SPLIT_K": 8, "EPI": "direct"},
+     "100x300x10001"),
+])
+def test_ragged_in_place_compiles_to_bulk_copies_without_local_memory(tpl, knobs, shape):
+    """The in-place producer's SASS: plain bulk copies (UBLKCP) into the raw ring, no tensor-map
+    loads, the wgmmas, and neither the producer (64 or 96 registers after setmaxnreg) nor the
+    consumers spill."""
+    source, _ = tpl.render(knobs, Shape.parse(shape))
+    text = sass(nvrtc_compile(source))
+    assert "UBLKCP.S.G" in text and "UTMALDG" not in text and "HGMMA.64x" in text and "USETMAXREG" in text
+    assert "STL" not in text and "LDL" not in text
+
+
 def test_odd_n_is_accepted_in_tn_only(tpl):
     """TN reads B (N x K) with TMA over K, and C is written with guarded stores: any N works
     unstaged; NN's B (K x N) needs N % 8 == 0 for the TMA row pitch, or staging."""
@@ -508,6 +576,29 @@ def test_ragged_pitch_epilogues_are_correct_on_the_gpu(tmp_path):
              ("333x3001x1000", {"SWAP": True, "BN": 112, "BM": 128, "STAGES": 4}, True),
              ("129x257x4104", {"BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 7, "SPLIT_K": 8, "EPI": "direct"},
               False)]
+    _all_ok_on_the_gpu(tpl, cases, tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+def test_ragged_k_read_in_place_is_correct_on_the_gpu(tmp_path):
+    """RAGGED (A and B read in place through the raw ring): K odd, K % 8 == 2, 4 and 6 (every row
+    shift), one K block and less, swapped and not, one and two consumers, pingpong, split-K with
+    empty shares, raw rings of 2-4, the ragged C pitches, generic candidates (every alignment class
+    and past the claim, K down to 2). Through the whole evaluator."""
+    pytest.importorskip("torch")
+    tpl = load_template(FOLDER)
+    r = {"RAGGED": 1}
+    t = {"RAGGED": 1, "SWAP": True, "EPI": "tsmem"}
+    cases = [("358x14070x3273", {**t, "BM": 128, "BN": 120, "STAGES": 3}, False),
+             ("22x6490x2882", {**t, "BM": 64, "BN": 24, "CONSUMERS": 1, "STAGES": 4}, False),
+             ("333x3001x1004", {**t, "BM": 128, "BN": 112, "STAGES": 3, "RSTAGES": 3}, True),
+             ("1000x3000x1001", {**r, "BM": 128, "BN": 128, "STAGES": 3, "EPI": "smem"}, False),
+             ("1000x3001x1006", {**r, "BM": 128, "BN": 128, "SCHED": "pingpong", "STAGES": 2, "EPI": "smem"}, True),
+             ("77x300x45", {**r, "BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 4, "RSTAGES": 4}, True),
+             ("100x300x10001", {**r, "BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 4, "SPLIT_K": 8,
+                                "EPI": "direct"}, True),
+             ("40x3000x1001", {**t, "BM": 64, "BN": 40, "CONSUMERS": 1, "STAGES": 4, "RSTAGES": 3}, True)]
     _all_ok_on_the_gpu(tpl, cases, tmp_path)
 
 

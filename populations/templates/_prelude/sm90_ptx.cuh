@@ -37,6 +37,18 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const EvoTensorMap* map, u3
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                :: "r"(dst), "l"((u64)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
+// A plain (non-tensor) bulk copy of `bytes` (a multiple of 16) from global `src` to shared `dst`
+// (both 16-byte aligned), completing on `bar` as TMA loads do (sm90_wgmma's RAGGED producer: one
+// row's aligned grid blocks at a time, where no tensor map can describe a ragged row pitch).
+__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(dst), "l"((u64)src), "r"(bytes), "r"(bar) : "memory");
+}
+// Orders this thread's generic-proxy accesses to shared memory before later async-proxy ones
+// (wgmma reading what st.shared wrote; a bulk copy overwriting what ld.shared read).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
 __device__ __forceinline__ void tma_prefetch_desc(const EvoTensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" :: "l"((u64)map) : "memory");
 }
@@ -72,6 +84,14 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
 }
 __device__ __forceinline__ void ld_shared_v4(u32 addr, u32& a, u32& b, u32& c, u32& d) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void st_shared_v4(u32 addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_u4(u32 addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
 }
 __device__ __forceinline__ u32 ld_shared_u16(u32 addr) {
   u32 v;

@@ -27,6 +27,13 @@
 //                   are the problem's N, M: it computes C^T tile by tile (the weights' N along wgmma's
 //                   64-row side, the tokens' M along its N, a width fitted to M, as cuBLAS does for
 //                   mid M) and the epilogue stores the accumulators transposed into C.
+//   RAGGED 1:       (TN, no cluster) A and B are read in place, whatever their row pitch (K % 8 != 0,
+//                   where no tensor map can describe them and RAGGED 0 needs the alignment
+//                   transform's copies first): every producer thread bulk-copies the aligned 16-byte
+//                   grid blocks under its rows' K block into a raw ring (RSTAGES deep, 144 bytes a
+//                   row), then shifts them into place (_prelude/realign.cuh) and stores them into
+//                   the swizzled ring the consumers read, the halves past K and the rows past M or N
+//                   zeroed. Nothing is copied outside the kernel: the weights stay where they are.
 //   SPLIT_K > 1:    the work units are SPLIT_K x tiles: unit u computes tile u % tiles over
 //                   the z = u / tiles share of the K blocks (balanced, none empty) and writes
 //                   its fp32 partial tile to workspace[z][M][N] (direct stores); a second
@@ -91,6 +98,12 @@
 #ifndef SPLIT_K
 #define SPLIT_K 1
 #endif
+#ifndef RAGGED
+#define RAGGED 0
+#endif
+#ifndef RSTAGES
+#define RSTAGES 2
+#endif
 #if !defined(EVO_LAYOUT_TN) && !defined(EVO_LAYOUT_NN)
 #define EVO_LAYOUT_TN 1
 #endif
@@ -109,6 +122,9 @@
 #endif
 #if CLUSTER > 2
 #error "a cluster holds at most two CTAs: CLUSTER_M or CLUSTER_N, not both"
+#endif
+#if RAGGED && (CLUSTER > 1 || defined(EVO_LAYOUT_NN))
+#error "RAGGED reads K-major rows (TN) into its own CTA's ring: no cluster, no NN"
 #endif
 // A's stage: one box of BM rows, or with CLUSTER_N 2 one slice of BM / 2 rows per CTA (a multiple
 // of 32 rows: 4 KiB, whole swizzle atoms), multicast to both.
@@ -176,9 +192,27 @@
 #else
 #define EPI_STAGE_BYTES 0
 #endif
-// Register split after setmaxnreg: 128 x (40 + 232 * CONSUMERS) <= 64 K registers.
+// Register split after setmaxnreg: 128 x (PRODUCER_REGS + CONSUMER_REGS * CONSUMERS) <= 64 K
+// registers. The ragged producer's 128 threads copy, shift and store chunks: 64 registers beside two
+// consumers of 224 (56 spilled), 96 beside one of 232 (64 spilled there).
+#if RAGGED
+#define CONSUMER_REGS (CONSUMERS == 2 ? 224 : 232)
+#define PRODUCER_REGS (CONSUMERS == 2 ? 64 : 96)
+#else
 #define CONSUMER_REGS 232
 #define PRODUCER_REGS 40
+#endif
+// RAGGED: a raw stage holds, for each of the BM + BN rows of a ring stage, the 9 aligned 16-byte
+// grid blocks that a K block's 8 chunks of 16 bytes start and end in (8 where the row is aligned).
+#define RAW_ROWS (BM + BN)
+#define RAW_PITCH 144
+#if RAGGED
+#define RAW_STAGE_BYTES (RAW_ROWS * RAW_PITCH)
+#else
+#define RAW_STAGE_BYTES 0
+#endif
+#define RAW_ROWS_PER_THREAD ((RAW_ROWS + 127) / 128)
+#define RAGGED_BAR 5                 // named barrier of the 128 producer threads (1-4: epilogue, pingpong)
 
 // ---------------------------------------------------------------- tile order
 __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
@@ -348,6 +382,137 @@ __device__ __forceinline__ void release_stage(u32 empty_bar) {
 #endif
 }
 
+// ---------------------------------------------------------------- the ragged producer (RAGGED 1)
+#if RAGGED
+// Where the producer is in this CTA's sequence of K blocks: unit u (from `first` by `stride`), K
+// block kb of [kb0, kb1), its tile's first rows of A (m0) and of B (n0). Units with no K block
+// (split-K shares past kblocks at small instances) are skipped, as the consumers skip them.
+struct RaggedCursor {
+  int u, kb, kb1, m0, n0;
+};
+__device__ __forceinline__ void ragged_seek(RaggedCursor& c, int stride, int units, int ctiles, int kblocks,
+                                            int ctiles_m, int ctiles_n) {
+  for (; c.u < units; c.u += stride) {
+    int t, kb0, kb1, tm, tn;
+    unit_range(c.u, ctiles, kblocks, t, kb0, kb1);
+    if (kb0 < kb1) {
+      tile_coords(t, ctiles_m, ctiles_n, tm, tn);
+      c.kb = kb0;
+      c.kb1 = kb1;
+      c.m0 = tm * BM;
+      c.n0 = tn * BN;
+      return;
+    }
+  }
+}
+__device__ __forceinline__ void ragged_next(RaggedCursor& c, int stride, int units, int ctiles, int kblocks,
+                                            int ctiles_m, int ctiles_n) {
+  if (++c.kb == c.kb1) {
+    c.u += stride;
+    ragged_seek(c, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
+  }
+}
+// Row i of a stage (A's rows 0..BM-1, then B's): its matrix row, or -1 past M (N). `shift0` is the
+// matrix base's halves past 16 bytes: row r starts (shift0 + r * K) % 8 halves into its grid block
+// (32-bit products: only the low three bits matter).
+__device__ __forceinline__ const evo_half_bits* ragged_row(const RaggedCursor& c, int i, const evo_half_bits* gA,
+                                                           const evo_half_bits* gB, int M, int N, int K, int& s) {
+  const bool in_a = i < BM;
+  const int row = in_a ? c.m0 + i : c.n0 + (i - BM);
+  if (row >= (in_a ? M : N)) return nullptr;
+  const evo_half_bits* base = in_a ? gA : gB;
+  const u32 shift0 = (u32)(((unsigned long long)base & 15ull) >> 1);
+  s = (int)((shift0 + (u32)row * (u32)K) & 7u);
+  return base + (long long)row * K;
+}
+// Issue this thread's bulk copies of one K block into a raw stage: rows pt, pt + 128, ..., each the
+// grid blocks of its K block that hold a half of the row (so no copy reaches past the matrix), and
+// arrive on the stage's barrier expecting their bytes (every producer thread arrives once).
+__device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, u32 bar, const evo_half_bits* gA,
+                                             const evo_half_bits* gB, int M, int N, int K, int pt) {
+  const unsigned char* src[RAW_ROWS_PER_THREAD];
+  u32 nbytes[RAW_ROWS_PER_THREAD];
+  u32 total = 0;
+#pragma unroll
+  for (int q = 0; q < RAW_ROWS_PER_THREAD; ++q) {
+    const int i = pt + 128 * q;
+    nbytes[q] = 0;
+    src[q] = nullptr;
+    int s = 0;
+    const evo_half_bits* row = i < RAW_ROWS ? ragged_row(c, i, gA, gB, M, N, K, s) : nullptr;
+    if (row != nullptr) {
+      const int blocks = (K + s + 7) / 8;           // grid blocks holding a half of the row
+      const int g0 = c.kb * 8;
+      const int want = s ? 9 : 8;                    // an aligned row's last chunk ends in its own block
+      const int n = blocks - g0 < want ? blocks - g0 : want;
+      if (n > 0) {
+        src[q] = reinterpret_cast<const unsigned char*>((unsigned long long)row & ~15ull) + g0 * 16;
+        nbytes[q] = (u32)n * 16u;
+        total += nbytes[q];
+      }
+    }
+  }
+  if (total > 0) {
+    mbar_expect_tx(bar, total);
+  } else {
+    mbar_arrive(bar);
+  }
+#pragma unroll
+  for (int q = 0; q < RAW_ROWS_PER_THREAD; ++q) {
+    if (nbytes[q] > 0) bulk_load(raw + (pt + 128 * q) * RAW_PITCH, src[q], nbytes[q], bar);
+  }
+}
+// The shift's view of a tile: thread pt shifts chunk j = pt % 8 of rows i = pt / 8 + 16 q (q <
+// RAGGED_Q), and the rows' shifts and presence do not change over the tile's K blocks. Nibble q
+// of `info` (RAGGED_QW words) holds row i's shift (bits 0-2) and whether it lies inside M or N (bit 3).
+#define RAGGED_Q ((RAW_ROWS + 15) / 16)
+#define RAGGED_QW ((RAGGED_Q + 7) / 8)
+__device__ __forceinline__ void ragged_rows(const RaggedCursor& c, const evo_half_bits* gA, const evo_half_bits* gB,
+                                            int M, int N, int K, int pt, u32 (&info)[RAGGED_QW]) {
+  const u32 shift_a = (u32)(((unsigned long long)gA & 15ull) >> 1), shift_b = (u32)(((unsigned long long)gB & 15ull) >> 1);
+  const int i0 = pt >> 3;
+#pragma unroll
+  for (int w = 0; w < RAGGED_QW; ++w) info[w] = 0u;
+#pragma unroll
+  for (int q = 0; q < RAGGED_Q; ++q) {
+    // BM % 16 == 0 and i0 < 16: row i0 + 16 q is one of A's exactly when 16 q < BM (known per q at
+    // compile time, so no pointer is chosen at run time and nothing per row stays live across tiles)
+    const bool in_a = 16 * q < BM;
+    const int row = in_a ? c.m0 + i0 + 16 * q : c.n0 + i0 + 16 * q - BM;
+    if (i0 + 16 * q >= RAW_ROWS || row >= (in_a ? M : N)) continue;
+    const u32 s = ((in_a ? shift_a : shift_b) + (u32)row * (u32)K) & 7u;
+    info[q / 8] |= (8u | s) << (4 * (q % 8));
+  }
+}
+// Shift a landed raw stage into the ring stage's swizzled image (row r of a stage at r * 128 bytes,
+// chunk j at (j ^ (r % 8)) * 16: what TMA's 128-byte swizzle writes and the wgmma descriptors read),
+// zeros for the halves past K and the rows past M or N. Eight threads read one row's 144 raw bytes
+// and write its 128, so neither access has a bank conflict; a thread's rows are 16 apart, so its
+// swizzle (r % 8 = (pt / 8) % 8) and every offset but the raw stage's are fixed at compile time.
+__device__ __forceinline__ void ragged_shift(int kb, const u32 (&info)[RAGGED_QW], u32 raw, u32 sa, u32 sb, int K,
+                                             int pt) {
+  const int i0 = pt >> 3, j = pt & 7;
+  const int chunk = kb * 8 + j;                      // the row's logical chunk: halves [8 chunk, 8 chunk + 8)
+  const bool inside = 8 * chunk < K;
+  const int tail = K - 8 * chunk;                    // < 8: the row's last, partial chunk
+  const u32 src = raw + i0 * RAW_PITCH + j * 16;
+  const u32 swz = (u32)((j ^ (i0 & 7)) << 4);
+#pragma unroll
+  for (int q = 0; q < RAGGED_Q; ++q) {
+    if (RAW_ROWS % 16 != 0 && q == RAGGED_Q - 1 && i0 + 16 * q >= RAW_ROWS) break;
+    const u32 row = (info[q / 8] >> (4 * (q % 8))) & 15u;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if ((row & 8u) && inside) {
+      v = dec_realign(ld_shared_u4(src + q * 16 * RAW_PITCH), ld_shared_u4(src + q * 16 * RAW_PITCH + 16), (int)(row & 7u));
+      if (tail < 8) v = dec_keep(v, tail);
+    }
+    // BM % 16 == 0 and i0 < 16: row i0 + 16 q is one of A's exactly when 16 q < BM
+    const u32 dst = 16 * q < BM ? sa + (u32)((i0 + 16 * q) * 128) : sb + (u32)((i0 + 16 * q - BM) * 128);
+    st_shared_v4(dst + swz, v);
+  }
+}
+#endif
+
 // ---------------------------------------------------------------- the kernel
 #if CLUSTER > 1
 #define EVO_CLUSTER __cluster_dims__(CLUSTER, 1, 1)
@@ -355,18 +520,22 @@ __device__ __forceinline__ void release_stage(u32 empty_bar) {
 #define EVO_CLUSTER
 #endif
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) EVO_CLUSTER
-evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoTensorMap tmB,
-          evo_half_bits* __restrict__ C, float* __restrict__ W, int M, int N, int K) {
+// The whole kernel, for either entry below: the operands through tensor maps (tmA, tmB: the
+// entry's __grid_constant__ parameters) or, RAGGED, through their pointers (gA, gB).
+__device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTensorMap* tmB,
+                                           const evo_half_bits* __restrict__ gA, const evo_half_bits* __restrict__ gB,
+                                           evo_half_bits* __restrict__ C, float* __restrict__ W, int M, int N, int K) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // 128-byte swizzle atoms need 1024-byte alignment; the plan reserves 1 KiB of slack.
   const u32 base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const u32 sA = base;                                        // STAGES x BM x 128 B
   const u32 sB = base + STAGES * A_STAGE_BYTES;               // STAGES x BN x 128 B
   const u32 sEpi = base + STAGES * STAGE_BYTES;               // epilogue staging (EPI smem)
-  const u32 bars = sEpi + EPI_STAGE_BYTES;                    // full[STAGES], empty[STAGES]
+  const u32 sRaw = sEpi + EPI_STAGE_BYTES;                    // RAGGED: RSTAGES raw stages
+  const u32 bars = sRaw + RSTAGES * RAW_STAGE_BYTES;          // full[STAGES], empty[STAGES], raw[RSTAGES]
 #define FULL(s) (bars + 8u * (s))
 #define EMPTY(s) (bars + 8u * (STAGES + (s)))
+#define RAWFULL(s) (bars + 8u * (2 * STAGES + (s)))
 
   const int tiles_m = (M + BM - 1) / BM;
   const int tiles_n = (N + BN - 1) / BN;
@@ -387,12 +556,17 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(FULL(s), 1);
+      mbar_init(FULL(s), RAGGED ? 128 : 1);   // RAGGED: every producer thread stores part of a stage
       mbar_init(EMPTY(s), EMPTY_ARRIVALS);
     }
+#if RAGGED
+    for (int s = 0; s < RSTAGES; ++s) mbar_init(RAWFULL(s), 128);
+#endif
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    tma_prefetch_desc(&tmA);
-    tma_prefetch_desc(&tmB);
+#if !RAGGED
+    tma_prefetch_desc(tmA);
+    tma_prefetch_desc(tmB);
+#endif
   }
 #if CLUSTER > 1
   cluster_sync();   // peers' barriers are initialised before anyone multicasts or arrives remotely
@@ -403,6 +577,42 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
   if (wg == 0) {
     // ------------------------------------------------------------ producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(PRODUCER_REGS));
+#if RAGGED
+    // Two cursors over the same K blocks: `ahead` issues raw copies RSTAGES blocks in advance,
+    // `at` shifts the oldest landed one into the ring. A raw stage is refilled only after all 128
+    // threads have read it (named barrier), and the generic-proxy reads and writes are fenced from
+    // the async proxy's (the bulk copies that refill raw stages, the wgmmas that read ring stages).
+    const int pt = threadIdx.x;
+    RaggedCursor ahead{first, 0, 0, 0, 0}, at{first, 0, 0, 0, 0};
+    ragged_seek(ahead, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
+    ragged_seek(at, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
+    for (int r = 0; r < RSTAGES && ahead.u < units; ++r) {
+      ragged_issue(ahead, sRaw + r * RAW_STAGE_BYTES, RAWFULL(r), gA, gB, M, N, K, pt);
+      ragged_next(ahead, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
+    }
+    u32 info[RAGGED_QW];
+    int info_u = -1;                                  // the unit `info` describes
+    for (u32 it = 0; at.u < units; ++it) {
+      const u32 rs = it % RSTAGES, stage = it % STAGES;
+      if (at.u != info_u) {
+        ragged_rows(at, gA, gB, M, N, K, pt, info);
+        info_u = at.u;
+      }
+      mbar_wait(RAWFULL(rs), (it / RSTAGES) & 1u);
+      mbar_wait(EMPTY(stage), ((it / STAGES) & 1u) ^ 1u);
+      fence_proxy_async_smem();
+      ragged_shift(at.kb, info, sRaw + rs * RAW_STAGE_BYTES, sA + stage * A_STAGE_BYTES, sB + stage * B_STAGE_BYTES,
+                   K, pt);
+      fence_proxy_async_smem();
+      mbar_arrive(FULL(stage));
+      named_sync(RAGGED_BAR, 128);
+      if (ahead.u < units) {
+        ragged_issue(ahead, sRaw + rs * RAW_STAGE_BYTES, RAWFULL(rs), gA, gB, M, N, K, pt);
+        ragged_next(ahead, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
+      }
+      ragged_next(at, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
+    }
+#else
     if (threadIdx.x == 0) {
       int stage = 0;
       u32 phase = 0;
@@ -417,22 +627,22 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
           mbar_expect_tx(full, STAGE_BYTES);
 #if CLUSTER_N > 1
           // this CTA's half of the shared A panel, multicast into the same place of both CTAs
-          tma_load_2d_mc(sA + stage * A_STAGE_BYTES + rank * (A_SLICE * 128), &tmA, full, kb * BK,
+          tma_load_2d_mc(sA + stage * A_STAGE_BYTES + rank * (A_SLICE * 128), tmA, full, kb * BK,
                          m0 + (int)rank * A_SLICE, (unsigned short)((1u << CLUSTER) - 1));
 #else
-          tma_load_2d(sA + stage * A_STAGE_BYTES, &tmA, full, kb * BK, m0);
+          tma_load_2d(sA + stage * A_STAGE_BYTES, tmA, full, kb * BK, m0);
 #endif
 #if B_ONE_BOX
           // BN rows of 128 B in one box: the same shared-memory image as BN / 64 boxes of 64 rows
-          tma_load_2d(sB + stage * B_STAGE_BYTES, &tmB, full, kb * BK, n0);
+          tma_load_2d(sB + stage * B_STAGE_BYTES, tmB, full, kb * BK, n0);
 #elif B_ALT
           // every CTA walks the same K blocks of the same cluster tiles: one of them loads B's whole
           // box and multicasts it; the others' full barriers count its bytes as their own slice's
           if (kb % CLUSTER_M == (int)rank)
-            tma_load_2d_mc(sB + stage * B_STAGE_BYTES, &tmB, full, kb * BK, n0, (unsigned short)((1u << CLUSTER_M) - 1));
+            tma_load_2d_mc(sB + stage * B_STAGE_BYTES, tmB, full, kb * BK, n0, (unsigned short)((1u << CLUSTER_M) - 1));
 #elif B_SPLIT
           // this CTA's slice of BN / CLUSTER_M rows, multicast into the same place of every CTA
-          tma_load_2d_mc(sB + stage * B_STAGE_BYTES + rank * (B_SLICE * 128), &tmB, full, kb * BK,
+          tma_load_2d_mc(sB + stage * B_STAGE_BYTES + rank * (B_SLICE * 128), tmB, full, kb * BK,
                          n0 + (int)rank * B_SLICE, (unsigned short)((1u << CLUSTER_M) - 1));
 #else
 #pragma unroll
@@ -446,9 +656,9 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
             const int c0 = kb * BK, c1 = n0 + j * 64;
 #endif
 #if CLUSTER_M > 1
-            if (j % CLUSTER_M == (int)rank) tma_load_2d_mc(dst, &tmB, full, c0, c1, (unsigned short)((1u << CLUSTER_M) - 1));
+            if (j % CLUSTER_M == (int)rank) tma_load_2d_mc(dst, tmB, full, c0, c1, (unsigned short)((1u << CLUSTER_M) - 1));
 #else
-            tma_load_2d(dst, &tmB, full, c0, c1);
+            tma_load_2d(dst, tmB, full, c0, c1);
 #endif
           }
 #endif
@@ -456,6 +666,7 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
         }
       }
     }
+#endif
   } else {
     // ------------------------------------------------------------ consumers
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(CONSUMER_REGS));
@@ -623,4 +834,21 @@ evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoT
 #endif
 #undef FULL
 #undef EMPTY
+#undef RAWFULL
 }
+
+// Two entries, one compiled: the plan launches evo_wgmma with tensor maps, or (RAGGED) evo_wgmma_ragged
+// with the operands' pointers; the unused operands are null.
+#if RAGGED
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+evo_wgmma_ragged(const evo_half_bits* __restrict__ A, const evo_half_bits* __restrict__ B,
+                 evo_half_bits* __restrict__ C, float* __restrict__ W, int M, int N, int K) {
+  wgmma_gemm(nullptr, nullptr, A, B, C, W, M, N, K);
+}
+#else
+extern "C" __global__ void __launch_bounds__(THREADS, 1) EVO_CLUSTER
+evo_wgmma(const __grid_constant__ EvoTensorMap tmA, const __grid_constant__ EvoTensorMap tmB,
+          evo_half_bits* __restrict__ C, float* __restrict__ W, int M, int N, int K) {
+  wgmma_gemm(&tmA, &tmB, nullptr, nullptr, C, W, M, N, K);
+}
+#endif

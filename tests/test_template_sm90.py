@@ -102,8 +102,8 @@ def test_ragged_pitches_must_be_staged(tpl, m, n, k, layouts, staged):
 
 
 @pytest.mark.parametrize("shape, knobs", [
-    ("1000x3000x1001", {"RAGGED": 1, "BM": 128, "BN": 128, "STAGES": 3}),
-    ("358x14070x32735", {"RAGGED": 1, "SWAP": True, "EPI": "tsmem", "BM": 128, "BN": 120, "STAGES": 3}),
+    ("1000x3000x1001", {"RAGGED": 1, "BM": 128, "BN": 128, "STAGES": 2, "EPI": "direct"}),
+    ("358x14070x32735", {"RAGGED": 1, "SWAP": True, "EPI": "tsmem", "BM": 128, "BN": 72, "STAGES": 3}),
 ])
 def test_a_ragged_k_is_read_in_place_without_tensor_maps(tpl, shape, knobs):
     """RAGGED reads a ragged K (TN) in place: valid unstaged, its plan launches the pointer entry
@@ -117,7 +117,7 @@ def test_a_ragged_k_is_read_in_place_without_tensor_maps(tpl, shape, knobs):
     assert launch.args[:2] == (("B", "A") if knobs.get("SWAP") else ("A", "B"))
     env = tpl.space.env(tpl.space.complete(knobs), sh)
     rows = knobs["BM"] + knobs["BN"]
-    assert env["RAW_BYTES"] == 2 * (rows * 144 + 8) and env["SMEM"] == env["RAW_BYTES"] + (
+    assert env["RAW_BYTES"] == 2 * (rows * 272 + 8) and env["SMEM"] == env["RAW_BYTES"] + (
         knobs["STAGES"] * rows * 128 + env["EPI_BYTES"] + 1024 + 16 * knobs["STAGES"])
 
 
@@ -133,11 +133,11 @@ def test_ragged_in_place_refuses_what_it_cannot_do(tpl, knobs, shape, words):
     assert any(words in r for r in reasons), reasons
 
 
-@pytest.mark.parametrize("shape, bm, bn", [("22x6490x2881", 64, 24), ("200x14070x32735", 128, 104),
-                                           ("227x25573x2795", 128, 120), ("100x1350x5345", 128, 32)])
+@pytest.mark.parametrize("shape, bm, bn", [("22x6490x2881", 64, 24), ("200x14070x32735", 128, 72),
+                                           ("227x25573x2795", 128, 80), ("100x1350x5345", 128, 32)])
 def test_ragged_k_first_picks_read_in_place_then_staged(tpl, shape, bm, bn):
     """For M 17-256 with wide weights and a ragged K the first pick reads in place (swapped, at
-    most 128 wide past M 64, the ring as deep as fits beside the raw ring, <= 4), the next ones
+    most 96 wide past M 64, the ring as deep as fits beside the raw ring, <= 4), the next ones
     are the staged picks of the other rules: both kinds are measured first. Past M 256 the staged
     picks alone (the producer's shift would cost more than the copies)."""
     sh = Shape.parse(shape)
@@ -152,11 +152,11 @@ def test_ragged_k_first_picks_read_in_place_then_staged(tpl, shape, bm, bn):
 
 
 @pytest.mark.parametrize("knobs, shape", [
-    ({"RAGGED": 1, "SWAP": True, "EPI": "tsmem", "BM": 128, "BN": 120, "STAGES": 3}, "358x14070x32735"),
+    ({"RAGGED": 1, "SWAP": True, "EPI": "tsmem", "BM": 128, "BN": 72, "STAGES": 3}, "358x14070x32735"),
     ({"RAGGED": 1, "SWAP": True, "EPI": "tsmem", "BM": 64, "BN": 40, "CONSUMERS": 1, "STAGES": 4, "RSTAGES": 3},
      "40x3000x1001"),
-    ({"RAGGED": 1, "BM": 128, "BN": 128, "SCHED": "pingpong", "STAGES": 2, "EPI": "smem"}, "1000x3000x1002"),
-    ({"RAGGED": 1, "BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 4, "RSTAGES": 4, "SPLIT_K": 8, "EPI": "direct"},
+    ({"RAGGED": 1, "BM": 128, "BN": 64, "SCHED": "pingpong", "STAGES": 2, "EPI": "smem"}, "1000x3000x1002"),
+    ({"RAGGED": 1, "BM": 64, "BN": 64, "CONSUMERS": 1, "STAGES": 2, "RSTAGES": 4, "SPLIT_K": 8, "EPI": "direct"},
      "100x300x10001"),
 ])
 def test_ragged_in_place_compiles_to_bulk_copies_without_local_memory(tpl, knobs, shape):
@@ -406,12 +406,14 @@ def _compile_one(source: str) -> str:
 
 
 def test_seeded_sample_compiles_for_sm90a(tpl):
-    """Every knob set of a seeded sample of 32 (both layouts) compiles with NVRTC for sm_90a."""
+    """Every knob set of a seeded sample of 36 (both layouts) compiles with NVRTC for sm_90a."""
     pytest.importorskip("cuda.bindings.nvrtc")
     # each layout's own sample: tile widths fitted to a dimension and SWAP are TN-only, so NN's
     # valid sets are rarer and rejection sampling finds fewer of them in its tries
-    tn, nn = (tpl.sample(random.Random(2026), Shape(4096, 4096, 4096, lay, "f32"), 16) for lay in ("TN", "NN"))
-    assert len(tn) == 16 and len(nn) >= 8
+    # (20 in TN: EPI tsmem needs SWAP, so it is the rarest value; 16 draws missed it once RAGGED's
+    # knobs joined the space)
+    tn, nn = (tpl.sample(random.Random(2026), Shape(4096, 4096, 4096, lay, "f32"), n) for lay, n in (("TN", 20), ("NN", 16)))
+    assert len(tn) == 20 and len(nn) >= 8
     sets, layouts = tn + nn, ["TN"] * len(tn) + ["NN"] * len(nn)
     sources = [tpl.render(k, Shape(4096, 4096, 4096, lay, "f32"))[0] for k, lay in zip(sets, layouts)]
     # every schedule, epilogue and cluster value is among them
@@ -590,15 +592,17 @@ def test_ragged_k_read_in_place_is_correct_on_the_gpu(tmp_path):
     tpl = load_template(FOLDER)
     r = {"RAGGED": 1}
     t = {"RAGGED": 1, "SWAP": True, "EPI": "tsmem"}
-    cases = [("358x14070x3273", {**t, "BM": 128, "BN": 120, "STAGES": 3}, False),
+    cases = [("358x14070x3273", {**t, "BM": 128, "BN": 72, "STAGES": 3}, False),
              ("22x6490x2882", {**t, "BM": 64, "BN": 24, "CONSUMERS": 1, "STAGES": 4}, False),
-             ("333x3001x1004", {**t, "BM": 128, "BN": 112, "STAGES": 3, "RSTAGES": 3}, True),
-             ("1000x3000x1001", {**r, "BM": 128, "BN": 128, "STAGES": 3, "EPI": "smem"}, False),
-             ("1000x3001x1006", {**r, "BM": 128, "BN": 128, "SCHED": "pingpong", "STAGES": 2, "EPI": "smem"}, True),
-             ("77x300x45", {**r, "BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 4, "RSTAGES": 4}, True),
-             ("100x300x10001", {**r, "BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 4, "SPLIT_K": 8,
+             ("333x3001x1004", {**t, "BM": 128, "BN": 56, "STAGES": 2, "RSTAGES": 3}, True),
+             ("1000x3000x1001", {**r, "BM": 128, "BN": 128, "STAGES": 2, "EPI": "direct"}, False),
+             ("1000x3001x1006", {**r, "BM": 128, "BN": 64, "SCHED": "pingpong", "STAGES": 2, "EPI": "smem"}, True),
+             ("77x300x45", {**r, "BM": 64, "BN": 64, "CONSUMERS": 1, "STAGES": 2, "RSTAGES": 4}, True),
+             ("100x300x10001", {**r, "BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 2, "SPLIT_K": 8,
                                 "EPI": "direct"}, True),
-             ("40x3000x1001", {**t, "BM": 64, "BN": 40, "CONSUMERS": 1, "STAGES": 4, "RSTAGES": 3}, True)]
+             ("40x3000x1001", {**t, "BM": 64, "BN": 40, "CONSUMERS": 1, "STAGES": 4, "RSTAGES": 3}, True),
+             ("2000x3000x1001", {**r, "BM": 128, "BN": 128, "STAGES": 2, "RSTAGES": 2, "EPI": "direct",
+                                 "PERSISTENT": False}, False)]
     _all_ok_on_the_gpu(tpl, cases, tmp_path)
 
 

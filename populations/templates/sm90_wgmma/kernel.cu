@@ -30,8 +30,8 @@
 //   RAGGED 1:       (TN, no cluster) A and B are read in place, whatever their row pitch (K % 8 != 0,
 //                   where no tensor map can describe them and RAGGED 0 needs the alignment
 //                   transform's copies first): every producer thread bulk-copies the aligned 16-byte
-//                   grid blocks under its rows' K block into a raw ring (RSTAGES deep, 144 bytes a
-//                   row), then shifts them into place (_prelude/realign.cuh) and stores them into
+//                   grid blocks under its rows' next two K blocks into a raw ring (RSTAGES deep, 272
+//                   bytes a row: one copy a row for two ring stages), then shifts them into place (_prelude/realign.cuh) and stores them into
 //                   the swizzled ring the consumers read, the halves past K and the rows past M or N
 //                   zeroed. Nothing is copied outside the kernel: the weights stay where they are.
 //   SPLIT_K > 1:    the work units are SPLIT_K x tiles: unit u computes tile u % tiles over
@@ -202,10 +202,12 @@
 #define CONSUMER_REGS 232
 #define PRODUCER_REGS 40
 #endif
-// RAGGED: a raw stage holds, for each of the BM + BN rows of a ring stage, the 9 aligned 16-byte
-// grid blocks that a K block's 8 chunks of 16 bytes start and end in (8 where the row is aligned).
+// RAGGED: a raw stage holds, for each of the BM + BN rows of a ring stage, the 17 aligned 16-byte
+// grid blocks that RAW_KB = 2 K blocks' 16 chunks of 16 bytes start and end in (16 where the row is
+// aligned): one bulk copy a row feeds two ring stages, which halves the copies the producer issues.
 #define RAW_ROWS (BM + BN)
-#define RAW_PITCH 144
+#define RAW_KB 2
+#define RAW_PITCH ((8 * RAW_KB + 1) * 16)
 #if RAGGED
 #define RAW_STAGE_BYTES (RAW_ROWS * RAW_PITCH)
 #else
@@ -388,7 +390,7 @@ __device__ __forceinline__ void release_stage(u32 empty_bar) {
 // block kb of [kb0, kb1), its tile's first rows of A (m0) and of B (n0). Units with no K block
 // (split-K shares past kblocks at small instances) are skipped, as the consumers skip them.
 struct RaggedCursor {
-  int u, kb, kb1, m0, n0;
+  int u, kb, kb0, kb1, m0, n0;
 };
 __device__ __forceinline__ void ragged_seek(RaggedCursor& c, int stride, int units, int ctiles, int kblocks,
                                             int ctiles_m, int ctiles_n) {
@@ -397,7 +399,7 @@ __device__ __forceinline__ void ragged_seek(RaggedCursor& c, int stride, int uni
     unit_range(c.u, ctiles, kblocks, t, kb0, kb1);
     if (kb0 < kb1) {
       tile_coords(t, ctiles_m, ctiles_n, tm, tn);
-      c.kb = kb0;
+      c.kb = c.kb0 = kb0;
       c.kb1 = kb1;
       c.m0 = tm * BM;
       c.n0 = tn * BN;
@@ -405,12 +407,18 @@ __device__ __forceinline__ void ragged_seek(RaggedCursor& c, int stride, int uni
     }
   }
 }
-__device__ __forceinline__ void ragged_next(RaggedCursor& c, int stride, int units, int ctiles, int kblocks,
+// Move on by `blocks` K blocks (one: the shift's cursor; the K blocks one raw stage holds: the copies').
+__device__ __forceinline__ void ragged_next(RaggedCursor& c, int blocks, int stride, int units, int ctiles, int kblocks,
                                             int ctiles_m, int ctiles_n) {
-  if (++c.kb == c.kb1) {
+  c.kb += blocks;
+  if (c.kb >= c.kb1) {
     c.u += stride;
     ragged_seek(c, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
   }
+}
+// The K blocks of the raw stage that starts at c.kb (a unit's K blocks go two to a raw stage from kb0).
+__device__ __forceinline__ int ragged_raw_blocks(const RaggedCursor& c) {
+  return c.kb1 - c.kb < RAW_KB ? c.kb1 - c.kb : RAW_KB;
 }
 // Row i of a stage (A's rows 0..BM-1, then B's): its matrix row, or -1 past M (N). `shift0` is the
 // matrix base's halves past 16 bytes: row r starts (shift0 + r * K) % 8 halves into its grid block
@@ -425,9 +433,10 @@ __device__ __forceinline__ const evo_half_bits* ragged_row(const RaggedCursor& c
   s = (int)((shift0 + (u32)row * (u32)K) & 7u);
   return base + (long long)row * K;
 }
-// Issue this thread's bulk copies of one K block into a raw stage: rows pt, pt + 128, ..., each the
-// grid blocks of its K block that hold a half of the row (so no copy reaches past the matrix), and
-// arrive on the stage's barrier expecting their bytes (every producer thread arrives once).
+// Issue this thread's bulk copies of a raw stage's K blocks (ragged_raw_blocks): rows pt, pt + 128,
+// ..., each the grid blocks of those K blocks that hold a half of the row (so no copy reaches past
+// the matrix), and arrive on the stage's barrier expecting their bytes (every producer thread
+// arrives once).
 __device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, u32 bar, const evo_half_bits* gA,
                                              const evo_half_bits* gB, int M, int N, int K, int pt) {
   const unsigned char* src[RAW_ROWS_PER_THREAD];
@@ -443,7 +452,7 @@ __device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, u32
     if (row != nullptr) {
       const int blocks = (K + s + 7) / 8;           // grid blocks holding a half of the row
       const int g0 = c.kb * 8;
-      const int want = s ? 9 : 8;                    // an aligned row's last chunk ends in its own block
+      const int want = 8 * ragged_raw_blocks(c) + (s ? 1 : 0);   // an aligned row's last chunk ends in its own block
       const int n = blocks - g0 < want ? blocks - g0 : want;
       if (n > 0) {
         src[q] = reinterpret_cast<const unsigned char*>((unsigned long long)row & ~15ull) + g0 * 16;
@@ -486,9 +495,11 @@ __device__ __forceinline__ void ragged_rows(const RaggedCursor& c, const evo_hal
 }
 // Shift a landed raw stage into the ring stage's swizzled image (row r of a stage at r * 128 bytes,
 // chunk j at (j ^ (r % 8)) * 16: what TMA's 128-byte swizzle writes and the wgmma descriptors read),
-// zeros for the halves past K and the rows past M or N. Eight threads read one row's 144 raw bytes
-// and write its 128, so neither access has a bank conflict; a thread's rows are 16 apart, so its
-// swizzle (r % 8 = (pt / 8) % 8) and every offset but the raw stage's are fixed at compile time.
+// zeros for the halves past K and the rows past M or N. `raw` points at K block kb's grid blocks
+// within the raw stage (128 bytes in for a raw stage's second K block). Eight threads read 144
+// contiguous bytes of one row and write its 128, so neither access has a bank conflict; a thread's
+// rows are 16 apart, so its swizzle (r % 8 = (pt / 8) % 8) and every offset but the stages' are
+// fixed at compile time.
 __device__ __forceinline__ void ragged_shift(int kb, const u32 (&info)[RAGGED_QW], u32 raw, u32 sa, u32 sb, int K,
                                              int pt) {
   const int i0 = pt >> 3, j = pt & 7;
@@ -583,34 +594,40 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
     // threads have read it (named barrier), and the generic-proxy reads and writes are fenced from
     // the async proxy's (the bulk copies that refill raw stages, the wgmmas that read ring stages).
     const int pt = threadIdx.x;
-    RaggedCursor ahead{first, 0, 0, 0, 0}, at{first, 0, 0, 0, 0};
+    RaggedCursor ahead{first, 0, 0, 0, 0, 0}, at{first, 0, 0, 0, 0, 0};
     ragged_seek(ahead, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
     ragged_seek(at, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
     for (int r = 0; r < RSTAGES && ahead.u < units; ++r) {
       ragged_issue(ahead, sRaw + r * RAW_STAGE_BYTES, RAWFULL(r), gA, gB, M, N, K, pt);
-      ragged_next(ahead, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
+      ragged_next(ahead, ragged_raw_blocks(ahead), stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
     }
     u32 info[RAGGED_QW];
     int info_u = -1;                                  // the unit `info` describes
+    u32 rt = 0;                                       // raw stages the shift has finished
     for (u32 it = 0; at.u < units; ++it) {
-      const u32 rs = it % RSTAGES, stage = it % STAGES;
+      const u32 rs = rt % RSTAGES, stage = it % STAGES;
+      const int in_raw = (at.kb - at.kb0) % RAW_KB;   // this K block's place in its raw stage
+      const bool raw_done = in_raw == RAW_KB - 1 || at.kb + 1 == at.kb1;
       if (at.u != info_u) {
         ragged_rows(at, gA, gB, M, N, K, pt, info);
         info_u = at.u;
       }
-      mbar_wait(RAWFULL(rs), (it / RSTAGES) & 1u);
+      mbar_wait(RAWFULL(rs), (rt / RSTAGES) & 1u);    // (already complete for the second K block)
       mbar_wait(EMPTY(stage), ((it / STAGES) & 1u) ^ 1u);
       fence_proxy_async_smem();
-      ragged_shift(at.kb, info, sRaw + rs * RAW_STAGE_BYTES, sA + stage * A_STAGE_BYTES, sB + stage * B_STAGE_BYTES,
-                   K, pt);
+      ragged_shift(at.kb, info, sRaw + rs * RAW_STAGE_BYTES + in_raw * 128, sA + stage * A_STAGE_BYTES,
+                   sB + stage * B_STAGE_BYTES, K, pt);
       fence_proxy_async_smem();
       mbar_arrive(FULL(stage));
-      named_sync(RAGGED_BAR, 128);
-      if (ahead.u < units) {
-        ragged_issue(ahead, sRaw + rs * RAW_STAGE_BYTES, RAWFULL(rs), gA, gB, M, N, K, pt);
-        ragged_next(ahead, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
+      if (raw_done) {
+        named_sync(RAGGED_BAR, 128);
+        if (ahead.u < units) {
+          ragged_issue(ahead, sRaw + rs * RAW_STAGE_BYTES, RAWFULL(rs), gA, gB, M, N, K, pt);
+          ragged_next(ahead, ragged_raw_blocks(ahead), stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
+        }
+        ++rt;
       }
-      ragged_next(at, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
+      ragged_next(at, 1, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
     }
 #else
     if (threadIdx.x == 0) {

@@ -202,6 +202,18 @@ def ragged_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]
             if name == "sm90_wgmma" and i < len(picks):
                 out += [(f"{label}-{tag}", tc) for tag, tc in twins(t, k, shape) if tc.id not in seen]
                 seen.update(tc.id for _, tc in out)
+        if name == "sm90_wgmma" and shape.layout == "TN" and shape.k % 8:
+            # in-place tiles that fit beside the raw ring where the picks' own tiles do not
+            width = 8 * cdiv(cdiv(shape.m, cdiv(shape.m, 96)), 8)
+            for tag, k in (("ip128x128d", dict(BM=128, BN=128, STAGES=2, EPI="direct")),
+                           ("ip128x64s", dict(BM=128, BN=64, STAGES=3, EPI="smem")),
+                           (f"ipswap128x{width}t", dict(SWAP=True, BM=128, BN=width, STAGES=3, EPI="tsmem"))):
+                k = dict(k, RAGGED=1, CONSUMERS=2, SCHED="coop", PERSISTENT=True)
+                if not t.check(k, shape, 90):
+                    c = t.candidate(k, shape)
+                    if c.id not in seen:
+                        seen.add(c.id)
+                        out.append((f"{name}:{tag}", c))
     return out
 
 

@@ -68,7 +68,12 @@ def _seed(services: EngineServices, state: ShapeState, archived: set[Shape]) -> 
                                    for c in transfers) <= cfg.transfer.near
     tagged_t = [(c, "transfer") for c in transfers]
     tagged_o = [(c, "seed") for c in own]
-    seeds = by_rank([tagged_t, tagged_o] if near else [tagged_o, tagged_t])
+    lead, follow = (tagged_t, tagged_o) if near else (tagged_o, tagged_t)
+    # a candidate in both lists keeps its place in the leading one: dropping it from the following
+    # list before the two are interleaved keeps them in turn (dropped after, it left two of the
+    # leading list's side by side, and the shape's own picks came later than their turn)
+    led = {c.id for c, _ in lead}
+    seeds = by_rank([lead, [(c, op) for c, op in follow if c.id not in led]])
     seen: set[str] = set()
     for cand, op in seeds:
         if cand.id not in seen:

@@ -217,6 +217,15 @@ def ragged_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]
     return out
 
 
+def deepest_ring(t: Any, k: dict, shape: Shape, low: int, high: int | None = None) -> dict | None:
+    """``k`` with the deepest ring (STAGES from ``high``, or the knob's largest, down to ``low``) that
+    is valid at ``shape``; None if none is."""
+    for st in sorted((v for v in t.space.knobs["STAGES"].values if low <= v <= (high or v)), reverse=True):
+        if not t.check(t.space.complete(dict(k, STAGES=st)), shape, 90):
+            return dict(k, STAGES=st)
+    return None
+
+
 def twins(t: Any, k: dict, shape: Shape) -> list[tuple[str, Candidate]]:
     """The other way of reading a ragged K (TN) with ``k``'s tile: a staged pick read in place
     (``RAGGED`` 1, the raw ring 2 or 3 deep, the deepest swizzled ring that still fits) or an
@@ -226,18 +235,13 @@ def twins(t: Any, k: dict, shape: Shape) -> list[tuple[str, Candidate]]:
     out = []
     if k.get("RAGGED"):
         staged = t.fitted(dict(k, RAGGED=0, RSTAGES=2), shape)
-        for st in sorted((v for v in t.space.knobs["STAGES"].values if v >= k["STAGES"]), reverse=True):
-            if staged and not t.check(dict(staged, STAGES=st), shape, 90):
-                out.append((f"st{st}", t.candidate(dict(staged, STAGES=st), shape)))
-                break
-        return out
+        kk = deepest_ring(t, staged, shape, k["STAGES"]) if staged else None
+        return [(f"st{kk['STAGES']}", t.candidate(kk, shape))] if kk else []
     base = dict(k, RAGGED=1, STAGE="none", STAGE_PITCH=64, STAGE_FUSED=True, CLUSTER_M=1, CLUSTER_N=1)
     for rst in (2, 3):
-        for st in sorted((v for v in t.space.knobs["STAGES"].values if v <= max(4, k["STAGES"])), reverse=True):
-            kk = dict(base, RSTAGES=rst, STAGES=st)
-            if not t.check(kk, shape, 90):
-                out.append((f"ip{st}r{rst}", t.candidate(kk, shape)))
-                break
+        kk = deepest_ring(t, dict(base, RSTAGES=rst), shape, 2, max(4, k["STAGES"]))
+        if kk:
+            out.append((f"ip{kk['STAGES']}r{rst}", t.candidate(kk, shape)))
     return out
 
 
@@ -268,11 +272,7 @@ def mid_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]]:
                          GROUP=8, RASTER="M", CLUSTER_M=1)
                 add(f"wgmma:{bm}x{bn}c{cons}{sched[0]}{'' if split == 1 else f'k{split}'}{epi[0]}", t, k)
     def deepest(k: dict) -> dict | None:
-        """k with the deepest ring that fits (the knob's values down to 3), None if none does."""
-        for st in sorted((v for v in t.space.knobs["STAGES"].values if v >= 3), reverse=True):
-            if not t.check(t.space.complete(dict(k, STAGES=st)), shape, 90):
-                return dict(k, STAGES=st)
-        return None
+        return deepest_ring(t, k, shape, 3)
     base = dict(SCHED="coop", SPLIT_K=1, EPI="smem", PERSISTENT=True, GROUP=8, RASTER="M")
     # clusters: none, two CTAs sharing B along M (-cm2), two sharing A along N (-cn2)
     clusters = {"": dict(CLUSTER_M=1, CLUSTER_N=1), "-cm2": dict(CLUSTER_M=2, CLUSTER_N=1),

@@ -31,9 +31,10 @@
 //                   where no tensor map can describe them and RAGGED 0 needs the alignment
 //                   transform's copies first): every producer thread bulk-copies the aligned 16-byte
 //                   grid blocks under its rows' next two K blocks into a raw ring (RSTAGES deep, 272
-//                   bytes a row: one copy a row for two ring stages), then shifts them into place (_prelude/realign.cuh) and stores them into
-//                   the swizzled ring the consumers read, the halves past K and the rows past M or N
-//                   zeroed. Nothing is copied outside the kernel: the weights stay where they are.
+//                   bytes a row: one copy a row for two ring stages), then shifts them into place
+//                   (_prelude/realign.cuh) and stores them into the swizzled ring the consumers read,
+//                   the halves past K and the rows past M or N zeroed. Nothing is copied outside the
+//                   kernel: the weights stay where they are.
 //   SPLIT_K > 1:    the work units are SPLIT_K x tiles: unit u computes tile u % tiles over
 //                   the z = u / tiles share of the K blocks (balanced, none empty) and writes
 //                   its fp32 partial tile to workspace[z][M][N] (direct stores); a second
@@ -420,18 +421,13 @@ __device__ __forceinline__ void ragged_next(RaggedCursor& c, int blocks, int str
 __device__ __forceinline__ int ragged_raw_blocks(const RaggedCursor& c) {
   return c.kb1 - c.kb < RAW_KB ? c.kb1 - c.kb : RAW_KB;
 }
-// Row i of a stage (A's rows 0..BM-1, then B's): its matrix row, or -1 past M (N). `shift0` is the
-// matrix base's halves past 16 bytes: row r starts (shift0 + r * K) % 8 halves into its grid block
-// (32-bit products: only the low three bits matter).
+// Row i of a stage (A's rows 0..BM-1, then B's): where it starts in memory, or null past M (N).
 __device__ __forceinline__ const evo_half_bits* ragged_row(const RaggedCursor& c, int i, const evo_half_bits* gA,
-                                                           const evo_half_bits* gB, int M, int N, int K, int& s) {
+                                                           const evo_half_bits* gB, int M, int N, int K) {
   const bool in_a = i < BM;
   const int row = in_a ? c.m0 + i : c.n0 + (i - BM);
   if (row >= (in_a ? M : N)) return nullptr;
-  const evo_half_bits* base = in_a ? gA : gB;
-  const u32 shift0 = (u32)(((unsigned long long)base & 15ull) >> 1);
-  s = (int)((shift0 + (u32)row * (u32)K) & 7u);
-  return base + (long long)row * K;
+  return (in_a ? gA : gB) + (long long)row * K;
 }
 // Issue this thread's bulk copies of a raw stage's K blocks (ragged_raw_blocks): rows pt, pt + 128,
 // ..., each the grid blocks of those K blocks that hold a half of the row (so no copy reaches past
@@ -447,15 +443,17 @@ __device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, u32
     const int i = pt + 128 * q;
     nbytes[q] = 0;
     src[q] = nullptr;
-    int s = 0;
-    const evo_half_bits* row = i < RAW_ROWS ? ragged_row(c, i, gA, gB, M, N, K, s) : nullptr;
+    const evo_half_bits* row = i < RAW_ROWS ? ragged_row(c, i, gA, gB, M, N, K) : nullptr;
     if (row != nullptr) {
+      const uint4* grid;
+      int s;
+      dec_grid(row, grid, s);                         // the row's aligned grid and its shift on it
       const int blocks = (K + s + 7) / 8;           // grid blocks holding a half of the row
       const int g0 = c.kb * 8;
       const int want = 8 * ragged_raw_blocks(c) + (s ? 1 : 0);   // an aligned row's last chunk ends in its own block
       const int n = blocks - g0 < want ? blocks - g0 : want;
       if (n > 0) {
-        src[q] = reinterpret_cast<const unsigned char*>((unsigned long long)row & ~15ull) + g0 * 16;
+        src[q] = reinterpret_cast<const unsigned char*>(grid + g0);
         nbytes[q] = (u32)n * 16u;
         total += nbytes[q];
       }
@@ -485,7 +483,9 @@ __device__ __forceinline__ void ragged_rows(const RaggedCursor& c, const evo_hal
 #pragma unroll
   for (int q = 0; q < RAGGED_Q; ++q) {
     // BM % 16 == 0 and i0 < 16: row i0 + 16 q is one of A's exactly when 16 q < BM (known per q at
-    // compile time, so no pointer is chosen at run time and nothing per row stays live across tiles)
+    // compile time, so no pointer is chosen at run time and nothing per row stays live across tiles).
+    // The shift is dec_grid's from the matrix base's and the row's offset: (base halves past 16 bytes
+    // + row * K) % 8, in 32-bit products (only the low three bits matter), no 64-bit row pointer.
     const bool in_a = 16 * q < BM;
     const int row = in_a ? c.m0 + i0 + 16 * q : c.n0 + i0 + 16 * q - BM;
     if (i0 + 16 * q >= RAW_ROWS || row >= (in_a ? M : N)) continue;

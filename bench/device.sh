@@ -14,7 +14,9 @@
 #   mid-profile  Nsight Compute on mid shapes (MID_SHAPES): sm90_wgmma's and streamk90's first two picks beside
 #                cuBLAS's kernel, SM / tensor-pipe / memory / occupancy / stalls (bench/decode_profile.py --templates);
 #                MID_KNOBS="sm90_wgmma:SWAP=true,BM=128,BN=72,STAGES=8 ..." adds named knob sets (--knobs)
-#   ragged-inplace  sm90_wgmma's RAGGED producer (a ragged K read in place): its GPU correctness test, then the ragged
+#   ragged-inplace  sm90_wgmma's RAGGED producer (a ragged K read in place): bench/ragged_diag.py (each case alone
+#                in a child, errors located by row shift and K block; on failure the rest is skipped unless
+#                RAGGED_FORCE is set), its GPU correctness test, then the ragged
 #                section of bench/align_mid_check.py (every first pick beside its in-place / staged twin, cuBLAS and
 #                the pad peer) and its eval section (first picks through the evaluator); RAGGED_SHAPES overrides the shapes
 #   decode-dev   the decode families' knob sweep (bench/decode_dev.py: a pruned grid, the first picks and the plain
@@ -94,6 +96,9 @@ for part in "$@"; do
     ncu -i "$OUT/mid_prof.ncu-rep" --csv --page raw > "$OUT/mid_prof.csv" 2>/dev/null && gzip -f "$OUT/mid_prof.csv" && \
       python3 bench/decode_profile.py --summarize "$OUT/mid_prof.csv.gz" --order "$OUT/profile_order.json" | tee "$OUT/mid_profile.md" ;;
   ragged-inplace)
+    timeout 240 python3 bench/ragged_diag.py --out "$OUT" > "$OUT/ragged_diag.log" 2>&1
+    rc=$?; echo "diag rc=$rc"; grep -v '^ ' "$OUT/ragged_diag.log" | tail -n 12 | cut -c1-900
+    [ "$rc" -ne 0 ] && [ -z "${RAGGED_FORCE:-}" ] && { echo "diag failed: the rest skipped (RAGGED_FORCE=1 runs it)"; continue; }
     timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_template_sm90.py -k "in_place" \
       > "$OUT/ragged_gpu_tests.log" 2>&1
     echo "tests rc=$?"; tail -n 6 "$OUT/ragged_gpu_tests.log" | cut -c1-600

@@ -215,7 +215,6 @@
 #define RAW_STAGE_BYTES 0
 #endif
 #define RAW_ROWS_PER_THREAD ((RAW_ROWS + 127) / 128)
-#define RAGGED_BAR 5                 // named barrier of the 128 producer threads (1-4: epilogue, pingpong)
 
 // ---------------------------------------------------------------- tile order
 __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
@@ -469,57 +468,47 @@ __device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, u32
     if (nbytes[q] > 0) bulk_load(raw + (pt + 128 * q) * RAW_PITCH, src[q], nbytes[q], bar);
   }
 }
-// The shift's view of a tile: thread pt shifts chunk j = pt % 8 of rows i = pt / 8 + 16 q (q <
-// RAGGED_Q), and the rows' shifts and presence do not change over the tile's K blocks. Nibble q
-// of `info` (RAGGED_QW words) holds row i's shift (bits 0-2) and whether it lies inside M or N (bit 3).
-#define RAGGED_Q ((RAW_ROWS + 15) / 16)
-#define RAGGED_QW ((RAGGED_Q + 7) / 8)
-__device__ __forceinline__ void ragged_rows(const RaggedCursor& c, const evo_half_bits* gA, const evo_half_bits* gB,
-                                            int M, int N, int K, int pt, u32 (&info)[RAGGED_QW]) {
-  const u32 shift_a = (u32)(((unsigned long long)gA & 15ull) >> 1), shift_b = (u32)(((unsigned long long)gB & 15ull) >> 1);
-  const int i0 = pt >> 3;
-#pragma unroll
-  for (int w = 0; w < RAGGED_QW; ++w) info[w] = 0u;
-#pragma unroll
-  for (int q = 0; q < RAGGED_Q; ++q) {
-    // BM % 16 == 0 and i0 < 16: row i0 + 16 q is one of A's exactly when 16 q < BM (known per q at
-    // compile time, so no pointer is chosen at run time and nothing per row stays live across tiles).
-    // The shift is dec_grid's from the matrix base's and the row's offset: (base halves past 16 bytes
-    // + row * K) % 8, in 32-bit products (only the low three bits matter), no 64-bit row pointer.
-    const bool in_a = 16 * q < BM;
-    const int row = in_a ? c.m0 + i0 + 16 * q : c.n0 + i0 + 16 * q - BM;
-    if (i0 + 16 * q >= RAW_ROWS || row >= (in_a ? M : N)) continue;
-    const u32 s = ((in_a ? shift_a : shift_b) + (u32)row * (u32)K) & 7u;
-    info[q / 8] |= (8u | s) << (4 * (q % 8));
-  }
-}
 // Shift a landed raw stage into the ring stage's swizzled image (row r of a stage at r * 128 bytes,
 // chunk j at (j ^ (r % 8)) * 16: what TMA's 128-byte swizzle writes and the wgmma descriptors read),
-// zeros for the halves past K and the rows past M or N. `raw` points at K block kb's grid blocks
-// within the raw stage (128 bytes in for a raw stage's second K block). Eight threads read 144
-// contiguous bytes of one row and write its 128, so neither access has a bank conflict; a thread's
-// rows are 16 apart, so its swizzle (r % 8 = (pt / 8) % 8) and every offset but the stages' are
-// fixed at compile time.
-__device__ __forceinline__ void ragged_shift(int kb, const u32 (&info)[RAGGED_QW], u32 raw, u32 sa, u32 sb, int K,
+// zeros for the halves past K and the rows past M or N. `in_raw`: K block c.kb's place in its raw
+// stage (its grid blocks start 128 bytes in for the second). Thread pt shifts the rows it copied
+// (ragged_issue's pt, pt + 128), all eight chunks of each: nine 16-byte reads of its raw row (each
+// grid block read once; chunk j straddles blocks j and j + 1) and eight swizzled 16-byte stores. A
+// warp's lanes are 32 consecutive rows, so 8 lanes' reads fall in 8 distinct bank groups (the pitch
+// is 17 blocks) and so do their stores (the swizzle XORs the chunk with row % 8). No thread reads
+// another's rows: a raw stage is refilled by each thread once it has shifted its own, no barrier.
+// The row's shift is dec_grid's from the matrix base's and the row's offset: (base halves past 16
+// bytes + row * K) % 8, in 32-bit products (only the low three bits matter).
+__device__ __forceinline__ void ragged_shift(const RaggedCursor& c, int in_raw, u32 raw, u32 sa, u32 sb,
+                                             const evo_half_bits* gA, const evo_half_bits* gB, int M, int N, int K,
                                              int pt) {
-  const int i0 = pt >> 3, j = pt & 7;
-  const int chunk = kb * 8 + j;                      // the row's logical chunk: halves [8 chunk, 8 chunk + 8)
-  const bool inside = 8 * chunk < K;
-  const int tail = K - 8 * chunk;                    // < 8: the row's last, partial chunk
-  const u32 src = raw + i0 * RAW_PITCH + j * 16;
-  const u32 swz = (u32)((j ^ (i0 & 7)) << 4);
+  const u32 shift_a = (u32)(((unsigned long long)gA & 15ull) >> 1), shift_b = (u32)(((unsigned long long)gB & 15ull) >> 1);
+  const int chunk0 = c.kb * 8;                       // the K block's first logical chunk (halves 8 chunk0 ...)
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-  for (int q = 0; q < RAGGED_Q; ++q) {
-    if (RAW_ROWS % 16 != 0 && q == RAGGED_Q - 1 && i0 + 16 * q >= RAW_ROWS) break;
-    const u32 row = (info[q / 8] >> (4 * (q % 8))) & 15u;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if ((row & 8u) && inside) {
-      v = dec_realign(ld_shared_u4(src + q * 16 * RAW_PITCH), ld_shared_u4(src + q * 16 * RAW_PITCH + 16), (int)(row & 7u));
-      if (tail < 8) v = dec_keep(v, tail);
+  for (int q = 0; q < RAW_ROWS_PER_THREAD; ++q) {
+    const int i = pt + 128 * q;
+    if (RAW_ROWS % 128 != 0 && i >= RAW_ROWS) break;
+    const bool in_a = i < BM;
+    const int row = in_a ? c.m0 + i : c.n0 + (i - BM);
+    const bool present = row < (in_a ? M : N);
+    const int s = (int)(((in_a ? shift_a : shift_b) + (u32)row * (u32)K) & 7u);
+    const u32 src = raw + (u32)(i * RAW_PITCH + in_raw * 128);
+    const u32 dst = in_a ? sa + (u32)(i * 128) : sb + (u32)((i - BM) * 128);
+    const u32 r8 = (u32)(i & 7);                     // BM % 8 == 0: B's row i - BM has the same
+    uint4 lo = present ? ld_shared_u4(src) : zero;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int halves = K - 8 * (chunk0 + j);       // of the row from this chunk on
+      uint4 v = zero;
+      if (present && halves > 0) {
+        const uint4 hi = ld_shared_u4(src + 16u * (u32)(j + 1));
+        v = dec_realign(lo, hi, s);
+        if (halves < 8) v = dec_keep(v, halves);
+        lo = hi;
+      }
+      st_shared_v4(dst + (((u32)j ^ r8) << 4), v);
     }
-    // BM % 16 == 0 and i0 < 16: row i0 + 16 q is one of A's exactly when 16 q < BM
-    const u32 dst = 16 * q < BM ? sa + (u32)((i0 + 16 * q) * 128) : sb + (u32)((i0 + 16 * q - BM) * 128);
-    st_shared_v4(dst + swz, v);
   }
 }
 #endif
@@ -601,27 +590,20 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
       ragged_issue(ahead, sRaw + r * RAW_STAGE_BYTES, RAWFULL(r), gA, gB, M, N, K, pt);
       ragged_next(ahead, ragged_raw_blocks(ahead), stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
     }
-    u32 info[RAGGED_QW];
-    int info_u = -1;                                  // the unit `info` describes
     u32 rt = 0;                                       // raw stages the shift has finished
     for (u32 it = 0; at.u < units; ++it) {
       const u32 rs = rt % RSTAGES, stage = it % STAGES;
       const int in_raw = (at.kb - at.kb0) % RAW_KB;   // this K block's place in its raw stage
       const bool raw_done = in_raw == RAW_KB - 1 || at.kb + 1 == at.kb1;
-      if (at.u != info_u) {
-        ragged_rows(at, gA, gB, M, N, K, pt, info);
-        info_u = at.u;
-      }
       mbar_wait(RAWFULL(rs), (rt / RSTAGES) & 1u);    // (already complete for the second K block)
       mbar_wait(EMPTY(stage), ((it / STAGES) & 1u) ^ 1u);
       fence_proxy_async_smem();
-      ragged_shift(at.kb, info, sRaw + rs * RAW_STAGE_BYTES + in_raw * 128, sA + stage * A_STAGE_BYTES,
-                   sB + stage * B_STAGE_BYTES, K, pt);
-      fence_proxy_async_smem();
+      ragged_shift(at, in_raw, sRaw + rs * RAW_STAGE_BYTES, sA + stage * A_STAGE_BYTES, sB + stage * B_STAGE_BYTES,
+                   gA, gB, M, N, K, pt);
+      fence_proxy_async_smem();                       // the ring stage for wgmma, the raw one for its refill
       mbar_arrive(FULL(stage));
       if (raw_done) {
-        named_sync(RAGGED_BAR, 128);
-        if (ahead.u < units) {
+        if (ahead.u < units) {                        // this thread's own rows of the raw stage, read above
           ragged_issue(ahead, sRaw + rs * RAW_STAGE_BYTES, RAWFULL(rs), gA, gB, M, N, K, pt);
           ragged_next(ahead, ragged_raw_blocks(ahead), stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
         }

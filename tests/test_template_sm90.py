@@ -8,6 +8,7 @@ the ``nvidia-cuda-cuobjdump`` wheel); otherwise that assertion is skipped with t
 from __future__ import annotations
 
 import os
+import re
 import random
 import subprocess
 import tempfile
@@ -48,6 +49,34 @@ def sass(cubin: bytes) -> str:
         out = subprocess.run([tool, "--dump-sass", str(path)], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+def resource_regs(cubin: bytes, kernel: str = "evo_wgmma") -> int:
+    """The GEMM kernel's register count as the cubin records it (cuobjdump --dump-resource-usage;
+    the split-K reduce, where there is one, is another function of the module)."""
+    tool = cuda_tool("cuobjdump")
+    if tool is None:
+        pytest.skip("no cuobjdump here (neither the toolkit's nor the nvidia-cuda-cuobjdump wheel's)")
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.cubin"
+        path.write_bytes(cubin)
+        out = subprocess.run([tool, "--dump-resource-usage", str(path)], capture_output=True, text=True, timeout=60)
+    regs = re.findall(rf"Function {kernel}\w*:\s*REG:(\d+)", out.stdout)
+    assert out.returncode == 0 and len(regs) == 1, out.stdout + out.stderr
+    return int(regs[0])
+
+
+def assert_register_pool_fits(text: str, cubin: bytes, consumers: int) -> None:
+    """setmaxnreg's split fits the registers the CTA was launched with: the producer warpgroup's
+    DEALLOC plus each consumer warpgroup's TRY_ALLOC, 128 threads each, at most (consumers + 1) x
+    128 x the kernel's register count. Past it the consumers' TRY_ALLOC loops for registers no
+    warp gives back: the kernel hangs (RAGGED's first split, 64 + 2 x 224 against 3 x 168, did on
+    an H100)."""
+    dealloc = [int(v, 16) for v in re.findall(r"USETMAXREG\.DEALLOC\.CTAPOOL (0x[0-9a-f]+)", text)]
+    alloc = [int(v, 16) for v in re.findall(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL \w+, (0x[0-9a-f]+)", text)]
+    assert dealloc and alloc, "no setmaxnreg split in the SASS"
+    regs = resource_regs(cubin)
+    assert max(dealloc) + consumers * max(alloc) <= (consumers + 1) * regs, (dealloc, alloc, regs)
 
 
 # ------------------------------------------------------------------------------ space
@@ -161,12 +190,14 @@ def test_ragged_k_first_picks_read_in_place_then_staged(tpl, shape, bm, bn):
 ])
 def test_ragged_in_place_compiles_to_bulk_copies_without_local_memory(tpl, knobs, shape):
     """The in-place producer's SASS: plain bulk copies (UBLKCP) into the raw ring, no tensor-map
-    loads, the wgmmas, and neither the producer (64 or 96 registers after setmaxnreg) nor the
-    consumers spill."""
+    loads, the wgmmas, neither the producer (56 or 96 registers after setmaxnreg) nor the
+    consumers spill, and the split fits the registers the CTA is launched with."""
     source, _ = tpl.render(knobs, Shape.parse(shape))
-    text = sass(nvrtc_compile(source))
+    cubin = nvrtc_compile(source)
+    text = sass(cubin)
     assert "UBLKCP.S.G" in text and "UTMALDG" not in text and "HGMMA.64x" in text and "USETMAXREG" in text
     assert "STL" not in text and "LDL" not in text
+    assert_register_pool_fits(text, cubin, knobs.get("CONSUMERS", 2))
 
 
 def test_odd_n_is_accepted_in_tn_only(tpl):
@@ -444,11 +475,13 @@ def test_fitted_widths_compile_to_one_wgmma_of_that_width(tpl, knobs, shape, wid
 @pytest.mark.parametrize("layout", ["TN", "NN"])
 def test_sass_has_wgmma_tma_and_no_local_memory(tpl, layout):
     source, _ = tpl.render({}, Shape(4096, 4096, 4096, layout, "f32"))
-    text = sass(nvrtc_compile(source))
+    cubin = nvrtc_compile(source)
+    text = sass(cubin)
     assert "HGMMA.64x256x16.F32" in text  # wgmma m64n256k16, fp32 accumulators
     assert "UTMALDG.2D" in text           # TMA tile loads
     assert "USETMAXREG" in text           # setmaxnreg took effect (register cap at entry)
     assert "STL" not in text and "LDL" not in text  # accumulators stayed in registers
+    assert_register_pool_fits(text, cubin, 2)
 
 
 def test_compile_candidate_accepts_the_defaults(tpl, tmp_path):

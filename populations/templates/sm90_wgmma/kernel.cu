@@ -193,12 +193,15 @@
 #else
 #define EPI_STAGE_BYTES 0
 #endif
-// Register split after setmaxnreg: 128 x (PRODUCER_REGS + CONSUMER_REGS * CONSUMERS) <= 64 K
-// registers. The ragged producer's 128 threads copy, shift and store chunks: 64 registers beside two
-// consumers of 224 (56 spilled), 96 beside one of 232 (64 spilled there).
+// Register split after setmaxnreg: 128 x (PRODUCER_REGS + CONSUMER_REGS * CONSUMERS) must not exceed
+// what the CTA was launched with, THREADS x the kernel's register count (__launch_bounds__(THREADS, 1):
+// 168 for three warpgroups, 64,512 in all), or setmaxnreg.inc waits for registers no warp gives back
+// and the kernel hangs (RAGGED's first split, 64 + 2 x 224 = 512 a row of 128 threads, hung on an
+// H100; the TMA path's 40 + 2 x 232 = 504 is exactly 3 x 168). The ragged producer's 128 threads copy,
+// shift and store: 56 registers beside two consumers of 224 (56 + 448 = 504), 96 beside one of 232.
 #if RAGGED
 #define CONSUMER_REGS (CONSUMERS == 2 ? 224 : 232)
-#define PRODUCER_REGS (CONSUMERS == 2 ? 64 : 96)
+#define PRODUCER_REGS (CONSUMERS == 2 ? 56 : 96)
 #else
 #define CONSUMER_REGS 232
 #define PRODUCER_REGS 40

@@ -37,13 +37,17 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const EvoTensorMap* map, u3
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                :: "r"(dst), "l"((u64)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
-// A plain (non-tensor) bulk copy of `bytes` (a multiple of 16) from global `src` to shared `dst`
-// (both 16-byte aligned), completing on `bar` as TMA loads do (sm90_wgmma's RAGGED producer: one
-// row's aligned grid blocks at a time, where no tensor map can describe a ragged row pitch).
-__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               :: "r"(dst), "l"((u64)src), "r"(bytes), "r"(bar) : "memory");
+// One 16-byte cp.async (LDGSTS) from global `src` to shared `dst`, both 16-byte aligned, allocating in
+// L1 (.ca), and the thread's commit and wait (N newest groups may stay in flight): sm90_wgmma's RAGGED
+// producer copies the aligned grid blocks under its own rows, where no tensor map can describe a
+// ragged row pitch. (A bulk copy a row was tried first: 256 small bulk copies a stage left the
+// producer at a fifth of the staged kernels' speed on an H100.)
+__device__ __forceinline__ void ldgsts16(u32 dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" :: "r"(dst), "l"((u64)src) : "memory");
 }
+__device__ __forceinline__ void ldgsts_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void ldgsts_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
 // Orders this thread's generic-proxy accesses to shared memory before later async-proxy ones
 // (wgmma reading what st.shared wrote; a bulk copy overwriting what ld.shared read).
 __device__ __forceinline__ void fence_proxy_async_smem() {

@@ -29,9 +29,9 @@
 //                   mid M) and the epilogue stores the accumulators transposed into C.
 //   RAGGED 1:       (TN, no cluster) A and B are read in place, whatever their row pitch (K % 8 != 0,
 //                   where no tensor map can describe them and RAGGED 0 needs the alignment
-//                   transform's copies first): every producer thread bulk-copies the aligned 16-byte
-//                   grid blocks under its rows' next two K blocks into a raw ring (RSTAGES deep, 272
-//                   bytes a row: one copy a row for two ring stages), then shifts them into place
+//                   transform's copies first): every producer thread copies (cp.async) the aligned
+//                   16-byte grid blocks under its rows' next two K blocks into a raw ring (RSTAGES
+//                   deep, 272 bytes a row: one group a thread for two ring stages), then shifts them into place
 //                   (_prelude/realign.cuh) and stores them into the swizzled ring the consumers read,
 //                   the halves past K and the rows past M or N zeroed. Nothing is copied outside the
 //                   kernel: the weights stay where they are.
@@ -208,7 +208,7 @@
 #endif
 // RAGGED: a raw stage holds, for each of the BM + BN rows of a ring stage, the 17 aligned 16-byte
 // grid blocks that RAW_KB = 2 K blocks' 16 chunks of 16 bytes start and end in (16 where the row is
-// aligned): one bulk copy a row feeds two ring stages, which halves the copies the producer issues.
+// aligned): one copy group feeds two ring stages, so the copies' overlapping blocks are fetched once.
 #define RAW_ROWS (BM + BN)
 #define RAW_KB 2
 #define RAW_PITCH ((8 * RAW_KB + 1) * 16)
@@ -431,20 +431,16 @@ __device__ __forceinline__ const evo_half_bits* ragged_row(const RaggedCursor& c
   if (row >= (in_a ? M : N)) return nullptr;
   return (in_a ? gA : gB) + (long long)row * K;
 }
-// Issue this thread's bulk copies of a raw stage's K blocks (ragged_raw_blocks): rows pt, pt + 128,
-// ..., each the grid blocks of those K blocks that hold a half of the row (so no copy reaches past
-// the matrix), and arrive on the stage's barrier expecting their bytes (every producer thread
-// arrives once).
-__device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, u32 bar, const evo_half_bits* gA,
+// Issue this thread's copies of a raw stage's K blocks (ragged_raw_blocks): rows pt, pt + 128, each the
+// aligned 16-byte grid blocks of those K blocks that hold a half of the row (so no copy reaches past
+// the matrix), one cp.async a block, then one commit group (empty where the thread has no rows or the
+// unit none left), so that every raw stage is one group of every thread: before it shifts a raw stage
+// a thread waits for its own oldest group (ldgsts_wait<RSTAGES - 1>), and it shifts only rows it copied.
+__device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, const evo_half_bits* gA,
                                              const evo_half_bits* gB, int M, int N, int K, int pt) {
-  const unsigned char* src[RAW_ROWS_PER_THREAD];
-  u32 nbytes[RAW_ROWS_PER_THREAD];
-  u32 total = 0;
-#pragma unroll
-  for (int q = 0; q < RAW_ROWS_PER_THREAD; ++q) {
+#pragma unroll 1
+  for (int q = 0; q < RAW_ROWS_PER_THREAD; ++q) {   // (rolled: the producer has 56 registers)
     const int i = pt + 128 * q;
-    nbytes[q] = 0;
-    src[q] = nullptr;
     const evo_half_bits* row = i < RAW_ROWS ? ragged_row(c, i, gA, gB, M, N, K) : nullptr;
     if (row != nullptr) {
       const uint4* grid;
@@ -454,22 +450,11 @@ __device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, u32
       const int g0 = c.kb * 8;
       const int want = 8 * ragged_raw_blocks(c) + (s ? 1 : 0);   // an aligned row's last chunk ends in its own block
       const int n = blocks - g0 < want ? blocks - g0 : want;
-      if (n > 0) {
-        src[q] = reinterpret_cast<const unsigned char*>(grid + g0);
-        nbytes[q] = (u32)n * 16u;
-        total += nbytes[q];
-      }
+      const u32 dst = raw + (u32)(i * RAW_PITCH);
+      for (int b = 0; b < n; ++b) ldgsts16(dst + 16u * (u32)b, grid + g0 + b);
     }
   }
-  if (total > 0) {
-    mbar_expect_tx(bar, total);
-  } else {
-    mbar_arrive(bar);
-  }
-#pragma unroll
-  for (int q = 0; q < RAW_ROWS_PER_THREAD; ++q) {
-    if (nbytes[q] > 0) bulk_load(raw + (pt + 128 * q) * RAW_PITCH, src[q], nbytes[q], bar);
-  }
+  ldgsts_commit();
 }
 // Shift a landed raw stage into the ring stage's swizzled image (row r of a stage at r * 128 bytes,
 // chunk j at (j ^ (r % 8)) * 16: what TMA's 128-byte swizzle writes and the wgmma descriptors read),
@@ -535,10 +520,9 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
   const u32 sB = base + STAGES * A_STAGE_BYTES;               // STAGES x BN x 128 B
   const u32 sEpi = base + STAGES * STAGE_BYTES;               // epilogue staging (EPI smem)
   const u32 sRaw = sEpi + EPI_STAGE_BYTES;                    // RAGGED: RSTAGES raw stages
-  const u32 bars = sRaw + RSTAGES * RAW_STAGE_BYTES;          // full[STAGES], empty[STAGES], raw[RSTAGES]
+  const u32 bars = sRaw + RSTAGES * RAW_STAGE_BYTES;          // full[STAGES], empty[STAGES]
 #define FULL(s) (bars + 8u * (s))
 #define EMPTY(s) (bars + 8u * (STAGES + (s)))
-#define RAWFULL(s) (bars + 8u * (2 * STAGES + (s)))
 
   const int tiles_m = (M + BM - 1) / BM;
   const int tiles_n = (N + BN - 1) / BN;
@@ -562,9 +546,6 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
       mbar_init(FULL(s), RAGGED ? 128 : 1);   // RAGGED: every producer thread stores part of a stage
       mbar_init(EMPTY(s), EMPTY_ARRIVALS);
     }
-#if RAGGED
-    for (int s = 0; s < RSTAGES; ++s) mbar_init(RAWFULL(s), 128);
-#endif
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #if !RAGGED
     tma_prefetch_desc(tmA);
@@ -581,34 +562,40 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
     // ------------------------------------------------------------ producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(PRODUCER_REGS));
 #if RAGGED
-    // Two cursors over the same K blocks: `ahead` issues raw copies RSTAGES blocks in advance,
-    // `at` shifts the oldest landed one into the ring. A raw stage is refilled only after all 128
-    // threads have read it (named barrier), and the generic-proxy reads and writes are fenced from
-    // the async proxy's (the bulk copies that refill raw stages, the wgmmas that read ring stages).
+    // Two cursors over the same K blocks: `ahead` issues raw copies RSTAGES raw stages in advance,
+    // `at` shifts the oldest landed one into the ring. Each thread copies, waits for and shifts its
+    // own rows, so nothing but the ring's barriers is shared; the ring's stores are fenced from the
+    // async proxy (the wgmmas that read ring stages) both ways.
     const int pt = threadIdx.x;
     RaggedCursor ahead{first, 0, 0, 0, 0, 0}, at{first, 0, 0, 0, 0, 0};
     ragged_seek(ahead, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
     ragged_seek(at, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
-    for (int r = 0; r < RSTAGES && ahead.u < units; ++r) {
-      ragged_issue(ahead, sRaw + r * RAW_STAGE_BYTES, RAWFULL(r), gA, gB, M, N, K, pt);
-      ragged_next(ahead, ragged_raw_blocks(ahead), stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
+    for (int r = 0; r < RSTAGES; ++r) {
+      if (ahead.u < units) {
+        ragged_issue(ahead, sRaw + r * RAW_STAGE_BYTES, gA, gB, M, N, K, pt);
+        ragged_next(ahead, ragged_raw_blocks(ahead), stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
+      } else {
+        ldgsts_commit();                              // an empty group: one group a raw stage, always
+      }
     }
     u32 rt = 0;                                       // raw stages the shift has finished
     for (u32 it = 0; at.u < units; ++it) {
       const u32 rs = rt % RSTAGES, stage = it % STAGES;
       const int in_raw = (at.kb - at.kb0) % RAW_KB;   // this K block's place in its raw stage
       const bool raw_done = in_raw == RAW_KB - 1 || at.kb + 1 == at.kb1;
-      mbar_wait(RAWFULL(rs), (rt / RSTAGES) & 1u);    // (already complete for the second K block)
+      ldgsts_wait<RSTAGES - 1>();                     // this thread's copies of raw stage rt have landed
       mbar_wait(EMPTY(stage), ((it / STAGES) & 1u) ^ 1u);
       fence_proxy_async_smem();
       ragged_shift(at, in_raw, sRaw + rs * RAW_STAGE_BYTES, sA + stage * A_STAGE_BYTES, sB + stage * B_STAGE_BYTES,
                    gA, gB, M, N, K, pt);
-      fence_proxy_async_smem();                       // the ring stage for wgmma, the raw one for its refill
+      fence_proxy_async_smem();                       // the ring stage's stores, for wgmma
       mbar_arrive(FULL(stage));
       if (raw_done) {
         if (ahead.u < units) {                        // this thread's own rows of the raw stage, read above
-          ragged_issue(ahead, sRaw + rs * RAW_STAGE_BYTES, RAWFULL(rs), gA, gB, M, N, K, pt);
+          ragged_issue(ahead, sRaw + rs * RAW_STAGE_BYTES, gA, gB, M, N, K, pt);
           ragged_next(ahead, ragged_raw_blocks(ahead), stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
+        } else {
+          ldgsts_commit();
         }
         ++rt;
       }
@@ -836,7 +823,6 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
 #endif
 #undef FULL
 #undef EMPTY
-#undef RAWFULL
 }
 
 // Two entries, one compiled: the plan launches evo_wgmma with tensor maps, or (RAGGED) evo_wgmma_ragged

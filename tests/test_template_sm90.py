@@ -38,7 +38,8 @@ def nvrtc_compile(source: str) -> bytes:
     return nvrtc_cubin(source, "sm_90a")
 
 
-def sass(cubin: bytes) -> str:
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """cuobjdump's output for ``cubin`` (``--dump-sass``, ``--dump-resource-usage``)."""
     tool = cuda_tool("cuobjdump")
     if tool is None:
         pytest.skip("no cuobjdump here (neither the toolkit's nor the nvidia-cuda-cuobjdump wheel's)")
@@ -46,23 +47,21 @@ def sass(cubin: bytes) -> str:
         path = Path(d) / "k.cubin"
         path.write_bytes(cubin)
         env = dict(os.environ, PATH=f"{Path(tool).parent}:{os.environ.get('PATH', '')}")
-        out = subprocess.run([tool, "--dump-sass", str(path)], capture_output=True, text=True, env=env, timeout=60)
+        out = subprocess.run([tool, flag, str(path)], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+def sass(cubin: bytes) -> str:
+    return cuobjdump(cubin, "--dump-sass")
 
 
 def resource_regs(cubin: bytes, kernel: str = "evo_wgmma") -> int:
     """The GEMM kernel's register count as the cubin records it (cuobjdump --dump-resource-usage;
     the split-K reduce, where there is one, is another function of the module)."""
-    tool = cuda_tool("cuobjdump")
-    if tool is None:
-        pytest.skip("no cuobjdump here (neither the toolkit's nor the nvidia-cuda-cuobjdump wheel's)")
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "k.cubin"
-        path.write_bytes(cubin)
-        out = subprocess.run([tool, "--dump-resource-usage", str(path)], capture_output=True, text=True, timeout=60)
-    regs = re.findall(rf"Function {kernel}\w*:\s*REG:(\d+)", out.stdout)
-    assert out.returncode == 0 and len(regs) == 1, out.stdout + out.stderr
+    text = cuobjdump(cubin, "--dump-resource-usage")
+    regs = re.findall(rf"Function {kernel}\w*:\s*REG:(\d+)", text)
+    assert len(regs) == 1, text
     return int(regs[0])
 
 

@@ -25,14 +25,15 @@ def templates():
 
 
 def test_ragged_shapes_time_both_ways_of_reading_a_ragged_k(check, templates):
-    shape = Shape.parse("22x6490x2881")  # its first pick reads in place, the staged picks follow
+    shape = Shape.parse("22x6490x2881")  # a staged pick leads, an in-place pick follows it
     variants = check.ragged_variants(templates, shape)
     knobs = {label: c.knobs for label, c in variants if label.startswith("sm90_wgmma:")}
-    assert knobs["sm90_wgmma:pick0"]["RAGGED"] == 1
-    staged_twins = [k for label, k in knobs.items() if label.startswith("sm90_wgmma:pick0-st")]
-    assert staged_twins and all(k["RAGGED"] == 0 and k["STAGE"] == "AB" for k in staged_twins)
+    assert knobs["sm90_wgmma:pick0"]["RAGGED"] == 0 and knobs["sm90_wgmma:pick1"]["RAGGED"] == 1
+    # the in-place pick's tile is the staged lead's: each is the other's twin, timed once
+    assert all(knobs["sm90_wgmma:pick1"][k] == knobs["sm90_wgmma:pick0"][k] for k in ("SWAP", "BM", "BN"))
     in_place = [label for label, k in knobs.items() if k["RAGGED"] == 1]
-    assert any("-ip" in label for label in in_place) and "sm90_wgmma:ip128x64s" in in_place
+    assert any(label.startswith("sm90_wgmma:pick0-ip") for label in in_place)
+    assert "sm90_wgmma:ip128x64s" in in_place
     for label, c in variants:  # every variant is valid at the shape (a twin that does not fit is left out)
         assert not templates[c.template].check(c.knobs, shape, 90), label
 

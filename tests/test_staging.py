@@ -26,8 +26,8 @@ def templates():
 
 
 def staged_pick(t, s: Shape) -> dict:
-    """The first of ``t``'s first picks at ``s`` that stages (sm90_wgmma reads a ragged K in place
-    first for M 17-256 with wide weights: ``RAGGED``, tests/test_template_sm90.py)."""
+    """The first of ``t``'s first picks at ``s`` that stages (sm90_wgmma's picks for M 17-256 with
+    wide weights include one that reads a ragged K in place: ``RAGGED``, tests/test_template_sm90.py)."""
     return next(k for k in t.heuristic(s, 90) if not k.get("RAGGED"))
 
 

@@ -466,7 +466,8 @@ __device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, con
 // is 17 blocks) and so do their stores (the swizzle XORs the chunk with row % 8). No thread reads
 // another's rows: a raw stage is refilled by each thread once it has shifted its own, no barrier.
 // The row's shift is dec_grid's from the matrix base's and the row's offset: (base halves past 16
-// bytes + row * K) % 8, in 32-bit products (only the low three bits matter).
+// bytes + row * K) % 8, in 32-bit products (only the low three bits matter; ragged_row's 64-bit
+// pointer and dec_grid here, as ragged_issue has them, spill the 56-register producer at 128 + 96 rows).
 __device__ __forceinline__ void ragged_shift(const RaggedCursor& c, int in_raw, u32 raw, u32 sa, u32 sb,
                                              const evo_half_bits* gA, const evo_half_bits* gB, int M, int N, int K,
                                              int pt) {
@@ -570,14 +571,17 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
     RaggedCursor ahead{first, 0, 0, 0, 0, 0}, at{first, 0, 0, 0, 0, 0};
     ragged_seek(ahead, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
     ragged_seek(at, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
-    for (int r = 0; r < RSTAGES; ++r) {
+    // The next raw stage's copies into raw stage r, or an empty group once the units run out: one
+    // group a raw stage, always, so ldgsts_wait<RSTAGES - 1> is the oldest raw stage's.
+    auto fill = [&](u32 r) {
       if (ahead.u < units) {
         ragged_issue(ahead, sRaw + r * RAW_STAGE_BYTES, gA, gB, M, N, K, pt);
         ragged_next(ahead, ragged_raw_blocks(ahead), stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
       } else {
-        ldgsts_commit();                              // an empty group: one group a raw stage, always
+        ldgsts_commit();
       }
-    }
+    };
+    for (u32 r = 0; r < RSTAGES; ++r) fill(r);
     u32 rt = 0;                                       // raw stages the shift has finished
     for (u32 it = 0; at.u < units; ++it) {
       const u32 rs = rt % RSTAGES, stage = it % STAGES;
@@ -591,12 +595,7 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
       fence_proxy_async_smem();                       // the ring stage's stores, for wgmma
       mbar_arrive(FULL(stage));
       if (raw_done) {
-        if (ahead.u < units) {                        // this thread's own rows of the raw stage, read above
-          ragged_issue(ahead, sRaw + rs * RAW_STAGE_BYTES, gA, gB, M, N, K, pt);
-          ragged_next(ahead, ragged_raw_blocks(ahead), stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
-        } else {
-          ldgsts_commit();
-        }
+        fill(rs);                                     // this thread's own rows of the raw stage, read above
         ++rt;
       }
       ragged_next(at, 1, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);

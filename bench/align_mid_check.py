@@ -43,7 +43,7 @@ from typing import Any, Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from decode_dev import cdiv, compile_all, cublas_us, evaluate_candidates, graph_us, rotation  # noqa: E402
+from decode_dev import cdiv, compile_all, cublas_us, evaluate_candidates, frob_error, graph_us, rotation  # noqa: E402
 from populations import Candidate, Shape, load_templates, roofline_time  # noqa: E402
 
 RAGGED = ["777x1536x2883", "2000x3000x1001", "4096x4096x4095", "8192x8192x8191", "1000x5000x3001", "4000x11000x5003",
@@ -82,9 +82,7 @@ def check(shape: Shape, sets: list, launch: Callable) -> float:
     c.fill_(float("nan"))
     launch(a, b, c)
     torch.cuda.synchronize()
-    if not torch.isfinite(c).all():
-        return float("inf")
-    return ((c.float() - ref).norm() / max(ref.norm().item(), 1e-6)).item()
+    return frob_error(c, ref)
 
 
 def roofline_us(s: Shape) -> float:

@@ -41,19 +41,12 @@ CASES: list[tuple[str, dict]] = [
 ]
 
 
-def _rel(c: Any, ref: Any) -> float:
-    import torch
-
-    if not torch.isfinite(c).all():
-        return float("inf")
-    return ((c.float() - ref).norm() / max(ref.norm().item(), 1e-6)).item()
-
-
 def _probe(shape_text: str, knobs: dict, cubin_path: str, q: Any) -> None:
     """Child process: bind the compiled case, run the probes, put a dict on ``q``."""
     import torch
 
     from align_mid_check import launcher
+    from decode_dev import frob_error
     from evaluators.run._kernels import CandidateKernels
     from evaluators.run._loader import DriverLoader
     from evaluators.run._tmap import TmapCache
@@ -77,7 +70,7 @@ def _probe(shape_text: str, knobs: dict, cubin_path: str, q: Any) -> None:
         return a_.float() @ b.float().t()
 
     ref = run(a)
-    out["random"] = _rel(c, ref)
+    out["random"] = frob_error(c, ref)
     diff = (c.float() - ref).abs()
     tol = 2e-2 * ref.abs().max().clamp(min=1.0)
     wrong = ~(diff <= tol)  # NaN counts as wrong
@@ -94,7 +87,7 @@ def _probe(shape_text: str, knobs: dict, cubin_path: str, q: Any) -> None:
     for j in blocks:
         aj = torch.zeros_like(a)
         aj[:, 64 * j:64 * j + 64] = a[:, 64 * j:64 * j + 64]
-        out["kblock"][str(j)] = round(_rel(c, run(aj)), 6)
+        out["kblock"][str(j)] = round(frob_error(c, run(aj)), 6)
     ones = torch.ones_like(a)
     b.fill_(1.0)
     run(ones)

@@ -29,8 +29,8 @@
 //                   mid M) and the epilogue stores the accumulators transposed into C.
 //   RAGGED 1:       (TN, no cluster) A and B are read in place, whatever their row pitch (K % 8 != 0,
 //                   where no tensor map can describe them and RAGGED 0 needs the alignment
-//                   transform's copies first): every producer thread copies (cp.async) the aligned
-//                   16-byte grid blocks under its rows' next two K blocks into a raw ring (RSTAGES
+//                   transform's copies first): every producer warp copies (cp.async, 8 lanes a row) the
+//                   aligned 16-byte grid blocks under its rows' next two K blocks into a raw ring (RSTAGES
 //                   deep, 272 bytes a row: one group a thread for two ring stages), then shifts them into place
 //                   (_prelude/realign.cuh) and stores them into the swizzled ring the consumers read,
 //                   the halves past K and the rows past M or N zeroed. Nothing is copied outside the
@@ -431,40 +431,44 @@ __device__ __forceinline__ const evo_half_bits* ragged_row(const RaggedCursor& c
   if (row >= (in_a ? M : N)) return nullptr;
   return (in_a ? gA : gB) + (long long)row * K;
 }
-// Issue this thread's copies of a raw stage's K blocks (ragged_raw_blocks): rows pt, pt + 128, each the
-// aligned 16-byte grid blocks of those K blocks that hold a half of the row (so no copy reaches past
-// the matrix), one cp.async a block, then one commit group (empty where the thread has no rows or the
-// unit none left), so that every raw stage is one group of every thread: before it shifts a raw stage
-// a thread waits for its own oldest group (ldgsts_wait<RSTAGES - 1>), and it shifts only rows it copied.
+// Issue this thread's share of its warp's copies of a raw stage's K blocks (ragged_raw_blocks). Warp w
+// copies the rows its lanes shift (ragged_shift: rows 32w + 128q + lane), eight lanes a row and four
+// rows a cp.async, so one warp instruction reads about four 128-byte lines, not 32 (one row a lane
+// read 32 rows' lines an instruction and left the producer L1-bound: RESULTS 27 (i)). A row's copies
+// are the aligned 16-byte grid blocks of those K blocks that hold a half of the row (so no copy reaches
+// past the matrix), lane % 8 taking blocks lane % 8, + 8, + 16. Then one commit group (empty where the
+// thread has no copies or the unit none left), so that every raw stage is one group of every thread:
+// before it shifts a raw stage each thread waits for its own oldest group (ldgsts_wait<RSTAGES - 1>)
+// and the warp meets (__syncwarp) before any lane reads rows its neighbours copied.
 __device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, const evo_half_bits* gA,
                                              const evo_half_bits* gB, int M, int N, int K, int pt) {
+  const int i0 = (pt & ~31) + ((pt & 31) >> 3), part = pt & 7;   // the warp's first row, this lane's
+  const int g0 = c.kb * 8, want = 8 * ragged_raw_blocks(c);
 #pragma unroll 1
-  for (int q = 0; q < RAW_ROWS_PER_THREAD; ++q) {   // (rolled: the producer has 56 registers)
-    const int i = pt + 128 * q;
+  for (int k = 0; k < 8 * RAW_ROWS_PER_THREAD; ++k) {   // (rolled: the producer has 56 registers)
+    const int i = i0 + ((k >> 3) << 7) + ((k & 7) << 2);
     const evo_half_bits* row = i < RAW_ROWS ? ragged_row(c, i, gA, gB, M, N, K) : nullptr;
-    if (row != nullptr) {
-      const uint4* grid;
-      int s;
-      dec_grid(row, grid, s);                         // the row's aligned grid and its shift on it
-      const int blocks = (K + s + 7) / 8;           // grid blocks holding a half of the row
-      const int g0 = c.kb * 8;
-      const int want = 8 * ragged_raw_blocks(c) + (s ? 1 : 0);   // an aligned row's last chunk ends in its own block
-      const int n = blocks - g0 < want ? blocks - g0 : want;
-      const u32 dst = raw + (u32)(i * RAW_PITCH);
-      for (int b = 0; b < n; ++b) ldgsts16(dst + 16u * (u32)b, grid + g0 + b);
-    }
+    if (row == nullptr) continue;
+    const uint4* grid;
+    int s;
+    dec_grid(row, grid, s);                         // the row's aligned grid and its shift on it
+    const int blocks = (K + s + 7) / 8 - g0;        // grid blocks from g0 on holding a half of the row
+    const int n = blocks < want + (s ? 1 : 0) ? blocks : want + (s ? 1 : 0);   // an aligned row ends in its own block
+    const u32 dst = raw + (u32)(i * RAW_PITCH);
+    for (int b = part; b < n; b += 8) ldgsts16(dst + 16u * (u32)b, grid + g0 + b);
   }
   ldgsts_commit();
 }
 // Shift a landed raw stage into the ring stage's swizzled image (row r of a stage at r * 128 bytes,
 // chunk j at (j ^ (r % 8)) * 16: what TMA's 128-byte swizzle writes and the wgmma descriptors read),
 // zeros for the halves past K and the rows past M or N. `in_raw`: K block c.kb's place in its raw
-// stage (its grid blocks start 128 bytes in for the second). Thread pt shifts the rows it copied
-// (ragged_issue's pt, pt + 128), all eight chunks of each: nine 16-byte reads of its raw row (each
+// stage (its grid blocks start 128 bytes in for the second). Thread pt shifts rows pt, pt + 128 (its
+// warp copied them: ragged_issue), all eight chunks of each: nine 16-byte reads of its raw row (each
 // grid block read once; chunk j straddles blocks j and j + 1) and eight swizzled 16-byte stores. A
 // warp's lanes are 32 consecutive rows, so 8 lanes' reads fall in 8 distinct bank groups (the pitch
-// is 17 blocks) and so do their stores (the swizzle XORs the chunk with row % 8). No thread reads
-// another's rows: a raw stage is refilled by each thread once it has shifted its own, no barrier.
+// is 17 blocks) and so do their stores (the swizzle XORs the chunk with row % 8). No warp reads
+// another's rows: a raw stage is refilled by each warp once its lanes have shifted their rows, so the
+// only barrier on the raw ring is the warp's own (__syncwarp).
 // The row's shift is dec_grid's from the matrix base's and the row's offset: (base halves past 16
 // bytes + row * K) % 8, in 32-bit products (only the low three bits matter; ragged_row's 64-bit
 // pointer and dec_grid here, as ragged_issue has them, spill the 56-register producer at 128 + 96 rows).
@@ -564,8 +568,8 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(PRODUCER_REGS));
 #if RAGGED
     // Two cursors over the same K blocks: `ahead` issues raw copies RSTAGES raw stages in advance,
-    // `at` shifts the oldest landed one into the ring. Each thread copies, waits for and shifts its
-    // own rows, so nothing but the ring's barriers is shared; the ring's stores are fenced from the
+    // `at` shifts the oldest landed one into the ring. Each warp copies, waits for and shifts its
+    // own rows, so nothing but the ring's barriers is shared between warps; the ring's stores are fenced from the
     // async proxy (the wgmmas that read ring stages) both ways.
     const int pt = threadIdx.x;
     RaggedCursor ahead{first, 0, 0, 0, 0, 0}, at{first, 0, 0, 0, 0, 0};
@@ -588,6 +592,7 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
       const int in_raw = (at.kb - at.kb0) % RAW_KB;   // this K block's place in its raw stage
       const bool raw_done = in_raw == RAW_KB - 1 || at.kb + 1 == at.kb1;
       ldgsts_wait<RSTAGES - 1>();                     // this thread's copies of raw stage rt have landed
+      __syncwarp();                                   // and its warp's: a lane shifts rows eight lanes copied
       mbar_wait(EMPTY(stage), ((it / STAGES) & 1u) ^ 1u);
       fence_proxy_async_smem();
       ragged_shift(at, in_raw, sRaw + rs * RAW_STAGE_BYTES, sA + stage * A_STAGE_BYTES, sB + stage * B_STAGE_BYTES,
@@ -595,7 +600,8 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
       fence_proxy_async_smem();                       // the ring stage's stores, for wgmma
       mbar_arrive(FULL(stage));
       if (raw_done) {
-        fill(rs);                                     // this thread's own rows of the raw stage, read above
+        __syncwarp();                                 // every lane has read its rows of the raw stage
+        fill(rs);                                     // the warp's own rows of the raw stage, read above
         ++rt;
       }
       ragged_next(at, 1, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);

@@ -198,10 +198,12 @@
 // 168 for three warpgroups, 64,512 in all), or setmaxnreg.inc waits for registers no warp gives back
 // and the kernel hangs (RAGGED's first split, 64 + 2 x 224 = 512 a row of 128 threads, hung on an
 // H100; the TMA path's 40 + 2 x 232 = 504 is exactly 3 x 168). The ragged producer's 128 threads copy,
-// shift and store: 56 registers beside two consumers of 224 (56 + 448 = 504), 96 beside one of 232.
+// shift and store: 72 registers beside two consumers of 216 (72 + 432 = 504: at 56 + 2 x 224 the warp-wide
+// copies spilled a value at 128 + 96 rows; the in-place tiles' accumulators, at most 192 wide, fit 216),
+// 96 beside one of 232.
 #if RAGGED
-#define CONSUMER_REGS (CONSUMERS == 2 ? 224 : 232)
-#define PRODUCER_REGS (CONSUMERS == 2 ? 56 : 96)
+#define CONSUMER_REGS (CONSUMERS == 2 ? 216 : 232)
+#define PRODUCER_REGS (CONSUMERS == 2 ? 72 : 96)
 #else
 #define CONSUMER_REGS 232
 #define PRODUCER_REGS 40
@@ -442,20 +444,27 @@ __device__ __forceinline__ const evo_half_bits* ragged_row(const RaggedCursor& c
 // and the warp meets (__syncwarp) before any lane reads rows its neighbours copied.
 __device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, const evo_half_bits* gA,
                                              const evo_half_bits* gB, int M, int N, int K, int pt) {
-  const int i0 = (pt & ~31) + ((pt & 31) >> 3), part = pt & 7;   // the warp's first row, this lane's
   const int g0 = c.kb * 8, want = 8 * ragged_raw_blocks(c);
 #pragma unroll 1
-  for (int k = 0; k < 8 * RAW_ROWS_PER_THREAD; ++k) {   // (rolled: the producer has 56 registers)
-    const int i = i0 + ((k >> 3) << 7) + ((k & 7) << 2);
-    const evo_half_bits* row = i < RAW_ROWS ? ragged_row(c, i, gA, gB, M, N, K) : nullptr;
-    if (row == nullptr) continue;
-    const uint4* grid;
-    int s;
-    dec_grid(row, grid, s);                         // the row's aligned grid and its shift on it
-    const int blocks = (K + s + 7) / 8 - g0;        // grid blocks from g0 on holding a half of the row
-    const int n = blocks < want + (s ? 1 : 0) ? blocks : want + (s ? 1 : 0);   // an aligned row ends in its own block
-    const u32 dst = raw + (u32)(i * RAW_PITCH);
-    for (int b = part; b < n; b += 8) ldgsts16(dst + 16u * (u32)b, grid + g0 + b);
+  for (int q = 0; q < RAW_ROWS_PER_THREAD; ++q) {   // (rolled: the producer has 72 registers at most)
+    // the warp's 32 rows of this pass lie in one operand (BM % 32 == 0): A's rows, then B's
+    int i = 128 * q + (int)(threadIdx.x & ~31u) + (int)((threadIdx.x & 31u) >> 3);
+    if (i >= RAW_ROWS) break;
+    const bool in_a = i < BM;
+    int row = in_a ? c.m0 + i : c.n0 + (i - BM);
+    const int rows = in_a ? M : N;
+    const evo_half_bits* p = (in_a ? gA : gB) + (long long)row * K;
+#pragma unroll 1
+    for (int r = 0; r < 8 && i < RAW_ROWS && row < rows; ++r, i += 4, row += 4, p += 4ll * K) {
+      const uint4* grid;
+      int s;
+      dec_grid(p, grid, s);                         // the row's aligned grid and its shift on it
+      const int blocks = (K + s + 7) / 8 - g0;      // grid blocks from g0 on holding a half of the row
+      const int n = blocks < want + (s ? 1 : 0) ? blocks : want + (s ? 1 : 0);   // an aligned row ends in its own block
+      const u32 dst = raw + (u32)(i * RAW_PITCH);
+#pragma unroll 1
+      for (int b = (int)(threadIdx.x & 7u); b < n; b += 8) ldgsts16(dst + 16u * (u32)b, grid + g0 + b);
+    }
   }
   ldgsts_commit();
 }
@@ -471,7 +480,7 @@ __device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, con
 // only barrier on the raw ring is the warp's own (__syncwarp).
 // The row's shift is dec_grid's from the matrix base's and the row's offset: (base halves past 16
 // bytes + row * K) % 8, in 32-bit products (only the low three bits matter; ragged_row's 64-bit
-// pointer and dec_grid here, as ragged_issue has them, spill the 56-register producer at 128 + 96 rows).
+// pointer and dec_grid here spilled the producer, then of 56 registers, at 128 + 96 rows).
 __device__ __forceinline__ void ragged_shift(const RaggedCursor& c, int in_raw, u32 raw, u32 sa, u32 sb,
                                              const evo_half_bits* gA, const evo_half_bits* gB, int M, int N, int K,
                                              int pt) {

@@ -498,6 +498,22 @@ __device__ __forceinline__ void ragged_shift(const RaggedCursor& c, int in_raw, 
     const u32 src = raw + (u32)(i * RAW_PITCH + in_raw * 128);
     const u32 dst = in_a ? sa + (u32)(i * 128) : sb + (u32)((i - BM) * 128);
     const u32 r8 = (u32)(i & 7);                     // BM % 8 == 0: B's row i - BM has the same
+    if (present && K - 8 * chunk0 >= 64) {
+      // The K block lies inside the row (every block but a row's last): no tail to cut, no zeros.
+      // Grid blocks 0-4, then 5-8, each batch's reads issued together (the shared loads are
+      // volatile and ordered: one at a time they paid their latency nine times a row), and
+      // none of the general path's per-chunk checks (about 60 instructions a chunk there).
+      uint4 w[5];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int t = h; t < 5; ++t) w[t] = ld_shared_u4(src + 16u * (u32)(4 * h + t));
+#pragma unroll
+        for (int t = 0; t < 4; ++t) st_shared_v4(dst + (((u32)(4 * h + t) ^ r8) << 4), dec_realign(w[t], w[t + 1], s));
+        w[0] = w[4];
+      }
+      continue;
+    }
     uint4 lo = present ? ld_shared_u4(src) : zero;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {

@@ -90,8 +90,14 @@ def explicit(shape: Shape, templates: dict[str, Any], specs: list[str]) -> list[
 
 def kernel_prefix(cand: Any, shape: Shape) -> str:
     """The name of the candidate's main launch at ``shape`` (the last: a staging pre-pass comes first)."""
+    return kernel_sequence(cand, shape)[-1]
+
+
+def kernel_sequence(cand: Any, shape: Shape) -> list[str]:
+    """The names of the kernels one call of the candidate launches at ``shape``, in order (a staging
+    pre-pass, the GEMM, a split-K reduce): the profile holds one row for each."""
     launches, _ = cand.plan.resolve(shape)
-    return launches[-1].kernel
+    return [launch.kernel for launch in launches]
 
 
 def binder_launch(cubin: bytes, cand: Any, shape: Shape) -> Any:
@@ -139,6 +145,7 @@ def profile(args: argparse.Namespace) -> int:
         ref = reference(sets)
         runs: list[tuple[str, Any]] = []
         prefixes: dict[str, str] = {}
+        sequences: dict[str, list[str]] = {}
         for label, cand in plan[s]:
             r = compiled[cand.source]
             if not r.ok:
@@ -151,7 +158,8 @@ def profile(args: argparse.Namespace) -> int:
                 print(f"{s} {label}: wrong (rel err {err:.2e})", flush=True)
                 continue
             runs.append((f"evo {label}", launch))
-            prefixes[f"evo {label}"] = kernel_prefix(cand, s)
+            sequences[f"evo {label}"] = kernel_sequence(cand, s)
+            prefixes[f"evo {label}"] = sequences[f"evo {label}"][-1]
         if runner is not None:
             _, cfg, peer_launch = peer_best(runner, s, sets, ref)
             if peer_launch is not None:
@@ -169,7 +177,7 @@ def profile(args: argparse.Namespace) -> int:
                 launch(a, w, c)
                 torch.cuda.nvtx.range_pop()
                 order.append({"shape": str(s), "label": label, "graph_us": round(timed[label], 3),
-                              **({"prefix": prefixes[label]} if label in prefixes else {})})
+                              **({"prefix": prefixes[label], "kernels": sequences[label]} if label in prefixes else {})})
             torch.cuda.synchronize()
         print(f"{s}: " + ", ".join(f"{k} {v:.2f} us" for k, v in timed.items()), flush=True)
         del sets, ref
@@ -215,12 +223,15 @@ def _kernels(csv_path: Path) -> list[dict[str, Any]]:
 
 def summarize(csv_path: Path, order_path: Path) -> int:
     """One row per contender and shape from ncu's raw page: medians over its profiled launches. The
-    kernels are matched to the launch order by name; a cuBLAS call may be several kernels (a split-K
-    GEMM and its reduction): their times add up to one launch."""
+    kernels are matched to the launch order by name. A call may be several kernels: evo's staged plan
+    is a pre-pass and the GEMM (the run writes the sequence down), a cuBLAS call a split-K GEMM and
+    its reduction. Their times add up to one launch; the other columns are the launch's longest
+    kernel's."""
     order = json.loads(order_path.read_text())
     kernels = _kernels(csv_path)
     groups: list[tuple[str, str, int]] = []  # (shape, label, launches), in launch order
     named = {o["label"]: o["prefix"] for o in order if o.get("prefix")}  # kernel names the run wrote down
+    sequences = {o["label"]: o["kernels"] for o in order if o.get("kernels")}  # a call's kernels, in order
     for o in order:
         if groups and groups[-1][:2] == (o["shape"], o["label"]):
             groups[-1] = groups[-1][:2] + (groups[-1][2] + 1,)
@@ -230,6 +241,12 @@ def summarize(csv_path: Path, order_path: Path) -> int:
     def prefix_of(label: str) -> str | None:
         return named.get(label) or _prefix(label)
 
+    def first_of(label: str) -> str | None:  # the name a call of the contender starts with
+        return sequences[label][0] if label in sequences else prefix_of(label)
+
+    def call_at(j: int, seq: list[str]) -> bool:
+        return j + len(seq) <= len(kernels) and all(kernels[j + t]["name"].startswith(n) for t, n in enumerate(seq))
+
     print("| shape | contender | kernels | ncu us | DRAM % of peak | DRAM TB/s | L2 % | SM % | tensor pipe % | "
           "achieved occupancy % | regs | grid x block | top stalls (warps per issue) |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
@@ -237,12 +254,22 @@ def summarize(csv_path: Path, order_path: Path) -> int:
     for gi, (shape, label, n) in enumerate(groups):
         pre = prefix_of(label)
         launches: list[list[dict[str, Any]]] = []
-        if pre is not None:
-            while i < len(kernels) and len(launches) < n and kernels[i]["name"].startswith(pre):
-                launches.append([kernels[i]])
-                i += 1
+        if label in sequences:
+            seq = sequences[label]
+            while len(launches) < n and call_at(i, seq):
+                launches.append(kernels[i:i + len(seq)])
+                i += len(seq)
+        elif pre is not None:  # an order file without sequences: evo pre-passes, then the named kernel
+            while len(launches) < n:
+                j = i
+                while j < len(kernels) and kernels[j]["name"].startswith("evo_") and not kernels[j]["name"].startswith(pre):
+                    j += 1
+                if j >= len(kernels) or not kernels[j]["name"].startswith(pre):
+                    break
+                launches.append(kernels[i:j + 1])
+                i = j + 1
         else:  # cuBLAS: every kernel up to the next contender's first; a launch starts at the first kernel's name
-            nxt = prefix_of(groups[gi + 1][1]) if gi + 1 < len(groups) else None
+            nxt = first_of(groups[gi + 1][1]) if gi + 1 < len(groups) else None
             while i < len(kernels) and not (nxt and kernels[i]["name"].startswith(nxt)):
                 if not launches or kernels[i]["name"] == launches[0][0]["name"]:
                     launches.append([])
@@ -251,14 +278,16 @@ def summarize(csv_path: Path, order_path: Path) -> int:
         if not launches:
             print(f"| {shape} | {label} | not found | | | | | | | | | | |")
             continue
-        med = {t: _median([sum(k[t] for k in ln) if t == "us" else ln[0][t] for ln in launches]) for t in RAW.values()}
+        main = [max(ln, key=lambda k: k["us"] if k["us"] == k["us"] else -1.0) for ln in launches]  # the longest
+        med = {t: _median([sum(k[t] for k in ln) if t == "us" else m[t] for ln, m in zip(launches, main)])
+               for t in RAW.values()}
         st: dict[str, float] = defaultdict(float)
-        for ln in launches:
-            for r, v in ln[0]["stalls"].items():
+        for m in main:
+            for r, v in m["stalls"].items():
                 st[r] += v / len(launches)
         top = ", ".join(f"{r} {v:.1f}" for r, v in sorted(st.items(), key=lambda kv: -kv[1])[:3])
         names = " + ".join(dict.fromkeys(k["name"].split("(")[0].replace("void ", "")[:40] for k in launches[0]))
-        first = launches[0][0]
+        first = main[0]
         tensor = med["GMMA %"] if med["GMMA %"] is not None else med["HMMA %"]
         print(f"| {shape.split(':')[0]} | {label} | {names} | {_fmt(med['us'])} | {_fmt(med['DRAM %'], 1, 1)} | "
               f"{_fmt(med['DRAM B/s'], 1e-12)} | {_fmt(med['L2 %'], 1, 1)} | {_fmt(med['SM %'], 1, 1)} | "

@@ -88,3 +88,45 @@ def test_explicit_knob_sets_join_the_contenders(capsys):
     for bad in ("sm90_wgmma:BN", ":BN=8", "nosuch:BN=8"):
         with pytest.raises(ValueError):
             dp.explicit(Shape.parse("777x1536x2880"), templates, [bad])
+
+
+def test_a_staged_call_is_its_pre_pass_and_its_gemm(capsys):
+    """A staged evo call is two kernels (the staging pre-pass, then the GEMM): the 2026-12-06 profile
+    of 2000x3000x1001 (two staged picks, the in-place RAGGED kernel, cuBLAS) has every contender found,
+    the staged ones' time the sum of both kernels, their other columns the GEMM's. Its order file
+    predates the written-down sequences (the name of the last kernel only)."""
+    mod = _module()
+    assert mod.summarize(FIG / "mid_prof_ragged_h100_2026-12-06.csv.gz",
+                         FIG / "mid_prof_ragged_h100_2026-12-06_order.json") == 0
+    out, err = capsys.readouterr()
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 4 and not any("not found" in r for r in rows) and "not matched" not in err
+    staged, ragged, cublas = rows[0], rows[2], rows[3]
+    assert staged[2] == "evo_stage2 + evo_wgmma" and 32.0 < float(staged[3]) < 33.0  # ~9.3 + ~23.2 us
+    assert float(staged[8]) > 70  # the GEMM's tensor pipe, not the pre-pass's 0
+    assert ragged[2] == "evo_wgmma_ragged" and float(ragged[3]) > 100 and "RAGGED\": 1" in ragged[1]
+    assert cublas[1] == "cuBLAS TN" and cublas[2].startswith("cutlass::")
+
+
+def test_written_down_sequences_match_whole_calls(tmp_path, capsys):
+    """With the sequence in the order file, a call is matched kernel by kernel (its time the sum), and
+    cuBLAS's kernels end where the next contender's first kernel (its pre-pass) starts."""
+    import csv
+    import json
+
+    mod = _module()
+    cols = ["ID", "Kernel Name", "Grid Size", "Block Size", "gpu__time_duration.sum"]
+    names = [("evo_stage2", 5.0), ("evo_wgmma", 20.0), ("evo_stage2", 5.0), ("evo_wgmma", 22.0),
+             ("sm90_xmma_gemm", 30.0), ("splitKreduce", 2.0), ("evo_stage2", 6.0), ("evo_wgmma", 21.0)]
+    rows = [["", "", "", "", "usecond"]] + [[str(i), n, "(1, 1, 1)", "(1, 1, 1)", str(t)] for i, (n, t) in enumerate(names)]
+    with open(tmp_path / "raw.csv", "w", newline="") as f:
+        csv.writer(f).writerows([cols, *rows])
+    seq = {"prefix": "evo_wgmma", "kernels": ["evo_stage2", "evo_wgmma"]}
+    order = [{"shape": "9x9x9", "label": "evo a", "graph_us": 1.0, **seq}] * 2 + \
+            [{"shape": "9x9x9", "label": "cuBLAS TN", "graph_us": 1.0},
+             {"shape": "9x9x9", "label": "evo b", "graph_us": 1.0, **seq}]
+    (tmp_path / "order.json").write_text(json.dumps(order))
+    assert mod.summarize(tmp_path / "raw.csv", tmp_path / "order.json") == 0
+    table = {r.split(" | ")[1]: r.split(" | ") for r in capsys.readouterr().out.splitlines() if r.startswith("| 9x9x9")}
+    assert float(table["evo a"][3]) == 26.0 and float(table["cuBLAS TN"][3]) == 32.0 and float(table["evo b"][3]) == 27.0
+    assert table["cuBLAS TN"][2] == "sm90_xmma_gemm + splitKreduce"

@@ -206,12 +206,13 @@ def ragged_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]
             for tag, k in (("ip128x128d", dict(BM=128, BN=128, STAGES=2, EPI="direct")),
                            ("ip128x64s", dict(BM=128, BN=64, STAGES=3, EPI="smem")),
                            (f"ipswap128x{width}t", dict(SWAP=True, BM=128, BN=width, STAGES=3, EPI="tsmem"))):
-                k = dict(k, RAGGED=1, CONSUMERS=2, SCHED="coop", PERSISTENT=True)
-                if not t.check(k, shape, 90):
-                    c = t.candidate(k, shape)
-                    if c.id not in seen:
-                        seen.add(c.id)
-                        out.append((f"{name}:{tag}", c))
+                for producers in (1, 2):  # RPRODUCERS 2: a second producer warpgroup, half the rows a thread
+                    kp = dict(k, RAGGED=1, RPRODUCERS=producers, CONSUMERS=2, SCHED="coop", PERSISTENT=True)
+                    if not t.check(kp, shape, 90):
+                        c = t.candidate(kp, shape)
+                        if c.id not in seen:
+                            seen.add(c.id)
+                            out.append((f"{name}:{tag}{'-p2' if producers == 2 else ''}", c))
     return out
 
 

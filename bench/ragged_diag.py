@@ -38,6 +38,11 @@ CASES: list[tuple[str, dict]] = [
     ("1000x3001x1006", {**_R, "BM": 128, "BN": 64, "SCHED": "pingpong", "STAGES": 2, "EPI": "smem"}),
     ("100x300x10001", {**_R, "BM": 64, "BN": 128, "CONSUMERS": 1, "STAGES": 2, "SPLIT_K": 8, "EPI": "direct"}),
     ("2000x3000x1001", {**_R, "BM": 128, "BN": 128, "STAGES": 2, "EPI": "direct", "PERSISTENT": False}),
+    # a second producer warpgroup (RPRODUCERS 2): 256 producer threads, the FULL barrier's count and
+    # the rows' owners change; with two consumers and with one
+    ("1000x3000x1001", {**_R, "RPRODUCERS": 2, "BM": 128, "BN": 128, "STAGES": 2, "EPI": "direct"}),
+    ("358x14070x3273", {**_T, "RPRODUCERS": 2, "BM": 128, "BN": 72, "STAGES": 3}),
+    ("22x6490x2882", {**_T, "RPRODUCERS": 2, "BM": 64, "BN": 24, "CONSUMERS": 1, "STAGES": 4}),
 ]
 
 

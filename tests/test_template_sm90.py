@@ -65,17 +65,17 @@ def resource_regs(cubin: bytes, kernel: str = "evo_wgmma") -> int:
     return int(regs[0])
 
 
-def assert_register_pool_fits(text: str, cubin: bytes, consumers: int) -> None:
-    """setmaxnreg's split fits the registers the CTA was launched with: the producer warpgroup's
-    DEALLOC plus each consumer warpgroup's TRY_ALLOC, 128 threads each, at most (consumers + 1) x
-    128 x the kernel's register count. Past it the consumers' TRY_ALLOC loops for registers no
+def assert_register_pool_fits(text: str, cubin: bytes, consumers: int, producers: int = 1) -> None:
+    """setmaxnreg's split fits the registers the CTA was launched with: each producer warpgroup's
+    DEALLOC plus each consumer warpgroup's TRY_ALLOC, 128 threads each, at most (consumers +
+    producers) x 128 x the kernel's register count. Past it the consumers' TRY_ALLOC loops for registers no
     warp gives back: the kernel hangs (RAGGED's first split, 64 + 2 x 224 against 3 x 168, did on
     an H100)."""
     dealloc = [int(v, 16) for v in re.findall(r"USETMAXREG\.DEALLOC\.CTAPOOL (0x[0-9a-f]+)", text)]
     alloc = [int(v, 16) for v in re.findall(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL \w+, (0x[0-9a-f]+)", text)]
     assert dealloc and alloc, "no setmaxnreg split in the SASS"
     regs = resource_regs(cubin)
-    assert max(dealloc) + consumers * max(alloc) <= (consumers + 1) * regs, (dealloc, alloc, regs)
+    assert producers * max(dealloc) + consumers * max(alloc) <= (consumers + producers) * regs, (dealloc, alloc, regs)
 
 
 # ------------------------------------------------------------------------------ space
@@ -190,17 +190,21 @@ def test_ragged_k_picks_stage_first_then_read_in_place(tpl, shape, bm, bn):
     ({"RAGGED": 1, "BM": 128, "BN": 64, "SCHED": "pingpong", "STAGES": 2, "EPI": "smem"}, "1000x3000x1002"),
     ({"RAGGED": 1, "BM": 64, "BN": 64, "CONSUMERS": 1, "STAGES": 2, "RSTAGES": 4, "SPLIT_K": 8, "EPI": "direct"},
      "100x300x10001"),
+    ({"RAGGED": 1, "RPRODUCERS": 2, "BM": 128, "BN": 128, "STAGES": 2, "EPI": "direct"}, "2000x3000x1001"),
+    ({"RAGGED": 1, "RPRODUCERS": 2, "SWAP": True, "EPI": "tsmem", "BM": 128, "BN": 96, "STAGES": 2}, "191x12959x1082"),
+    ({"RAGGED": 1, "RPRODUCERS": 2, "SWAP": True, "EPI": "tsmem", "BM": 64, "BN": 24, "CONSUMERS": 1, "STAGES": 4},
+     "22x6490x2882"),
 ])
 def test_ragged_in_place_compiles_to_bulk_copies_without_local_memory(tpl, knobs, shape):
     """The in-place producer's SASS: cp.async copies (LDGSTS) into the raw ring, no tensor-map
-    loads, the wgmmas, neither the producer (56 or 96 registers after setmaxnreg) nor the
-    consumers spill, and the split fits the registers the CTA is launched with."""
+    loads, the wgmmas, neither the producers (64-96 registers after setmaxnreg, one warpgroup or
+    two) nor the consumers spill, and the split fits the registers the CTA is launched with."""
     source, _ = tpl.render(knobs, Shape.parse(shape))
     cubin = nvrtc_compile(source)
     text = sass(cubin)
     assert "LDGSTS.E.128" in text and "UTMALDG" not in text and "HGMMA.64x" in text and "USETMAXREG" in text
     assert "STL" not in text and "LDL" not in text
-    assert_register_pool_fits(text, cubin, knobs.get("CONSUMERS", 2))
+    assert_register_pool_fits(text, cubin, knobs.get("CONSUMERS", 2), knobs.get("RPRODUCERS", 1))
 
 
 def test_odd_n_is_accepted_in_tn_only(tpl):
@@ -444,10 +448,10 @@ def test_seeded_sample_compiles_for_sm90a(tpl):
     pytest.importorskip("cuda.bindings.nvrtc")
     # each layout's own sample: tile widths fitted to a dimension and SWAP are TN-only, so NN's
     # valid sets are rarer and rejection sampling finds fewer of them in its tries
-    # (20 in TN: EPI tsmem needs SWAP, so it is the rarest value; 16 draws missed it once RAGGED's
-    # knobs joined the space)
-    tn, nn = (tpl.sample(random.Random(2026), Shape(4096, 4096, 4096, lay, "f32"), n) for lay, n in (("TN", 20), ("NN", 16)))
-    assert len(tn) == 20 and len(nn) >= 8
+    # (32 in TN: EPI tsmem needs SWAP, so it is the rarest value; 16 draws missed it once RAGGED's
+    # knobs joined the space, 28 once RPRODUCERS did)
+    tn, nn = (tpl.sample(random.Random(2026), Shape(4096, 4096, 4096, lay, "f32"), n) for lay, n in (("TN", 32), ("NN", 16)))
+    assert len(tn) == 32 and len(nn) >= 8
     sets, layouts = tn + nn, ["TN"] * len(tn) + ["NN"] * len(nn)
     sources = [tpl.render(k, Shape(4096, 4096, 4096, lay, "f32"))[0] for k, lay in zip(sets, layouts)]
     # every schedule, epilogue and cluster value is among them

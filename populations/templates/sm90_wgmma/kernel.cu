@@ -102,6 +102,9 @@
 #ifndef RAGGED
 #define RAGGED 0
 #endif
+#ifndef RPRODUCERS
+#define RPRODUCERS 1
+#endif
 #ifndef RSTAGES
 #define RSTAGES 2
 #endif
@@ -126,6 +129,9 @@
 #endif
 #if RAGGED && (CLUSTER > 1 || defined(EVO_LAYOUT_NN))
 #error "RAGGED reads K-major rows (TN) into its own CTA's ring: no cluster, no NN"
+#endif
+#if RPRODUCERS != 1 && (RPRODUCERS != 2 || !RAGGED)
+#error "RPRODUCERS 2 is RAGGED's second producer warpgroup (the TMA producer is one thread)"
 #endif
 // A's stage: one box of BM rows, or with CLUSTER_N 2 one slice of BM / 2 rows per CTA (a multiple
 // of 32 rows: 4 KiB, whole swizzle atoms), multicast to both.
@@ -172,8 +178,11 @@
 #error "SWAP needs TN and SPLIT_K 1"
 #endif
 #ifndef THREADS
-#define THREADS (128 * (CONSUMERS + 1))
+#define THREADS (128 * (CONSUMERS + RPRODUCERS))
 #endif
+// RAGGED's producer threads: warpgroup 0, and with RPRODUCERS 2 the last one too (after the
+// consumers, whose warpgroup numbers stay 1..CONSUMERS)
+#define PRODUCER_THREADS (128 * RPRODUCERS)
 #define A_STAGE_BYTES (BM * BK * 2)
 #define B_STAGE_BYTES (BN * BK * 2)
 #ifndef STAGE_BYTES
@@ -200,8 +209,14 @@
 // H100; the TMA path's 40 + 2 x 232 = 504 is exactly 3 x 168). The ragged producer's 128 threads copy,
 // shift and store: 72 registers beside two consumers of 216 (72 + 432 = 504: at 56 + 2 x 224 the warp-wide
 // copies spilled a value at 128 + 96 rows; the in-place tiles' accumulators, at most 192 wide, fit 216),
-// 96 beside one of 232.
-#if RAGGED
+// 96 beside one of 232. With RPRODUCERS 2 (one row a producer thread where the stage has 256 rows)
+// four warpgroups are launched with 128 registers: 2 x 64 + 2 x 192 = 512 (56 spilled one value at
+// 128 + 96 rows; the in-place tiles that fit the raw ring are at most 128 wide unswapped, 64
+// accumulators); beside one consumer (three warpgroups of 168) 2 x 96 + 232 = 424.
+#if RAGGED && RPRODUCERS == 2
+#define CONSUMER_REGS (CONSUMERS == 2 ? 192 : 232)
+#define PRODUCER_REGS (CONSUMERS == 2 ? 64 : 96)
+#elif RAGGED
 #define CONSUMER_REGS (CONSUMERS == 2 ? 216 : 232)
 #define PRODUCER_REGS (CONSUMERS == 2 ? 72 : 96)
 #else
@@ -219,7 +234,7 @@
 #else
 #define RAW_STAGE_BYTES 0
 #endif
-#define RAW_ROWS_PER_THREAD ((RAW_ROWS + 127) / 128)
+#define RAW_ROWS_PER_THREAD ((RAW_ROWS + PRODUCER_THREADS - 1) / PRODUCER_THREADS)
 
 // ---------------------------------------------------------------- tile order
 __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
@@ -433,8 +448,13 @@ __device__ __forceinline__ const evo_half_bits* ragged_row(const RaggedCursor& c
   if (row >= (in_a ? M : N)) return nullptr;
   return (in_a ? gA : gB) + (long long)row * K;
 }
+// This thread's place among the producer threads: warpgroup 0's are 0..127, the second producer
+// warpgroup's (RPRODUCERS 2: the CTA's last, after the consumers) 128..255.
+__device__ __forceinline__ int producer_thread() {
+  return (int)threadIdx.x - (RPRODUCERS == 2 && threadIdx.x >= 128 ? 128 * CONSUMERS : 0);
+}
 // Issue this thread's share of its warp's copies of a raw stage's K blocks (ragged_raw_blocks). Warp w
-// copies the rows its lanes shift (ragged_shift: rows 32w + 128q + lane), eight lanes a row and four
+// copies the rows its lanes shift (ragged_shift: rows 32w + PRODUCER_THREADS q + lane), eight lanes a row and four
 // rows a cp.async, so one warp instruction reads about four 128-byte lines, not 32 (one row a lane
 // read 32 rows' lines an instruction and left the producer L1-bound: RESULTS 27 (i)). A row's copies
 // are the aligned 16-byte grid blocks of those K blocks that hold a half of the row (so no copy reaches
@@ -443,12 +463,13 @@ __device__ __forceinline__ const evo_half_bits* ragged_row(const RaggedCursor& c
 // before it shifts a raw stage each thread waits for its own oldest group (ldgsts_wait<RSTAGES - 1>)
 // and the warp meets (__syncwarp) before any lane reads rows its neighbours copied.
 __device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, const evo_half_bits* gA,
-                                             const evo_half_bits* gB, int M, int N, int K, int pt) {
+                                             const evo_half_bits* gB, int M, int N, int K) {
   const int g0 = c.kb * 8, want = 8 * ragged_raw_blocks(c);
 #pragma unroll 1
-  for (int q = 0; q < RAW_ROWS_PER_THREAD; ++q) {   // (rolled: the producer has 72 registers at most)
+  for (int q = 0; q < RAW_ROWS_PER_THREAD; ++q) {   // (rolled: the producer has 56-96 registers)
     // the warp's 32 rows of this pass lie in one operand (BM % 32 == 0): A's rows, then B's
-    int i = 128 * q + (int)(threadIdx.x & ~31u) + (int)((threadIdx.x & 31u) >> 3);
+    const int pth = producer_thread();
+    int i = PRODUCER_THREADS * q + (pth & ~31) + ((pth & 31) >> 3);
     if (i >= RAW_ROWS) break;
     const bool in_a = i < BM;
     int row = in_a ? c.m0 + i : c.n0 + (i - BM);
@@ -471,7 +492,8 @@ __device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, con
 // Shift a landed raw stage into the ring stage's swizzled image (row r of a stage at r * 128 bytes,
 // chunk j at (j ^ (r % 8)) * 16: what TMA's 128-byte swizzle writes and the wgmma descriptors read),
 // zeros for the halves past K and the rows past M or N. `in_raw`: K block c.kb's place in its raw
-// stage (its grid blocks start 128 bytes in for the second). Thread pt shifts rows pt, pt + 128 (its
+// stage (its grid blocks start 128 bytes in for the second). Thread pt shifts rows pt, pt + 128 (256 with
+// RPRODUCERS 2; its
 // warp copied them: ragged_issue), all eight chunks of each: nine 16-byte reads of its raw row (each
 // grid block read once; chunk j straddles blocks j and j + 1) and eight swizzled 16-byte stores. A
 // warp's lanes are 32 consecutive rows, so 8 lanes' reads fall in 8 distinct bank groups (the pitch
@@ -489,7 +511,7 @@ __device__ __forceinline__ void ragged_shift(const RaggedCursor& c, int in_raw, 
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
   for (int q = 0; q < RAW_ROWS_PER_THREAD; ++q) {
-    const int i = pt + 128 * q;
+    const int i = pt + PRODUCER_THREADS * q;
     if (RAW_ROWS % 128 != 0 && i >= RAW_ROWS) break;
     const bool in_a = i < BM;
     const int row = in_a ? c.m0 + i : c.n0 + (i - BM);
@@ -573,7 +595,7 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(FULL(s), RAGGED ? 128 : 1);   // RAGGED: every producer thread stores part of a stage
+      mbar_init(FULL(s), RAGGED ? PRODUCER_THREADS : 1);   // RAGGED: every producer thread stores part of a stage
       mbar_init(EMPTY(s), EMPTY_ARRIVALS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -588,7 +610,7 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
   __syncthreads();
 #endif
 
-  if (wg == 0) {
+  if (wg == 0 || wg > CONSUMERS) {   // (a warpgroup past the consumers: RAGGED's second producer)
     // ------------------------------------------------------------ producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(PRODUCER_REGS));
 #if RAGGED
@@ -596,7 +618,7 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
     // `at` shifts the oldest landed one into the ring. Each warp copies, waits for and shifts its
     // own rows, so nothing but the ring's barriers is shared between warps; the ring's stores are fenced from the
     // async proxy (the wgmmas that read ring stages) both ways.
-    const int pt = threadIdx.x;
+    const int pt = producer_thread();
     RaggedCursor ahead{first, 0, 0, 0, 0, 0}, at{first, 0, 0, 0, 0, 0};
     ragged_seek(ahead, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
     ragged_seek(at, stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
@@ -604,7 +626,7 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
     // group a raw stage, always, so ldgsts_wait<RSTAGES - 1> is the oldest raw stage's.
     auto fill = [&](u32 r) {
       if (ahead.u < units) {
-        ragged_issue(ahead, sRaw + r * RAW_STAGE_BYTES, gA, gB, M, N, K, pt);
+        ragged_issue(ahead, sRaw + r * RAW_STAGE_BYTES, gA, gB, M, N, K);
         ragged_next(ahead, ragged_raw_blocks(ahead), stride, units, ctiles, kblocks, ctiles_m, ctiles_n);
       } else {
         ldgsts_commit();

@@ -34,7 +34,9 @@
 //                   deep, 272 bytes a row: one group a thread for two ring stages), then shifts them into place
 //                   (_prelude/realign.cuh) and stores them into the swizzled ring the consumers read,
 //                   the halves past K and the rows past M or N zeroed. Nothing is copied outside the
-//                   kernel: the weights stay where they are.
+//                   kernel: the weights stay where they are. RPRODUCERS 2 adds a second producer
+//                   warpgroup (after the consumers) that shares the rows: the copy and the shift, not
+//                   the loads' latency, bound the in-place kernel (RESULTS 27 (i)).
 //   SPLIT_K > 1:    the work units are SPLIT_K x tiles: unit u computes tile u % tiles over
 //                   the z = u / tiles share of the K blocks (balanced, none empty) and writes
 //                   its fp32 partial tile to workspace[z][M][N] (direct stores); a second

@@ -23,6 +23,8 @@
 #                peer, at every M <= 16 after its hang screen, in one process) on DECODE_SHAPES, default seed 10's
 #                rows where evo ran below the peer; DECODE_GRID knob sets per template and shape (default 24)
 #   llm-layers   issue 26's benchmark: evolve a sample of llm_layers.csv, export, re-time (bench/llm_layers_bench.py)
+#   source-profile where one kernel's warps wait, by SASS instruction (Nsight Compute's source counters:
+#                bench/sass_stalls.py; SRC_SHAPE, SRC_KNOBS, SRC_KERNEL; default the in-place ragged kernel)
 #   random-shapes  issue 34's benchmark: shapes drawn from SEED (required: a seed bench/RESULTS.md does not record),
 #                evolve, export, re-time beside cuBLAS and the plain and pad peers (bench/random_shapes_bench.py);
 #                work in /tmp/evo34_$SEED, results in $OUT/random_$SEED, the work folder packed to $OUT/random_$SEED.tgz
@@ -95,6 +97,17 @@ for part in "$@"; do
     echo "rc=$?"; grep -E "us|wrong|failed" "$OUT/mid_profile.log" | grep -v "^==PROF==" | tail -n 8 | cut -c1-300
     ncu -i "$OUT/mid_prof.ncu-rep" --csv --page raw > "$OUT/mid_prof.csv" 2>/dev/null && gzip -f "$OUT/mid_prof.csv" && \
       python3 bench/decode_profile.py --summarize "$OUT/mid_prof.csv.gz" --order "$OUT/profile_order.json" | tee "$OUT/mid_profile.md" ;;
+  source-profile)
+    # where one kernel's warps wait, by SASS instruction (bench/sass_stalls.py): SRC_SHAPE, SRC_KNOBS
+    # (TEMPLATE:K=V,...), SRC_KERNEL (the kernel-name regex ncu profiles; the first launch in the range)
+    SK="${SRC_KNOBS:-sm90_wgmma:RAGGED=1,RPRODUCERS=2,BM=128,BN=128,STAGES=2,EPI=direct}"
+    timeout 300 ncu --clock-control none --nvtx --nvtx-include "prof/" --section SourceCounters --section WarpStateStats \
+      -k "regex:${SRC_KERNEL:-evo_wgmma_ragged}" -c 1 -o "$OUT/src" -f python3 bench/decode_profile.py \
+      --templates "${SK%%:*}" --picks 0 --no-peer --no-floor --launches 1 --out "$OUT" \
+      --shapes "${SRC_SHAPE:-2000x3000x1001}" \
+      --knobs "$SK" > "$OUT/src_profile.log" 2>&1
+    echo "rc=$?"; ncu -i "$OUT/src.ncu-rep" --page source --csv --print-source sass > "$OUT/src_sass.csv" 2>> "$OUT/src_profile.log"
+    gzip -f "$OUT/src_sass.csv" && python3 bench/sass_stalls.py "$OUT/src_sass.csv.gz" | tee "$OUT/src_stalls.md" | head -n 45 | cut -c1-250 ;;
   ragged-inplace)
     timeout 240 python3 bench/ragged_diag.py --out "$OUT" > "$OUT/ragged_diag.log" 2>&1
     rc=$?; echo "diag rc=$rc"; grep -v '^ ' "$OUT/ragged_diag.log" | tail -n 12 | cut -c1-900
@@ -143,7 +156,7 @@ for part in "$@"; do
   ray-scaling)
     timeout 540 python3 bench/ray_scaling.py --seconds "${RAY_S:-80}" --out "$OUT/ray" > "$OUT/ray_scaling.log" 2>&1
     echo "rc=$?"; tail -n 12 "$OUT/ray_scaling.log" | cut -c1-400 ;;
-  *) echo "unknown part: $part (gpu-tests, redteam, throughput, perturb-profile, false-rejections, profile, mid-profile, llm-layers, random-shapes, e2e, rl-check, ray-scaling)" >&2; exit 2 ;;
+  *) echo "unknown part: $part (gpu-tests, redteam, throughput, perturb-profile, false-rejections, profile, mid-profile, source-profile, ragged-inplace, decode-dev, llm-layers, random-shapes, e2e, rl-check, ray-scaling)" >&2; exit 2 ;;
   esac
 done
 log "done"

@@ -43,6 +43,9 @@ CASES: list[tuple[str, dict]] = [
     ("1000x3000x1001", {**_R, "RPRODUCERS": 2, "BM": 128, "BN": 128, "STAGES": 2, "EPI": "direct"}),
     ("358x14070x3273", {**_T, "RPRODUCERS": 2, "BM": 128, "BN": 72, "STAGES": 3}),
     ("22x6490x2882", {**_T, "RPRODUCERS": 2, "BM": 64, "BN": 24, "CONSUMERS": 1, "STAGES": 4}),
+    # 128 raw rows for 256 producer threads: the threads past the rows must not shift (the shift's
+    # guard, keyed to 128 threads, let them write past the ring stage; found by reading, before a run)
+    ("77x300x45", {**_R, "RPRODUCERS": 2, "BM": 64, "BN": 64, "CONSUMERS": 1, "STAGES": 2, "RSTAGES": 4}),
 ]
 
 

@@ -494,9 +494,8 @@ __device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, con
 // Shift a landed raw stage into the ring stage's swizzled image (row r of a stage at r * 128 bytes,
 // chunk j at (j ^ (r % 8)) * 16: what TMA's 128-byte swizzle writes and the wgmma descriptors read),
 // zeros for the halves past K and the rows past M or N. `in_raw`: K block c.kb's place in its raw
-// stage (its grid blocks start 128 bytes in for the second). Thread pt shifts rows pt, pt + 128 (256 with
-// RPRODUCERS 2; its
-// warp copied them: ragged_issue), all eight chunks of each: nine 16-byte reads of its raw row (each
+// stage (its grid blocks start 128 bytes in for the second). Thread pt shifts rows pt, pt +
+// PRODUCER_THREADS (its warp copied them: ragged_issue), all eight chunks of each: nine 16-byte reads of its raw row (each
 // grid block read once; chunk j straddles blocks j and j + 1) and eight swizzled 16-byte stores. A
 // warp's lanes are 32 consecutive rows, so 8 lanes' reads fall in 8 distinct bank groups (the pitch
 // is 17 blocks) and so do their stores (the swizzle XORs the chunk with row % 8). No warp reads
@@ -514,7 +513,7 @@ __device__ __forceinline__ void ragged_shift(const RaggedCursor& c, int in_raw, 
 #pragma unroll
   for (int q = 0; q < RAW_ROWS_PER_THREAD; ++q) {
     const int i = pt + PRODUCER_THREADS * q;
-    if (RAW_ROWS % 128 != 0 && i >= RAW_ROWS) break;
+    if (RAW_ROWS % PRODUCER_THREADS != 0 && i >= RAW_ROWS) break;   // (fewer rows than producer threads too)
     const bool in_a = i < BM;
     const int row = in_a ? c.m0 + i : c.n0 + (i - BM);
     const bool present = row < (in_a ? M : N);

@@ -625,8 +625,8 @@ def test_ragged_pitch_epilogues_are_correct_on_the_gpu(tmp_path):
 @pytest.mark.timeout(600)
 def test_ragged_k_read_in_place_is_correct_on_the_gpu(tmp_path):
     """RAGGED (A and B read in place through the raw ring): K odd, K % 8 == 2, 4 and 6 (every row
-    shift), one K block and less, swapped and not, one and two consumers, pingpong, split-K with
-    empty shares, raw rings of 2-4, the ragged C pitches, generic candidates (every alignment class
+    shift), one K block and less, swapped and not, one and two consumers, one and two producer
+    warpgroups, pingpong, split-K with empty shares, raw rings of 2-4, the ragged C pitches, generic candidates (every alignment class
     and past the claim, K down to 2). Through the whole evaluator."""
     pytest.importorskip("torch")
     tpl = load_template(FOLDER)
@@ -642,7 +642,11 @@ def test_ragged_k_read_in_place_is_correct_on_the_gpu(tmp_path):
                                 "EPI": "direct"}, True),
              ("40x3000x1001", {**t, "BM": 64, "BN": 40, "CONSUMERS": 1, "STAGES": 4, "RSTAGES": 3}, True),
              ("2000x3000x1001", {**r, "BM": 128, "BN": 128, "STAGES": 2, "RSTAGES": 2, "EPI": "direct",
-                                 "PERSISTENT": False}, False)]
+                                 "PERSISTENT": False}, False),
+             # a second producer warpgroup: two consumers, generic; one consumer with a stage of 128 rows
+             # (fewer rows than the 256 producer threads: 9726cc3's guard)
+             ("333x3001x1004", {**t, "RPRODUCERS": 2, "BM": 128, "BN": 56, "STAGES": 2, "RSTAGES": 3}, True),
+             ("77x300x45", {**r, "RPRODUCERS": 2, "BM": 64, "BN": 64, "CONSUMERS": 1, "STAGES": 2, "RSTAGES": 4}, True)]
     _all_ok_on_the_gpu(tpl, cases, tmp_path)
 
 

@@ -144,8 +144,7 @@ def profile(args: argparse.Namespace) -> int:
         sets = rotation(s, min_sets=max(2, args.launches))
         ref = reference(sets)
         runs: list[tuple[str, Any]] = []
-        prefixes: dict[str, str] = {}
-        sequences: dict[str, list[str]] = {}
+        sequences: dict[str, list[str]] = {}  # each evo contender's kernels, in launch order
         for label, cand in plan[s]:
             r = compiled[cand.source]
             if not r.ok:
@@ -159,7 +158,6 @@ def profile(args: argparse.Namespace) -> int:
                 continue
             runs.append((f"evo {label}", launch))
             sequences[f"evo {label}"] = kernel_sequence(cand, s)
-            prefixes[f"evo {label}"] = sequences[f"evo {label}"][-1]
         if runner is not None:
             _, cfg, peer_launch = peer_best(runner, s, sets, ref)
             if peer_launch is not None:
@@ -177,7 +175,7 @@ def profile(args: argparse.Namespace) -> int:
                 launch(a, w, c)
                 torch.cuda.nvtx.range_pop()
                 order.append({"shape": str(s), "label": label, "graph_us": round(timed[label], 3),
-                              **({"prefix": prefixes[label], "kernels": sequences[label]} if label in prefixes else {})})
+                              **({"prefix": sequences[label][-1], "kernels": sequences[label]} if label in sequences else {})})
             torch.cuda.synchronize()
         print(f"{s}: " + ", ".join(f"{k} {v:.2f} us" for k, v in timed.items()), flush=True)
         del sets, ref

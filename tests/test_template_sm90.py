@@ -195,7 +195,7 @@ def test_ragged_k_picks_stage_first_then_read_in_place(tpl, shape, bm, bn):
     ({"RAGGED": 1, "RPRODUCERS": 2, "SWAP": True, "EPI": "tsmem", "BM": 64, "BN": 24, "CONSUMERS": 1, "STAGES": 4},
      "22x6490x2882"),
 ])
-def test_ragged_in_place_compiles_to_bulk_copies_without_local_memory(tpl, knobs, shape):
+def test_ragged_in_place_compiles_to_cp_async_copies_without_local_memory(tpl, knobs, shape):
     """The in-place producer's SASS: cp.async copies (LDGSTS) into the raw ring, no tensor-map
     loads, the wgmmas, neither the producers (64-96 registers after setmaxnreg, one warpgroup or
     two) nor the consumers spill, and the split fits the registers the CTA is launched with."""

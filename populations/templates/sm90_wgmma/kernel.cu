@@ -442,14 +442,6 @@ __device__ __forceinline__ void ragged_next(RaggedCursor& c, int blocks, int str
 __device__ __forceinline__ int ragged_raw_blocks(const RaggedCursor& c) {
   return c.kb1 - c.kb < RAW_KB ? c.kb1 - c.kb : RAW_KB;
 }
-// Row i of a stage (A's rows 0..BM-1, then B's): where it starts in memory, or null past M (N).
-__device__ __forceinline__ const evo_half_bits* ragged_row(const RaggedCursor& c, int i, const evo_half_bits* gA,
-                                                           const evo_half_bits* gB, int M, int N, int K) {
-  const bool in_a = i < BM;
-  const int row = in_a ? c.m0 + i : c.n0 + (i - BM);
-  if (row >= (in_a ? M : N)) return nullptr;
-  return (in_a ? gA : gB) + (long long)row * K;
-}
 // This thread's place among the producer threads: warpgroup 0's are 0..127, the second producer
 // warpgroup's (RPRODUCERS 2: the CTA's last, after the consumers) 128..255.
 __device__ __forceinline__ int producer_thread() {
@@ -502,7 +494,7 @@ __device__ __forceinline__ void ragged_issue(const RaggedCursor& c, u32 raw, con
 // another's rows: a raw stage is refilled by each warp once its lanes have shifted their rows, so the
 // only barrier on the raw ring is the warp's own (__syncwarp).
 // The row's shift is dec_grid's from the matrix base's and the row's offset: (base halves past 16
-// bytes + row * K) % 8, in 32-bit products (only the low three bits matter; ragged_row's 64-bit
+// bytes + row * K) % 8, in 32-bit products (only the low three bits matter; the row's 64-bit
 // pointer and dec_grid here spilled the producer, then of 56 registers, at 128 + 96 rows).
 __device__ __forceinline__ void ragged_shift(const RaggedCursor& c, int in_raw, u32 raw, u32 sa, u32 sb,
                                              const evo_half_bits* gA, const evo_half_bits* gB, int M, int N, int K,

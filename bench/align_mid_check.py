@@ -34,6 +34,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -294,6 +295,16 @@ def mid_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]]:
                               deepest(dict(base, SWAP=True, BM=bm, BN=bn, CONSUMERS=cons, **extra))):
                         if k:
                             add(f"wgmma:swap{bm}x{bn}s{k['STAGES']}{tag}", t, k)
+        # swapped with split-K (partials stored transposed): M in one tile where it fits 256, K split
+        # so that tiles x SPLIT_K fills one wave, and the splits around that
+        if shape.m <= 512:  # M in one tile up to 256, in two up to 512
+            mt = cdiv(shape.m, 256)
+            bn, tiles = 8 * cdiv(cdiv(shape.m, mt), 8), mt * cdiv(shape.n, 128)
+            for split in sorted({2, 3, 4, 6, 8, 12, 16} & set(range(2, 1 + min(64, cdiv(shape.k, 64) // 2)))):
+                if tiles * split <= 2 * 132:
+                    k = deepest(dict(base, SWAP=True, BM=128, BN=bn, CONSUMERS=2, SPLIT_K=split, EPI="direct"))
+                    if k:
+                        add(f"wgmma:swap128x{bn}k{split}s{k['STAGES']}", t, k)
     sk = templates["streamk90"]
     if sk.applicable(shape, 90):
         for i, k in enumerate(sk.heuristic(shape, 90)):
@@ -359,7 +370,10 @@ def main() -> int:
     ap.add_argument("--peer-dir", default=None, help="folder holding pad_cublas.py (e.g. .carry_shared/peers)")
     ap.add_argument("--mid", nargs="*", default=MID)
     ap.add_argument("--ragged", nargs="*", default=RAGGED)
+    ap.add_argument("--only", default=None, metavar="REGEX",
+                    help="time only the variants whose label matches (e.g. 'pick|k[0-9]' for the picks and the split-K tiles)")
     args = ap.parse_args()
+    only = re.compile(args.only) if args.only else None
     sections = set(args.sections.split(","))
     import torch
     torch.zeros(1, device="cuda")  # the primary context, which the driver loader then shares
@@ -374,7 +388,7 @@ def main() -> int:
         if name not in sections:
             continue
         shapes = [Shape.parse(s) for s in shapes]
-        plan = [(s, make(templates, s)) for s in shapes]
+        plan = [(s, [(lb, c) for lb, c in make(templates, s) if only is None or only.search(lb)]) for s in shapes]
         kern = Kernels([c for _, vs in plan for _, c in vs])
         print(f"{name}: {sum(len(v) for _, v in plan)} variants, {len(kern.compiled)} sources compiled "
               f"({sum(not r.ok for r in kern.compiled.values())} failed) at {time.time() - t0:.0f} s", flush=True)

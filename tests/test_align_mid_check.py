@@ -25,7 +25,7 @@ def templates():
 
 
 def test_ragged_shapes_time_both_ways_of_reading_a_ragged_k(check, templates):
-    shape = Shape.parse("22x6490x2881")  # a staged pick leads, an in-place pick follows it
+    shape = Shape.parse("22x6490x1001")  # a staged pick leads, an in-place pick follows it (K < 2048: no split-K lead)
     variants = check.ragged_variants(templates, shape)
     knobs = {label: c.knobs for label, c in variants if label.startswith("sm90_wgmma:")}
     assert knobs["sm90_wgmma:pick0"]["RAGGED"] == 0 and knobs["sm90_wgmma:pick1"]["RAGGED"] == 1
@@ -42,3 +42,15 @@ def test_ragged_shapes_time_both_ways_of_reading_a_ragged_k(check, templates):
 def test_no_in_place_variant_where_it_does_not_apply(check, templates, text):
     variants = check.ragged_variants(templates, Shape.parse(text))
     assert variants and not any(c.knobs.get("RAGGED") for _, c in variants)
+
+
+def test_mid_grid_holds_swapped_split_k_tiles(check, templates):
+    """M <= 512: the swapped tile with M in one or two tiles and K split 2-16, every one valid."""
+    for text, width in (("176x4608x19456", 176), ("369x1072x17488", 192)):
+        shape = Shape.parse(text)
+        split = [(label, c) for label, c in check.mid_variants(templates, shape)
+                 if c.knobs.get("SWAP") and c.knobs.get("SPLIT_K", 1) > 1]
+        assert len(split) >= 3, text
+        assert all(c.knobs["BN"] == width and c.knobs["EPI"] == "direct" for _, c in split)
+        for label, c in split:
+            assert not templates[c.template].check(c.knobs, shape, 90), label

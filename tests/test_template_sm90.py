@@ -92,7 +92,7 @@ def test_loads_as_family_b_for_hopper_only(tpl):
     ({"BM": 64, "CONSUMERS": 2}, "multiple of 64 rows"),
     ({"BM": 128, "BN": 256, "STAGES": 5, "EPI": "direct"}, "227 KiB"),
     ({"BN": 100}, "not one of"),
-    ({"SWAP": True, "SPLIT_K": 2, "EPI": "direct"}, "no split-K"),
+    ({"SWAP": True, "SPLIT_K": 2, "EPI": "tsmem"}, "EPI direct"),
     ({"SCHED": "pingpong", "CONSUMERS": 1, "BM": 64}, "two consumer"),
     ({"SCHED": "pingpong", "PERSISTENT": False, "BN": 128}, "persistent"),
     ({"SCHED": "pingpong", "BM": 128, "BN": 256}, "accumulators"),
@@ -256,6 +256,20 @@ def test_heuristic_splits_k_to_fill_the_sms(tpl, shape, tiles):
         assert splits[1] == splits[0] // 2, splits
 
 
+def test_swapped_split_k_stores_partials_in_cs_layout(tpl):
+    """SWAP with split-K: the swapped kernel's grid over (N tiles x 1 M tile) x SPLIT_K units, its fp32
+    partials stored transposed (store_partial_t) into SPLIT_K slices of C's M x N, then the
+    unswapped reduce over M x N; the PTX holds the kernel and the reduce."""
+    shape = Shape.parse("176x4608x19456")
+    knobs = {"SWAP": True, "BM": 128, "BN": 176, "SPLIT_K": 3, "STAGES": 5, "EPI": "direct"}
+    source, plan = tpl.render(knobs, shape)
+    (gemm, reduce), ws = plan.resolve(shape)
+    assert gemm.grid == (36 * 3, 1, 1) and ws == 3 * 176 * 4608 * 4
+    assert reduce.kernel == "evo_splitk_reduce"
+    body = source[source.index("#if SPLIT_K > 1 && SWAP"):]
+    assert body.index("store_partial_t(Wz") < body.index("#elif SPLIT_K > 1")
+
+
 def test_plan_grid_smem_and_tensor_maps(tpl):
     shape = Shape(8192, 8192, 1024, "TN", "f32")
     _, plan = tpl.render({"BM": 128, "BN": 256, "STAGES": 4, "PERSISTENT": True, "EPI": "direct"}, shape)
@@ -292,7 +306,16 @@ def test_heuristic_picks_are_valid(tpl):
         assert picks and all(not tpl.check(p, shape) for p in picks)
     big = tpl.heuristic(BIG)[0]  # the measured best on large shapes (bench/RESULTS.md)
     assert (big["BM"], big["BN"], big["STAGES"], big["EPI"], big["SCHED"]) == (128, 256, 3, "smem", "coop")
-    assert tpl.heuristic(Shape(77, 4096, 4096, "TN", "f32"))[0]["CONSUMERS"] == 1
+    assert tpl.heuristic(Shape(77, 4096, 1024, "TN", "f32"))[0]["CONSUMERS"] == 1
+    # few weight tiles and deep K: the swapped tile with M in one tile and K split to fill a wave
+    first = tpl.heuristic(Shape(72, 1984, 7720, "TN", "f32"))[0]
+    assert (first["SWAP"], first["BM"], first["BN"], first["SPLIT_K"], first["EPI"]) == (True, 128, 72, 8, "direct")
+    # where the swapped 64-row tiles fill a wave (64 x 2 = 128 units) they lead, unsplit
+    first = tpl.heuristic(Shape(77, 4096, 4096, "TN", "f32"))[0]
+    assert (first["SWAP"], first["BM"], first["BN"], first["SPLIT_K"], first["EPI"]) == (True, 64, 40, 1, "tsmem")
+    # M 129-256 with wide weights: the swapped 128-row tile with M in one tile
+    first = tpl.heuristic(Shape(187, 15696, 2080, "TN", "f32"))[0]
+    assert (first["SWAP"], first["BM"], first["BN"], first["SPLIT_K"]) == (True, 128, 192, 1)
     assert tpl.heuristic(Shape(3000, 1000, 512, "TN", "f32"))[0]["SCHED"] == "pingpong"
 
 
@@ -406,6 +429,34 @@ def test_swap_first_picks_fit_the_tile_width_to_m(tpl):
     for s in ("17x1024x1024", "64x4096x4096", "300x2048x512", "1000x30000x1000"):
         m = Shape.parse(s).m
         assert all(w % 8 == 0 and min(32, -(-m // 8) * 8) <= w <= 256 for _, w in widths(s)), (s, widths(s))
+
+
+@pytest.mark.parametrize("shape, first", [
+    # few weight tiles, deep K: swapped, M in one tile (two past 256, each <= 232 wide), K split
+    ("176x4608x19456", (True, 128, 176, 3)),
+    ("369x1072x17488", (True, 128, 192, 6)),
+    ("460x1500x8192", (True, 128, 232, 4)),
+    # two tiles 256 wide would leave a 4-stage ring: the swapped 64-row tile instead
+    ("512x2048x4096", (True, 64, 128, 1)),
+    # the swapped 64-row tiles fill the wave: they lead, unsplit
+    ("129x3968x3008", (True, 64, 72, 1)),
+    # past M 256: they lead where they keep more SMs busy (120 units against 100 tiles) ...
+    ("640x2560x10240", (True, 64, 216, 1)),
+    # ... not where both keep 128 busy and the 128-row tiles waste no rows
+    ("512x4096x4096", (False, 128, 128, 1)),
+    # M 129-192 with wide weights: swapped, M in one tile
+    ("145x10608x4488", (True, 128, 152, 1)),
+    ("200x11008x4096", (False, 128, 192, 1)),
+    # M 257-1024, N past 66 64-row tiles, 22% of M wasted by 128-row tiles: swapped one-wave tile
+    ("421x6544x9136", (True, 128, 216, 1)),
+    # small K: no split below K 1024, the staged small tile first
+    ("278x560x640", (False, 64, 128, 1)),
+])
+def test_mid_first_picks_follow_what_fills_the_sms(tpl, shape, first):
+    """RESULTS 27 (j): the first pick's (SWAP, BM, BN, SPLIT_K) per rule."""
+    k = tpl.heuristic(Shape.parse(shape), 90)[0]
+    assert (k["SWAP"], k["BM"], k["BN"], k["SPLIT_K"]) == first, k
+    assert not tpl.check(k, Shape.parse(shape), 90)
 
 
 @pytest.mark.parametrize("shape, bm, first, second", [
@@ -647,6 +698,26 @@ def test_ragged_k_read_in_place_is_correct_on_the_gpu(tmp_path):
              # (fewer rows than the 256 producer threads: 9726cc3's guard)
              ("333x3001x1004", {**t, "RPRODUCERS": 2, "BM": 128, "BN": 56, "STAGES": 2, "RSTAGES": 3}, True),
              ("77x300x45", {**r, "RPRODUCERS": 2, "BM": 64, "BN": 64, "CONSUMERS": 1, "STAGES": 2, "RSTAGES": 4}, True)]
+    _all_ok_on_the_gpu(tpl, cases, tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+def test_swapped_split_k_is_correct_on_the_gpu(tmp_path):
+    """SWAP with split-K (partials stored transposed into C's M x N slices, the unswapped reduce):
+    M in one tile and in two, M % 8 != 0, a ragged N (odd), a ragged K through the staged copies,
+    more shares than a tile's K blocks leave (empty shares), a generic candidate. Through the
+    whole evaluator."""
+    pytest.importorskip("torch")
+    tpl = load_template(FOLDER)
+    t = {"SWAP": True, "EPI": "direct", "BM": 128}
+    cases = [("176x4608x19456", {**t, "BN": 176, "SPLIT_K": 3, "STAGES": 5}, False),
+             ("33x1552x10024", {**t, "BN": 40, "SPLIT_K": 8, "STAGES": 10}, False),
+             ("300x1001x4096", {**t, "BN": 152, "SPLIT_K": 4, "STAGES": 5}, True),
+             ("27x1103x4944", {**t, "BN": 32, "SPLIT_K": 12, "STAGES": 8}, False),
+             ("100x3867x4089", {**t, "BN": 104, "SPLIT_K": 4, "STAGES": 6, "STAGE": "AB"}, False),
+             ("100x3867x4089", {**t, "BN": 104, "SPLIT_K": 4, "STAGES": 2, "RAGGED": 1, "RPRODUCERS": 2}, False),
+             ("20x700x640", {**t, "BN": 24, "SPLIT_K": 8, "STAGES": 4}, True)]
     _all_ok_on_the_gpu(tpl, cases, tmp_path)
 
 

@@ -43,6 +43,9 @@
 //                   launch, evo_splitk_reduce (_prelude/splitk_reduce.cuh, prepended by the
 //                   renderer), sums the slices in a fixed order into C. The
 //                   first wave of a persistent grid then holds one z for many tiles (L2 reuse).
+//                   With SWAP the partial C^T tile is stored transposed (store_partial_t), so the
+//                   slices are C's M x N and the reduce is the unswapped one: cuBLAS's choice on few
+//                   tiles with deep K at mid M (176x4608x19456: swapped 128 x 176, K split 3).
 // TMA zero-fills out-of-bounds boxes, so ragged M, N, K need no padding; every store is
 // guarded. Persistent mode: grid = min(#tiles, #SMs), each CTA loops over tiles (the kernel is
 // the same; only the plan's grid differs). Tiles are ordered in groups of GROUP tile-rows
@@ -176,8 +179,8 @@
 #if (B_ONE_BOX || B_SPLIT || B_ALT) && defined(EVO_LAYOUT_NN)
 #error "a BN that is not a multiple of 64 (or of 64 x CLUSTER_M with a cluster) needs TN (K-major B)"
 #endif
-#if SWAP && (defined(EVO_LAYOUT_NN) || SPLIT_K > 1)
-#error "SWAP needs TN and SPLIT_K 1"
+#if SWAP && defined(EVO_LAYOUT_NN)
+#error "SWAP needs TN"
 #endif
 #ifndef THREADS
 #define THREADS (128 * (CONSUMERS + RPRODUCERS))
@@ -269,6 +272,15 @@ __device__ __forceinline__ void store_partial(float* W, int M, int N, int row, i
     p[0] = x;
     if (col + 1 < N) p[1] = y;
   }
+}
+
+// SWAP with split-K: the pair (row, col), (row, col + 1) of the kernel's fp32 C^T partial tile goes to
+// W[col][row], W[col + 1][row] (W is the kernel's N x M: rows of length M, C's own layout). Lanes
+// hold 8 consecutive rows: each store instruction writes whole 32-byte sectors of four W rows.
+__device__ __forceinline__ void store_partial_t(float* W, int M, int N, int row, int col, float x, float y) {
+  if (row >= M || col >= N) return;
+  W[(long long)col * M + row] = x;
+  if (col + 1 < N) W[(long long)(col + 1) * M + row] = y;
 }
 
 // SWAP: the pair (row, col), (row, col + 1) of the kernel's C^T tile is C[col][row], C[col + 1][row]
@@ -848,7 +860,10 @@ __device__ __forceinline__ void wgmma_gemm(const EvoTensorMap* tmA, const EvoTen
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
           const int row = row0 + w * 64, col = col0 + j * 8;
-#if SPLIT_K > 1
+#if SPLIT_K > 1 && SWAP
+          store_partial_t(Wz, M, N, row, col, acc[w][4 * j + 0], acc[w][4 * j + 1]);
+          store_partial_t(Wz, M, N, row + 8, col, acc[w][4 * j + 2], acc[w][4 * j + 3]);
+#elif SPLIT_K > 1
           store_partial(Wz, M, N, row, col, acc[w][4 * j + 0], acc[w][4 * j + 1]);
           store_partial(Wz, M, N, row + 8, col, acc[w][4 * j + 2], acc[w][4 * j + 3]);
 #elif SWAP

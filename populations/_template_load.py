@@ -158,7 +158,8 @@ def _knob_space(data: Mapping[str, Any]) -> KnobSpace:
 def _heuristic_exprs(data: Mapping[str, Any], space: KnobSpace) -> dict[str, str]:
     """``[heuristic_exprs]``: names for expressions that several first-pick rules share (the
     deepest ring that fits, which tile width fills the last wave better), each usable in a
-    rule's ``derive`` and in the names after it. Inlined into the rules when the template loads,
+    rule's ``derive``, in its ``when`` where it stands for shape-only terms, and in the names
+    after it. Inlined into the rules when the template loads,
     so a rule evaluates exactly the expression it would spell out; never part of the knob
     space, the source or a plan."""
     table = data.get("heuristic_exprs", {})
@@ -180,14 +181,17 @@ def _heuristic_exprs(data: Mapping[str, Any], space: KnobSpace) -> dict[str, str
 
 def _heuristics(data: Mapping[str, Any], space: KnobSpace) -> tuple[tuple[str, dict, dict], ...]:
     """The ``[[heuristic]]`` rules as (when, knob picks, derived knobs), each checked against the
-    space; the names of ``[heuristic_exprs]`` inlined into the derived knobs."""
+    space; the names of ``[heuristic_exprs]`` inlined into the conditions and the derived knobs
+    (a condition must come out of it with shape names only)."""
     knobs = space.knobs
     named = _heuristic_exprs(data, space)
     heuristics = []
     for rule in data.get("heuristic", ()):
         _unknown(rule, _RULE_KEYS, "[[heuristic]]")
         when = rule.get("when", "true")
-        check_expr(when, _SHAPE_ONLY)
+        check_expr(when, _SHAPE_ONLY | set(named))
+        when = inline(when, named)
+        check_expr(when, _SHAPE_ONLY)   # a name standing for knob-level terms is refused here
         picks = dict(rule.get("knobs", {}))
         bad = [f"{k}={v!r}" for k, v in picks.items() if k not in knobs or v not in knobs[k].values]
         if bad:

@@ -307,15 +307,6 @@ def test_heuristic_picks_are_valid(tpl):
     big = tpl.heuristic(BIG)[0]  # the measured best on large shapes (bench/RESULTS.md)
     assert (big["BM"], big["BN"], big["STAGES"], big["EPI"], big["SCHED"]) == (128, 256, 3, "smem", "coop")
     assert tpl.heuristic(Shape(77, 4096, 1024, "TN", "f32"))[0]["CONSUMERS"] == 1
-    # few weight tiles and deep K: the swapped tile with M in one tile and K split to fill a wave
-    first = tpl.heuristic(Shape(72, 1984, 7720, "TN", "f32"))[0]
-    assert (first["SWAP"], first["BM"], first["BN"], first["SPLIT_K"], first["EPI"]) == (True, 128, 72, 8, "direct")
-    # where the swapped 64-row tiles fill a wave (64 x 2 = 128 units) they lead, unsplit
-    first = tpl.heuristic(Shape(77, 4096, 4096, "TN", "f32"))[0]
-    assert (first["SWAP"], first["BM"], first["BN"], first["SPLIT_K"], first["EPI"]) == (True, 64, 40, 1, "tsmem")
-    # M 129-256 with wide weights: the swapped 128-row tile with M in one tile
-    first = tpl.heuristic(Shape(187, 15696, 2080, "TN", "f32"))[0]
-    assert (first["SWAP"], first["BM"], first["BN"], first["SPLIT_K"]) == (True, 128, 192, 1)
     assert tpl.heuristic(Shape(3000, 1000, 512, "TN", "f32"))[0]["SCHED"] == "pingpong"
 
 
@@ -433,29 +424,32 @@ def test_swap_first_picks_fit_the_tile_width_to_m(tpl):
 
 @pytest.mark.parametrize("shape, first", [
     # few weight tiles, deep K: swapped, M in one tile (two past 256, each <= 232 wide), K split
-    ("176x4608x19456", (True, 128, 176, 3)),
-    ("369x1072x17488", (True, 128, 192, 6)),
-    ("460x1500x8192", (True, 128, 232, 4)),
+    ("176x4608x19456", (True, 128, 176, 3, "direct")),
+    ("72x1984x7720", (True, 128, 72, 8, "direct")),
+    ("369x1072x17488", (True, 128, 192, 6, "direct")),
+    ("460x1500x8192", (True, 128, 232, 4, "direct")),
     # two tiles 256 wide would leave a 4-stage ring: the swapped 64-row tile instead
-    ("512x2048x4096", (True, 64, 128, 1)),
-    # the swapped 64-row tiles fill the wave: they lead, unsplit
-    ("129x3968x3008", (True, 64, 72, 1)),
+    ("512x2048x4096", (True, 64, 128, 1, "tsmem")),
+    # the swapped 64-row tiles fill the wave (124 and 128 units): they lead, unsplit
+    ("129x3968x3008", (True, 64, 72, 1, "tsmem")),
+    ("77x4096x4096", (True, 64, 40, 1, "tsmem")),
     # past M 256: they lead where they keep more SMs busy (120 units against 100 tiles) ...
-    ("640x2560x10240", (True, 64, 216, 1)),
+    ("640x2560x10240", (True, 64, 216, 1, "tsmem")),
     # ... not where both keep 128 busy and the 128-row tiles waste no rows
-    ("512x4096x4096", (False, 128, 128, 1)),
+    ("512x4096x4096", (False, 128, 128, 1, "smem")),
     # M 129-192 with wide weights: swapped, M in one tile
-    ("145x10608x4488", (True, 128, 152, 1)),
-    ("200x11008x4096", (False, 128, 192, 1)),
+    ("145x10608x4488", (True, 128, 152, 1, "tsmem")),
+    ("187x15696x2080", (True, 128, 192, 1, "tsmem")),
+    ("200x11008x4096", (False, 128, 192, 1, "smem")),
     # M 257-1024, N past 66 64-row tiles, 22% of M wasted by 128-row tiles: swapped one-wave tile
-    ("421x6544x9136", (True, 128, 216, 1)),
+    ("421x6544x9136", (True, 128, 216, 1, "tsmem")),
     # small K: no split below K 1024, the staged small tile first
-    ("278x560x640", (False, 64, 128, 1)),
+    ("278x560x640", (False, 64, 128, 1, "smem")),
 ])
 def test_mid_first_picks_follow_what_fills_the_sms(tpl, shape, first):
-    """RESULTS 27 (j): the first pick's (SWAP, BM, BN, SPLIT_K) per rule."""
+    """RESULTS 27 (j): the first pick's (SWAP, BM, BN, SPLIT_K, EPI) per rule."""
     k = tpl.heuristic(Shape.parse(shape), 90)[0]
-    assert (k["SWAP"], k["BM"], k["BN"], k["SPLIT_K"]) == first, k
+    assert (k["SWAP"], k["BM"], k["BN"], k["SPLIT_K"], k["EPI"]) == first, k
     assert not tpl.check(k, Shape.parse(shape), 90)
 
 

@@ -258,6 +258,21 @@ def test_named_rule_expressions_are_inlined_where_the_rules_use_them(tmp_path: P
             load_template(write_demo(tmp_path / f"bad{i}", bad))
 
 
+def test_named_shape_expressions_are_inlined_into_a_rules_condition(tmp_path: Path) -> None:
+    """A ``[heuristic_exprs]`` name that comes out as shape names only may stand in a rule's ``when``
+    (the rule fires where the spelled-out condition does); one that stands for knob-level terms is
+    refused there, as the spelled-out terms are."""
+    named = CONTEXT.replace('when = "M * N <= 4096 and K >= 2048"', 'when = "OUTPUTS <= 4096 and DEEP"') + (
+        '\n[heuristic_exprs]\nOUTPUTS = "M * N"\nDEEP = "K >= 2048"\n')
+    spelled, short = load_template(write_demo(tmp_path / "a", CONTEXT)), load_template(write_demo(tmp_path / "b", named))
+    for s in ("64x64x4096", "32x16x4096", "64x64x1024", "1000x3000x512"):
+        assert short.heuristic(Shape.parse(s)) == spelled.heuristic(Shape.parse(s)), s
+    bad = CONTEXT.replace('when = "M * N <= 4096 and K >= 2048"', 'when = "TILES < 4"') + (
+        '\n[heuristic_exprs]\nTILES = "cdiv(M, BM)"\n')
+    with pytest.raises(TemplateError, match=re.escape("unknown name(s) ['BM']")):
+        load_template(write_demo(tmp_path / "bad", bad))
+
+
 BROKEN = [
     ('name = "demo"', 'name = "other"', "must equal the folder name"),
     ('description = "a test template"', 'descriptoin = "x"', "unknown key(s) ['descriptoin']"),

@@ -118,18 +118,38 @@ def test_seeds_come_by_rank_native_families_first():
     applicable = [t for t in templates if t.applicable(shape, "sm_90a")]
     native = {t.name for t in applicable if t.arch_features}
     order = [c.template for c in seeds]
-    # no family leads or trails by rule at this shape except the portable GEMMs, which trail the
-    # native ones by two ranks (test_portable_gemms_trail_the_hopper_ones_past_the_decode_rows)
+    # no family leads by rule at this shape; the portable GEMMs trail the native ones by two ranks
+    # (test_portable_gemms_trail_the_hopper_ones_past_the_decode_rows), and so does streamk90 at mid M
+    # (test_streamk90_trails_sm90_wgmma_at_mid_m_only)
     trailing = {t.name for t in applicable if t.trails(shape)}
-    head = order[:2 * len(native)]
-    assert native and set(head) == native and all(head.count(t) == 2 for t in native)
-    assert all(order.index(t) >= 2 * len(native) for t in trailing)
+    first = native - trailing
+    head = order[:2 * len(first)]
+    assert first and set(head) == first and all(head.count(t) == 2 for t in first)
+    assert "streamk90" in native & trailing
+    assert all(order.index(t) >= 2 * len(first) for t in trailing)
     portable = sorted(t.name for t in applicable if t.name not in native)
     assert all(c.meta["seed"] == "heuristic" for c in seeds[:len(applicable)])
     old = seed_population(shape, templates, 4, _random.Random(0), arch="sm_80")
     old_order = [c.template for c in old]
     assert old and not set(old_order) & native
     assert sorted(old_order[:len(portable)]) == portable  # one of each before any second (nothing trails there)
+
+
+def test_streamk90_trails_sm90_wgmma_at_mid_m_only() -> None:
+    """At M 17-2047 streamk90's first pick comes after sm90_wgmma's first three (it beat them on 3
+    of 33 mid rows of seeds 13-14); from M 2048, its tall narrow poor-last-wave rows, it keeps the
+    second place; and it trails only behind another arch-native family that applies."""
+    templates = list(load_templates().values())
+    mid = [c.template for c in seed_population(Shape.parse("559x4080x14496"), templates, 4, random.Random(0),
+                                                 arch="sm_90a")]
+    assert mid[:3] == ["sm90_wgmma"] * 3 and mid.index("streamk90") == 3
+    tall = [c.template for c in seed_population(Shape.parse("11179x256x20736"), templates, 4, random.Random(0),
+                                                  arch="sm_90a")]
+    assert tall[:2] == ["sm90_wgmma", "streamk90"]
+    alone = [t for t in templates if t.name in ("streamk90", "sm80_mma")]
+    order = [c.template for c in seed_population(Shape.parse("559x4080x14496"), alone, 4, random.Random(0),
+                                                 arch="sm_90a")]
+    assert order[0] == "streamk90"  # no other native family applies: nothing to trail behind
 
 
 @pytest.mark.parametrize("shape, leaders", [("1x3968x1216", {"gemv"}), ("8x4096x4096", {"swab", "swpipe"}),

@@ -78,16 +78,17 @@ def seed_population(shape: Shape, templates: Sequence[Template], per_template: i
     sm90_wgmma ones, 0.76-0.82x cuBLAS); the others keep a place early on (split-K wgmma won
     12x1070x20859).
 
-    Families whose ``trail`` rule holds, on a target where an arch-native family applies, come
+    Families whose ``trail`` rule holds, on a target where another arch-native family applies, come
     :data:`LEAD_RANKS` ranks late: the portable mma.sync GEMMs (sm80_mma, streamk) past the decode
     rows on sm_90a, where sm90_wgmma and streamk90 do what they do with wgmma and TMA (at 3
     evaluations a shape, seed 9 spent one on sm80_mma's first pick on 80 rows, and it was the best
-    on one). The latency family tiny keeps its rank (it won 6 mid rows of seeds 4-6)."""
+    on one), and streamk90 behind sm90_wgmma at mid M (seeds 13-14: better on 3 of 33 mid rows, by 0-7%). The
+    latency family tiny keeps its rank (it won 6 mid rows of seeds 4-6)."""
     per: list[list[Candidate]] = []
     seen: set[str] = set()
     leading: list[list[Candidate]] = []
     trailing: list[list[Candidate]] = []
-    native_here = any(_native(t, arch) and t.applicable(shape, arch) for t in templates)
+    native_here = {t.name for t in templates if _native(t, arch) and t.applicable(shape, arch)}
     for t in sorted(templates, key=lambda t: (not _native(t, arch), t.name)):
         if not t.applicable(shape, arch):
             continue
@@ -107,7 +108,7 @@ def seed_population(shape: Shape, templates: Sequence[Template], per_template: i
                     mine.append(cand)
         if t.leads(shape):
             leading.append(mine)
-        elif native_here and t.trails(shape):
+        elif native_here - {t.name} and t.trails(shape):  # another arch-native family applies
             trailing.append(mine)
         else:
             per.append(mine)

@@ -21,7 +21,7 @@ from _bench_stages import Run, first_file, read_json, shared_files, write_json
 from _llm_report import derive
 from _peer_screen import Screened, import_peer, screen  # import_peer re-exported: the peers' importer lives below both
 
-__all__ = ["manifest_claim", "library_path", "import_peer", "stage_time", "time_shapes", "time_one"]
+__all__ = ["manifest_claim", "library_path", "import_peer", "stage_time", "time_shapes", "time_one", "rounds_for"]
 
 
 def manifest_claim(manifest: dict[str, Any], shape: str) -> tuple[Optional[str], str]:
@@ -117,7 +117,8 @@ def stage_time(run: Run, meta: Optional[dict[str, Any]] = None, peer_ms: Optiona
                        "export": json.dumps(run.state.get("export", {})),
                        "calibration": f"{cal.source}: {cal.peak_flops / 1e12:.0f} TFLOP/s, read {cal.read_bw / 1e12:.2f} TB/s, "
                                       f"copy {cal.copy_bw / 1e12:.2f} TB/s, launch {cal.launch_floor_s * 1e6:.2f} us",
-                       "timer": f"bench/_llm_timer.py, {args.reps} rounds, rotation > 2x L2 ({l2 >> 20} MB)",
+                       "timer": f"bench/_llm_timer.py, {args.reps} rounds ({args.reps * LONG_ROUNDS_FACTOR} from {LONG_FLOP:.0e} FLOP), "
+                                f"rotation > 2x L2 ({l2 >> 20} MB)",
                        **({"peer": peer_note} if peer_note else {}), **(meta or {})}
     rng = random.Random(args.seed)
     again = getattr(args, "retime_class", None)
@@ -207,6 +208,19 @@ def _us(x: Optional[float]) -> str:
     return "-" if not x else f"{x * 1e6:8.2f} us"
 
 
+#: Rows of at least this many FLOP (calls of about 0.7 ms and more on an H100) get
+#: :data:`LONG_ROUNDS_FACTOR` times the timed rounds: few rounds cost little there, and over a run
+#: of such calls the clock drifts (seeds 11 and 14 timed the library's cuBLAS fallback, the same
+#: call as the cuBLAS TN arm, 2.1% and 2.7% apart at 16367x3520x5080 and 13679x13688x10656 with 7).
+LONG_FLOP = 5e11
+LONG_ROUNDS_FACTOR = 3
+
+
+def rounds_for(m: int, n: int, k: int, reps: int) -> int:
+    """The timed rounds of one row: ``reps``, times :data:`LONG_ROUNDS_FACTOR` from :data:`LONG_FLOP`."""
+    return reps * LONG_ROUNDS_FACTOR if 2.0 * m * n * k >= LONG_FLOP else reps
+
+
 def _r(x: Optional[float]) -> str:
     return "-" if not x else f"{x:.2f}"
 
@@ -255,7 +269,10 @@ def time_one(row: Any, lib: Any, peer: Any, l2: int, reps: int, rng: random.Rand
                 arms["peer"] = launch
             else:
                 rec["peer_note"] = "no peer configuration passed the check"
-    times = time_arms(arms, sets.n_sets, rounds=reps, rng=rng)
+    rounds = rounds_for(row.m, row.n, row.k, reps)
+    if rounds != reps:
+        rec["rounds"] = rounds
+    times = time_arms(arms, sets.n_sets, rounds=rounds, rng=rng)
     for name, t in times.items():
         rec[f"{name}_s"] = t
     rec["notes"] = "; ".join(notes)

@@ -464,3 +464,15 @@ def test_the_timer_reads_the_loaders_manifest_records() -> None:
     lib_off = SimpleNamespace(**{**vars(lib), "route": lambda a, b: None})
     assert btime.library_path(lib_off, other, None, w) == ("cuBLAS", "no kernel beat cuBLAS")
     assert btime.as_dict(entry)["template"] == "sm90_wgmma" and btime.as_dict(None) == {}
+
+
+def test_long_rows_get_more_timed_rounds() -> None:
+    """Rows of >= 5e11 FLOP (calls of about 0.7 ms and more) get three times the rounds, so that two
+    timings of the same call (the library's cuBLAS fallback beside the cuBLAS TN arm) stay close
+    under clock drift; the others keep the default."""
+    import _bench_time as bt
+
+    assert bt.rounds_for(13679, 13688, 10656, 7) == 21
+    assert bt.rounds_for(16367, 3520, 5080, 7) == 21
+    assert bt.rounds_for(4096, 4096, 4096, 7) == 7
+    assert bt.rounds_for(1, 4096, 4096, 5) == 5

@@ -21,7 +21,7 @@ from archive_fixture import first_pick, ok
 from evo.export import _export_verify
 from evo.cli._cmd_export import verify_plan
 from evo.export._export import LIBRARY, export
-from evo.export._export_verify import Verify, child_timer, decide
+from evo.export._export_verify import Verify, child_timer, confirm, decide
 from evo.cli import main
 from populations import Archive, Shape
 
@@ -96,6 +96,33 @@ def test_the_fastest_re_timed_candidate_wins_whatever_its_archive_rank_and_wrong
     json.dumps(nan, allow_nan=False)  # the manifest stays standard JSON
     none = decide(_trials(1.3), _timing(100e-6, 100e-6, wrong))
     assert none["path"] == "cublas" and "no candidate passed the re-timing's check (wrong output" in none["why"]
+
+
+def test_a_kept_kernel_must_win_a_second_re_timing_and_its_lower_speedup_stands() -> None:
+    """1310x184x6894, random-shape seed 15 (H100, 2026-12-06): the export's one re-timing had the
+    kernel at 33.34 us against cuBLAS TN 34.59 us (1.038x), the benchmark's process cuBLAS TN at
+    28.70 us and the kernel at 32.96 us (0.871x). A second re-timing like the benchmark's sends
+    the shape to cuBLAS; one that agrees keeps the kernel, at the lower of the two speedups."""
+    first = decide(_trials(0.997, 0.814), _timing(34.59e-6, 35.54e-6, 34.70e-6, 33.34e-6))
+    assert first["path"] == "evolved" and first["candidate"] == "cand1"
+    def again(tn: float, nn: float, s: float) -> dict[str, Any]:  # the second call times the winner alone
+        return {"cublas_tn_s": tn, "cublas_nn_s": nn, "candidates": {first["symbol"]: {"s": s, "rel_err": 3e-4, "rc": 0}}}
+
+    lost = confirm(first, again(28.70e-6, 29.35e-6, 32.96e-6))
+    assert lost["path"] == "cublas" and lost["symbol"] is None and lost["candidate"] is None
+    assert lost["confirm"]["speedup_same_layout"] == pytest.approx(28.70 / 32.96) and lost["confirm"]["path"] == "cublas"
+    assert lost["why"].startswith("not confirmed: best re-timed kernel cand1 does not beat cuBLAS in the shape's layout")
+    assert "the first re-timing had cand1: re-timed 1.037x" in lost["why"]
+    assert lost["candidates"] == first["candidates"]  # the first figures stay in the record
+    kept = confirm(first, again(34.0e-6, 35.0e-6, 33.1e-6))
+    assert kept["path"] == "evolved" and kept["symbol"] == first["symbol"] and kept["candidate"] == "cand1"
+    assert kept["why"].endswith("confirmed in a second re-timing at 1.027x (the lower, 1.027x, stands)")
+    failed = confirm(first, {"error": "re-timing process exit -11: segfault"})
+    assert failed["path"] == "cublas" and "re-timing failed" in failed["why"]
+    nn = decide(_trials(1.1), _timing(100e-6, 90e-6, 85e-6), layout="NN")  # against the better layout in the second too
+    assert confirm(nn, _timing(100e-6, 86e-6, 85e-6), layout="NN")["path"] == "cublas"
+    gone = decide(_trials(1.1), _timing(100e-6, 100e-6, 99e-6))
+    assert confirm(gone, _timing(100e-6, 100e-6, 50e-6)) is gone  # a cuBLAS decision is not re-opened
 
 
 def test_a_failed_re_timing_leaves_the_shape_to_cublas() -> None:
@@ -210,12 +237,16 @@ def test_export_builds_the_top_candidates_and_keeps_what_the_re_timing_keeps(tmp
                         f"evo_hgemm_{lost.key}": 9.9e-6, f"evo_hgemm_{lost.key}_r1": 10.5e-6})
     manifest = export(tmp_path / "arch", tmp_path / "lib", verify=Verify(timer, top_k=2, margin=0.02))
     assert [len(i["candidates"]) for i in timer.plans[0]] == [2, 2]
+    # the second call re-times the one winner alone: only `won` kept a kernel
+    assert [(i["shape"], [c["symbol"] for c in i["candidates"]]) for i in timer.plans[1]] == [
+        (str(won), [f"evo_hgemm_{won.key}_r1"])] and len(timer.plans) == 2
     (entry,) = manifest.kernels
     assert entry.shape == str(won) and entry.candidate != first_pick("tiny", won).id
     v = entry.verify
     assert v["path"] == "evolved" and v["cublas_tn_s"] == 10e-6 and v["cublas_nn_s"] == 11e-6
     assert [c["rank"] for c in v["candidates"]] == [0, 1] and v["candidates"][1]["speedup"] == pytest.approx(10 / 9)
-    assert entry.why == v["why"] and "re-timed 1.111x" in entry.why
+    assert entry.why == v["why"] and "re-timed 1.111x" in entry.why and "confirmed in a second re-timing at 1.111x" in entry.why
+    assert v["confirm"]["path"] == "evolved" and manifest.verify["confirm"] is True
     paths = manifest.paths
     assert paths[str(lost)]["path"] == "cublas" and "does not beat cuBLAS in the shape's layout (TN) by 2%" in paths[str(lost)]["why"]
     assert paths[str(lost)]["verify"]["candidates"][0]["speedup"] == pytest.approx(10 / 9.9)
@@ -229,6 +260,35 @@ def test_export_builds_the_top_candidates_and_keeps_what_the_re_timing_keeps(tmp
     so.evo_hgemm.restype = ctypes.c_int
     so.evo_hgemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
     assert so.evo_hgemm(None, None, None, lost.m, lost.n, lost.k, None, None) == -1
+
+
+class SecondOpinionTimer(TableTimer):
+    """Stand-in re-timing whose cuBLAS is slow in the first call and fast in the second (the
+    process-to-process spread the confirmation is for)."""
+
+    def __call__(self, lib: Path, plan: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        out = super().__call__(lib, plan)
+        if len(self.plans) == 2:
+            for t in out.values():
+                t["cublas_tn_s"] = 8e-6
+        return out
+
+
+@pytest.mark.skipif(not NVCC.exists() and not shutil.which("nvcc"), reason="nvcc is not installed")
+def test_export_leaves_to_cublas_a_kernel_the_second_re_timing_does_not_confirm(tmp_path: Path) -> None:
+    shape = Shape(64, 64, 64)
+    with Archive(tmp_path / "arch", "w") as a:
+        c = first_pick("tiny", shape)
+        a.record(c, [ok(c, shape, 1.2)])
+    timer = SecondOpinionTimer({f"evo_hgemm_{shape.key}": 9.0e-6})
+    manifest = export(tmp_path / "arch", tmp_path / "lib", verify=Verify(timer, top_k=1))
+    assert not manifest.kernels and len(timer.plans) == 2
+    p = manifest.paths[str(shape)]
+    assert p["path"] == "cublas" and p["why"].startswith("not confirmed: ") and p["verify"]["confirm"]["cublas_tn_s"] == 8e-6
+    once = SecondOpinionTimer({f"evo_hgemm_{shape.key}": 9.0e-6})
+    manifest = export(tmp_path / "arch", tmp_path / "lib1", verify=Verify(once, top_k=1, confirm=False))
+    assert [e.shape for e in manifest.kernels] == [str(shape)] and len(once.plans) == 1
+    assert manifest.verify["confirm"] is False
 
 
 @pytest.mark.skipif(not NVCC.exists() and not shutil.which("nvcc"), reason="nvcc is not installed")

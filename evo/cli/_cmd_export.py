@@ -57,12 +57,15 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--verify-against", choices=("layout", "best"), default="layout",
                    help="the cuBLAS to beat: layout (default) cuBLAS in the shape's own layout, the call the "
                         "fallback makes; best the better of the TN and NN calls")
+    p.add_argument("--verify-once", action="store_true",
+                   help="keep a kernel on one re-timing; by default each kept kernel is re-timed again in a fresh "
+                        "process and kept only if it beats cuBLAS there too")
     add_allow_damaged(p, "the manifest's damage list")
     add_json(p, "the library's manifest")
 
 
 def verify_plan(mode: str, arch: str, top: int, margin: float, against: str = "layout",
-                gpu: Callable[[], Optional[str]] = lambda: _gpu_arch()) -> tuple[Optional[Verify], str]:
+                gpu: Callable[[], Optional[str]] = lambda: _gpu_arch(), confirm: bool = True) -> tuple[Optional[Verify], str]:
     """(how to re-time, or None and why not) for ``--verify mode``; ValueError for ``on`` without a
     GPU of ``arch``, or a bad ``top``/``margin``. ``gpu`` (the visible GPU's arch) is a seam for tests."""
     if mode == "off":
@@ -73,7 +76,8 @@ def verify_plan(mode: str, arch: str, top: int, margin: float, against: str = "l
         if mode == "on":
             raise ValueError(f"--verify on: {why}; re-timing needs a GPU of the export's architecture")
         return None, f"--verify auto: {why}"
-    return Verify(child_timer(log=lambda msg: warn("export", msg)), top_k=top, margin=margin, against=against), ""
+    return Verify(child_timer(log=lambda msg: warn("export", msg)), top_k=top, margin=margin, against=against,
+                  confirm=confirm), ""
 
 
 def _gpu_arch() -> Optional[str]:
@@ -116,7 +120,8 @@ def run(args: Any) -> int:
             arch = _exportable(archive, path, args.arch)  # type: ignore[arg-type]
         finally:
             archive.close()
-        verify, verify_why = verify_plan(args.verify, arch, args.verify_top, args.verify_margin, args.verify_against)
+        verify, verify_why = verify_plan(args.verify, arch, args.verify_top, args.verify_margin, args.verify_against,
+                                            confirm=not args.verify_once)
         manifest = export(path, args.out, arch, keep_slower=args.keep_slower, verify=verify, verify_why=verify_why,
                           damage=problems)
     except (ExportError, ArchiveError, ValueError) as exc:

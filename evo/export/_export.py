@@ -60,7 +60,7 @@ from populations import Archive, Elite, PlanError, Shape
 from ..runtime import (LIBRARY, MANIFEST_FILE, MANIFEST_FORMAT, EvoLibrary, ExportError, ExportManifest,  # noqa: F401
                        KernelEntry, PreparedB, PreparedWeight, evo_hgemm, load_library)  # re-exported
 from ._export_source import PRELUDE, dispatcher, kernel_unit, launcher, prepared_b
-from ._export_verify import MARGIN, Verify, decide
+from ._export_verify import MARGIN, Verify, confirm, decide
 
 __all__ = ["ExportError", "export", "choose_path", "load_library", "evo_hgemm", "EvoLibrary", "PreparedWeight", "staged_dir", "MANIFEST_FORMAT", "LIBRARY"]
 
@@ -312,7 +312,8 @@ def _write_units(tmp: Path, trials: list[_Trial], dropped: dict[Shape, list[str]
 def _verified(tmp: Path, trials: list[_Trial], gencode: str, verify: Verify,
               keep_slower: bool) -> tuple[list[_Trial], dict[str, dict[str, Any]]]:
     """Link every trial into a trial library, re-time it (``verify.timer``), and keep per shape the
-    trial :func:`decide` keeps; returns (kept trials, {shape: decision})."""
+    trial :func:`decide` keeps, when a second timer call confirms it (``verify.confirm``,
+    :func:`confirm`); returns (kept trials, {shape: decision})."""
     src = tmp / "src"
     (src / "trial_launchers.cu").write_text("\n".join([PRELUDE, *[t.launcher(f"evo_hgemm_{t.tag}") for t in trials]]))
     trial_lib = tmp / "trial" / "libevo_trial.so"
@@ -332,6 +333,16 @@ def _verified(tmp: Path, trials: list[_Trial], gencode: str, verify: Verify,
         d = decide(rows, timings.get(str(shape), {"error": "not re-timed"}), shape.layout, verify.margin, keep_slower,
                    verify.against)
         decisions[str(shape)] = d
+    if verify.confirm and not keep_slower:  # the winners once more, alone, in a second timer call
+        again = [{**item, "candidates": [c for c in item["candidates"] if c["symbol"] == decisions[item["shape"]]["symbol"]]}
+                 for item in plan if decisions[item["shape"]]["path"] == "evolved"]
+        seconds = verify.timer(trial_lib, again) if again else {}
+        for item in again:
+            name = item["shape"]
+            decisions[name] = confirm(decisions[name], seconds.get(name, {"error": "not re-timed"}), item["layout"],
+                                      verify.margin, verify.against)
+    for shape, ts in by_shape.items():
+        d = decisions[str(shape)]
         for t in ts:
             if f"evo_hgemm_{t.tag}" == d["symbol"]:
                 t.why = d["why"]
@@ -413,7 +424,7 @@ def export(archive_path: Union[str, os.PathLike], out: Union[str, os.PathLike], 
             kernels=tuple(entries), skipped=tuple(skipped), paths=paths, damage=tuple(damage),
             test_double=any(from_test_double(e.elite.latest) for e in trials),
             verify=({"ran": True, "timer": verify.name, "top_k": verify.top_k, "margin": verify.margin,
-                     "against": verify.against}
+                     "against": verify.against, "confirm": verify.confirm and not keep_slower}
                     if verify is not None else {"ran": False, "why": verify_why or "not asked for"}),
             fallback="every shape not in kernels is cuBLAS's (torch.matmul): the dispatchers return -1",
             abi="int evo_hgemm(const void* A, const void* B, void* C, int M, int N, int K, "

@@ -453,6 +453,31 @@ def test_mid_first_picks_follow_what_fills_the_sms(tpl, shape, first):
     assert not tpl.check(k, Shape.parse(shape), 90)
 
 
+@pytest.mark.parametrize("shape, first", [
+    # small K (<= 6 K blocks), few of N's 64-row tiles: swapped one-consumer tile, one wave, 4 stages
+    ("83x896x128", (True, 64, 32, 4)),
+    ("1253x384x128", (True, 64, 64, 4)),
+    ("1838x904x256", (True, 64, 232, 4)),
+    ("250x1408x384", (True, 64, 48, 12)),      # from K 257 the deepest ring
+    # more of them: two consumers, two waves, 4 stages
+    ("253x11136x192", (True, 128, 88, 4)),
+    ("1211x3056x184", (True, 128, 112, 4)),
+    ("420x10096x80", (True, 128, 144, 4)),
+    # N's 128-row tiles alone past a wave: M in tiles of <= 120, the deepest ring
+    ("350x19520x384", (True, 128, 120, 6)),
+    ("131x29459x112", (True, 128, 136, 5)),    # M <= 192 stays in one tile (the M 129-192 rule)
+    # not these rules: NN, a ragged K, K past 384, N under 256
+    ("253x11136x192:NN", (False, 128, 192, 4)),
+    ("278x560x640", (False, 64, 128, 8)),
+    ("703x80x224", (False, 64, 128, 8)),
+])
+def test_small_k_first_picks_are_swapped_with_the_transposed_staging(tpl, shape, first):
+    """RESULTS 27 (l): at K <= 384 the swapped tiles with EPI tsmem lead; (SWAP, BM, BN, STAGES)."""
+    k = tpl.heuristic(Shape.parse(shape), 90)[0]
+    assert (k["SWAP"], k["BM"], k["BN"], k["STAGES"]) == first, k
+    assert k["EPI"] == ("tsmem" if k["SWAP"] else k["EPI"]) and not tpl.check(k, Shape.parse(shape), 90)
+
+
 @pytest.mark.parametrize("shape, bm, first, second", [
     ("200x11008x4096", 128, 192, 128),   # 2 x 58 = 116 tiles of 192 (one wave) against 2 x 86 = 172 of 128
     ("384x5120x5120", 128, 128, 192),    # 3 x 40 = 120 of 128 against 3 x 27 = 81 of 192

@@ -7,11 +7,18 @@ A template whose kernels read A and B through TMA tensor maps needs 16-byte row 
 - knobs ``STAGE`` (which operands a pre-pass copies into aligned workspace buffers: ``none``,
   ``A``, ``B``, ``AB``), ``STAGE_PITCH`` (the copies' pitch multiple: 8 is what TMA needs, 64 puts
   each row on a 128-byte line) and ``STAGE_FUSED`` (both copies in one launch, or one each);
-- constraints: a ragged pitch must be staged, an aligned one is never staged (a copy that buys
-  nothing), and the knobs that do not matter stay at their defaults (no duplicate knob sets);
+- constraints: a ragged pitch must be staged, an aligned one is staged only where its pitch sits
+  16 bytes off a 32-byte sector (``K % 16 == 8``; NN's B ``N % 16 == 8``) on a large product
+  (``M * N >= 3000 * (M + N)``) and onto a 128-byte pitch (``STAGE_PITCH`` 64): there a TMA
+  box's every other row spans one sector more, and the big tiles lost 22-30% against a
+  128-byte pitch (bench/RESULTS.md section 27 (k), H100), while the copies cost about 466 x
+  (1/M + 1/N) of the product's time at the tensor cores' rate, under 16% on such a product
+  (elsewhere a copy buys nothing); the knobs that do not matter stay at their defaults (no
+  duplicate knob sets);
 - a ``fit`` rule that sets ``STAGE`` from the shape for every first pick, so each of the
   template's tile rules serves ragged shapes too (seeding "applies it wherever N or K is not a
-  multiple of 8");
+  multiple of 8"); a rule that stages an aligned pitch on purpose (where the constraints allow
+  it) keeps its ``STAGE``;
 - ``[plan.staging]`` and the pre-pass launches (``evo_stage``/``evo_stage2`` of
   ``_prelude/stage.cuh``) ahead of the template's own, so its tensor maps read the copies.
 
@@ -38,6 +45,10 @@ _A = "(STAGE == STAGE_A or STAGE == STAGE_AB)"
 _B = "(STAGE == STAGE_B or STAGE == STAGE_AB)"
 _A_RAGGED = "K % 8 != 0"
 _B_RAGGED = "(K % 8 != 0 if LAYOUT_TN else N % 8 != 0)"
+#: an aligned pitch 16 bytes off a 32-byte sector on a product large enough to pay for the copy
+_BIG = "M * N >= 3000 * (M + N)"
+_A_OFF = f"(K % 16 == 8 and {_BIG})"
+_B_OFF = f"((K % 16 == 8 if LAYOUT_TN else N % 16 == 8) and {_BIG})"
 #: B as stored: N x K in TN, K x N in NN
 _B_ROWS, _B_COLS = "(N if LAYOUT_TN else K)", "(K if LAYOUT_TN else N)"
 #: one 256-thread block per 256 16-byte vectors of the copies, at most 8 blocks per SM of an H200
@@ -66,10 +77,12 @@ _CONSTRAINTS = [
      "reason": "K % 8 != 0: A's row pitch is not a multiple of 16 bytes, which TMA needs; stage A (STAGE A or AB)"},
     {"expr": f"not {_B_RAGGED} or {_B}",
      "reason": "B's row pitch (K in TN, N in NN) is not a multiple of 16 bytes, which TMA needs; stage B (STAGE B or AB)"},
-    {"expr": f"not {_A} or {_A_RAGGED}",
-     "reason": "A's pitch is aligned already: staging it would only add a copy (STAGE none or B)"},
-    {"expr": f"not {_B} or {_B_RAGGED}",
-     "reason": "B's pitch is aligned already: staging it would only add a copy (STAGE none or A)"},
+    {"expr": f"not {_A} or {_A_RAGGED} or ({_A_OFF} and STAGE_PITCH == 64)",
+     "reason": "A's pitch is aligned already: staging it would only add a copy (STAGE none or B; only a pitch "
+               "16 bytes off a sector on a large product is staged, onto 128 bytes: STAGE_PITCH 64)"},
+    {"expr": f"not {_B} or {_B_RAGGED} or ({_B_OFF} and STAGE_PITCH == 64)",
+     "reason": "B's pitch is aligned already: staging it would only add a copy (STAGE none or A; only a pitch "
+               "16 bytes off a sector on a large product is staged, onto 128 bytes: STAGE_PITCH 64)"},
     {"expr": "STAGE == STAGE_AB or STAGE_FUSED",
      "reason": "STAGE_FUSED only matters with STAGE AB: keep it at its default (true)"},
     {"expr": "STAGE != STAGE_none or STAGE_PITCH == 64",
@@ -88,8 +101,10 @@ def _fits(plan: Mapping[str, Any]) -> dict[str, str]:
             "reason": f"the workspace (the template's own and the staged copies) would exceed {MAX_WORKSPACE} bytes"}
 
 
-#: 0 none, 1 A, 2 B, 3 AB: exactly the ragged operands
-_FIT = f"(1 if {_A_RAGGED} else 0) + (2 if {_B_RAGGED} else 0)"
+#: 0 none, 1 A, 2 B, 3 AB: exactly the ragged operands; where neither is ragged, a knob set that
+#: stages an off-sector pitch on purpose keeps it (the constraints judge it)
+_FIT = (f"STAGE if (not {_A_RAGGED} and not {_B_RAGGED} and STAGE != STAGE_none and STAGE_PITCH == 64 "
+        f"and ({_A_OFF} or {_B_OFF})) else (1 if {_A_RAGGED} else 0) + (2 if {_B_RAGGED} else 0)")
 
 _A_ARGS = ["A", "stagedA", "M", "K", "ldsa"]
 _B_ARGS = ["B", "stagedB", _B_ROWS, _B_COLS, "ldsb"]

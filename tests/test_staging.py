@@ -126,6 +126,61 @@ def test_mutation_keeps_or_repairs_staging(templates):
     assert {x: fixed[x] for x in k if x != "STAGE"} == {x: k[x] for x in k if x != "STAGE"}
 
 
+@pytest.mark.parametrize("name", STAGED)
+def test_an_aligned_pitch_is_staged_only_off_a_sector_on_a_large_product(templates, name):
+    """RESULTS 27 (k): a pitch 16 bytes off a 32-byte sector (K % 16 == 8) costs the big tiles
+    22-30%; staging it onto 128 bytes is allowed where the copies cost little (M * N >= 3000 *
+    (M + N)), with STAGE_PITCH 64 only, and nowhere else on an aligned pitch."""
+    t = templates[name]
+    big, small, on = Shape.parse("5247x12016x2376"), Shape.parse("4096x8192x4088"), Shape.parse("5247x12016x2368")
+    base = t.heuristic(big, 90)[-1]
+    for stage in ("A", "B", "AB"):
+        k = dict(base, STAGE=stage, STAGE_PITCH=64)
+        assert not t.check(k, big, 90), (stage, t.check(k, big, 90))
+        assert t.fitted(k, big)["STAGE"] == stage  # a pick that stages on purpose keeps it
+        assert t.check(dict(k, STAGE_PITCH=8), big, 90)  # pitch 8 would change nothing
+        assert any("aligned already" in r for r in t.check(k, small, 90))  # the copies cost too much
+        assert any("aligned already" in r for r in t.check(k, on, 90))  # a 128-byte pitch already
+    nn = Shape.parse("8192x8192x1032:NN")  # NN: B's pitch is N (aligned to 128 bytes)
+    if t.check(dict(base, STAGE="A", STAGE_PITCH=64), nn, 90) == []:
+        assert t.check(dict(base, STAGE="B", STAGE_PITCH=64), nn, 90)
+    ragged = Shape.parse("6000x7000x1001")  # a ragged K still stages exactly what it must
+    assert t.fitted(dict(base, STAGE="A", STAGE_PITCH=64), ragged)["STAGE"] == "AB"
+
+
+def test_the_big_off_sector_rows_get_a_staged_pick_after_the_cluster(templates):
+    """sm90_wgmma at M, N >= 2048, K % 16 == 8, large: the 2 x 1 cluster first, then the same tile
+    unclustered on copies with a 128-byte pitch (TN: both; NN: A), then unclustered in place."""
+    t = templates["sm90_wgmma"]
+    s = Shape.parse("5247x12016x2376")
+    picks = t.heuristic(s, 90)
+    assert [(k["CLUSTER_M"], k["STAGE"]) for k in picks[:3]] == [(2, "none"), (1, "AB"), (1, "none")]
+    cand = t.candidate(picks[1], s)
+    assert cand.plan.staging == {"A": 64, "B": 64}
+    copies = {c.operand: c for c in cand.plan.staged_copies(s)}
+    assert copies["A"].pitch == copies["B"].pitch == 2432 and copies["A"].rows == 5247 and copies["B"].rows == 12016
+    _, ws = cand.plan.resolve(s)
+    assert ws >= 2 * 2432 * (5247 + 12016)
+    nn = t.heuristic(Shape.parse("8192x8192x1032:NN"), 90)
+    assert [(k["CLUSTER_M"], k["STAGE"]) for k in nn[:2]] == [(2, "none"), (1, "A")]
+    for text in ("4096x8192x4088", "5247x12016x2368", "1024x1024x1032"):
+        assert all(k["STAGE"] == "none" for k in t.heuristic(Shape.parse(text), 90)), text
+
+
+def test_the_staged_off_sector_pick_compiles(templates):
+    """NVRTC for sm_90a, the static and PTX scans, no spills: the pick and its pre-pass."""
+    pytest.importorskip("cuda.bindings")
+    from evaluators import CompilePool
+
+    t, s = templates["sm90_wgmma"], Shape.parse("5247x12016x2376")
+    cand = t.candidate(t.heuristic(s, 90)[1], s)
+    with CompilePool(workers=1, use_cache=False) as pool:
+        r = pool.submit(cand, "sm_90a").result()
+    assert r.ok, r.message[-300:]
+    assert set(cand.plan.kernel_names) <= {k.name for k in r.kernels} and "evo_stage2" in cand.plan.kernel_names
+    assert not any(k.spill_stores or k.stack_frame for k in r.kernels)
+
+
 class _Loader:
     """Test double for the driver loader (a boundary we do not own): records launches."""
 
@@ -231,6 +286,10 @@ def test_staged_first_picks_are_ok_in_the_evaluator(templates):
             t = templates[n]
             if t.applicable(s, 90):
                 cands.append(t.candidate(staged_pick(t, s), s))
+    # an aligned pitch staged on purpose (K % 16 == 8 on a large product): sm90_wgmma's second pick
+    off = Shape.parse("6007x6500x1032")
+    pick = next(k for k in templates["sm90_wgmma"].heuristic(off, 90) if k["STAGE"] != "none")
+    cands.append(templates["sm90_wgmma"].candidate(pick, off))
     with LocalPool(gpus=[0], compile_workers=4) as pool:
         results = [(c, f.result()) for c, f in [(c, pool.submit(c)) for c in cands]]
     bad = [(str(c.shapes[0]), c.template, e.status.value, e.flags, e.message[:200])

@@ -169,6 +169,18 @@ def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> N
         k = first(g, text)
         assert (k["ROWS"], k["WARPS"]) == (1, 8) and k["TOK"] >= Shape.parse(text).m, (text, k)
     assert first(g, "3x2048x4816")["ROWS"] == 4  # wide N keeps the ROWS 4 rule
+    # M = 2..4, K <= 512: the M = 1 rule's warps with every token in the CTA, ROWS x WARPS = 8 on wide N,
+    # 4 elsewhere; the 4-warp pick next
+    for text in ("4x14208x128", "3x2816x128", "3x704x192", "2x8000x384", "4x896x384", "2x635x205"):
+        shape = Shape.parse(text)
+        chunks = -(-shape.k // 8)
+        ks = g.heuristic(shape, 90)
+        k = ks[0]
+        assert (k["WARPS"] - 1) * 32 < chunks <= k["WARPS"] * 32 and k["TOK"] >= shape.m, (text, k)
+        assert k["ROWS"] * k["WARPS"] == (8 if shape.n >= 6144 else 4) and k["UNROLL"] == 1, (text, k)
+        assert any(x["WARPS"] == 4 and x["ROWS"] == 4 for x in ks[1:3]), (text, ks[:3])
+    assert first(g, "4x14208x128")["ROWS"] == 8 and first(g, "4x14208x128")["WARPS"] == 1
+    assert first(g, "2x2304x768")["WARPS"] == 4  # K > 512: the 4-warp rule
     # swab, small weights: one 16 x 8 tile per CTA; a cluster splits K only where K is deep (K >= 1536)
     # and the tiles are few (about 200 CTAs)
     assert first(s, "8x768x3072")["CLUSTER"] == 4 and first(s, "8x576x1536")["CLUSTER"] == 2
@@ -247,6 +259,16 @@ def test_invalid_combinations_refused_with_reason(fams: dict[str, Template], nam
 def test_first_picks_and_samples_compile_without_spills(fams: dict[str, Template]) -> None:
     jobs = first_pick_jobs(fams, FIRST, samples=6)
     assert len(jobs) >= 30
+    compile_and_check(jobs)
+
+
+def test_gemv_one_warp_picks_of_m_2_to_4_compile_without_spills(fams: dict[str, Template]) -> None:
+    """The M = 2..4, K <= 512 first picks (one or two warps, up to 8 rows x 4 tokens of sums a
+    thread), aligned and realigning, sm_90a and sm_80."""
+    g = fams["gemv"]
+    jobs = _valid_jobs(g, ("4x14208x128", "3x2816x128", "2x8000x384", "4x6150x131", "3x704x197"),
+                       lambda shape, arch: g.heuristic(shape, arch)[:2])
+    assert len(jobs) >= 10 and any(k["ROWS"] == 8 and k["TOK"] == 4 for _, _, c in jobs for k in [c.knobs])
     compile_and_check(jobs)
 
 
@@ -399,8 +421,9 @@ def test_first_picks_pass_the_evaluator_on_the_gpu(fams: dict[str, Template], tm
     # gemv's one-warp epilogue (stores from registers, no shared memory) on both of its paths: one
     # tile and TILES > 1, aligned and realigning, several tokens, rows past N's edge
     one_warp = [dict(ROWS=4, TOK=1, WARPS=1, UNROLL=1), dict(ROWS=8, TOK=1, WARPS=1, UNROLL=2, TILES=2),
-                dict(ROWS=2, TOK=4, WARPS=1, UNROLL=1, TILES=4, RAGGED=1), dict(ROWS=4, TOK=2, WARPS=1, UNROLL=2, PIPE=1)]
-    for text, k in zip(["1x1002x136", "1x7003x200", "5x1001x455", "3x333x1024"], one_warp):
+                dict(ROWS=2, TOK=4, WARPS=1, UNROLL=1, TILES=4, RAGGED=1), dict(ROWS=4, TOK=2, WARPS=1, UNROLL=2, PIPE=1),
+                dict(ROWS=8, TOK=4, WARPS=1, UNROLL=1), dict(ROWS=8, TOK=4, WARPS=1, UNROLL=1, RAGGED=1)]
+    for text, k in zip(["1x1002x136", "1x7003x200", "5x1001x455", "3x333x1024", "4x14211x128", "3x6150x131"], one_warp):
         k = fams["gemv"].space.complete(k)
         assert not fams["gemv"].check(k, Shape.parse(text), 90), (text, k)
         cases.append(("gemv", text, k))

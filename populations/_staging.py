@@ -101,10 +101,12 @@ def _fits(plan: Mapping[str, Any]) -> dict[str, str]:
             "reason": f"the workspace (the template's own and the staged copies) would exceed {MAX_WORKSPACE} bytes"}
 
 
-#: 0 none, 1 A, 2 B, 3 AB: exactly the ragged operands; where neither is ragged, a knob set that
-#: stages an off-sector pitch on purpose keeps it (the constraints judge it)
+#: 0 none, 1 A, 2 B, 3 AB: exactly the ragged operands
+_RAGGED_STAGE = f"(1 if {_A_RAGGED} else 0) + (2 if {_B_RAGGED} else 0)"
+#: ... save that, where neither is ragged, a knob set that stages an off-sector pitch on purpose
+#: keeps it (the constraints judge it)
 _FIT = (f"STAGE if (not {_A_RAGGED} and not {_B_RAGGED} and STAGE != STAGE_none and STAGE_PITCH == 64 "
-        f"and ({_A_OFF} or {_B_OFF})) else (1 if {_A_RAGGED} else 0) + (2 if {_B_RAGGED} else 0)")
+        f"and ({_A_OFF} or {_B_OFF})) else {_RAGGED_STAGE}")
 
 _A_ARGS = ["A", "stagedA", "M", "K", "ldsa"]
 _B_ARGS = ["B", "stagedB", _B_ROWS, _B_COLS, "ldsb"]

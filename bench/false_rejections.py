@@ -1,7 +1,7 @@
 """False rejections of the hardened evaluator (issue 18): honest kernels it must still pass.
 
     python3 bench/false_rejections.py [--per-template 4] [--archive DIR [--top 10]] [--budget-s S]
-                                      [--json OUT.json]
+                                      [--part I/N] [--json OUT.json]
 
 (a) **Seeds**: every seed of every template (``seed_population``, as ``evo run`` seeds a new
 shape: heuristic picks, then spread samples, ``--per-template`` per template) on the 48-shape
@@ -20,6 +20,9 @@ after it) leaves every shape and template partly covered; what was not run is co
 the device timer only (the host timers flag nothing); the memoisation pass runs for every
 candidate (no elite threshold), so a false memo flag would show. Exit status 0 only when every
 evaluation that ran is ``ok``.
+
+``--part I/N`` keeps the I-th of N equal slices of each part's job list (in its round-robin
+order): a sweep longer than one device call runs as N calls, each reported on its own.
 """
 from __future__ import annotations
 
@@ -162,6 +165,24 @@ def summarise(rows: list[dict[str, Any]], planned: int, wall_s: float) -> dict[s
             "not_ok": [r for r in rows if r["status"] != "ok"]}
 
 
+def part_slice(jobs: list, part: Optional[tuple[int, int]]) -> list:
+    """The ``part`` = (i, n) slice of ``jobs``: the i-th of n contiguous, near-equal slices (all of them without one)."""
+    if part is None:
+        return jobs
+    i, n = part
+    return jobs[len(jobs) * i // n: len(jobs) * (i + 1) // n]
+
+
+def _part(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"I/N with integers, not {text!r}") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"I/N needs 0 <= I < N, not {text!r}")
+    return i, n
+
+
 def _first(path: Optional[str], defaults: Iterable[str]) -> Path:
     for p in ([path] if path else list(defaults)):
         if Path(p).is_file():
@@ -191,6 +212,8 @@ def main(argv: Optional[list[str]] = None, pool_factory: Optional[Callable[..., 
     ap.add_argument("--arch", default="sm_90a", help="with --static: the target architecture")
     ap.add_argument("--random-seeds", default="", help="comma-separated seeds: also every template's seeds on "
                     "the random-shape benchmark's shapes of those seeds (a part of its own, its own budget)")
+    ap.add_argument("--part", type=_part, default=None, metavar="I/N",
+                    help="only the I-th (from 0) of N slices of each part's jobs: a long sweep over N calls")
     ap.add_argument("--json", default=None, help="write the summary here")
     args = ap.parse_args(argv)
     try:
@@ -221,15 +244,16 @@ def main(argv: Optional[list[str]] = None, pool_factory: Optional[Callable[..., 
     with pool_factory() as pool:
         arch = getattr(pool, "arch", None) or "sm_90a"
         if not args.skip_seeds:
-            report["seeds"] = run_jobs(pool, seed_jobs(_first(args.csv, CSV_DEFAULTS), args.per_template, arch),
-                                       args.budget_s)
+            report["seeds"] = run_jobs(pool, part_slice(seed_jobs(_first(args.csv, CSV_DEFAULTS), args.per_template,
+                                                                  arch), args.part), args.budget_s)
             _print("seeds", report["seeds"])
         if rand_seeds:
-            report["random_seeds"] = run_jobs(pool, seed_jobs(None, args.per_template, arch,
-                                                              rows=random_rows(rand_seeds)), args.budget_s)
+            report["random_seeds"] = run_jobs(pool, part_slice(seed_jobs(None, args.per_template, arch,
+                                                                         rows=random_rows(rand_seeds)), args.part),
+                                              args.budget_s)
             _print(f"seeds on the random shapes of seeds {rand_seeds}", report["random_seeds"])
         if args.archive:
-            report["archive"] = run_jobs(pool, archive_jobs(args.archive, args.top), args.budget_s)
+            report["archive"] = run_jobs(pool, part_slice(archive_jobs(args.archive, args.top), args.part), args.budget_s)
             _print("archive elites", report["archive"])
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -111,3 +111,24 @@ def test_static_mode_compiles_every_seed_generic_and_specialised_and_counts_reje
     # specialised copy is rebuilt from the template's own source, which is honest
     assert out["not_ok"][0]["specialised"] is False and out["not_ok"][0]["status"] != "ok"
     assert out["not_ok"][0]["shape"] == key
+
+
+def test_parts_split_the_sweep_into_slices_that_cover_it_once(tmp_path):
+    fr = _bench()
+    jobs = fr.seed_jobs(_csv(tmp_path), 2, "sm_90a")
+    parts = [fr.part_slice(jobs, (i, 3)) for i in range(3)]
+    assert [j for p in parts for j in p] == jobs and all(parts) and fr.part_slice(jobs, None) == jobs
+    pools = []
+
+    def honest():
+        pools.append(_Pool(fail=0, incorrect=0, crash=0, raise_=0))
+        return pools[-1]
+    out = tmp_path / "fr.json"
+    code = fr.main(["--csv", str(_csv(tmp_path)), "--per-template", "2", "--part", "1/3", "--json", str(out)],
+                   pool_factory=honest)
+    rep = json.loads(out.read_text())["seeds"]
+    assert code == 0 and rep["planned"] == rep["ran"] == len(parts[1]) == len(pools[0].submitted)
+    import pytest
+    for bad in ("3/3", "x/2", "1"):
+        with pytest.raises(SystemExit):
+            fr.main(["--csv", str(_csv(tmp_path)), "--part", bad], pool_factory=honest)

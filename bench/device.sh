@@ -5,6 +5,9 @@
 #   gpu-tests    every test marked gpu (pytest -m gpu), summary to $OUT/gpu_tests.log
 #   redteam      the hostile corpus through the real pool, good kernels interleaved (bench/redteam.py)
 #   throughput   evaluator candidates per minute at 4096^3 and 64x128x64 (bench/eval_bench.py)
+#   throughput-ab  the same beside OLD_TREE (a `git archive` of an earlier tree, carried), each tree its own
+#                eval_bench and cubin cache, ABBA by shape (new, old at 4096^3; old, new at 64x128x64): the
+#                only fair test of "within 10% of the rate before" (machines differ by more); N default 120
 #   false-rejections  issue 18: every template seed on the LLM-layer sample, and (OLD_TREE=dir of a
 #                pre-hardening checkout) the elites of an archive that tree's evo run made (bench/false_rejections.py)
 #   perturb-profile  the device timer's perturbation between timed replays, piece by piece, and the timed
@@ -38,7 +41,7 @@
 # benchmark's start after which its time stage starts no new shape, evolution included, default 240; random-shapes
 # default 500), SEED, STAGES (random-shapes: default evolve,export,time), RESTORE (random-shapes: a tarball an earlier
 # call packed, unpacked into the work folder first, for a second call on a fresh machine), N (throughput candidates per shape, default 200), REDTEAM_S (red-team submit
-# budget, default 150), MODELS / BUDGET (e2e), GPU_TESTS_ARGS (extra pytest arguments), PER_TEMPLATE / FR_S
+# budget, default 150), PART (false-rejections: I/N, one slice of the sweep, with FR_S large enough for it), MODELS / BUDGET (e2e), GPU_TESTS_ARGS (extra pytest arguments), PER_TEMPLATE / FR_S
 # (false-rejections seeds per template, default 4; submit budget per part in s, default 150; RANDOM_SEEDS, comma-separated:
 # a part with the random-shape benchmark's shapes of those seeds), OLD_RUN_S /
 # OLD_SHAPES (the old tree's evo run), PROFILE_N (default 16), RL_MIN (rl-check minutes, default 8), RAY_S
@@ -64,6 +67,15 @@ for part in "$@"; do
     timeout 300 python3 bench/eval_bench.py --n "${N:-200}" --skip-repeatability \
       --shapes 4096x4096x4096:TN,64x128x64:TN --out "$OUT/eb" > "$OUT/eval_bench.log" 2>&1
     echo "rc=$?"; tail -n 10 "$OUT/eval_bench.log" | cut -c1-400 ;;
+  throughput-ab)
+    : "${OLD_TREE:?throughput-ab needs OLD_TREE, an earlier tree (git archive REV | tar -x -C DIR, carried)}"
+    for leg in "$PWD new 4096x4096x4096:TN" "$OLD_TREE old 4096x4096x4096:TN" "$OLD_TREE old 64x128x64:TN" \
+               "$PWD new 64x128x64:TN"; do
+      set -- $leg; tag="$2_${3%%x*}"
+      (cd "$1" && EVO_CUBIN_CACHE="/tmp/cub_$tag" PYTHONPATH="$1" timeout 280 python3 bench/eval_bench.py --n "${N:-120}" \
+        --skip-repeatability --shapes "$3" --out "$OUT/ab_$tag" > "$OUT/ab_$tag.log" 2>&1)
+      echo "$2 $3 rc=$?"; grep -A1 "^shape " "$OUT/ab_$tag.log" | tail -n 1 | cut -c1-120
+    done ;;
   perturb-profile)
     timeout 240 python3 bench/perturb_profile.py --out "$OUT/perturb_profile.json" > "$OUT/perturb_profile.log" 2>&1
     echo "rc=$?"; grep -v "^-\|^ *$" "$OUT/perturb_profile.log" | cut -c1-220 | head -n 90 ;;
@@ -78,7 +90,7 @@ for part in "$@"; do
       fr_arch=(--archive /tmp/old_archive)
     fi
     timeout $(( 3 * ${FR_S:-150} + 120 )) python3 bench/false_rejections.py --per-template "${PER_TEMPLATE:-4}" \
-      --budget-s "${FR_S:-150}" ${RANDOM_SEEDS:+--random-seeds "$RANDOM_SEEDS"} "${fr_arch[@]}" --json "$OUT/false_rejections.json" > "$OUT/false_rejections.log" 2>&1
+      --budget-s "${FR_S:-150}" ${RANDOM_SEEDS:+--random-seeds "$RANDOM_SEEDS"} ${PART:+--part "$PART"} "${fr_arch[@]}" --json "$OUT/false_rejections.json" > "$OUT/false_rejections.log" 2>&1
     echo "rc=$?"; tail -n 30 "$OUT/false_rejections.log" | cut -c1-300 ;;
   profile)
     rm -rf /tmp/evo_prof; EVO_WORKER_PROFILE=/tmp/evo_prof timeout 200 python3 bench/eval_bench.py --n "${PROFILE_N:-16}" \

@@ -307,6 +307,42 @@ def test_perturbation_changes_a_and_b_and_their_magnitudes_and_refills_the_works
     assert torch.equal(rot.bnk_all.view(torch.int16), pristine_b.view(torch.int16))
 
 
+def test_host_timers_perturb_the_set_they_call_next_and_no_other() -> None:
+    """``_set_perturber(i)`` changes set i's A or B densely (signs and magnitudes), refills set
+    i's workspace row, and leaves every other set, every C and the hidden tests of other sets as
+    they were: a host-timed call sees inputs as fresh as after the whole perturbation, at a
+    fraction of its cost."""
+    from evaluators.correctness import WORKSPACE_FILLS
+    from evaluators.run import _rotation
+
+    shape = Shape(64, 48, 96, "TN")
+    rot = _rotation_double()(4, shape)
+    pristine_a, pristine_b = rot.a_all.clone(), rot.bnk_all.clone()
+    ws = torch.zeros(4, 256, dtype=torch.uint8)
+    perturb = _rotation._perturber(rot, shape, ws, random.Random(0))  # noqa: F841 (the device timer's, untouched)
+    perturb_set = _rotation._set_perturber(rot, shape, ws, random.Random(5))
+    rot.embed(torch.Generator().manual_seed(1), random.Random(2), shape, sets=(0, 2))  # hidden in sets 0-1
+    rng, operands = random.Random(9), set()
+    for _ in range(60):
+        i = rng.randrange(4)
+        a0, b0, w0, c0 = rot.a_all.clone(), rot.bnk_all.clone(), ws.clone(), rot.cc_all.clone()
+        carried = set(rot.coherent) - {i}  # other sets keep their hidden test: their inputs stay
+        perturb_set(i)
+        da = (rot.a_all.view(torch.int16) != a0.view(torch.int16)).float().mean(dim=1)
+        db = (rot.bnk_all.view(torch.int16) != b0.view(torch.int16)).float().mean(dim=1)
+        others = [s for s in range(4) if s != i]
+        assert float(da[others].max()) == 0 and float(db[others].max()) == 0
+        assert max(float(da[i]), float(db[i])) > 0.9
+        operands.add("A" if float(da[i]) > 0.9 else "B")
+        assert bool((ws[others] == w0[others]).all()) and int(ws[i, 0]) in WORKSPACE_FILLS and bool((ws[i] == ws[i, 0]).all())
+        assert torch.equal(rot.cc_all.view(torch.int16), c0.view(torch.int16))
+        assert set(rot.coherent) == carried  # set i's own test is gone with its scramble
+    assert operands == {"A", "B"}
+    rot.unflip()
+    assert torch.equal(rot.a_all.view(torch.int16), pristine_a.view(torch.int16))
+    assert torch.equal(rot.bnk_all.view(torch.int16), pristine_b.view(torch.int16))
+
+
 def test_timed_check_judges_timed_outputs_exactly() -> None:
     """A kernel that is right within the random-input tolerance but loses exactness on the
     cancellation hidden in timed inputs (fp16 partial sums) is caught on the timed replay."""

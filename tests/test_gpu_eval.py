@@ -527,10 +527,12 @@ def _cpu_harness(monkeypatch):
             keep.update({arm.name: (OneRotation(arm), arm.n_sets) for arm in arms})
         return {a.name: TimerStats(1e-3, 0.9e-3, 1.1e-3, 6, host_median=1e-3, reps=a.n_sets) for a in arms}
 
-    def fake_host_timer(arms, *, calls=20, qps=0.0, rng, perturb=None):
+    def fake_host_timer(arms, *, calls=20, qps=0.0, rng, perturb=None, perturb_set=None):
         for arm in arms:
             if perturb:
                 perturb()
+            if perturb_set:
+                perturb_set(0)
             arm.launch(0)
         return {a.name: TimerStats(2e-3, 1.9e-3, 2.1e-3, calls) for a in arms}
 

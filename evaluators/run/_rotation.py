@@ -57,13 +57,14 @@ EMBED_CHANCE, POISON_CHANCE = 0.25, 0.25
 
 
 def _perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Tensor],
-               rng: random.Random, poison: bool = True) -> Callable[[], None]:
+               rng: random.Random) -> Callable[[], None]:
     """What runs before every timed replay (outside the timed events): every element of every
     set's A or B (as stored for the layout, one drawn at random) is scrambled
     (:meth:`TimingBuffers.scramble`: sign, magnitude within 4x and digits drawn at random, so an
     output kept from an earlier call cannot be updated for less than a full product), at random
-    the cancellation test is hidden in some sets and some sets' C are poisoned (``poison``: the device timer's replays, which
-    rewrite every set; not the host timers', which call single sets), and the workspace rows
+    the cancellation test is hidden in some sets and some sets' C are poisoned (the device
+    timer's replays rewrite every set; the host timers, which call single sets, perturb the
+    one they call next: :func:`_set_perturber`), and the workspace rows
     (``workspaces``: every row a kernel can reach, the 256-byte rows of a plan without a
     workspace included; None where the call zeroes them itself) are refilled with a byte drawn
     as for the checked calls (:func:`evaluators.correctness.workspace_fill`), so that nothing a
@@ -74,10 +75,29 @@ def _perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Ten
         tb.scramble(gen, rng, shape.layout)
         if rng.random() < EMBED_CHANCE:
             tb.embed(gen, rng, shape)
-        if poison and rng.random() < POISON_CHANCE:
+        if rng.random() < POISON_CHANCE:
             tb.poison_outputs(gen, rng, shape)
         if workspaces is not None:
             workspaces.fill_(workspace_fill(rng))
+    return perturb
+
+
+def _set_perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Tensor],
+                   rng: random.Random) -> Callable[[int], None]:
+    """The host timers' perturbation: ``perturb(i)`` runs before their call on set ``i`` alone:
+    that set's A or B scrambled as :func:`_perturber` scrambles every set's (an output kept
+    from an earlier call is stale everywhere, so memoisation cannot flatter the host figures),
+    its workspace row refilled. The other sets, which the call does not read, are left alone.
+    Neither the cancellation test nor C's poison: a host-timed output is never verified (the
+    recheck after timing calls every set again on restored inputs), so a test hidden there
+    would test nothing, and embedding it cost 0.6 ms of host time a time (at 4096^3 the whole
+    perturbation was 0.7 ms of each host-timed call, issue 36)."""
+    gen = torch.Generator(device=tb.a_all.device).manual_seed(rng.getrandbits(62))
+
+    def perturb(i: int) -> None:
+        tb.scramble(gen, rng, shape.layout, sets=(i, i + 1))
+        if workspaces is not None:
+            workspaces[i].fill_(workspace_fill(rng))
     return perturb
 
 
@@ -288,7 +308,8 @@ class TimingBuffers:
         off = rng.randrange(mask.numel() - numel + 1)
         return mask[off:off + numel]
 
-    def scramble(self, gen: torch.Generator, rng: random.Random, layout: str) -> None:
+    def scramble(self, gen: torch.Generator, rng: random.Random, layout: str,
+                 sets: Optional[tuple[int, int]] = None) -> None:
         """The timers' input perturbation: XOR every fp16 of every set's A, or of every set's B
         (as stored for ``layout``), one of the two drawn at random, with a window of the scramble
         mask at a random offset (:func:`evaluators.correctness.scramble_`): sign, magnitude
@@ -296,11 +317,16 @@ class TimingBuffers:
         output kept from an earlier call is stale everywhere and cannot be updated for less than
         a full product (a dense change of one operand suffices for that; both change over the
         replays). One elementwise kernel (4 bytes of memory traffic per element of the operand),
-        outside the timed events; :meth:`unflip` restores the pristine copy."""
+        outside the timed events; :meth:`unflip` restores the pristine copy. ``sets``: only the
+        sets ``lo:hi`` (the host timers' single set)."""
         t = self.a_all if rng.random() < 0.5 else self._b_stored(layout)
-        scramble_(t, mask=self._mask_window(t.shape[1], rng, gen))  # one row of mask for every set
+        lo, hi = sets if sets is not None else (0, self.n_sets)
+        scramble_(t[lo:hi], mask=self._mask_window(t.shape[1], rng, gen))  # one row of mask for every set
         self._dirty |= {0, 1 if layout == "TN" else 2}
-        self.coherent = {}  # either operand scrambled: no hidden cancellation is left whole
+        if sets is None:
+            self.coherent = {}  # either operand scrambled: no hidden cancellation is left whole
+        else:
+            self.coherent = {s: r for s, r in self.coherent.items() if not lo <= s < hi}
 
     def _run_of_sets(self, rng: random.Random) -> tuple[int, int]:
         """A random run of sets (a view in place): one set, or up to an eighth of a big rotation."""
@@ -308,12 +334,13 @@ class TimingBuffers:
         lo = rng.randrange(self.n_sets - count + 1)
         return lo, lo + count
 
-    def embed(self, gen: torch.Generator, rng: random.Random, shape: Shape) -> tuple[list[int], torch.Tensor]:
+    def embed(self, gen: torch.Generator, rng: random.Random, shape: Shape,
+              sets: Optional[tuple[int, int]] = None) -> tuple[list[int], torch.Tensor]:
         """Hide the cancellation test (:func:`evaluators.correctness.embed_cancellation`) in a
-        random run of sets, in place; (those sets, the rows of A that carry it, on the device:
-        no synchronisation between timed replays)."""
+        random run of sets (``sets``: in the sets ``lo:hi``), in place; (those sets, the rows of
+        A that carry it, on the device: no synchronisation between timed replays)."""
         m, n, k = shape.m, shape.n, shape.k
-        lo, hi = self._run_of_sets(rng)
+        lo, hi = sets if sets is not None else self._run_of_sets(rng)
         a3 = self.a_all[lo:hi, :m * k].view(hi - lo, m, k)
         b_kn = (self.bnk_all[lo:hi, :n * k].view(hi - lo, n, k).transpose(1, 2) if shape.layout == "TN"
                 else self.bkn_all[lo:hi, :k * n].view(hi - lo, k, n))

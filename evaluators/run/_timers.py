@@ -442,9 +442,12 @@ def _replay_seconds(g: torch.cuda.CUDAGraph) -> float:
 
 
 def host_timer(arms: Sequence[Arm], *, calls: int = 20, qps: float = 0.0, rng: random.Random,
-               perturb: Optional[Callable[[], None]] = None) -> dict[str, TimerStats]:
+               perturb: Optional[Callable[[], None]] = None,
+               perturb_set: Optional[Callable[[int], None]] = None) -> dict[str, TimerStats]:
     """``offline`` (qps=0) or ``server`` (exponential gaps at ``qps``): sync, call, sync, host clock.
-    ``perturb`` runs before each call, outside the timed window (see :func:`device_timer`)."""
+    ``perturb`` runs before each call, outside the timed window (see :func:`device_timer`);
+    ``perturb_set(i)`` too, told the set ``i`` the call is about to use (the harness perturbs
+    that set alone: :func:`._rotation._set_perturber`)."""
     samples: dict[str, list[float]] = {a.name: [] for a in arms}
     pos = {a.name: 0 for a in arms}
     gaps = {a.name: 0.0 for a in arms}
@@ -458,6 +461,8 @@ def host_timer(arms: Sequence[Arm], *, calls: int = 20, qps: float = 0.0, rng: r
                 gaps[arm.name] += time.perf_counter() - t_gap
             if perturb is not None:
                 perturb()
+            if perturb_set is not None:
+                perturb_set(pos[arm.name] % arm.n_sets)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             arm.launch(pos[arm.name] % arm.n_sets)

@@ -20,7 +20,7 @@ from ..correctness import CheckFailed, recheck_sets, workspace_fill
 from .._provenance import sm_clock_mhz
 from ._gates import (DEFAULT_CEILINGS, _baseline, _speedup, host_timers_wanted, memo_flag, memo_wanted, physical_floor,
                      race_stop)
-from ._rotation import InputsModified, TimedSamples, TimingBuffers, WorkspaceRows, _check_timed, _perturber
+from ._rotation import InputsModified, TimedSamples, TimingBuffers, WorkspaceRows, _check_timed, _perturber, _set_perturber
 from ._timers import Arm, DeviceTiming, device_timer, host_timer
 
 TIMERS = ("device", "offline", "server")
@@ -120,7 +120,7 @@ class TimingPhase:
         clock("setup")
         refill = None if ws and zero_ws else w_all  # a zeroed workspace is zeroed by the call itself
         perturb = _perturber(tb, shape, refill, rng)
-        host_perturb = _perturber(tb, shape, refill, rng, poison=False)  # host timers call single sets
+        host_perturb = _set_perturber(tb, shape, refill, rng)  # host timers call single sets: only that one
         return _Run(shape, job, rng, gen, res, clock, tb, w_rows, candidate, arms, wanted, perturb, host_perturb)
 
     def _run_timers(self, run: "_Run") -> None:
@@ -166,11 +166,11 @@ class TimingPhase:
                 wanted = [t for t in wanted if t == "device"]
         calls = int(job.get("host_calls", 20))
         if "offline" in wanted:
-            run.stats["offline"] = host_timer(run.arms, calls=calls, rng=rng, perturb=run.host_perturb)
+            run.stats["offline"] = host_timer(run.arms, calls=calls, rng=rng, perturb_set=run.host_perturb)
             run.clock("offline")
         if "server" in wanted:
             run.stats["server"] = host_timer(run.arms, calls=calls, qps=float(job.get("qps", 2000.0)), rng=rng,
-                                             perturb=run.host_perturb)
+                                             perturb_set=run.host_perturb)
             res.note(server_gaps_s=sum(st.idle_s for st in run.stats["server"].values()))
             run.clock("server")
         self._sync()
@@ -290,7 +290,7 @@ class _Run:
     arms: list[Arm]
     wanted: list[str]  # the timers the job asks for
     perturb: Callable[[], None]
-    host_perturb: Callable[[], None]  # the same without poisoning C: host timers call single sets
+    host_perturb: Callable[[int], None]  # the same on the one set a host-timed call uses, C not poisoned
     stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     kept: dict[str, Any] = field(default_factory=dict)  # the candidate's one-rotation graph, replayed again
     modified: bool = False  # a timed replay changed its inputs (seen around the checked replay)

@@ -4,7 +4,7 @@ raises."""
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -37,12 +37,14 @@ def tolerance_random(ref: torch.Tensor, rss: torch.Tensor) -> torch.Tensor:
     return ulp16(ref) + C_RANDOM * EPS16 * rss.float()
 
 
-def tolerance_exact(ref: torch.Tensor, sabs: torch.Tensor, k: int) -> torch.Tensor:
-    """``ulp16(R) + 8 * sqrt(K) * eps32 * S`` (see the module docstring)."""
-    return ulp16(ref) + C_EXACT * math.sqrt(k) * EPS32 * sabs.float()
+def tolerance_exact(ref: torch.Tensor, sabs: torch.Tensor, k: Union[int, torch.Tensor]) -> torch.Tensor:
+    """``ulp16(R) + 8 * sqrt(K) * eps32 * S`` (see the module docstring); ``k`` a tensor that
+    broadcasts against ``ref`` where a batch mixes K (the class cover's instances)."""
+    root = k.float().sqrt() if isinstance(k, torch.Tensor) else math.sqrt(k)
+    return ulp16(ref) + C_EXACT * root * EPS32 * sabs.float()
 
 
-def tolerance_strict(ref: torch.Tensor, rss: torch.Tensor, sabs: torch.Tensor, k: int) -> torch.Tensor:
+def tolerance_strict(ref: torch.Tensor, rss: torch.Tensor, sabs: torch.Tensor, k: Union[int, torch.Tensor]) -> torch.Tensor:
     """The smaller of :func:`tolerance_random` and :func:`tolerance_exact`: what any output of an
     fp32 accumulation meets, random inputs or not (its rounding walk is far below both), so
     the final judgement of random-looking outputs applies the exact criterion too; below K of

@@ -47,7 +47,8 @@ from populations import LaunchPlan, PlanError, Shape, Status
 
 from .._job import Job, ShapeDraft, ShapeResult
 from .._provenance import sm_clock_mhz, static_provenance
-from ..correctness import CheckFailed, Cascade, Operands, beyond_claim, class_cover, large_ragged, ragged_instances
+from ..correctness import (CheckFailed, Cascade, CoverItem, Operands, beyond_claim, check_cover, class_cover, large_ragged,
+                           ragged_instances)
 from ._builtin_kernels import EMPTY_KERNEL, NAIVE_GEMM, naive_plan
 from ._gates import DEFAULT_CEILINGS
 from ._kernels import CandidateKernels
@@ -244,6 +245,7 @@ class GpuHandler(TimingPhase):
         gen = torch.Generator(device=self.device).manual_seed(rng.getrandbits(62))
         try:
             instances: list[Shape] = []
+            cover: list[Shape] = []  # the class cover, checked together (correctness/_cover.py)
             large: tuple[Shape, ...] = ()  # one random-input check each (every element compared)
             past: Optional[Shape] = None  # the generic claim's instance past the claimed size
             if job.get("generic"):
@@ -255,9 +257,19 @@ class GpuHandler(TimingPhase):
                 # claim with every tail partial, and past the claim (a generic claim admits it)
                 tails_cut = large_ragged(shape, pitch, rng)
                 past = beyond_claim(shape, pitch, rng)
-                large = tuple(s for s in class_cover(shape, pitch, rng) if s not in instances) + (tails_cut, past)
+                cover = [s for s in class_cover(shape, pitch, rng) if s not in instances and s != shape]
+                large = (tails_cut, past)
+                if not getattr(self._allocator(), "gap_bytes", 0):  # no fenced block for them all: one by one
+                    large, cover = tuple(cover) + large, []
                 instances += [s for s in large if s != shape]
             ragged_s = 0.0
+            if cover:
+                t_cover = time.perf_counter()
+                failed = self._check_cover(kernels, cover, gen, rng, res)
+                if failed is not None:
+                    failed.correctness_s = time.perf_counter() - t0
+                    return failed
+                ragged_s += time.perf_counter() - t_cover
             for inst in instances + [shape]:
                 t_inst = time.perf_counter()
                 try:
@@ -316,6 +328,27 @@ class GpuHandler(TimingPhase):
                             correctness_s=res.correctness_s or time.perf_counter() - t0)
         res.provenance["sm_clock_mhz"] = sm_clock_mhz()  # the clock after the shape's timing
         return res
+
+    def _check_cover(self, kernels: CandidateKernels, cover: list[Shape], gen: torch.Generator,
+                     rng: random.Random, res: ShapeDraft) -> Optional[ShapeDraft]:
+        """The class-cover instances' random-input checks together, in one fenced block
+        (:func:`evaluators.correctness.check_cover`); the failed draft, or None when all pass."""
+        items = []
+        for inst in cover:
+            try:
+                call, ws, _ = kernels.bind(inst)
+            except (PlanError, TensorMapError) as exc:
+                return res.fail(Status.REJECTED, f"plan does not resolve for {inst}: {exc}")
+            items.append(CoverItem(inst, ws, lambda o, c=call: c(o.pointers(), o.W.data if o.workspace_bytes else None)))
+        alloc = self._allocator()
+        try:
+            got = check_cover(items, kernels.plan.zero_workspace, self.device, gen, rng, self._sync,
+                              getattr(self, "guard_bytes", VMM_GUARD_BYTES), alloc.bytes)
+        except CheckFailed as exc:
+            return res.fail(Status.INCORRECT, str(exc), max_error=exc.max_error, checks=res.measurement.checks)
+        res.note(checks=res.measurement.checks + got.checks)
+        res.max_error = max(res.max_error or 0.0, got.max_error)
+        return None
 
     def _allocator(self) -> Any:
         alloc = getattr(self, "alloc", None)

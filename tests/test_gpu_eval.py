@@ -77,7 +77,7 @@ def test_evo_eval_reads_the_plan_from_a_leading_comment(tmp_path):
 try:  # torch is the gpu extra's; without it these tests skip one by one (the ones above still run)
     import torch
     from evaluators.correctness import (Cascade, Operands, ragged_instances, reference,
-                                         tolerance_exact, tolerance_random, ulp16)
+                                         tolerance_exact, tolerance_random, tolerance_strict, ulp16)
 except ImportError:
     torch = None
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed (pip install '.[gpu]')")
@@ -90,6 +90,18 @@ def test_ulp16_and_the_tolerance_formulas():
     ref, t = torch.tensor([100.0]), torch.tensor([64.0])
     assert tolerance_random(ref, t).item() == pytest.approx(2**-4 + 2 * 2**-10 * 64)
     assert tolerance_exact(ref, torch.tensor([1e4]), 4096).item() == pytest.approx(2**-4 + 8 * 64 * 2**-23 * 1e4)
+    # the exponent-bit ulp16 is frexp's 2**(e - 11) on every finite value, and inf stays unpassable
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(20000, dtype=torch.float64, generator=g) * 10 ** torch.empty(20000, dtype=torch.float64).uniform_(
+        -9, 6, generator=g)
+    _, e = torch.frexp(x.abs().float().clamp(min=2.0 ** -14))
+    assert torch.equal(ulp16(x), torch.ldexp(torch.ones(20000), e - 11))
+    assert ulp16(torch.tensor([float("inf")])).item() < float("inf")
+    # the strict tolerance is exactly the smaller of the two (one ulp16 pass, not two)
+    rss, sabs = torch.rand(20000, generator=g) * 40, torch.rand(20000, generator=g) * 4000
+    for k in (8, 777, 4096):
+        assert torch.equal(tolerance_strict(x, rss, sabs, k),
+                           torch.minimum(tolerance_random(x, rss), tolerance_exact(x, sabs, k)))
 
 
 @needs_torch

@@ -7,7 +7,9 @@
 #   throughput   evaluator candidates per minute at 4096^3 and 64x128x64 (bench/eval_bench.py)
 #   throughput-ab  the same beside OLD_TREE (a `git archive` of an earlier tree, carried), each tree its own
 #                eval_bench and cubin cache, ABBA by shape (new, old at 4096^3; old, new at 64x128x64): the
-#                only fair test of "within 10% of the rate before" (machines differ by more); N default 120
+#                only fair test of "within 10% of the rate before" (machines differ by more); N default 120;
+#                AB_PAIRS rounds of it (default 1; one round's ratio moved 4-6 points between two H100s),
+#                summed up by bench/throughput_ab.py
 #   false-rejections  issue 18: every template seed on the LLM-layer sample, and (OLD_TREE=dir of a
 #                pre-hardening checkout) the elites of an archive that tree's evo run made (bench/false_rejections.py)
 #   perturb-profile  the device timer's perturbation between timed replays, piece by piece, and the timed
@@ -69,13 +71,21 @@ for part in "$@"; do
     echo "rc=$?"; tail -n 10 "$OUT/eval_bench.log" | cut -c1-400 ;;
   throughput-ab)
     : "${OLD_TREE:?throughput-ab needs OLD_TREE, an earlier tree (git archive REV | tar -x -C DIR, carried)}"
-    for leg in "$PWD new 4096x4096x4096:TN" "$OLD_TREE old 4096x4096x4096:TN" "$OLD_TREE old 64x128x64:TN" \
-               "$PWD new 64x128x64:TN"; do
-      set -- $leg; tag="$2_${3%%x*}"
-      (cd "$1" && EVO_CUBIN_CACHE="/tmp/cub_$tag" PYTHONPATH="$1" timeout 280 python3 bench/eval_bench.py --n "${N:-120}" \
+    # AB_PAIRS rounds (default 1, about 4 minutes each at N=120), ABBA within a round and the order
+    # reversed every other round; bench/throughput_ab.py pairs the legs and gives each shape's geomean
+    legs=(); for ((r = 1; r <= ${AB_PAIRS:-1}; r++)); do
+      if (( r % 2 )); then legs+=("$PWD new 4096x4096x4096:TN $r" "$OLD_TREE old 4096x4096x4096:TN $r" \
+                                  "$OLD_TREE old 64x128x64:TN $r" "$PWD new 64x128x64:TN $r")
+      else legs+=("$OLD_TREE old 4096x4096x4096:TN $r" "$PWD new 4096x4096x4096:TN $r" \
+                  "$PWD new 64x128x64:TN $r" "$OLD_TREE old 64x128x64:TN $r"); fi
+    done
+    for leg in "${legs[@]}"; do
+      set -- $leg; tag="$2_${3%%x*}"; [ "$4" -gt 1 ] && tag="${tag}_$4"
+      (cd "$1" && EVO_CUBIN_CACHE="/tmp/cub_$2_${3%%x*}" PYTHONPATH="$1" timeout 280 python3 bench/eval_bench.py --n "${N:-120}" \
         --skip-repeatability --shapes "$3" --out "$OUT/ab_$tag" > "$OUT/ab_$tag.log" 2>&1)
-      echo "$2 $3 rc=$?"; grep -A1 "^shape " "$OUT/ab_$tag.log" | tail -n 1 | cut -c1-120
-    done ;;
+      echo "$2 $3 pair $4 rc=$?"; grep -A1 "^shape " "$OUT/ab_$tag.log" | tail -n 1 | cut -c1-120
+    done
+    python3 bench/throughput_ab.py "$OUT" --json "$OUT/throughput_ab.json" ;;
   perturb-profile)
     timeout 240 python3 bench/perturb_profile.py --out "$OUT/perturb_profile.json" > "$OUT/perturb_profile.log" 2>&1
     echo "rc=$?"; grep -v "^-\|^ *$" "$OUT/perturb_profile.log" | cut -c1-220 | head -n 90 ;;

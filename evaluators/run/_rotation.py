@@ -70,11 +70,12 @@ def _perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Ten
     as for the checked calls (:func:`evaluators.correctness.workspace_fill`), so that nothing a
     kernel leaves there survives to the next call or tells timing from checking."""
     gen = torch.Generator(device=tb.a_all.device).manual_seed(rng.getrandbits(62))
+    host = torch.Generator().manual_seed(rng.getrandbits(62))  # the hidden test's draws: on the host
 
     def perturb() -> None:
         tb.scramble(gen, rng, shape.layout)
         if rng.random() < EMBED_CHANCE:
-            tb.embed(gen, rng, shape)
+            tb.embed(host, rng, shape)
         if rng.random() < POISON_CHANCE:
             tb.poison_outputs(gen, rng, shape)
         if workspaces is not None:
@@ -119,8 +120,8 @@ def _check_timed(graph: Any, perturb: Callable[[], None], tb: "TimingBuffers", s
     current inputs with the stricter of both tolerances (the rows carrying the hidden test with
     the exact one). Raises :class:`CheckFailed` naming the set."""
     perturb()
-    gen = torch.Generator(device=tb.a_all.device).manual_seed(rng.getrandbits(62))
-    tb.embed(gen, rng, shape)  # recorded in tb.coherent, with any the perturbation hid
+    host = torch.Generator().manual_seed(rng.getrandbits(62))  # draws on the host, copied asynchronously
+    tb.embed(host, rng, shape)  # recorded in tb.coherent, with any the perturbation hid
     live = [t.clone() for t in tb.live_inputs(shape.layout)]  # restoring from the pristine copy erases changes
     graph.replay()
     sync()

@@ -25,9 +25,13 @@ synchronisations, for a kernel call of a few microseconds (issue 36: +39 ms a ca
   :meth:`Cascade.random` judges it. The verdicts, error maxima and the comparison come back in
   one ``tolist()``.
 
-A store from one instance into another instance's output window is seen only where it breaks
-that instance's values (the order of calls is random); every other stray store is seen, and
-one past the block faults as before. Only a failure takes the slow path that locates it.
+What checking them one by one saw and this does not: a store that skips the canary behind a
+window (``guard_bytes`` and more) and lands in another instance's output window is seen only
+where it breaks that instance's values (the order of calls is random), and one that lands in
+another instance's workspace window not at all (a workspace is the kernel's to write); one by
+one, in separate reservations, both faulted. Every other stray store is seen, one past the block
+faults as before, and the claimed shape and the other instances keep their own reservations.
+Only a failure takes the slow path that locates it.
 """
 from __future__ import annotations
 

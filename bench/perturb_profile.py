@@ -4,8 +4,9 @@ For each shape: the timing rotation the evaluator builds (:class:`TimingBuffers`
 workspace row per set), then
 
 1. each piece of the perturbation between timed replays (:func:`_perturber`: the dense scramble,
-   the hidden cancellation, the poisoned C, the workspace refill, and the whole perturbation as
-   the timer calls it) timed alone: host seconds to enqueue a call (no synchronisation) and GPU
+   the hidden cancellation with its draws on the host as the harness makes them and, beside it,
+   on the device as before 7165b37, the poisoned C, the workspace refill, and the whole
+   perturbation as the timer calls it) timed alone: host seconds to enqueue a call (no synchronisation) and GPU
    seconds a call (events around a batch);
 2. the device timer itself over three cuBLAS arms (the "candidate" is torch.matmul TN, not
    cached, as a candidate's graph is not) with the real perturbation, with none, and with the
@@ -59,12 +60,14 @@ def profile_shape(shape: Shape, n: int, seed: int) -> dict[str, Any]:
     tb = TimingBuffers(shape, 0, l2, dev)
     rng = random.Random(seed)
     gen = torch.Generator(device=dev).manual_seed(seed)
+    host = torch.Generator().manual_seed(seed)  # the hidden test's draws are made on the host, as the harness does
     rows = WorkspaceRows(tb.n_sets, 0, dev, gen, workspace_fill(rng))
     tb.cc_all.fill_(float("nan"))
     out: dict[str, Any] = {"shape": str(shape), "n_sets": tb.n_sets}
     pieces = {
         "scramble": lambda: tb.scramble(gen, rng, shape.layout),
-        "embed": lambda: tb.embed(gen, rng, shape),
+        "embed": lambda: tb.embed(host, rng, shape),
+        "embed (device draws)": lambda: tb.embed(gen, rng, shape),
         "poison": lambda: tb.poison_outputs(gen, rng, shape),
         "workspace_fill": lambda: rows.rows.fill_(workspace_fill(rng)),
         "perturb": _perturber(tb, shape, rows.rows, rng),
@@ -84,7 +87,7 @@ def profile_shape(shape: Shape, n: int, seed: int) -> dict[str, Any]:
             if piece != "scramble":
                 tb.scramble(gen, rng, shape.layout)
             if piece != "embed" and rng.random() < 0.25:
-                tb.embed(gen, rng, shape)
+                tb.embed(host, rng, shape)
             if piece != "poison" and rng.random() < 0.25:
                 tb.poison_outputs(gen, rng, shape)
             if piece != "workspace_fill":

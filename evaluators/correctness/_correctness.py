@@ -44,10 +44,28 @@ from ._probes import POISONS, draw_random, embed_cancellation, poison_
 from ._reference import integer_reference, reference, reference_scales
 from ._tolerance import FP64_LIMIT, CheckFailed, tolerance_exact, tolerance_random, tolerance_strict
 
-__all__ = ["Cascade"]
+__all__ = ["Cascade", "value_failure"]
 
 
 Call = Callable[[Operands], None]
+
+
+def value_failure(check: str, c: torch.Tensor, ref: torch.Tensor, tol: torch.Tensor, bad: torch.Tensor,
+                  poison: Optional[torch.Tensor], worst: float, where: str = "") -> CheckFailed:
+    """The failure of a value check, told as every check tells it: C's elements left NaN, left
+    holding the finite ``poison`` (C's poison as int16, None where it was NaN), how many are
+    outside ``tol`` and the first of them (``bad``: where; ``where``: appended to the message).
+    Off the fast path: only a failing check builds it."""
+    idx = int(bad.flatten().nonzero()[0])
+    i, j = divmod(idx, c.shape[1])
+    nans = int(torch.isnan(c).sum())
+    why = f"{nans} elements of C left NaN (not written, or NaN produced); " if nans else ""
+    if poison is not None and poison.shape == c.shape:
+        left = int(((c.view(torch.int16) == poison) & bad).sum())
+        why += f"{left} elements of C left holding the poison (finite, not written); " if left else ""
+    return CheckFailed(check, f"{why}{int(bad.sum())} of {c.numel()} elements outside tolerance; first at "
+                              f"C[{i},{j}] = {float(c[i, j])!r} vs reference {float(ref[i, j]):.6g} "
+                              f"(tolerance {float(tol[i, j]):.3g}); max error {worst:.4g}{where}", worst)
 
 
 @dataclass
@@ -119,17 +137,7 @@ class Cascade:
         if record:
             self.max_error = max(self.max_error, worst_f)
         if any_bad:
-            idx = int(bad.flatten().nonzero()[0])
-            i, j = divmod(idx, c.shape[1])
-            nans = int(torch.isnan(c).sum())
-            why = f"{nans} elements of C left NaN (not written, or NaN produced); " if nans else ""
-            kept = self._poison
-            if kept is not None and kept.shape == c.shape:
-                left = int(((c.view(torch.int16) == kept) & bad).sum())
-                why += f"{left} elements of C left holding the poison (finite, not written); " if left else ""
-            raise CheckFailed(check, f"{why}{int(bad.sum())} of {c.numel()} elements outside tolerance; first at "
-                                     f"C[{i},{j}] = {float(c[i, j])!r} vs reference {float(ref[i, j]):.6g} "
-                                     f"(tolerance {float(tol[i, j]):.3g}); max error {worst_f:.4g}", worst_f)
+            raise value_failure(check, c, ref, tol, bad, self._poison, worst_f)
 
     def _verdict(self, check: str, changed: list) -> None:
         """Raise for a changed canary band or input (the values of :meth:`_run`'s ``pending``)."""

@@ -44,6 +44,7 @@ import torch
 from populations import Shape
 
 from ._buffers import PLACEMENT_ALIGN, workspace_fill
+from ._correctness import value_failure
 from ._probes import POISONS, draw_random, poison_
 from ._reference import reference_scales
 from ._tolerance import CheckFailed, tolerance_strict
@@ -160,17 +161,18 @@ def check_cover(items: Sequence[CoverItem], zero_workspace: bool, device: torch.
     ks = torch.tensor([float(it.shape.k) for it in items], device=device).view(count, 1, 1)  # before any launch
     block.random_(0, 256, generator=gen)  # every byte that is not data is a canary
     ops: list[CoverOperands] = []
+    poisons = [POISONS[rng.randrange(len(POISONS))] for _ in items]  # C's poison, drawn per instance
     for it, wins in zip(items, layout):
         a, b, c, w = (_Window(block, *win) for win in wins)
         ops.append(CoverOperands(it.shape, a, b, c, w, it.workspace_bytes, zero_workspace))
     inputs = draw_random(1, sum(o.A.data.numel() + o.B.data.numel() for o in ops), gen, device).view(-1)
     at = 0
-    for o in ops:
+    for o, kind in zip(ops, poisons):
         for win in (o.A, o.B):
             n = win.data.numel()
             win.data.view(-1).copy_(inputs[at:at + n])
             at += n
-        poison_(o.C.data, POISONS[rng.randrange(len(POISONS))], gen, o.shape.k)
+        poison_(o.C.data, kind, gen, o.shape.k)
         o.W.data.fill_(0 if zero_workspace and o.workspace_bytes else workspace_fill(rng))
     del inputs
     pattern = block.clone()
@@ -205,8 +207,11 @@ def check_cover(items: Sequence[CoverItem], zero_workspace: bool, device: torch.
     if got[0]:
         _raise_outside(changed, ops, where)
     for i, o in enumerate(ops):
-        if got[1 + i]:
-            _raise_values(o, ref[i], tol[i], err[i], pattern, float(got[1 + count + i]), where(o.shape))
+        if got[1 + i]:  # the message every value check gives, on this instance's part of the batch
+            m, n = o.shape.m, o.shape.n
+            kept = pattern[o.C.lo:o.C.hi].view(torch.int16).view(m, n) if poisons[i] == "finite" else None
+            raise value_failure(COVER_CHECK, o.C.data, ref[i, :m, :n], tol[i, :m, :n], bad[i, :m, :n], kept,
+                                float(got[1 + count + i]), where(o.shape))
     return CoverResult((COVER_CHECK,) * count, max(got[1 + count:]))
 
 
@@ -219,22 +224,3 @@ def _raise_outside(changed: torch.Tensor, ops: Sequence[CoverOperands], where: C
             raise CheckFailed(COVER_CHECK, f"modified input A or B{where(o.shape)}")
     w, name, o = min(windows, key=lambda x: min(abs(first - x[0].lo), abs(first - x[0].hi)))
     raise CheckFailed(COVER_CHECK, f"wrote outside {name} (guard band changed){where(o.shape)}")
-
-
-def _raise_values(o: CoverOperands, ref: torch.Tensor, tol: torch.Tensor, err: torch.Tensor, pattern: torch.Tensor,
-                  worst: float, at: str) -> None:
-    """The message :meth:`Cascade._compare` gives for the same failure, on one instance."""
-    m, n = o.shape.m, o.shape.n
-    c = o.C.data
-    ref, tol, err = ref[:m, :n], tol[:m, :n], err[:m, :n]
-    bad = ~(err <= tol)
-    idx = int(bad.flatten().nonzero()[0])
-    i, j = divmod(idx, n)
-    nans = int(torch.isnan(c).sum())
-    why = f"{nans} elements of C left NaN (not written, or NaN produced); " if nans else ""
-    kept = pattern[o.C.lo:o.C.hi].view(torch.int16).view(m, n)
-    left = int(((c.view(torch.int16) == kept) & bad & ~torch.isnan(kept.view(torch.float16))).sum())
-    why += f"{left} elements of C left holding the poison (finite, not written); " if left else ""
-    raise CheckFailed(COVER_CHECK, f"{why}{int(bad.sum())} of {c.numel()} elements outside tolerance; first at "
-                                   f"C[{i},{j}] = {float(c[i, j])!r} vs reference {float(ref[i, j]):.6g} "
-                                   f"(tolerance {float(tol[i, j]):.3g}); max error {worst:.4g}{at}", worst)

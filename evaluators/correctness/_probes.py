@@ -124,7 +124,7 @@ def _draws(h: int, n: int, m: int, count: int, gen: torch.Generator, dev: torch.
     t, u = _signs(h, gen, at), _signs(n, gen, at)
     picked = torch.randperm(m, generator=gen, device=at)[:count]
     s = _signs(count, gen, at)
-    if at == dev or (dev.type == "cpu" and at.type == "cpu"):
+    if at.type != "cpu" or dev.type == "cpu":  # drawn where they are used
         return perm, t, u, picked, s
     index = torch.cat([perm, picked]).pin_memory().to(dev, non_blocking=True)
     signs = torch.cat([t, u, s]).pin_memory().to(dev, non_blocking=True)

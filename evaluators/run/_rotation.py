@@ -335,13 +335,12 @@ class TimingBuffers:
         lo = rng.randrange(self.n_sets - count + 1)
         return lo, lo + count
 
-    def embed(self, gen: torch.Generator, rng: random.Random, shape: Shape,
-              sets: Optional[tuple[int, int]] = None) -> tuple[list[int], torch.Tensor]:
+    def embed(self, gen: torch.Generator, rng: random.Random, shape: Shape) -> tuple[list[int], torch.Tensor]:
         """Hide the cancellation test (:func:`evaluators.correctness.embed_cancellation`) in a
-        random run of sets (``sets``: in the sets ``lo:hi``), in place; (those sets, the rows of
-        A that carry it, on the device: no synchronisation between timed replays)."""
+        random run of sets, in place; (those sets, the rows of A that carry it, on the device:
+        no synchronisation between timed replays)."""
         m, n, k = shape.m, shape.n, shape.k
-        lo, hi = sets if sets is not None else self._run_of_sets(rng)
+        lo, hi = self._run_of_sets(rng)
         a3 = self.a_all[lo:hi, :m * k].view(hi - lo, m, k)
         b_kn = (self.bnk_all[lo:hi, :n * k].view(hi - lo, n, k).transpose(1, 2) if shape.layout == "TN"
                 else self.bkn_all[lo:hi, :k * n].view(hi - lo, k, n))

@@ -112,10 +112,12 @@ class Kernels:
         return self.loaded[key]
 
 
-def time_variants(shape: Shape, variants: list[tuple[str, Candidate]], kern: Kernels, rows: list, bad: list) -> None:
+def time_variants(shape: Shape, variants: list[tuple[str, Candidate]], kern: Kernels, rows: list, bad: list,
+                  make_sets: Callable[[Shape], list] = rotation) -> None:
+    """Check and time each variant at ``shape`` over ``make_sets(shape)`` beside cuBLAS; a row each."""
     import torch
 
-    sets = rotation(shape)
+    sets = make_sets(shape)
     cb_us, cb_layout = cublas_us(sets)
     tn_us = graph_us(sets, lambda a, w, c: torch.matmul(a, w.t(), out=c))
     lsets = layout_sets(shape, sets)
@@ -245,10 +247,11 @@ def twins(t: Any, k: dict, shape: Shape) -> list[tuple[str, Candidate]]:
     return out
 
 
-def mid_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]]:
-    """sm90_wgmma over a tile x schedule x split-K grid, and streamk90's picks (valid ones)."""
-    t = templates["sm90_wgmma"]
-    out, seen = [], set()
+def variant_list(shape: Shape) -> tuple[list[tuple[str, Candidate]], Callable[[str, Any, dict], None]]:
+    """(out, add): ``add(label, template, knobs)`` appends the fitted knob set's candidate to ``out``
+    when it is valid at ``shape`` and not there yet (by candidate id)."""
+    out: list[tuple[str, Candidate]] = []
+    seen: set[str] = set()
 
     def add(label: str, tt: Any, k: dict) -> None:
         k = tt.fitted(k, shape) or k
@@ -258,6 +261,13 @@ def mid_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]]:
         if c.id not in seen:
             seen.add(c.id)
             out.append((label, c))
+    return out, add
+
+
+def mid_variants(templates: dict, shape: Shape) -> list[tuple[str, Candidate]]:
+    """sm90_wgmma over a tile x schedule x split-K grid, and streamk90's picks (valid ones)."""
+    t = templates["sm90_wgmma"]
+    out, add = variant_list(shape)
     for i, k in enumerate(t.heuristic(shape, 90)):
         add(f"wgmma:pick{i}", t, k)
     for bm, bn, cons, sched in [(64, 128, 1, "coop"), (64, 256, 1, "coop"), (64, 192, 1, "coop"), (128, 128, 2, "coop"),
@@ -338,16 +348,22 @@ def peer_rows(peer_dir: str, shapes: list[Shape]) -> list[dict]:
         return json.loads(dump.read_text()) if dump.is_file() else []
 
 
-def summarize(rows: list[dict], peers: list[dict]) -> list[str]:
+def ok_by_shape(rows: list[dict]) -> dict[str, list[dict]]:
+    """Per shape (in order of first appearance), its timed rows whose error is under 2e-3."""
     by: dict[str, list[dict]] = {}
     for r in rows:
-        by.setdefault(r["shape"], []).append(r)
+        by.setdefault(r["shape"], [])
+        if "x" in r and r.get("err", 1) < 2e-3:
+            by[r["shape"]].append(r)
+    return by
+
+
+def summarize(rows: list[dict], peers: list[dict]) -> list[str]:
     peer = {f"{p['M']}x{p['N']}x{p['K']}:TN:f32": p for p in peers}
     lines = ["| shape | cuBLAS us (layout) | cuBLAS roof | pick0 x | best x | best variant | best roof | pad_both x | pad_a x "
              "| best staged x | best in place x |",
              "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
-    for shape, rs in by.items():
-        ok = [r for r in rs if "x" in r and r.get("err", 1) < 2e-3]
+    for shape, ok in ok_by_shape(rows).items():
         if not ok:
             lines.append(f"| {shape} | - | - | - | - | none ok | - | - | - | - | - |")
             continue

@@ -16,6 +16,8 @@
 #                rounds with and without each piece at 4096^3 and 64x128x64 (bench/perturb_profile.py)
 #   profile      the GPU worker under cProfile for PROFILE_N candidates at PROFILE_SHAPES (default 4096^3): where
 #                the time goes; the raw .prof files under $OUT/prof
+#   small-dev    issue 34's small rows (cuBLAS at 3-15 us): which kernel of the space is fastest (bench/small_dev.py;
+#                SMALL_SHAPES, SMALL_S the part's limit in s, default 300)
 #   mid-profile  Nsight Compute on mid shapes (MID_SHAPES): sm90_wgmma's and streamk90's first two picks beside
 #                cuBLAS's kernel, SM / tensor-pipe / memory / occupancy / stalls (bench/decode_profile.py --templates);
 #                MID_KNOBS="sm90_wgmma:SWAP=true,BM=128,BN=72,STAGES=8 ..." adds named knob sets (--knobs)
@@ -108,6 +110,12 @@ for part in "$@"; do
     echo "rc=$?"; mkdir -p "$OUT/prof" && cp /tmp/evo_prof/*.prof "$OUT/prof/" 2>/dev/null; python3 -c "import glob, pstats; [pstats.Stats(f).sort_stats(k).print_stats(r'evaluators|torch/(cuda|_tensor)|method', 45)
       for f in glob.glob('/tmp/evo_prof/*.prof') for k in ('tottime', 'cumulative')]" > "$OUT/profile.txt" 2>&1
     grep -E "function calls|_correctness|_harness.py.*_one_shape|_timing.py.*_time" "$OUT/profile.txt" | head -n 30 | cut -c1-200 ;;
+  small-dev)
+    # issue 34's small rows (cuBLAS 3-15 us): every template's picks, tiny's grid (past its applies
+    # rule too) and sm80_mma's small tiles, graph-timed over > 3x L2 (bench/small_dev.py); SMALL_SHAPES
+    timeout "${SMALL_S:-300}" python3 bench/small_dev.py --budget-s $(( ${SMALL_S:-300} - 60 )) --out "$OUT" \
+      ${SMALL_SHAPES:+--shapes $SMALL_SHAPES} > "$OUT/small_dev.log" 2>&1
+    echo "rc=$?"; sed -n '/^| shape/,$p' "$OUT/small_dev.log" | cut -c1-260 ;;
   mid-profile)
     KN=(); for k in ${MID_KNOBS:-}; do KN+=(--knobs "$k"); done   # extra knob sets, e.g. cuBLAS's own tile
     timeout 420 ncu --clock-control none --nvtx --nvtx-include "prof/" --section SpeedOfLight --section ComputeWorkloadAnalysis \

@@ -1,0 +1,175 @@
+"""Small shapes where cuBLAS takes 3-15 us: which kernel of the space is fastest, on a GPU (issue 34).
+
+    python bench/small_dev.py [--shapes 121x374x139 ...] [--tiny-grid 32] [--mma-grid 8] [--out DIR]
+    python bench/small_dev.py --list [--shapes ...]            # the variants only (no GPU)
+
+Over random-shape seeds 9-17 (bench/RESULTS.md section 28) most of the mid rows whose best evolved
+kernel stayed under cuBLAS were small: cuBLAS at 3-15 us, M 17-11000, many with a ragged K. With
+about four evaluations a shape in a 100-shape run, the first picks decide those rows, so this
+times, per shape: every applicable template's first two heuristic picks, a pruned grid of tiny's
+knobs (latency-first: fragments straight from global memory, no pipeline to fill) *whether or not
+tiny's ``applies`` rule admits the shape* (labels ``tiny!`` where it does not: the question is
+whether the rule should), and a small-tile grid of sm80_mma, beside cuBLAS in both layouts.
+
+Launches go through the evaluator's binder (``align_mid_check.Kernels``: staged plans, tensor
+maps). Timing: CUDA-graph replay over a rotation of more than 3x L2 (no cap on the set count,
+unlike ``decode_dev.rotation``: a small shape's operands must come from HBM, as in the
+evaluator), each variant checked against an fp32 reference (C NaN-poisoned) first. Prints one
+line per variant and a table per shape (first pick, best variant, best of tiny); writes
+``small_dev.json``. Exit 1 when a variant is wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from populations import Candidate, Shape, load_templates  # noqa: E402
+
+#: rows of seeds 9-17 with cuBLAS at 3-15 us and the best evolved kernel under it: ragged K, then aligned
+SHAPES = ["121x374x139", "80x401x201", "144x435x114", "309x216x274", "1309x480x78", "360x68x93", "35x2271x145",
+          "1940x256x69", "173x119x621", "141x256x256", "191x512x768", "278x560x640", "121x960x640", "161x160x320",
+          "323x752x1088", "2108x1120x496", "1158x592x3168", "11061x208x80", "3748x176x1312", "2694x128x256"]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tiny_grid(t: Any, shape: Shape) -> list[dict]:
+    """tiny's knob sets with 66-1584 CTAs (split-K included) and at most two K rounds per warp."""
+    steps = cdiv(shape.k, 16)
+    out = []
+    for tm in t.space.knobs["TM"].values:
+        for tn in t.space.knobs["TN"].values:
+            for warps in t.space.knobs["WARPS"].values:
+                for ku in t.space.knobs["KU"].values:
+                    for split in (1, 2, 4, 8):
+                        ctas = cdiv(shape.m, tm) * cdiv(shape.n, tn) * split
+                        rounds = cdiv(cdiv(steps, split), warps * ku)
+                        k = dict(TM=tm, TN=tn, WARPS=warps, KU=ku, SPLIT_K=split)
+                        if 66 <= ctas <= 1584 and rounds <= 2 and not t.check(k, shape, 90):
+                            out.append(k)
+    return out
+
+
+def mma_grid(t: Any, shape: Shape) -> list[dict]:
+    """sm80_mma's small tiles (BM, BN 32-64), 2-3 stages, split-K 1-4, with at least 66 CTAs."""
+    out = []
+    for bm in (32, 64):
+        for bn in (32, 64):
+            for bk in (32, 64):
+                for st in (2, 3):
+                    for split in (1, 2, 4):
+                        if cdiv(shape.m, bm) * cdiv(shape.n, bn) * split < 66:
+                            continue
+                        k = dict(t.space.defaults(), BM=bm, BN=bn, BK=bk, WM=min(bm, 32), WN=min(bn, 32), STAGES=st,
+                                 SPLIT_K=split)
+                        if not t.check(k, shape, 90):
+                            out.append(k)
+    return out
+
+
+def variants(templates: dict, shape: Shape, tiny_cap: int, mma_cap: int) -> list[tuple[str, Candidate]]:
+    """(label, candidate): each applicable template's first two picks, then the two grids (thinned
+    by a stable hash, so shapes whose grids agree share sources)."""
+    from align_mid_check import variant_list
+    from decode_dev import thin
+
+    out, add = variant_list(shape)
+    for name, t in templates.items():
+        if t.applicable(shape, 90):
+            for i, k in enumerate(t.heuristic(shape, 90)[:2]):
+                add(f"{name}:pick{i}", t, k)
+    tiny = templates["tiny"]
+    mark = "tiny" if tiny.applicable(shape, 90) else "tiny!"
+    for k in thin(tiny_grid(tiny, shape), tiny_cap):
+        add(f"{mark}:{k['TM']}x{k['TN']}w{k['WARPS']}u{k['KU']}s{k['SPLIT_K']}", tiny, k)
+    mma = templates["sm80_mma"]
+    for k in thin(mma_grid(mma, shape), mma_cap):
+        add(f"sm80_mma:{k['BM']}x{k['BN']}x{k['BK']}st{k['STAGES']}s{k['SPLIT_K']}", mma, k)
+    return out
+
+
+def hbm_rotation(shape: Shape) -> list[tuple[Any, Any, Any]]:
+    """(a, w, c) sets covering more than 3x L2 (w as N x K), carved from three big tensors."""
+    import torch
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    m, n, k = shape.m, shape.n, shape.k
+    sets = max(2, math.ceil(3 * l2 / (2 * (m * k + n * k + m * n))))
+    a = torch.randn(sets, m, k, device="cuda", dtype=torch.half)
+    w = torch.randn(sets, n, k, device="cuda", dtype=torch.half)
+    c = torch.empty(sets, m, n, device="cuda", dtype=torch.half)
+    return [(a[i], w[i], c[i]) for i in range(sets)]
+
+
+def table(rows: list[dict]) -> list[str]:
+    """Per shape: cuBLAS, the first pick, the best variant and tiny's best (markdown rows)."""
+    from align_mid_check import ok_by_shape
+
+    lines = ["| shape | cuBLAS us (layout) | first pick x (label) | best x | best variant | best tiny x | tiny variant |",
+             "|---|---:|---:|---:|---|---:|---|"]
+    for shape, ok in ok_by_shape(rows).items():
+        if not ok:
+            lines.append(f"| {shape} | - | - | - | none ok | - | - |")
+            continue
+        best = max(ok, key=lambda r: r["x"])
+        first = next((r for r in ok if r["variant"].endswith("pick0")), None)
+        tiny = max((r for r in ok if r["variant"].startswith("tiny")), key=lambda r: r["x"], default=None)
+        lines.append(f"| {shape} | {best['cublas_us']:.2f} ({best['cublas_layout']}) | "
+                     f"{first['x'] if first else float('nan'):.3f} ({first['variant'] if first else '-'}) | "
+                     f"{best['x']:.3f} | {best['variant']} | {tiny['x'] if tiny else float('nan'):.3f} | "
+                     f"{tiny['variant'] if tiny else '-'} |")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", default=SHAPES)
+    ap.add_argument("--tiny-grid", type=int, default=32, help="tiny knob sets per shape (stable subset)")
+    ap.add_argument("--mma-grid", type=int, default=8, help="sm80_mma small-tile sets per shape")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="time no new shape after this")
+    ap.add_argument("--list", action="store_true", help="print the variants per shape and stop (no GPU)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    templates = load_templates()
+    shapes = [Shape.parse(s) for s in args.shapes]
+    plan = [(s, variants(templates, s, args.tiny_grid, args.mma_grid)) for s in shapes]
+    if args.list:
+        for s, vs in plan:
+            print(f"{s}: {len(vs)} variants: " + " ".join(lb for lb, _ in vs))
+        return 0
+    import torch
+
+    from align_mid_check import Kernels, time_variants
+
+    t0 = time.time()
+    torch.zeros(1, device="cuda")
+    kern = Kernels([c for _, vs in plan for _, c in vs])
+    print(f"{sum(len(v) for _, v in plan)} variants, {len(kern.compiled)} sources "
+          f"({sum(not r.ok for r in kern.compiled.values())} failed to compile) at {time.time() - t0:.0f} s", flush=True)
+    rows: list[dict] = []
+    bad: list[str] = []
+    for s, vs in plan:
+        if time.time() - t0 > args.budget_s:
+            print(f"budget: {s} and later shapes not timed", flush=True)
+            break
+        time_variants(s, vs, kern, rows, bad, make_sets=hbm_rotation)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "small_dev.json").write_text(json.dumps({"rows": rows, "bad": bad}, indent=1, default=str))
+    print("\n" + "\n".join(table(rows)))
+    print(f"\n{len(bad)} problems" + "".join(f"\n  {b}" for b in bad[:20]) + f"\n{time.time() - t0:.0f} s")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""bench/small_dev.py's variant lists (CPU: no GPU is touched by --list)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+small_dev = pytest.importorskip("small_dev")
+
+from populations import Shape, load_templates  # noqa: E402
+
+
+def test_variants_cover_every_applicable_template_and_tiny_past_its_rule() -> None:
+    templates = load_templates()
+    shape = Shape.parse("141x256x256")  # M and N > 128: tiny's applies rule refuses it
+    labels = [lb for lb, _ in small_dev.variants(templates, shape, 16, 4)]
+    assert not templates["tiny"].applicable(shape, 90)
+    for name, t in templates.items():
+        if t.applicable(shape, 90):
+            assert f"{name}:pick0" in labels
+    assert sum(lb.startswith("tiny!:") for lb in labels) == 16
+    assert any(lb.startswith("sm80_mma:") and "pick" not in lb for lb in labels)
+
+
+def test_tiny_grid_bounds_ctas_and_rounds() -> None:
+    t = load_templates()["tiny"]
+    shape = Shape.parse("121x374x139")
+    grid = small_dev.tiny_grid(t, shape)
+    assert grid
+    for k in grid:
+        ctas = -(-shape.m // k["TM"]) * -(-shape.n // k["TN"]) * k["SPLIT_K"]
+        rounds = -(-(-(-shape.k // 16) // k["SPLIT_K"]) // (k["WARPS"] * k["KU"]))
+        assert 66 <= ctas <= 1584 and rounds <= 2
+        assert not t.check(k, shape, 90)
+
+
+def test_list_runs_without_a_gpu() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "small_dev.py"), "--list", "--shapes", "80x401x201",
+                          "2694x128x256"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("80x401x201:TN:f32:")

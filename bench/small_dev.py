@@ -100,16 +100,20 @@ def variants(templates: dict, shape: Shape, tiny_cap: int, mma_cap: int) -> list
 
 
 def hbm_rotation(shape: Shape) -> list[tuple[Any, Any, Any]]:
-    """(a, w, c) sets covering more than 3x L2 (w as N x K), carved from three big tensors."""
+    """(a, w, c) sets covering more than 3x L2 (w as N x K), carved from three big tensors, every
+    matrix starting on a 256-byte boundary as an allocation does (an odd M x K packed tightly put
+    every other set's A 2 bytes off, which kernels may assume away)."""
     import torch
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     m, n, k = shape.m, shape.n, shape.k
     sets = max(2, math.ceil(3 * l2 / (2 * (m * k + n * k + m * n))))
-    a = torch.randn(sets, m, k, device="cuda", dtype=torch.half)
-    w = torch.randn(sets, n, k, device="cuda", dtype=torch.half)
-    c = torch.empty(sets, m, n, device="cuda", dtype=torch.half)
-    return [(a[i], w[i], c[i]) for i in range(sets)]
+
+    def carve(rows: int, cols: int, fill: bool) -> list:
+        slot = -(-rows * cols // 128) * 128  # elements: 256 bytes
+        flat = (torch.randn if fill else torch.empty)(sets * slot, device="cuda", dtype=torch.half)
+        return [flat[i * slot:i * slot + rows * cols].view(rows, cols) for i in range(sets)]
+    return list(zip(carve(m, k, True), carve(n, k, True), carve(m, n, False)))
 
 
 def table(rows: list[dict]) -> list[str]:

@@ -120,14 +120,15 @@ def table(rows: list[dict]) -> list[str]:
     """Per shape: cuBLAS, the first pick, the best variant and tiny's best (markdown rows)."""
     from align_mid_check import ok_by_shape
 
-    lines = ["| shape | cuBLAS us (layout) | first pick x (label) | best x | best variant | best tiny x | tiny variant |",
+    lines = ["| shape | cuBLAS us (layout) | native first pick x (label) | best x | best variant | best tiny x | tiny variant |",
              "|---|---:|---:|---:|---|---:|---|"]
     for shape, ok in ok_by_shape(rows).items():
         if not ok:
             lines.append(f"| {shape} | - | - | - | none ok | - | - |")
             continue
         best = max(ok, key=lambda r: r["x"])
-        first = next((r for r in ok if r["variant"].endswith("pick0")), None)
+        first = next((r for r in ok if r["variant"] == "sm90_wgmma:pick0"),  # the seeding's first, on sm_90a
+                     next((r for r in ok if r["variant"].endswith("pick0")), None))
         tiny = max((r for r in ok if r["variant"].startswith("tiny")), key=lambda r: r["x"], default=None)
         lines.append(f"| {shape} | {best['cublas_us']:.2f} ({best['cublas_layout']}) | "
                      f"{first['x'] if first else float('nan'):.3f} ({first['variant'] if first else '-'}) | "

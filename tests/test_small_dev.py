@@ -17,7 +17,7 @@ from populations import Shape, load_templates  # noqa: E402
 
 def test_variants_cover_every_applicable_template_and_tiny_past_its_rule() -> None:
     templates = load_templates()
-    shape = Shape.parse("141x256x256")  # M and N > 128: tiny's applies rule refuses it
+    shape = Shape.parse("191x512x768")  # M and N > 128 and K past 384: tiny's applies rule refuses it
     labels = [lb for lb, _ in small_dev.variants(templates, shape, 16, 4)]
     assert not templates["tiny"].applicable(shape, 90)
     for name, t in templates.items():

@@ -333,7 +333,10 @@ def test_family_metadata(families: dict[str, Template]) -> None:
     axes = {k.axis for k in a.space.knobs.values()}
     assert {"tiling", "loops", "padding", "swizzle", "splitk", "epilogue"} <= axes
     assert t.applicable(Shape.parse("64x8192x8192"), "sm_80") and t.applicable(Shape.parse("8192x100x8192"), 90)
-    assert not t.applicable(Shape.parse("129x129x64"), 90)
+    assert not t.applicable(Shape.parse("129x129x1024"), 90)  # past 128 both ways, K past the short-K rule
+    assert not t.applicable(Shape.parse("2048x2048x64"), 90)  # short K, but more than a wave of 16x8 tiles
+    assert t.applicable(Shape.parse("129x129x64"), 90) and t.heuristic(Shape.parse("309x216x274"), 90)[0] == dict(
+        TM=16, TN=8, WARPS=8, KU=2, SPLIT_K=1)  # short K on a small output: one 16x8 fragment per warp
     assert a.applicable(Shape.parse("1x1x1"), "sm_80") and not a.applicable(Shape.parse("8x8x8:f16"), 90)
 
 

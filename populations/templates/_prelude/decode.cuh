@@ -1,7 +1,6 @@
 // Prelude shared by the weight-streaming (decode) families, gemv and swab: 16-byte loads of
-// operands that are read once (weights) or by many CTAs (tokens), fp16 <-> fp32 helpers, and the
-// split-K reduction across the CTAs of a thread-block cluster through distributed shared memory
-// (sm_90: one launch, no workspace, no second kernel). Needs CLUSTER defined (1 = no cluster).
+// operands that are read once (weights) or by many CTAs (tokens), fp16 <-> fp32 helpers. Their
+// split-K across the CTAs of a cluster is cluster_k.cuh's (listed before this file).
 
 // The problem size inside a kernel: the rendered constants of a specialised candidate (EVO_M,
 // EVO_N, EVO_K, so every loop bound folds), the launch arguments M_, N_, K_ otherwise.
@@ -124,25 +123,6 @@ __device__ __forceinline__ unsigned short dec_f2h(float x) {
   return h;
 }
 
-// Kernels of a K-splitting cluster carry the compile-time cluster shape (a plain launch honours it).
-#if CLUSTER > 1
-#define DEC_CLUSTER_DIMS __cluster_dims__(1, 1, CLUSTER)
-#else
-#define DEC_CLUSTER_DIMS
-#endif
-
-// The part [lo, hi) of `units` K units (chunks, steps) this CTA owns: all of them, or with a cluster
-// (grid z = CLUSTER) an even split by blockIdx.z.
-__device__ __forceinline__ void dec_k_range(int units, int& lo, int& hi) {
-#if CLUSTER > 1
-  const int per = (units + CLUSTER - 1) / CLUSTER;
-  lo = blockIdx.z * per;
-  hi = min(lo + per, units);
-#else
-  lo = 0;
-  hi = units;
-#endif
-}
 // 16-byte loads are legal when every row starts 16-byte aligned: K % 8 == 0 and aligned base pointers.
 // A kernel built with RAGGED 1 reads every row through the realigning path (one K loop, registers
 // for it alone), so for it the answer is a constant false and the 16-byte loop is never compiled in.
@@ -161,27 +141,6 @@ __device__ __forceinline__ bool dec_vec16(const void* A, const void* B, int K) {
 #define DEC_BOUNDS(threads) __launch_bounds__(threads, 1)
 #else
 #define DEC_BOUNDS(threads) __launch_bounds__(threads)
-#endif
-
-#if CLUSTER > 1
-// Cluster-wide barrier with release/acquire semantics: shared-memory writes before it are visible
-// to every CTA of the cluster after it.
-__device__ __forceinline__ void dec_cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ unsigned int dec_cluster_rank() {
-  unsigned int r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-// The float at the same shared-memory offset as `local`, in the shared memory of CTA `rank`.
-__device__ __forceinline__ float dec_ld_peer(const float* local, unsigned int rank) {
-  unsigned int mine = (unsigned int)__cvta_generic_to_shared(local), theirs;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(theirs) : "r"(mine), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(theirs) : "memory");
-  return v;
-}
 #endif
 
 // ---- shared-memory staging (swpipe): 16-byte cp.async with zero fill, ldmatrix fragments ----

@@ -2,14 +2,17 @@
 
     python bench/small_dev.py [--shapes 121x374x139 ...] [--tiny-grid 32] [--mma-grid 8] [--out DIR]
     python bench/small_dev.py --list [--shapes ...]            # the variants only (no GPU)
+    python bench/small_dev.py --compile-only [--shapes ...]    # every source compiled here (no GPU)
 
 Over random-shape seeds 9-17 (bench/RESULTS.md section 28) most of the mid rows whose best evolved
 kernel stayed under cuBLAS were small: cuBLAS at 3-15 us, M 17-11000, many with a ragged K. With
 about four evaluations a shape in a 100-shape run, the first picks decide those rows, so this
-times, per shape: every applicable template's first two heuristic picks, a pruned grid of tiny's
-knobs (latency-first: fragments straight from global memory, no pipeline to fill) *whether or not
-tiny's ``applies`` rule admits the shape* (labels ``tiny!`` where it does not: the question is
-whether the rule should), and a small-tile grid of sm80_mma, beside cuBLAS in both layouts.
+times, per shape: every applicable template's first two heuristic picks, tiny's short-K fragment
+(16 x 8, 8 warps) and two wider tiles with K whole or split across a cluster (``c2``-``c8``), a pruned
+grid of tiny's knobs (latency-first: fragments straight from global memory, no pipeline to fill;
+K split through the workspace, ``s2``-``s8``, or a cluster) *whether or not tiny's ``applies``
+rule admits the shape* (labels ``tiny!`` where it does not: the question is whether the rule
+should), and a small-tile grid of sm80_mma, beside cuBLAS in both layouts.
 
 Launches go through the evaluator's binder (``align_mid_check.Kernels``: staged plans, tensor
 maps). Timing: CUDA-graph replay over a rotation of more than 3x L2 (no cap on the set count,
@@ -45,7 +48,8 @@ def cdiv(a: int, b: int) -> int:
 
 
 def tiny_grid(t: Any, shape: Shape) -> list[dict]:
-    """tiny's knob sets with 66-1584 CTAs (split-K included) and at most two K rounds per warp."""
+    """tiny's knob sets with 66-1584 CTAs and at most two K rounds per warp, K split 1-8 ways
+    through the workspace (SPLIT_K, a reduce launch) or across a cluster (CLUSTER, one launch)."""
     steps = cdiv(shape.k, 16)
     out = []
     for tm in t.space.knobs["TM"].values:
@@ -55,10 +59,28 @@ def tiny_grid(t: Any, shape: Shape) -> list[dict]:
                     for split in (1, 2, 4, 8):
                         ctas = cdiv(shape.m, tm) * cdiv(shape.n, tn) * split
                         rounds = cdiv(cdiv(steps, split), warps * ku)
-                        k = dict(TM=tm, TN=tn, WARPS=warps, KU=ku, SPLIT_K=split)
-                        if 66 <= ctas <= 1584 and rounds <= 2 and not t.check(k, shape, 90):
-                            out.append(k)
+                        for how in (("SPLIT_K", "CLUSTER") if split > 1 else ("SPLIT_K",)):
+                            k = {**dict(TM=tm, TN=tn, WARPS=warps, KU=ku, SPLIT_K=1, CLUSTER=1), how: split}
+                            if 66 <= ctas <= 1584 and rounds <= 2 and not t.check(k, shape, 90):
+                                out.append(k)
     return out
+
+
+def tiny_focus(t: Any, shape: Shape) -> list[dict]:
+    """The short-K first pick's fragment (16 x 8, 8 warps, KU 2) and two wider tiles, each with K
+    whole or split 2-8 ways across a cluster, up to four waves of CTAs: timed on every shape."""
+    out = []
+    for tm, tn in ((16, 8), (16, 16), (32, 16)):
+        for cluster in (1, 2, 4, 8):
+            k = dict(TM=tm, TN=tn, WARPS=8, KU=2, SPLIT_K=1, CLUSTER=cluster)
+            if cdiv(shape.m, tm) * cdiv(shape.n, tn) * cluster <= 4224 and not t.check(k, shape, 90):
+                out.append(k)
+    return out
+
+
+def tiny_label(k: dict) -> str:
+    split = f"s{k['SPLIT_K']}" if k.get("CLUSTER", 1) == 1 else f"c{k['CLUSTER']}"
+    return f"{k['TM']}x{k['TN']}w{k['WARPS']}u{k['KU']}{split}"
 
 
 def mma_grid(t: Any, shape: Shape) -> list[dict]:
@@ -91,8 +113,8 @@ def variants(templates: dict, shape: Shape, tiny_cap: int, mma_cap: int) -> list
                 add(f"{name}:pick{i}", t, k)
     tiny = templates["tiny"]
     mark = "tiny" if tiny.applicable(shape, 90) else "tiny!"
-    for k in thin(tiny_grid(tiny, shape), tiny_cap):
-        add(f"{mark}:{k['TM']}x{k['TN']}w{k['WARPS']}u{k['KU']}s{k['SPLIT_K']}", tiny, k)
+    for k in tiny_focus(tiny, shape) + thin(tiny_grid(tiny, shape), tiny_cap):
+        add(f"{mark}:{tiny_label(k)}", tiny, k)
     mma = templates["sm80_mma"]
     for k in thin(mma_grid(mma, shape), mma_cap):
         add(f"sm80_mma:{k['BM']}x{k['BN']}x{k['BK']}st{k['STAGES']}s{k['SPLIT_K']}", mma, k)
@@ -144,6 +166,7 @@ def main() -> int:
     ap.add_argument("--mma-grid", type=int, default=8, help="sm80_mma small-tile sets per shape")
     ap.add_argument("--budget-s", type=float, default=240.0, help="time no new shape after this")
     ap.add_argument("--list", action="store_true", help="print the variants per shape and stop (no GPU)")
+    ap.add_argument("--compile-only", action="store_true", help="compile every variant's source here and stop (no GPU)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     templates = load_templates()
@@ -153,6 +176,14 @@ def main() -> int:
         for s, vs in plan:
             print(f"{s}: {len(vs)} variants: " + " ".join(lb for lb, _ in vs))
         return 0
+    if args.compile_only:
+        from decode_dev import compile_all
+
+        results = compile_all([c for _, vs in plan for _, c in vs])
+        failed = [r for r in results.values() if not r.ok]
+        print(f"{len(results)} sources compiled for sm_90a, {len(failed)} failed"
+              + "".join(f"\n  {r.status}: {r.message[-300:]}" for r in failed[:5]))
+        return 1 if failed else 0
     import torch
 
     from align_mid_check import Kernels, time_variants

@@ -23,7 +23,8 @@ def test_variants_cover_every_applicable_template_and_tiny_past_its_rule() -> No
     for name, t in templates.items():
         if t.applicable(shape, 90):
             assert f"{name}:pick0" in labels
-    assert sum(lb.startswith("tiny!:") for lb in labels) == 16
+    assert 16 <= sum(lb.startswith("tiny!:") for lb in labels) <= 16 + len(small_dev.tiny_focus(templates["tiny"], shape))
+    assert "tiny!:16x8w8u2s1" in labels and "tiny!:16x8w8u2c4" in labels  # the focus: K whole, K over a cluster
     assert any(lb.startswith("sm80_mma:") and "pick" not in lb for lb in labels)
 
 
@@ -31,10 +32,12 @@ def test_tiny_grid_bounds_ctas_and_rounds() -> None:
     t = load_templates()["tiny"]
     shape = Shape.parse("121x374x139")
     grid = small_dev.tiny_grid(t, shape)
-    assert grid
+    assert grid and any(k["CLUSTER"] > 1 for k in grid)
     for k in grid:
-        ctas = -(-shape.m // k["TM"]) * -(-shape.n // k["TN"]) * k["SPLIT_K"]
-        rounds = -(-(-(-shape.k // 16) // k["SPLIT_K"]) // (k["WARPS"] * k["KU"]))
+        split = k["SPLIT_K"] * k["CLUSTER"]
+        assert k["SPLIT_K"] == 1 or k["CLUSTER"] == 1
+        ctas = -(-shape.m // k["TM"]) * -(-shape.n // k["TN"]) * split
+        rounds = -(-(-(-shape.k // 16) // split) // (k["WARPS"] * k["KU"]))
         assert 66 <= ctas <= 1584 and rounds <= 2
         assert not t.check(k, shape, 90)
 

@@ -52,12 +52,6 @@ def test_the_cases_are_valid_candidates_with_the_lanes_their_split_asks_for() ->
 @pytest.mark.timeout(600)
 def test_split_k_reduce_is_correct_in_the_mma_sync_families_on_the_gpu(tmp_path) -> None:
     pytest.importorskip("torch")
-    from evaluators import LocalPool
-    from populations import Status
+    from gpu_eval_all_ok import assert_all_ok
 
-    cands = _candidates()
-    with LocalPool(compile_workers=4, timers=("device",), log_dir=str(tmp_path)) as pool:
-        evals = pool.evaluate(cands)
-    bad = [(c.template, str(c.shapes[0]), c.knobs, e.status.value, e.message[:300])
-           for c, e in zip(cands, evals) if e.status is not Status.OK]
-    assert not bad, bad
+    assert_all_ok(_candidates(), tmp_path)

@@ -336,7 +336,7 @@ def test_family_metadata(families: dict[str, Template]) -> None:
     assert not t.applicable(Shape.parse("129x129x1024"), 90)  # past 128 both ways, K past the short-K rule
     assert not t.applicable(Shape.parse("2048x2048x64"), 90)  # short K, but more than a wave of 16x8 tiles
     assert t.applicable(Shape.parse("129x129x64"), 90) and t.heuristic(Shape.parse("309x216x274"), 90)[0] == dict(
-        TM=16, TN=8, WARPS=8, KU=2, SPLIT_K=1)  # short K on a small output: one 16x8 fragment per warp
+        TM=16, TN=8, WARPS=8, KU=2, SPLIT_K=1, CLUSTER=1)  # short K on a small output: one 16x8 fragment per warp
     assert a.applicable(Shape.parse("1x1x1"), "sm_80") and not a.applicable(Shape.parse("8x8x8:f16"), 90)
 
 
@@ -356,7 +356,7 @@ def test_plans_resolve_at_ragged_shapes(families: dict[str, Template], name: str
                     _, plan = t.render(knobs, shape, specialize=specialize)
                     launches, ws = plan.resolve(shape)
                     split = knobs["SPLIT_K"]
-                    assert launches[0].grid[2] == split and launches[0].smem <= MAX_SMEM
+                    assert launches[0].grid[2] == split * knobs.get("CLUSTER", 1) and launches[0].smem <= MAX_SMEM
                     assert ws == (split * shape.m * shape.n * 4 if split > 1 else 0)
                     assert [launch.kernel for launch in launches][1:] == (["evo_splitk_reduce"] if split > 1 else [])
                     # _prelude/splitk_reduce.cuh: 4 elements per group of SK_LANES threads (8 from split-K 8 on)

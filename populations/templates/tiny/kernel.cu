@@ -4,13 +4,37 @@
 //   straight from global memory (no shared-memory pipeline: nothing to fill or drain), then
 //   the warps add their partial tiles through shared memory. SPLIT_K > 1 splits K across CTAs
 //   too: fp32 partial tiles go to workspace[SPLIT_K][M][N] and a reduce launch sums them.
+//   CLUSTER > 1 (sm_90) splits K across the CTAs of a thread-block cluster instead: each CTA's
+//   partial tile stays in its shared memory and every CTA adds a share of the tile's elements over
+//   all of them through distributed shared memory, in one launch with no workspace (the reduce
+//   launch costs a short-K tile about 1.5 us, bench/RESULTS.md section 27 (n)).
 // Knobs arrive as #defines (see template.toml); no includes, so NVRTC compiles it fast. The
 // renderer prepends the _prelude files named in template.toml: half_t/u32/u64, mma16816, f2h,
-// pack2 (mma_sync.cuh) and evo_splitk_reduce (splitk_reduce.cuh).
+// pack2 (mma_sync.cuh), the cluster's K range, barrier and peer loads (cluster_k.cuh) and
+// evo_splitk_reduce (splitk_reduce.cuh).
 
 #define MI (TM / 16)
 #define NI (TN / 8)
 #define FR (MI * NI * 4)   // accumulator floats per thread
+#define KSPLIT (SPLIT_K * CLUSTER)  // K shares (grid z); at most one of the two is > 1
+
+// Element e of a tile kept as [fragment float][lane] (e = f * 32 + lane): its sum goes to C, or to
+// this CTA's workspace slice with SPLIT_K > 1.
+__device__ __forceinline__ void tiny_store(half_t* __restrict__ C, float* __restrict__ Wz, int e, float sum, int m0,
+                                           int n0, int M, int N, int ldc) {
+  const int f = e >> 5, l = e & 31, c = f & 3, ij = f >> 2;
+  const int row = m0 + (ij / NI) * 16 + (l >> 2) + (c >> 1) * 8;
+  const int col = n0 + (ij % NI) * 8 + (l & 3) * 2 + (c & 1);
+  if (row < M && col < N) {
+#if SPLIT_K > 1
+    (void)C, (void)ldc;
+    Wz[(long long)row * N + col] = sum;
+#else
+    (void)Wz;
+    C[(long long)row * ldc + col] = f2h(sum);
+#endif
+  }
+}
 
 
 // Elements (row, k) and (row, k+1) of a row-major matrix, zero outside rows < nrows, k < kend.
@@ -32,7 +56,7 @@ __device__ __forceinline__ u32 ld_colpair(const half_t* __restrict__ p, int k, i
   return lo | (hi << 16);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void DEC_CLUSTER_DIMS __launch_bounds__(THREADS)
 evo_tiny(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __restrict__ C,
          float* __restrict__ W, int M_, int N_, int K_, int lda_, int ldb_, int ldc_) {
   MMA_PROBLEM_SIZE;
@@ -42,8 +66,8 @@ evo_tiny(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __r
   const int m0 = blockIdx.y * TM, n0 = blockIdx.x * TN;
 
   const int steps = (K + 15) / 16;  // k16 steps
-#if SPLIT_K > 1
-  const int per = (steps + SPLIT_K - 1) / SPLIT_K;
+#if KSPLIT > 1
+  const int per = (steps + KSPLIT - 1) / KSPLIT;
   const int s0 = blockIdx.z * per, s1 = min(s0 + per, steps);
 #else
   const int s0 = 0, s1 = steps;
@@ -97,9 +121,11 @@ evo_tiny(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __r
 
 #if SPLIT_K > 1
   float* Wz = W + (long long)blockIdx.z * M * N;
+#else
+  float* Wz = W;
 #endif
-#if WARPS > 1
-  // Add the warps' partial tiles: [warp][fragment float][lane] in shared memory (conflict-free).
+#if WARPS > 1 || CLUSTER > 1
+  // The warps' partial tiles: [warp][fragment float][lane] in shared memory (conflict-free).
   extern __shared__ __align__(16) float red[];
 #pragma unroll
   for (int i = 0; i < MI; ++i)
@@ -108,6 +134,37 @@ evo_tiny(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __r
 #pragma unroll
       for (int c = 0; c < 4; ++c) red[(warp * FR + (i * NI + j) * 4 + c) * 32 + lane] = acc[i][j][c];
   __syncthreads();
+#endif
+#if CLUSTER > 1
+#if WARPS > 1
+  // This CTA's sum of its warps, into warp 0's slice (element e is read and written by one thread).
+#pragma unroll
+  for (int it = 0; it < (FR * 32 + THREADS - 1) / THREADS; ++it) {
+    const int e = tid + it * THREADS;
+    if ((FR * 32) % THREADS != 0 && e >= FR * 32) break;
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) sum += red[w * FR * 32 + e];
+    red[e] = sum;
+  }
+#endif
+  // Every CTA of the cluster finishes a share of the tile, adding all CTAs' partial tiles in rank
+  // order (the same order wherever the tile is, so the sum is deterministic).
+  dec_cluster_sync();
+  const int rank = (int)dec_cluster_rank();
+#pragma unroll
+  for (int it = 0; it < (FR * 32 + THREADS * CLUSTER - 1) / (THREADS * CLUSTER); ++it) {
+    const int e = rank * THREADS + tid + it * THREADS * CLUSTER;
+    if (e < FR * 32) {
+      float sum = 0.f;
+#pragma unroll
+      for (int q = 0; q < CLUSTER; ++q) sum += dec_ld_peer(red + e, q);
+      tiny_store(C, Wz, e, sum, m0, n0, M, N, ldc);
+    }
+  }
+  dec_cluster_sync();  // no CTA leaves while another still reads its shared memory
+#elif WARPS > 1
+  // Add the warps' partial tiles.
 #pragma unroll
   for (int it = 0; it < (FR * 32 + THREADS - 1) / THREADS; ++it) {  // compile-time trip count
     const int e = tid + it * THREADS;
@@ -115,16 +172,7 @@ evo_tiny(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __r
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) sum += red[w * FR * 32 + e];
-    const int f = e >> 5, l = e & 31, c = f & 3, ij = f >> 2;
-    const int row = m0 + (ij / NI) * 16 + (l >> 2) + (c >> 1) * 8;
-    const int col = n0 + (ij % NI) * 8 + (l & 3) * 2 + (c & 1);
-    if (row < M && col < N) {
-#if SPLIT_K > 1
-      Wz[(long long)row * N + col] = sum;
-#else
-      C[(long long)row * ldc + col] = f2h(sum);
-#endif
-    }
+    tiny_store(C, Wz, e, sum, m0, n0, M, N, ldc);
   }
 #else
   // One warp: store the fragment pairs directly.

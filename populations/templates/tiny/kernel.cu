@@ -158,7 +158,7 @@ evo_tiny(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __r
     if (e < FR * 32) {
       float sum = 0.f;
 #pragma unroll
-      for (int q = 0; q < CLUSTER; ++q) sum += dec_ld_peer(red + e, q);
+      for (int r = 0; r < CLUSTER; ++r) sum += dec_ld_peer(red + e, r);
       tiny_store(C, Wz, e, sum, m0, n0, M, N, ldc);
     }
   }

@@ -45,7 +45,7 @@
 # benchmark's start after which its time stage starts no new shape, evolution included, default 240; random-shapes
 # default 500), SEED, STAGES (random-shapes: default evolve,export,time), RESTORE (random-shapes: a tarball an earlier
 # call packed, unpacked into the work folder first, for a second call on a fresh machine), N (throughput candidates per shape, default 200), REDTEAM_S (red-team submit
-# budget, default 150), PART (false-rejections: I/N, one slice of the sweep, with FR_S large enough for it; SKIP_SEEDS=1: not the LLM sample), MODELS / BUDGET (e2e), GPU_TESTS_ARGS (extra pytest arguments), PER_TEMPLATE / FR_S
+# budget, default 150), PART (false-rejections: I/N, one slice of the sweep, with FR_S large enough for it; SKIP_SEEDS=1: not the LLM sample; FR_TEMPLATES: only those templates' seeds), MODELS / BUDGET (e2e), GPU_TESTS_ARGS (extra pytest arguments), PER_TEMPLATE / FR_S
 # (false-rejections seeds per template, default 4; submit budget per part in s, default 150; RANDOM_SEEDS, comma-separated:
 # a part with the random-shape benchmark's shapes of those seeds), OLD_RUN_S /
 # OLD_SHAPES (the old tree's evo run), PROFILE_N (default 16), RL_MIN (rl-check minutes, default 8), RAY_S
@@ -102,7 +102,7 @@ for part in "$@"; do
       fr_arch=(--archive /tmp/old_archive)
     fi
     timeout $(( 3 * ${FR_S:-150} + 120 )) python3 bench/false_rejections.py --per-template "${PER_TEMPLATE:-4}" \
-      --budget-s "${FR_S:-150}" ${RANDOM_SEEDS:+--random-seeds "$RANDOM_SEEDS"} ${PART:+--part "$PART"} ${SKIP_SEEDS:+--skip-seeds} "${fr_arch[@]}" --json "$OUT/false_rejections.json" > "$OUT/false_rejections.log" 2>&1
+      --budget-s "${FR_S:-150}" ${RANDOM_SEEDS:+--random-seeds "$RANDOM_SEEDS"} ${PART:+--part "$PART"} ${FR_TEMPLATES:+--templates "$FR_TEMPLATES"} ${SKIP_SEEDS:+--skip-seeds} "${fr_arch[@]}" --json "$OUT/false_rejections.json" > "$OUT/false_rejections.log" 2>&1
     echo "rc=$?"; tail -n 30 "$OUT/false_rejections.log" | cut -c1-300 ;;
   profile)
     rm -rf /tmp/evo_prof; EVO_WORKER_PROFILE=/tmp/evo_prof timeout 200 python3 bench/eval_bench.py --n "${PROFILE_N:-16}" \

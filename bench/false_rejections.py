@@ -23,6 +23,8 @@ evaluation that ran is ``ok``.
 
 ``--part I/N`` keeps the I-th of N equal slices of each part's job list (in its round-robin
 order): a sweep longer than one device call runs as N calls, each reported on its own.
+``--templates NAMES`` keeps only those templates' seeds: the sweep again for the templates that
+changed since it last ran (the evaluator and the other templates' seeds being the same).
 """
 from __future__ import annotations
 
@@ -214,17 +216,27 @@ def main(argv: Optional[list[str]] = None, pool_factory: Optional[Callable[..., 
                     "the random-shape benchmark's shapes of those seeds (a part of its own, its own budget)")
     ap.add_argument("--part", type=_part, default=None, metavar="I/N",
                     help="only the I-th (from 0) of N slices of each part's jobs: a long sweep over N calls")
+    ap.add_argument("--templates", default="", metavar="NAMES",
+                    help="comma-separated: only these templates' seeds (a sweep again after those templates changed)")
     ap.add_argument("--json", default=None, help="write the summary here")
     args = ap.parse_args(argv)
+    names = {x.strip() for x in args.templates.split(",") if x.strip()}
+    unknown = names - set(load_templates())
+    if unknown:
+        ap.error(f"--templates: no template named {', '.join(sorted(unknown))}")
+
+    def seeds(*a: Any, **kw: Any) -> list[tuple[str, Candidate, dict]]:
+        jobs = seed_jobs(*a, **kw)  # the round-robin order kept, only other templates' seeds left out
+        return [j for j in jobs if j[2]["template"] in names] if names else jobs
     try:
         rand_seeds = [int(x) for x in args.random_seeds.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--random-seeds: comma-separated integers, not {args.random_seeds!r}")
     if args.static:
         import tempfile
-        jobs = [] if args.skip_seeds else seed_jobs(_first(args.csv, CSV_DEFAULTS), args.per_template, args.arch)
+        jobs = [] if args.skip_seeds else seeds(_first(args.csv, CSV_DEFAULTS), args.per_template, args.arch)
         if rand_seeds:
-            jobs += seed_jobs(None, args.per_template, args.arch, rows=random_rows(rand_seeds))
+            jobs += seeds(None, args.per_template, args.arch, rows=random_rows(rand_seeds))
         with tempfile.TemporaryDirectory() as cache:
             report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                       "command": " ".join(["python3", "bench/false_rejections.py", *(argv or sys.argv[1:])]),
@@ -244,12 +256,12 @@ def main(argv: Optional[list[str]] = None, pool_factory: Optional[Callable[..., 
     with pool_factory() as pool:
         arch = getattr(pool, "arch", None) or "sm_90a"
         if not args.skip_seeds:
-            report["seeds"] = run_jobs(pool, part_slice(seed_jobs(_first(args.csv, CSV_DEFAULTS), args.per_template,
-                                                                  arch), args.part), args.budget_s)
+            report["seeds"] = run_jobs(pool, part_slice(seeds(_first(args.csv, CSV_DEFAULTS), args.per_template,
+                                                              arch), args.part), args.budget_s)
             _print("seeds", report["seeds"])
         if rand_seeds:
-            report["random_seeds"] = run_jobs(pool, part_slice(seed_jobs(None, args.per_template, arch,
-                                                                         rows=random_rows(rand_seeds)), args.part),
+            report["random_seeds"] = run_jobs(pool, part_slice(seeds(None, args.per_template, arch,
+                                                                     rows=random_rows(rand_seeds)), args.part),
                                               args.budget_s)
             _print(f"seeds on the random shapes of seeds {rand_seeds}", report["random_seeds"])
         if args.archive:

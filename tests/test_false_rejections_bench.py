@@ -132,3 +132,22 @@ def test_parts_split_the_sweep_into_slices_that_cover_it_once(tmp_path):
     for bad in ("3/3", "x/2", "1"):
         with pytest.raises(SystemExit):
             fr.main(["--csv", str(_csv(tmp_path)), "--part", bad], pool_factory=honest)
+
+
+def test_templates_keep_only_those_seeds_and_refuse_unknown_names(tmp_path):
+    fr = _bench()
+    pools = []
+
+    def honest():
+        pools.append(_Pool(fail=0, incorrect=0, crash=0, raise_=0))
+        return pools[-1]
+    out = tmp_path / "fr.json"
+    code = fr.main(["--csv", str(_csv(tmp_path)), "--per-template", "2", "--templates", "tiny,gemv", "--json", str(out)],
+                   pool_factory=honest)
+    rep = json.loads(out.read_text())["seeds"]
+    jobs = [j for j in fr.seed_jobs(_csv(tmp_path), 2, "sm_90a") if j[2]["template"] in ("tiny", "gemv")]
+    assert code == 0 and rep["planned"] == rep["ran"] == len(jobs) == len(pools[0].submitted) > 0
+    assert set(rep["by_template"]) == {"tiny", "gemv"}
+    import pytest
+    with pytest.raises(SystemExit):
+        fr.main(["--csv", str(_csv(tmp_path)), "--templates", "tiny,nope"], pool_factory=honest)

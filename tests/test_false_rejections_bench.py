@@ -31,6 +31,16 @@ class _Pool(FakeEvaluatorPool):
         self.close()
 
 
+def _honest_pools():
+    """(pools, factory): a factory of honest stand-in pools that keeps each pool it made in ``pools``."""
+    pools: list = []
+
+    def honest():
+        pools.append(_Pool(fail=0, incorrect=0, crash=0, raise_=0))
+        return pools[-1]
+    return pools, honest
+
+
 def _csv(tmp_path: Path) -> Path:
     p = tmp_path / "llm_layers.csv"
     p.write_text("M,N,K,model,layer\n1,2304,768,gpt2,qkv\n8,768,768,gpt2,proj\n128,3072,768,gpt2,fc\n"
@@ -40,11 +50,7 @@ def _csv(tmp_path: Path) -> Path:
 
 def test_every_seed_goes_through_the_pool_and_failures_are_counted(tmp_path):
     fr = _bench()
-    pools = []
-
-    def honest():
-        pools.append(_Pool(fail=0, incorrect=0, crash=0, raise_=0))
-        return pools[-1]
+    pools, honest = _honest_pools()
     out = tmp_path / "fr.json"
     code = fr.main(["--csv", str(_csv(tmp_path)), "--per-template", "2", "--json", str(out)], pool_factory=honest)
     rep = json.loads(out.read_text())["seeds"]
@@ -118,11 +124,7 @@ def test_parts_split_the_sweep_into_slices_that_cover_it_once(tmp_path):
     jobs = fr.seed_jobs(_csv(tmp_path), 2, "sm_90a")
     parts = [fr.part_slice(jobs, (i, 3)) for i in range(3)]
     assert [j for p in parts for j in p] == jobs and all(parts) and fr.part_slice(jobs, None) == jobs
-    pools = []
-
-    def honest():
-        pools.append(_Pool(fail=0, incorrect=0, crash=0, raise_=0))
-        return pools[-1]
+    pools, honest = _honest_pools()
     out = tmp_path / "fr.json"
     code = fr.main(["--csv", str(_csv(tmp_path)), "--per-template", "2", "--part", "1/3", "--json", str(out)],
                    pool_factory=honest)
@@ -136,11 +138,7 @@ def test_parts_split_the_sweep_into_slices_that_cover_it_once(tmp_path):
 
 def test_templates_keep_only_those_seeds_and_refuse_unknown_names(tmp_path):
     fr = _bench()
-    pools = []
-
-    def honest():
-        pools.append(_Pool(fail=0, incorrect=0, crash=0, raise_=0))
-        return pools[-1]
+    pools, honest = _honest_pools()
     out = tmp_path / "fr.json"
     code = fr.main(["--csv", str(_csv(tmp_path)), "--per-template", "2", "--templates", "tiny,gemv", "--json", str(out)],
                    pool_factory=honest)

@@ -35,16 +35,13 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from decode_dev import cdiv  # noqa: E402
 from populations import Candidate, Shape, load_templates  # noqa: E402
 
 #: rows of seeds 9-17 with cuBLAS at 3-15 us and the best evolved kernel under it: ragged K, then aligned
 SHAPES = ["121x374x139", "80x401x201", "144x435x114", "309x216x274", "1309x480x78", "360x68x93", "35x2271x145",
           "1940x256x69", "173x119x621", "141x256x256", "191x512x768", "278x560x640", "121x960x640", "161x160x320",
           "323x752x1088", "2108x1120x496", "1158x592x3168", "11061x208x80", "3748x176x1312", "2694x128x256"]
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def tiny_grid(t: Any, shape: Shape) -> list[dict]:

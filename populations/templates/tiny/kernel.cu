@@ -135,19 +135,24 @@ evo_tiny(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __r
       for (int c = 0; c < 4; ++c) red[(warp * FR + (i * NI + j) * 4 + c) * 32 + lane] = acc[i][j][c];
   __syncthreads();
 #endif
-#if CLUSTER > 1
 #if WARPS > 1
-  // This CTA's sum of its warps, into warp 0's slice (element e is read and written by one thread).
+  // Add the warps' partial tiles: into C (or the workspace), or with a cluster into warp 0's slice,
+  // this CTA's partial tile for its peers (element e is read and written by one thread).
 #pragma unroll
-  for (int it = 0; it < (FR * 32 + THREADS - 1) / THREADS; ++it) {
+  for (int it = 0; it < (FR * 32 + THREADS - 1) / THREADS; ++it) {  // compile-time trip count
     const int e = tid + it * THREADS;
     if ((FR * 32) % THREADS != 0 && e >= FR * 32) break;
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) sum += red[w * FR * 32 + e];
+#if CLUSTER > 1
     red[e] = sum;
+#else
+    tiny_store(C, Wz, e, sum, m0, n0, M, N, ldc);
+#endif
   }
 #endif
+#if CLUSTER > 1
   // Every CTA of the cluster finishes a share of the tile, adding all CTAs' partial tiles in rank
   // order (the same order wherever the tile is, so the sum is deterministic).
   dec_cluster_sync();
@@ -163,18 +168,7 @@ evo_tiny(const half_t* __restrict__ A, const half_t* __restrict__ B, half_t* __r
     }
   }
   dec_cluster_sync();  // no CTA leaves while another still reads its shared memory
-#elif WARPS > 1
-  // Add the warps' partial tiles.
-#pragma unroll
-  for (int it = 0; it < (FR * 32 + THREADS - 1) / THREADS; ++it) {  // compile-time trip count
-    const int e = tid + it * THREADS;
-    if ((FR * 32) % THREADS != 0 && e >= FR * 32) break;
-    float sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) sum += red[w * FR * 32 + e];
-    tiny_store(C, Wz, e, sum, m0, n0, M, N, ldc);
-  }
-#else
+#elif WARPS == 1
   // One warp: store the fragment pairs directly.
 #pragma unroll
   for (int i = 0; i < MI; ++i)

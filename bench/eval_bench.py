@@ -179,6 +179,10 @@ def throughput(pool: LocalPool, cands: list[Candidate], elites: int = 8) -> dict
         "raced": len(raced), "raced_rounds": [sum(m.device_rounds or 0 for m in raced),
                                               sum(m.device_rounds_planned or 0 for m in raced)],
         "messages": sorted({e.message[:160] for e in evals if e.status is not Status.OK})[:8],
+        # which candidates failed, so that a failure seen on the GPU machine can be rebuilt elsewhere
+        "failures": [{"template": c.template, "knobs": dict(c.knobs or {}), "status": e.status.value,
+                      "message": e.message[:300]}
+                     for c, f in zip(cands, futures) for e in f.result() if e.status is not Status.OK][:16],
     }
 
 

@@ -141,6 +141,8 @@ def compile_candidate(candidate: Candidate, arch: str, *, timeout_s: float = 60,
                                    nvcc=nvcc_path() if backend == "nvcc" else None,
                                    library=nvrtc_library() if backend == "nvrtc" else None,
                                    sass=(cuda_tool("nvdisasm"), arch))
+        if out.retried:
+            telemetry["retried"] = True
         if out.failure:
             return result(Status.COMPILE_ERROR, out.log, telemetry={**telemetry, "failure": out.failure,
                                                                         "child_pid": out.pid})

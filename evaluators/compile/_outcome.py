@@ -23,6 +23,7 @@ class ChildOutcome:
     failure: str = ""  # "", "timeout", "oom", "crash", "sass": why there is no compiler verdict
     pid: int = 0       # the child's pid, also its process-group id
     waits: tuple[tuple[str, str], ...] = ()  # (kernel, why) for kernels that may wait on other CTAs (_sass)
+    retried: bool = False  # a second child compiled it after the first died (_isolate.run_compile_isolated)
 
 
 def timeout_outcome(backend: str, timeout_s: float, seconds: float, pid: int) -> ChildOutcome:

@@ -87,7 +87,10 @@ for part in "$@"; do
         --skip-repeatability --shapes "$3" --out "$OUT/ab_$tag" > "$OUT/ab_$tag.log" 2>&1)
       echo "$2 $3 pair $4 rc=$?"; grep -A1 "^shape " "$OUT/ab_$tag.log" | tail -n 1 | cut -c1-120
     done
-    python3 bench/throughput_ab.py "$OUT" --json "$OUT/throughput_ab.json" ;;
+    python3 bench/throughput_ab.py "$OUT" --json "$OUT/throughput_ab.json"
+    # the device machine returns at most 8 files a call: the legs' folders and logs go in one
+    # archive, so that the summary and the legs both come back
+    (cd "$OUT" && tar -czf ab_legs.tgz ab_* && rm -rf ab_new_* ab_old_*) ;;
   perturb-profile)
     timeout 240 python3 bench/perturb_profile.py --out "$OUT/perturb_profile.json" > "$OUT/perturb_profile.log" 2>&1
     echo "rc=$?"; grep -v "^-\|^ *$" "$OUT/perturb_profile.log" | cut -c1-220 | head -n 90 ;;

@@ -6,8 +6,8 @@
 #   redteam      the hostile corpus through the real pool, good kernels interleaved (bench/redteam.py)
 #   throughput   evaluator candidates per minute at 4096^3 and 64x128x64 (bench/eval_bench.py)
 #   throughput-ab  the same beside OLD_TREE (a `git archive` of an earlier tree, carried), each tree its own
-#                eval_bench and cubin cache, ABBA by shape (new, old at 4096^3; old, new at 64x128x64): the
-#                only fair test of "within 10% of the rate before" (machines differ by more); N default 120;
+#                eval_bench, each leg its own empty cubin cache, after a warm-up run of each tree, ABBA by
+#                shape (new, old at 4096^3; old, new at 64x128x64): the only fair test of "within 10% of the rate before" (machines differ by more); N default 120;
 #                AB_PAIRS rounds of it (default 1; one round's ratio moved 4-6 points between two H100s),
 #                summed up by bench/throughput_ab.py
 #   false-rejections  issue 18: every template seed on the LLM-layer sample, and (OLD_TREE=dir of a
@@ -74,7 +74,15 @@ for part in "$@"; do
   throughput-ab)
     : "${OLD_TREE:?throughput-ab needs OLD_TREE, an earlier tree (git archive REV | tar -x -C DIR, carried)}"
     # AB_PAIRS rounds (default 1, about 4 minutes each at N=120), ABBA within a round and the order
-    # reversed every other round; bench/throughput_ab.py pairs the legs and gives each shape's geomean
+    # reversed every other round; bench/throughput_ab.py pairs the legs and gives each shape's geomean.
+    # First a short warm-up run of each tree (16 candidates, thrown away): on 2026-12-06 the first
+    # leg on a machine just started ran 0.83 of its twin, the same pair's reverse 0.97. Every leg
+    # compiles into a cubin cache of its own, empty (an evolution run's children are all new):
+    # before, a second round found the first round's cubins and timed a cheaper compile step.
+    for t in "$PWD new" "$OLD_TREE old"; do set -- $t
+      (cd "$1" && EVO_CUBIN_CACHE="/tmp/cub_warm_$2" PYTHONPATH="$1" timeout 120 python3 bench/eval_bench.py --n 16 \
+        --skip-repeatability --shapes 64x128x64:TN --out "/tmp/ab_warm_$2" > "/tmp/ab_warm_$2.log" 2>&1)
+      echo "warm-up $2 rc=$?"; done
     legs=(); for ((r = 1; r <= ${AB_PAIRS:-1}; r++)); do
       if (( r % 2 )); then legs+=("$PWD new 4096x4096x4096:TN $r" "$OLD_TREE old 4096x4096x4096:TN $r" \
                                   "$OLD_TREE old 64x128x64:TN $r" "$PWD new 64x128x64:TN $r")
@@ -83,7 +91,8 @@ for part in "$@"; do
     done
     for leg in "${legs[@]}"; do
       set -- $leg; tag="$2_${3%%x*}"; [ "$4" -gt 1 ] && tag="${tag}_$4"
-      (cd "$1" && EVO_CUBIN_CACHE="/tmp/cub_$2_${3%%x*}" PYTHONPATH="$1" timeout 280 python3 bench/eval_bench.py --n "${N:-120}" \
+      rm -rf "/tmp/cub_$tag"
+      (cd "$1" && EVO_CUBIN_CACHE="/tmp/cub_$tag" PYTHONPATH="$1" timeout 280 python3 bench/eval_bench.py --n "${N:-120}" \
         --skip-repeatability --shapes "$3" --out "$OUT/ab_$tag" > "$OUT/ab_$tag.log" 2>&1)
       echo "$2 $3 pair $4 rc=$?"; grep -A1 "^shape " "$OUT/ab_$tag.log" | tail -n 1 | cut -c1-120
     done

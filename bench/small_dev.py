@@ -12,7 +12,8 @@ times, per shape: every applicable template's first two heuristic picks, tiny's 
 grid of tiny's knobs (latency-first: fragments straight from global memory, no pipeline to fill;
 K split through the workspace, ``s2``-``s8``, or a cluster) *whether or not tiny's ``applies``
 rule admits the shape* (labels ``tiny!`` where it does not: the question is whether the rule
-should), and a small-tile grid of sm80_mma, beside cuBLAS in both layouts.
+should), a small-tile grid of sm80_mma, and leaner sm90_wgmma kernels than its first picks (a
+fitted BN, a shallow ring, one CTA a tile, split-K), beside cuBLAS in both layouts.
 
 Launches go through the evaluator's binder (``align_mid_check.Kernels``: staged plans, tensor
 maps). Timing: CUDA-graph replay over a rotation of more than 3x L2 (no cap on the set count,
@@ -97,7 +98,36 @@ def mma_grid(t: Any, shape: Shape) -> list[dict]:
     return out
 
 
-def variants(templates: dict, shape: Shape, tiny_cap: int, mma_cap: int) -> list[tuple[str, Candidate]]:
+def wgmma_lean(t: Any, shape: Shape) -> list[dict]:
+    """sm90_wgmma for a latency-bound row: BM 64 or 128, BN 64, 128 or the width fitted to N (one
+    column of tiles where N <= 256), a ring only as deep as K needs (2 stages where K <= 128), one
+    CTA a tile or persistent, K split 1, 2 or 4 ways (EPI direct), 33-528 work units. The first
+    picks are 64 x 128 or 128 x 128 tiles, 8 stages, persistent, with half the SMs idle on these
+    rows; this asks which leaner Hopper kernel of the space comes closest to cuBLAS there."""
+    fit = min(256, cdiv(shape.n, 8) * 8)
+    widths = sorted({64, 128} | ({fit} if shape.n <= 256 else set()))
+    out = []
+    for bm, cons in ((64, 1), (128, 2)):
+        for bn in widths:
+            for stages in ((2,) if shape.k <= 128 else (2, 4)):
+                for persistent in (False, True):
+                    for split in (1, 2, 4):
+                        units = cdiv(shape.m, bm) * cdiv(shape.n, bn) * split
+                        k = dict(t.space.defaults(), BM=bm, BN=bn, CONSUMERS=cons, SCHED="coop", STAGES=stages,
+                                 PERSISTENT=persistent, SPLIT_K=split, EPI="smem" if split == 1 else "direct",
+                                 CLUSTER_M=1, CLUSTER_N=1, SWAP=False)
+                        k = t.fitted(k, shape) or k
+                        if 33 <= units <= 528 and not t.check(k, shape, 90):
+                            out.append(k)
+    return out
+
+
+def wgmma_label(k: dict) -> str:
+    return f"{k['BM']}x{k['BN']}st{k['STAGES']}{'p' if k['PERSISTENT'] else 'n'}s{k['SPLIT_K']}"
+
+
+def variants(templates: dict, shape: Shape, tiny_cap: int, mma_cap: int,
+             wgmma_cap: int = 12) -> list[tuple[str, Candidate]]:
     """(label, candidate): each applicable template's first two picks, then the two grids (thinned
     by a stable hash, so shapes whose grids agree share sources)."""
     from align_mid_check import variant_list
@@ -115,6 +145,10 @@ def variants(templates: dict, shape: Shape, tiny_cap: int, mma_cap: int) -> list
     mma = templates["sm80_mma"]
     for k in thin(mma_grid(mma, shape), mma_cap):
         add(f"sm80_mma:{k['BM']}x{k['BN']}x{k['BK']}st{k['STAGES']}s{k['SPLIT_K']}", mma, k)
+    wg = templates["sm90_wgmma"]
+    if wg.applicable(shape, 90):
+        for k in thin(wgmma_lean(wg, shape), wgmma_cap):
+            add(f"sm90_wgmma:{wgmma_label(k)}", wg, k)
     return out
 
 
@@ -161,6 +195,7 @@ def main() -> int:
     ap.add_argument("--shapes", nargs="+", default=SHAPES)
     ap.add_argument("--tiny-grid", type=int, default=32, help="tiny knob sets per shape (stable subset)")
     ap.add_argument("--mma-grid", type=int, default=8, help="sm80_mma small-tile sets per shape")
+    ap.add_argument("--wgmma-grid", type=int, default=12, help="sm90_wgmma lean sets per shape")
     ap.add_argument("--budget-s", type=float, default=240.0, help="time no new shape after this")
     ap.add_argument("--list", action="store_true", help="print the variants per shape and stop (no GPU)")
     ap.add_argument("--compile-only", action="store_true", help="compile every variant's source here and stop (no GPU)")
@@ -168,7 +203,7 @@ def main() -> int:
     args = ap.parse_args()
     templates = load_templates()
     shapes = [Shape.parse(s) for s in args.shapes]
-    plan = [(s, variants(templates, s, args.tiny_grid, args.mma_grid)) for s in shapes]
+    plan = [(s, variants(templates, s, args.tiny_grid, args.mma_grid, args.wgmma_grid)) for s in shapes]
     if args.list:
         for s, vs in plan:
             print(f"{s}: {len(vs)} variants: " + " ".join(lb for lb, _ in vs))

@@ -48,3 +48,17 @@ def test_list_runs_without_a_gpu() -> None:
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("80x401x201:TN:f32:")
+
+
+def test_wgmma_lean_grid_bounds_units_and_fits_the_width() -> None:
+    t = load_templates()["sm90_wgmma"]
+    shape = Shape.parse("11061x208x80")  # large M, short K, N <= 256: one column of tiles fits
+    grid = small_dev.wgmma_lean(t, shape)
+    assert grid and any(k["BN"] == 208 for k in grid) and any(not k["PERSISTENT"] for k in grid)
+    for k in grid:
+        units = -(-shape.m // k["BM"]) * -(-shape.n // k["BN"]) * k["SPLIT_K"]
+        assert 33 <= units <= 528 and k["STAGES"] == 2  # K 80: two BK blocks, no deeper ring
+        assert k["SPLIT_K"] == 1 or k["EPI"] == "direct"
+        assert not t.check(k, shape, 90)
+    labels = [lb for lb, _ in small_dev.variants(load_templates(), shape, 4, 2, wgmma_cap=5)]
+    assert sum(lb.startswith("sm90_wgmma:") and "pick" not in lb for lb in labels) == 5

@@ -7,7 +7,8 @@
 #   throughput   evaluator candidates per minute at 4096^3 and 64x128x64 (bench/eval_bench.py)
 #   throughput-ab  the same beside OLD_TREE (a `git archive` of an earlier tree, carried), each tree its own
 #                eval_bench, each leg its own empty cubin cache, after a warm-up run of each tree, ABBA by
-#                shape (new, old at 4096^3; old, new at 64x128x64): the only fair test of "within 10% of the rate before" (machines differ by more); N default 120;
+#                shape (new, old at 4096^3; old, new at 64x128x64): the only fair test of "within 10% of
+#                the rate before" (machines differ by more); N default 120;
 #                AB_PAIRS rounds of it (default 1; one round's ratio moved 4-6 points between two H100s),
 #                summed up by bench/throughput_ab.py
 #   false-rejections  issue 18: every template seed on the LLM-layer sample, and (OLD_TREE=dir of a

@@ -136,7 +136,8 @@ def throughput(pool: LocalPool, cands: list[Candidate], elites: int = 8) -> dict
         fut = pool.submit(c, elite_threshold=thr)
         fut.add_done_callback(seen)
         futures.append(fut)
-    evals = [e for f in futures for e in f.result()]
+    results = [(c, e) for c, f in zip(cands, futures) for e in f.result()]
+    evals = [e for _, e in results]
     wall = time.monotonic() - t0
     sampler.stop.set()
     sampler.join(timeout=1)
@@ -182,7 +183,7 @@ def throughput(pool: LocalPool, cands: list[Candidate], elites: int = 8) -> dict
         # which candidates failed, so that a failure seen on the GPU machine can be rebuilt elsewhere
         "failures": [{"template": c.template, "knobs": dict(c.knobs or {}), "status": e.status.value,
                       "message": e.message[:300]}
-                     for c, f in zip(cands, futures) for e in f.result() if e.status is not Status.OK][:16],
+                     for c, e in results if e.status is not Status.OK][:16],
     }
 
 

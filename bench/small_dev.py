@@ -112,12 +112,11 @@ def wgmma_lean(t: Any, shape: Shape) -> list[dict]:
             for stages in ((2,) if shape.k <= 128 else (2, 4)):
                 for persistent in (False, True):
                     for split in (1, 2, 4):
-                        units = cdiv(shape.m, bm) * cdiv(shape.n, bn) * split
                         k = dict(t.space.defaults(), BM=bm, BN=bn, CONSUMERS=cons, SCHED="coop", STAGES=stages,
                                  PERSISTENT=persistent, SPLIT_K=split, EPI="smem" if split == 1 else "direct",
                                  CLUSTER_M=1, CLUSTER_N=1, SWAP=False)
                         k = t.fitted(k, shape) or k
-                        if 33 <= units <= 528 and not t.check(k, shape, 90):
+                        if not t.check(k, shape, 90) and 33 <= t.space.env(k, shape)["UNITS"] <= 528:
                             out.append(k)
     return out
 

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -130,7 +132,6 @@ def test_parts_split_the_sweep_into_slices_that_cover_it_once(tmp_path):
                    pool_factory=honest)
     rep = json.loads(out.read_text())["seeds"]
     assert code == 0 and rep["planned"] == rep["ran"] == len(parts[1]) == len(pools[0].submitted)
-    import pytest
     for bad in ("3/3", "x/2", "1"):
         with pytest.raises(SystemExit):
             fr.main(["--csv", str(_csv(tmp_path)), "--part", bad], pool_factory=honest)
@@ -146,6 +147,5 @@ def test_templates_keep_only_those_seeds_and_refuse_unknown_names(tmp_path):
     jobs = [j for j in fr.seed_jobs(_csv(tmp_path), 2, "sm_90a") if j[2]["template"] in ("tiny", "gemv")]
     assert code == 0 and rep["planned"] == rep["ran"] == len(jobs) == len(pools[0].submitted) > 0
     assert set(rep["by_template"]) == {"tiny", "gemv"}
-    import pytest
     with pytest.raises(SystemExit):
         fr.main(["--csv", str(_csv(tmp_path)), "--templates", "tiny,nope"], pool_factory=honest)

@@ -80,11 +80,14 @@ for part in "$@"; do
     # leg on a machine just started ran 0.83 of its twin, the same pair's reverse 0.97. Every leg
     # compiles into a cubin cache of its own, empty (an evolution run's children are all new):
     # before, a second round found the first round's cubins and timed a cheaper compile step.
-    for t in "$PWD new" "$OLD_TREE old"; do set -- $t
+    for t in "$PWD new" "$OLD_TREE old"; do set -- $t; [ "${AB_WARM:-1}" = 0 ] && break
       (cd "$1" && EVO_CUBIN_CACHE="/tmp/cub_warm_$2" PYTHONPATH="$1" timeout 120 python3 bench/eval_bench.py --n 16 \
         --skip-repeatability --shapes 64x128x64:TN --out "/tmp/ab_warm_$2" > "/tmp/ab_warm_$2.log" 2>&1)
       echo "warm-up $2 rc=$?"; done
-    legs=(); for ((r = 1; r <= ${AB_PAIRS:-1}; r++)); do
+    # AB_FIRST: the first round's number (default 1), so that a second call on the same warm machine
+    # (AB_WARM=0: no warm-up) goes on with round 2's reversed order; untar both calls' ab_legs.tgz
+    # into one folder and run bench/throughput_ab.py on it
+    legs=(); for ((r = ${AB_FIRST:-1}; r < ${AB_FIRST:-1} + ${AB_PAIRS:-1}; r++)); do
       if (( r % 2 )); then legs+=("$PWD new 4096x4096x4096:TN $r" "$OLD_TREE old 4096x4096x4096:TN $r" \
                                   "$OLD_TREE old 64x128x64:TN $r" "$PWD new 64x128x64:TN $r")
       else legs+=("$OLD_TREE old 4096x4096x4096:TN $r" "$PWD new 4096x4096x4096:TN $r" \

@@ -8,6 +8,7 @@ the model) on the first proposal.
 """
 from ._base import Completion, LLMBackend
 from ._bandit import ModelBandit
+from ._claims import BatchClaims
 from ._grammar import PREFIX, KnobEditGrammar
 from ._hooks import DecodeHook
 from ._model_cache import load_gguf
@@ -20,7 +21,7 @@ from ._prompts import KINDS, MODES, PROMPTS_DIR, load_prompts, render_messages
 from ._scorer import UNSCORED, LLMScorer
 from ._transformers import DEFAULT_MODEL, TransformersBackend, load_backend
 
-__all__ = ["LLMBackend", "LLMOperator", "KnobEditGrammar", "PREFIX", "Parsed", "apply_edits", "code_blocks", "parse_edits",
+__all__ = ["LLMBackend", "LLMOperator", "BatchClaims", "KnobEditGrammar", "PREFIX", "Parsed", "apply_edits", "code_blocks", "parse_edits",
            "parse_knob_edit", "parse_source", "KINDS", "MODES", "PROMPTS_DIR", "load_prompts", "render_messages",
            "DEFAULT_MODEL", "Completion", "TransformersBackend", "load_backend", "ModelBandit", "BACKENDS",
            "LLM_BACKENDS", "SPEC_STRINGS", "spec_string",

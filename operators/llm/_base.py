@@ -48,7 +48,10 @@ class Gate(Protocol):
 class Choices(Protocol):
     """A grammar as successive choices: ``options()`` lists the prefix-free strings allowed next
     (empty when finished or stuck), ``choose(s)`` records one. A grammar may also offer
-    ``json_schema()``, which backends that cannot step a grammar hand to their server."""
+    ``json_schema()``, which backends that cannot step a grammar hand to their server, and
+    ``narrow(options)``, which the in-process decoding loop calls after each token inside an
+    option with the options the text still allows (:class:`~._claims.BatchClaims` keeps its
+    row's reservation on one of them)."""
 
     done: bool
 

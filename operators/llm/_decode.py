@@ -231,6 +231,8 @@ def _option(backend: Any, grammar: Choices, live: list[str], text: str, logits: 
         done_text += step[tok]
         live = [s for s in live if s.startswith(done_text)]
         chosen = live[0] if len(live) == 1 else None
+        if chosen is None and hasattr(grammar, "narrow"):  # a grammar that reserves ahead (BatchClaims)
+            grammar.narrow(live)
         if chosen is not None:  # chosen before its tokens are fed: rows after this one see it
             claims.claim(text, chosen)
             grammar.choose(chosen)

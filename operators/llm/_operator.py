@@ -48,7 +48,8 @@ from .._model import ModelOperator
 from .._knobs import base_knobs, key_of, next_generation, seen_keys, shape_mismatch
 from ._bandit import ModelBandit
 from ._context import rank_siblings
-from ._grammar import PREFIX, KnobEditGrammar
+from ._claims import BatchClaims
+from ._grammar import PREFIX
 from ._models import ModelSpec, get_backend, resolve_model
 from ._parse import Parsed, apply_edits, parse_edits, parse_knob_edit, parse_source
 from ._prompts import MODES, render_messages
@@ -316,10 +317,9 @@ class LLMOperator(ModelOperator):
         def key(knobs: Any) -> Any:
             return key_of(template.name, knobs, not specialize)
 
-        claimed: set = set()  # knob sets rows of this call finished on: later rows avoid them
-        grammars = [_Claiming(template, parent_knobs, shape, self.max_changes,
-                              known=lambda k: key(k) in seen or key(k) in claimed, claim=lambda k: claimed.add(key(k)))
-                    for _ in range(rows)]
+        # sets rows of this call finished on or hold as their way out: the other rows avoid them
+        claims = BatchClaims(known=lambda k: key(k) in seen, key=key)
+        grammars = claims.grammars(template, parent_knobs, shape, self.max_changes, rows)
         answers = backend.complete_many(messages, rows, rng=rng, temperature=temperature, max_new_tokens=64,
                                         prefix=PREFIX, grammars=grammars)
         out: list[Proposal] = []
@@ -434,15 +434,3 @@ class _Accounted:
         return cs
 
 
-class _Claiming(KnobEditGrammar):
-    """A knob-edit grammar that reports the knob set it finished on (``claim``), so that the
-    other rows of one batched call can avoid it through ``known``."""
-
-    def __init__(self, *args: Any, claim: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.claim = claim
-
-    def choose(self, option: str) -> None:
-        super().choose(option)
-        if self.done:
-            self.claim({**self.parent, **self.edit})

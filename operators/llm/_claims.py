@@ -48,6 +48,8 @@ class BatchClaims:
         self._holder: dict[Hashable, int] = {}   # held key -> row
         self._held: dict[int, tuple[Hashable, dict[str, Any]]] = {}  # row -> (key, its edit)
         self.holds = 0  # holds taken, for tests and telemetry
+        #: (template, shape, full knob set) -> whether it passes the template's checks there
+        self.checked: dict[tuple, bool] = {}
         #: (edit so far, knob name) -> a free completion found for it, or None: none left
         self.free: dict[tuple, Optional[dict[str, Any]]] = {}
 
@@ -209,7 +211,16 @@ class _HoldingGrammar(KnobEditGrammar):
         if self.known(full):  # type: ignore[misc]
             return False
         budget[0] -= 1
-        return not self.template.check(full, self.shape)
+        return self._checks(full)
+
+    def _checks(self, full: Mapping[str, Any]) -> bool:
+        """``Template.check`` once per knob set and call: the rows share a parent, so they ask
+        about the same sets (most of a 64-row call's host time before this memo)."""
+        key = (self.template.name, self.shape, tuple(sorted(full.items())))
+        hit = self.claims.checked.get(key)
+        if hit is None:
+            hit = self.claims.checked[key] = super()._checks(full)
+        return hit
 
 
 _MISSING = object()

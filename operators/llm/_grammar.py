@@ -42,7 +42,11 @@ class KnobEditGrammar:
 
     def _valid(self, name: str, value: Any) -> bool:
         full = {**self.parent, **self.edit, name: value}
-        return not self.template.check(full, self.shape) and not (self.known and self.known(full))
+        return not (self.known and self.known(full)) and self._checks(full)
+
+    def _checks(self, full: Mapping[str, Any]) -> bool:
+        """Whether the full knob set passes ``Template.check`` at the shape (a subclass may memoise it)."""
+        return not self.template.check(full, self.shape)
 
     def _values(self, name: str) -> list[Any]:
         return [v for v in self.template.space.knobs[name].values if v != self.parent[name]]

@@ -19,12 +19,11 @@ a row typing ``16`` of ``GROUP`` holds a ``GROUP = 16`` set until it has typed t
 """
 from __future__ import annotations
 
-import json
-from typing import Any, Callable, Hashable, Mapping, Optional
+from typing import Any, Callable, Hashable, Iterable, Mapping, Optional
 
 from populations import Shape, Template
 
-from ._grammar import KnobEditGrammar
+from ._grammar import KnobEditGrammar, option_name, option_value
 
 __all__ = ["BatchClaims"]
 
@@ -98,7 +97,7 @@ class _HoldingGrammar(KnobEditGrammar):
     def options(self) -> list[str]:
         out = super().options()
         if self.pending is None and len(self.edit) + 1 < self.max_changes:  # names before the last change
-            out = [o for o in out if self._free(o[:-len('": ')])]
+            out = [o for o in out if self._free(option_name(o))]
         return out
 
     def choose(self, option: str) -> None:
@@ -106,22 +105,23 @@ class _HoldingGrammar(KnobEditGrammar):
         if self.done:
             self.claims.finish(self.row, {**self.parent, **self.edit})
             return
-        held = self.claims.held_edit(self.row)
-        if held is not None and self._extends(held):
-            return
-        found = self._completion(self.pending)
-        if found is None:
-            self.claims.release(self.row)
-        else:
-            self.claims.hold(self.row, {**self.parent, **found}, found)
+        self._keep_or_move(lambda held: self.pending in held if self.pending is not None
+                           else len(held) > len(self.edit),  # more changes follow: the held edit must add one
+                           [lambda: self._completion(self.pending)])
 
-    def _extends(self, held: Mapping[str, Any]) -> bool:
-        """Whether the held edit is still a completion of what this row has committed to."""
-        if any(held.get(n, _MISSING) != v for n, v in self.edit.items()):
-            return False
-        if self.pending is not None:
-            return self.pending in held
-        return len(held) > len(self.edit)  # more changes follow: the held edit must add one
+    def _keep_or_move(self, keeps: Callable[[Mapping[str, Any]], bool],
+                      searches: Iterable[Callable[[], Optional[dict[str, Any]]]]) -> None:
+        """Keep the row's hold where it still completes what the row committed to (the edit so far,
+        and ``keeps``), else hold the first completion ``searches`` find, else hold nothing."""
+        held = self.claims.held_edit(self.row)
+        if held is not None and all(held.get(n, _MISSING) == v for n, v in self.edit.items()) and keeps(held):
+            return
+        for search in searches:
+            found = search()
+            if found is not None:
+                self.claims.hold(self.row, {**self.parent, **found}, found)
+                return
+        self.claims.release(self.row)
 
     def _free(self, name: str) -> bool:
         """Whether committing to ``name`` now leaves a completion no one else has. The call's
@@ -142,31 +142,22 @@ class _HoldingGrammar(KnobEditGrammar):
         """Told by the decoding loop, after a token inside an option, the options the row's text
         still allows: the hold moves to a completion of one of them where it is on none (a row
         typing ``16`` must not lose every ``GROUP = 16`` set to other rows before its next token)."""
-        held = self.claims.held_edit(self.row)
-        if held is not None and any(self._allows(held, o) for o in options):
-            return
-        for o in options:
-            found = self._completion_of(o)
-            if found is not None:
-                self.claims.hold(self.row, {**self.parent, **found}, found)
-                return
-        self.claims.release(self.row)
+        self._keep_or_move(lambda held: any(self._allows(held, o) for o in options),
+                           [lambda o=o: self._completion_of(o) for o in options])
 
     def _allows(self, held: Mapping[str, Any], option: str) -> bool:
-        """Whether ``held`` is a completion of the edit with ``option`` chosen next."""
-        if any(held.get(n, _MISSING) != v for n, v in self.edit.items()):
-            return False
+        """Whether ``held`` (a completion of the edit so far) completes it with ``option`` chosen next."""
         if self.pending is None:
-            return option[:-len('": ')] in held
-        finish, value = _value(option)
+            return option_name(option) in held
+        finish, value = option_value(option)
         if held.get(self.pending, _MISSING) != value:
             return False
         return len(held) == len(self.edit) + 1 if finish else len(held) > len(self.edit) + 1
 
     def _completion_of(self, option: str) -> Optional[dict[str, Any]]:
         if self.pending is None:
-            return self._completion(option[:-len('": ')])
-        finish, value = _value(option)
+            return self._completion(option_name(option))
+        finish, value = option_value(option)
         one, budget = {**self.edit, self.pending: value}, [SEARCH_CHECKS]
         if finish:
             return one if self._edit_ok(one, budget) else None
@@ -225,8 +216,3 @@ class _HoldingGrammar(KnobEditGrammar):
 
 _MISSING = object()
 
-
-def _value(option: str) -> tuple[bool, Any]:
-    """(finishes the edit, the value) of a value option: ``64}`` or ``64, "``."""
-    finish = option.endswith("}")
-    return finish, json.loads(option[:-1] if finish else option[:-len(', "')])

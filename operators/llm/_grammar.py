@@ -20,6 +20,19 @@ from populations import Shape, Template
 __all__ = ["KnobEditGrammar", "PREFIX"]
 
 PREFIX = '{"'
+#: What follows a knob name in its option, and a value in its option when the edit ends or goes on.
+NAME_END, EDIT_END, EDIT_MORE = '": ', "}", ', "'
+
+
+def option_name(option: str) -> str:
+    """The knob name of a name option (``BM": ``)."""
+    return option[:-len(NAME_END)]
+
+
+def option_value(option: str) -> tuple[bool, Any]:
+    """(the edit ends, the value) of a value option (``64}`` or ``64, "``)."""
+    finish = option.endswith(EDIT_END)
+    return finish, json.loads(option[:-len(EDIT_END)] if finish else option[:-len(EDIT_MORE)])
 
 #: Memo of :meth:`KnobEditGrammar._live_names` (oldest dropped first).
 _LIVE: dict[tuple, frozenset] = {}
@@ -62,13 +75,13 @@ class KnobEditGrammar:
             else:  # a name none of whose values is valid, or valid after one more change, is a dead end
                 live = self._live_names()
                 names = [n for n in names if n in live]
-            return [f'{n}": ' for n in names]
+            return [n + NAME_END for n in names]
         out = []
         for v in self._values(self.pending):
             if self._valid(self.pending, v):
-                out.append(json.dumps(v) + "}")
+                out.append(json.dumps(v) + EDIT_END)
             if not last and self._completable(self.pending, v):
-                out.append(json.dumps(v) + ', "')
+                out.append(json.dumps(v) + EDIT_MORE)
         return out
 
     def json_schema(self) -> dict[str, Any]:
@@ -117,10 +130,9 @@ class KnobEditGrammar:
 
     def choose(self, option: str) -> None:
         if self.pending is None:
-            self.pending = option[:-len('": ')]
+            self.pending = option_name(option)
             return
-        finish = option.endswith("}")
-        raw = option[:-1] if finish else option[:-len(', "')]
-        self.edit[self.pending] = json.loads(raw)
+        finish, value = option_value(option)
+        self.edit[self.pending] = value
         self.pending = None
         self.done = finish

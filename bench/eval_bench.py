@@ -179,12 +179,30 @@ def throughput(pool: LocalPool, cands: list[Candidate], elites: int = 8) -> dict
         # the race: candidates whose timed rounds stopped early (below the elite threshold), rounds run / planned
         "raced": len(raced), "raced_rounds": [sum(m.device_rounds or 0 for m in raced),
                                               sum(m.device_rounds_planned or 0 for m in raced)],
+        # the device timer's timed rounds: replays (all arms) and host synchronisations, summed
+        "device_replays": sum(e.measurement.device_replays or 0 for e in evals),
+        "device_syncs": sum(e.measurement.device_syncs or 0 for e in evals),
         "messages": sorted({e.message[:160] for e in evals if e.status is not Status.OK})[:8],
         # which candidates failed, so that a failure seen on the GPU machine can be rebuilt elsewhere
         "failures": [{"template": c.template, "knobs": dict(c.knobs or {}), "status": e.status.value,
                       "message": e.message[:300]}
                      for c, e in results if e.status is not Status.OK][:16],
     }
+
+
+def rounds_line(r: dict) -> str:
+    """Where the device timer's timed rounds went, per candidate (ms): their wall time, the timed
+    replays' events, the perturbation's GPU time, and the host's seconds in the perturbation, the
+    notes, the replay launches, the race's check and the synchronisations (``LoopCost``)."""
+    ph, n = r.get("phases_s") or {}, max(1, int(r.get("candidates") or 1))
+    if "device_sample" not in ph:
+        return "timed rounds: no device timer figures"
+    parts = [("wall", "device_sample"), ("replay events", "device_sample_gpu"), ("perturbation GPU", "device_sample_perturb_gpu"),
+             ("host: perturbation", "device_sample_perturb_host"), ("notes", "device_sample_note_host"),
+             ("launches", "device_sample_replay_host"), ("race", "device_sample_race_host"), ("blocked in syncs", "device_sample_sync")]
+    text = ", ".join(f"{label} {1e3 * ph[key] / n:.1f}" for label, key in parts if key in ph)
+    return (f"timed rounds, ms a candidate: {text}; replays {r.get('device_replays', 0) / n:.1f}, "
+            f"syncs {r.get('device_syncs', 0) / n:.1f} a candidate")
 
 
 def repeatability(cand: Candidate, starts: int, workers: int, rotations: int = 1,
@@ -380,6 +398,7 @@ def print_report(report: dict[str, Any], shapes: list[str]) -> None:
               f"{r.get('host_timers')}  capture "
               f"{r.get('device_capture_s', 0.0):.2f} s ({r.get('prewarmed_captures', 0)} behind a queued warm-up)  "
               f"raced {r.get('raced', 0)} (rounds run/planned {r.get('raced_rounds')})")
+        print("  " + rounds_line(r))
         if r.get("eval_phase_s"):
             print(f"  idle by design: server timer gaps {r['server_gaps_s']:.2f} s = {100 * r['server_gaps_share']:.1f}% of "
                   f"the {r['eval_phase_s']:.1f} s evaluation phase (qps gaps between calls); offline timer: one sync per "

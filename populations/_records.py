@@ -141,7 +141,9 @@ class Measurement:
     ``host_timers``: what the elite gates decided (``"run"`` or why not); ``server_gaps_s``,
     ``device_warmup_s``, ``device_capture_s``, ``device_prewarm_replays``: the timers' own costs;
     ``device_rounds``/``device_rounds_planned``: the device timer's timed rounds run and planned
-    (fewer run: the race stopped a candidate that could not become an elite); ``gpu_lease``: what the timed region waited for the GPU lease. Archives written before this
+    (fewer run: the race stopped a candidate that could not become an elite); ``device_replays``/
+    ``device_syncs``: the timed rounds' replays (all arms) and host synchronisations (their wall
+    time's split is in ``phases``, ``device_sample_*``); ``gpu_lease``: what the timed region waited for the GPU lease. Archives written before this
     record kept these keys in ``Evaluation.provenance``; :meth:`lift` moves them here."""
 
     checks: tuple[str, ...] = ()
@@ -158,6 +160,8 @@ class Measurement:
     device_prewarm_replays: Optional[int] = None
     device_rounds: Optional[int] = None
     device_rounds_planned: Optional[int] = None
+    device_replays: Optional[int] = None
+    device_syncs: Optional[int] = None
     gpu_lease: Optional[Mapping[str, Any]] = None
 
     def __post_init__(self) -> None:
@@ -198,6 +202,7 @@ class Measurement:
                    device_prewarm_replays=_opt(int, g("device_prewarm_replays")),
                    device_rounds=_opt(int, g("device_rounds")),
                    device_rounds_planned=_opt(int, g("device_rounds_planned")),
+                   device_replays=_opt(int, g("device_replays")), device_syncs=_opt(int, g("device_syncs")),
                    gpu_lease=None if g("gpu_lease") is None else dict(g("gpu_lease")))
 
     @classmethod
@@ -213,7 +218,7 @@ class Measurement:
 MEASUREMENT_KEYS: tuple[str, ...] = ("checks", "phases", "rotation_sets", "rotation_bytes", "device_rotations",
                                      "floor_s", "memo_check", "host_timers", "server_gaps_s", "device_warmup_s",
                                      "device_capture_s", "device_prewarm_replays", "device_rounds",
-                                     "device_rounds_planned", "gpu_lease")
+                                     "device_rounds_planned", "device_replays", "device_syncs", "gpu_lease")
 
 
 @dataclass(frozen=True)

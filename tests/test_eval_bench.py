@@ -76,6 +76,25 @@ def test_report_prints_both_nvml_figures_and_calls_a_missed_spread_missed(capsys
     assert "(target < 2%: met)" in capsys.readouterr().out
 
 
+def test_the_report_says_where_the_timed_rounds_went_per_candidate(capsys):
+    """The device timer's loop figures (LoopCost, summed over candidates) come out per candidate,
+    in ms, beside the replay and sync counts; a report without them says so."""
+    bench = _bench()
+    shape = "4096x4096x4096:TN"
+    row = {"candidates": 120, "per_minute": 130.0, "compile_s": 118.0, "correctness_s": 16.4, "timing_s": 35.3,
+           "busy_fraction": 1.0, "nvml_util_eval": 74.7, "nvml_util_mean": 73.6, "lead_in_s": 1.2,
+           "statuses": {"ok": 120}, "memo_pass": {}, "eval_phase_s": 52.9, "server_gaps_s": 0.8,
+           "server_gaps_share": 0.015, "device_warmup_s": 5.3, "device_replays": 3720, "device_syncs": 1896,
+           "phases_s": {"device_sample": 16.8, "device_sample_gpu": 6.0, "device_sample_perturb_gpu": 2.4,
+                        "device_sample_perturb_host": 1.2, "device_sample_sync": 3.6}}
+    bench.print_report({str(Shape.parse(shape)): row}, [shape])
+    line = next(x for x in capsys.readouterr().out.splitlines() if "timed rounds" in x)
+    assert "wall 140.0" in line and "replay events 50.0" in line and "perturbation GPU 20.0" in line
+    assert "host: perturbation 10.0" in line and "blocked in syncs 30.0" in line and "notes" not in line
+    assert "replays 31.0, syncs 15.8 a candidate" in line
+    assert bench.rounds_line({"candidates": 3, "phases_s": {"device": 1.0}}) == "timed rounds: no device timer figures"
+
+
 def test_host_microbench_runs_on_cpu_and_shares_the_tensor_maps():
     pytest.importorskip("torch")
     import subprocess

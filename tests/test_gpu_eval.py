@@ -395,6 +395,12 @@ def test_known_good_kernels_pass_with_timers_and_provenance(gpu_pool):
         assert e.timers["device"].median > 0 and e.timers["device"].baseline_median > 0
         assert e.provenance["gpu"] and e.provenance["torch"] and "sm_clock_mhz" in e.provenance
         assert e.max_error is not None and e.correctness_s > 0 and e.timing_s > 0
+        # where the device timer's rounds went (LoopCost): the split sits inside their wall time
+        m, ph = e.measurement, e.measurement.phases
+        assert m.device_replays and m.device_replays >= 2 * 3 * (m.device_rounds or 0) and m.device_syncs
+        host = sum(ph[k] for k in ("device_sample_perturb_host", "device_sample_note_host",
+                                   "device_sample_replay_host", "device_sample_race_host", "device_sample_sync") if k in ph)
+        assert 0 < host <= ph["device_sample"] * 1.01 and ph["device_sample_perturb_gpu"] > 0
 
 
 @needs_torch

@@ -27,7 +27,9 @@ measurements = st.builds(
     device_rotations=st.lists(st.fixed_dictionaries({"median": finite, "baseline_median": finite}), max_size=3).map(tuple),
     floor_s=st.none() | finite, memo_check=st.none() | words, host_timers=st.none() | words,
     server_gaps_s=st.none() | finite, device_warmup_s=st.none() | finite, device_capture_s=st.none() | finite,
-    device_prewarm_replays=st.none() | st.integers(0, 100),
+    device_prewarm_replays=st.none() | st.integers(0, 100), device_rounds=st.none() | st.integers(0, 40),
+    device_rounds_planned=st.none() | st.integers(0, 40), device_replays=st.none() | st.integers(0, 1000),
+    device_syncs=st.none() | st.integers(0, 100),
     gpu_lease=st.none() | st.fixed_dictionaries({"waited_s": finite, "timed_out": st.booleans(), "enabled": st.booleans()}))
 
 

@@ -108,3 +108,35 @@ def test_device_timer_stops_a_slow_arm_early_on_the_gpu():
     kept = device_timer(arms, settings=settings, rng=random.Random(0), perturb=lambda: None,
                         stop=race_stop({"elite_threshold": 0.05}))  # a threshold it meets: never stopped
     assert kept["candidate"].rounds == 12
+
+
+@pytest.mark.gpu
+def test_device_timer_says_where_its_rounds_went_on_the_gpu():
+    """``TimerStats.loop`` (``LoopCost``): one replay counted per sample of every arm; a
+    synchronisation before and after each host-synchronised replay (every round of every arm
+    when there are at most HOST_SYNC_ROUNDS rounds) and one at the end; the perturbation's GPU
+    time seen (a pass over 64 MB), and the host's parts within the rounds' wall time."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from evaluators.run._timers import HOST_SYNC_ROUNDS, Arm, DeviceTiming, device_timer
+
+    n_sets, m = 4, 512
+    a = torch.randn(n_sets, m, m, device="cuda", dtype=torch.float16)
+    c = torch.empty_like(a)
+    big = torch.zeros(32 << 20, device="cuda", dtype=torch.float16)
+    arms = [Arm("candidate", lambda i: torch.matmul(a[i], a[i], out=c[i]), n_sets),
+            Arm("base", lambda i: torch.matmul(a[i], a[i].t(), out=c[i]), n_sets)]
+    rounds = min(6, HOST_SYNC_ROUNDS)
+    notes: list[str] = []
+    res = device_timer(arms, settings=DeviceTiming(rounds=rounds), rng=random.Random(1), perturb=lambda: big.add_(1),
+                       on_replay=notes.append)
+    loop = res["candidate"].loop
+    assert loop == res["base"].loop  # one loop, all arms
+    assert loop["replays"] == sum(st.samples for st in res.values()) == len(notes) == 2 * 2 * rounds
+    assert loop["syncs"] == 2 * 2 * rounds + 1
+    assert loop["perturb_gpu_s"] > 0 and loop["perturb_host_s"] > 0 and loop["note_host_s"] > 0
+    host = sum(loop[k] for k in ("perturb_host_s", "note_host_s", "replay_host_s", "race_host_s", "sync_s"))
+    assert 0 < host <= res["candidate"].sample_s
+    plain = device_timer(arms, settings=DeviceTiming(rounds=rounds), rng=random.Random(1))
+    assert plain["candidate"].loop["perturb_gpu_s"] == 0.0  # no perturbation: no event pairs around it
+

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
 import torch
@@ -57,6 +57,7 @@ class TimerStats:
     events_s: float = 0.0     # device timer: this arm's summed event time over its timed replays (GPU busy)
     rounds: int = 0           # device timer: timed rounds run (fewer than planned when ``stop`` ended them)
     planned: int = 0          # device timer: timed rounds planned
+    loop: dict = field(default_factory=dict)  # device timer: where the timed rounds' wall time went (:class:`LoopCost`)
 
 
 def median_ci(xs: Sequence[float], z: float = 1.96) -> TimerStats:
@@ -177,8 +178,10 @@ def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming()
     rounds = sample_rounds(settings, replay_s)
     t_sample = time.perf_counter()
     race = _Race(graphs, settings.min_rounds, stop) if stop is not None else None
-    events, host, done = _sample(arms, graphs, rounds, settings.replays_per_round, rng, touch, on_replay, race)
+    events, host, done, cost = _sample(arms, graphs, rounds, settings.replays_per_round, rng, touch, on_replay, race,
+                                       touch_is_real=perturb is not None)
     sample_s = time.perf_counter() - t_sample
+    loop = cost.summary()
     out = {}
     for arm in arms:
         reps = graphs[arm.name][1]
@@ -190,6 +193,7 @@ def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming()
         stats.warmup_s, stats.clocks = warmed_s, tuple(clocks)
         stats.capture_s, stats.prewarm_replays = capture_s, queued
         stats.rounds, stats.planned = done, rounds
+        stats.loop = dict(loop)
         out[arm.name] = stats
     del graphs
     return out
@@ -289,8 +293,9 @@ class _Race:
 
 def _sample(arms: Sequence[Arm], graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]], rounds: int,
             replays_per_round: int, rng: random.Random, touch: Callable[[], None],
-            on_replay: Optional[Callable[[str], None]] = None, race: Optional[_Race] = None
-            ) -> tuple[dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]], dict[str, list[float]], int]:
+            on_replay: Optional[Callable[[str], None]] = None, race: Optional[_Race] = None,
+            touch_is_real: bool = True
+            ) -> tuple[dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]], dict[str, list[float]], int, "LoopCost"]:
     """The timed rounds, arms in a fresh random order each: per arm, its event pairs (one per
     replay: ``replays_per_round + 1`` a round) and its host-synchronised seconds per call (one
     per round in :data:`HOST_SYNC_ROUNDS` rounds drawn at random; the round's last replay is
@@ -298,44 +303,99 @@ def _sample(arms: Sequence[Arm], graphs: dict[str, tuple[torch.cuda.CUDAGraph, i
     ``touch`` (see :func:`device_timer`). Events are recorded on the current stream, passed
     explicitly (``Event.record()`` without one looks the stream up, tens of microseconds of
     host time a replay). ``race``: may end the rounds early (see :class:`_Race`); the third
-    value returned is the number of rounds run."""
-    note = on_replay or (lambda name: None)
+    value returned is the number of rounds run, the fourth the loop's :class:`LoopCost`
+    (``touch_is_real``: the perturbation is a real one, whose GPU time is worth an event pair)."""
     stream = torch.cuda.current_stream()
+    cost = LoopCost(stream, measure_gpu=touch_is_real)
     events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {a.name: [] for a in arms}
     host: dict[str, list[float]] = {a.name: [] for a in arms}
     synced = {a.name: set(rng.sample(range(rounds), min(rounds, HOST_SYNC_ROUNDS))) for a in arms}
 
     def timed(g: torch.cuda.CUDAGraph) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        t0 = time.perf_counter()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(stream)
         g.replay()
         end.record(stream)
+        cost.replay_host_s += time.perf_counter() - t0
+        cost.replays += 1
         return start, end
+
+    def before(name: str) -> None:  # the harness's note, then the perturbation, outside the events
+        if on_replay is not None:
+            t0 = time.perf_counter()
+            on_replay(name)
+            cost.note_host_s += time.perf_counter() - t0
+        cost.perturb(touch)
     for r in range(rounds):
         order = list(arms)
         rng.shuffle(order)
         for arm in order:
             g, reps = graphs[arm.name]
             for _ in range(replays_per_round):
-                note(arm.name)
-                touch()
+                before(arm.name)
                 events[arm.name].append(timed(g))
-            note(arm.name)
-            touch()
+            before(arm.name)
             if r not in synced[arm.name]:
                 events[arm.name].append(timed(g))
                 continue
-            torch.cuda.synchronize()  # a host-synchronised replay: side streams show here
+            cost.sync()  # a host-synchronised replay: side streams show here
             t0 = time.perf_counter()
             pair = timed(g)
-            torch.cuda.synchronize()
+            cost.sync()
             host[arm.name].append((time.perf_counter() - t0) / reps)
             events[arm.name].append(pair)
-        if race is not None and r + 1 < rounds and race.done(r + 1, events):
-            rounds = r + 1
-            break
-    torch.cuda.synchronize()
-    return events, host, rounds
+        if race is not None and r + 1 < rounds:
+            t0 = time.perf_counter()
+            stop_now = race.done(r + 1, events)
+            cost.race_host_s += time.perf_counter() - t0
+            if stop_now:
+                rounds = r + 1
+                break
+    cost.sync()
+    return events, host, rounds, cost
+
+
+class LoopCost:
+    """Where the device timer's timed rounds spend their wall time besides the timed replays
+    (issue 36: at 4096^3 the rounds took 2.8x their replays' event time and nothing said why).
+    Host seconds inside the perturbation (``perturb_host_s``), the harness's per-replay note
+    (``note_host_s``), the replay launches with their events (``replay_host_s``), the race's
+    check (``race_host_s``) and the synchronisations (``sync_s``: the host blocked while the GPU
+    drains its queue, so large when the GPU sets the pace); the perturbation's own GPU time
+    (``perturb_gpu_s``, an event pair around each one, outside the timed events; with
+    ``measure_gpu`` only); and the counts of replays and synchronisations."""
+
+    def __init__(self, stream: torch.cuda.Stream, measure_gpu: bool) -> None:
+        self.stream, self.measure_gpu = stream, measure_gpu
+        self.perturb_host_s = self.note_host_s = self.replay_host_s = self.race_host_s = self.sync_s = 0.0
+        self.replays = self.syncs = 0
+        self._pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def perturb(self, touch: Callable[[], None]) -> None:
+        t0 = time.perf_counter()
+        if self.measure_gpu:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(self.stream)
+            touch()
+            end.record(self.stream)
+            self._pairs.append((start, end))
+        else:
+            touch()
+        self.perturb_host_s += time.perf_counter() - t0
+
+    def sync(self) -> None:
+        t0 = time.perf_counter()
+        torch.cuda.synchronize()
+        self.sync_s += time.perf_counter() - t0
+        self.syncs += 1
+
+    def summary(self) -> dict[str, float]:
+        """The figures (seconds, and the two counts); call after the last synchronisation."""
+        gpu = sum(s.elapsed_time(e) for s, e in self._pairs) * 1e-3
+        return {"perturb_host_s": self.perturb_host_s, "perturb_gpu_s": gpu, "note_host_s": self.note_host_s,
+                "replay_host_s": self.replay_host_s, "race_host_s": self.race_host_s, "sync_s": self.sync_s,
+                "replays": self.replays, "syncs": self.syncs}
 
 
 #: Clock settling: readings at least this far apart ...

@@ -136,8 +136,9 @@ class Policy:
         # the backend moves its model to the GPU lazily (at its first leased forward pass); the
         # trained copy goes there now, inside a slice when a gate is given
         with self.leased():
-            base = copy.deepcopy(backend.model).to(backend.device)
-            if isinstance(base, PeftModel):  # the backend serves an adapter: train from the base
+            # the base without the adapter the backend may serve (merged into its served copy)
+            base = copy.deepcopy(backend.base_model).to(backend.device)
+            if isinstance(base, PeftModel):  # a backend that wraps its model in peft: train from the base
                 base = base.unload()
             self.base_hash = model_hash(base)
             torch.manual_seed(seed)

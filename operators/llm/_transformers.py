@@ -92,6 +92,7 @@ class TransformersBackend(ModelSteps, LLMBackend):
                     if isinstance(i, int) and i >= 0}
         self._cache: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()
         self.adapter = ""  # the version name of the adapter in use (load_adapter)
+        self._base: Any = None  # while an adapter is merged into self.model: the pristine base (CPU)
         self._cache_size = prompt_cache
         self._gate: Optional[Gate] = None  # set per completion (complete(gate=...))
         self.gpu_s = 0.0  # seconds held on a GPU (lease slices, synchronised), all completions
@@ -103,7 +104,7 @@ class TransformersBackend(ModelSteps, LLMBackend):
         the device): its own prompt cache, lock and hook, no adapter state. RL samples its policy
         with it, through the same decoding loop the operators use."""
         other = copy.copy(self)
-        other.model, other._placed, other.hook = model, True, None
+        other.model, other._placed, other.hook, other._base = model, True, None, None
         other._cache, other._lock = OrderedDict(), threading.Lock()
         return other
 
@@ -123,11 +124,17 @@ class TransformersBackend(ModelSteps, LLMBackend):
     # -- adapters (RL updates, issue 8) -----------------------------------------------------
     def load_adapter(self, folder: Any, name: str, gate: Optional[Gate] = None) -> None:
         """Answer with the peft LoRA adapter saved in ``folder`` from the next completion on, and
-        record ``name`` (its version) in every Completion: a hot reload, no restart. The model
-        is wrapped in a ``peft.PeftModel`` on the first load; the previous adapter is dropped, and
-        so are the prompt caches computed with the old weights. ``folder=None`` goes back to the
-        base model (the LoRA layers are removed). With ``gate`` the switch is one lease slice (the
-        adapter's weights are copied to the model's GPU there, never during a timed region)."""
+        record ``name`` (its version) in every Completion: a hot reload, no restart. ``folder=None``
+        goes back to the base model. The prompt caches computed with the old weights are dropped.
+
+        The adapter is **merged** for inference (issue 35): the served model is a plain copy of the
+        base with each LoRA product added into its weights (``merge_and_unload``), so a decoding
+        step costs what the base model's does (unmerged, the LoRA layers' extra products made each
+        step 2-2.8x slower). The base stays pristine beside it, on the CPU (:attr:`base_model`: what
+        the next adapter merges into, what RL trains from); nothing is merged and unmerged in place,
+        so no rounding drifts into the base weights over many switches. With ``gate`` the switch is
+        one lease slice (the served weights are copied to the model's GPU there, never during a
+        timed region)."""
         from peft import PeftModel
 
         with self._lock:
@@ -135,23 +142,27 @@ class TransformersBackend(ModelSteps, LLMBackend):
             try:
                 with self._leased(), warnings.catch_warnings():
                     warnings.simplefilter("ignore")
+                    base = self.base_model
                     if folder is None:
-                        if isinstance(self.model, PeftModel):
-                            self.model = self.model.unload()
-                    elif isinstance(self.model, PeftModel):
-                        old = list(self.model.peft_config)
-                        self.model.load_adapter(str(folder), adapter_name=name)
-                        self.model.set_adapter(name)
-                        for n in old:
-                            if n != name:
-                                self.model.delete_adapter(n)
+                        served = base
                     else:
-                        self.model = PeftModel.from_pretrained(self.model, str(folder), adapter_name=name)
-                    self.model.eval()
+                        base.to("cpu")  # in place: the pristine copy lives on the CPU
+                        served = PeftModel.from_pretrained(copy.deepcopy(base), str(folder), adapter_name=name)
+                        served = served.merge_and_unload()
+                    if self._placed:  # a model already on its device stays there (inside the slice)
+                        served.to(self.device)
+                    served.eval()
+                    self.model, self._base = served, (None if folder is None else base)
             finally:
                 self._gate = None
             self._cache.clear()
             self.adapter = name if folder is not None else ""
+
+    @property
+    def base_model(self) -> Any:
+        """The model without any adapter: the served model itself, or, while an adapter is merged
+        into that one, the pristine base kept beside it (on the CPU)."""
+        return self._base if getattr(self, "_base", None) is not None else self.model
 
     def warm(self, gate: Optional[Gate] = None) -> None:
         """One forward pass of a short prompt (a GPU model moves to its device there, inside a

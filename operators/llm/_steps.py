@@ -14,7 +14,21 @@ import time
 import warnings
 from typing import Any, Iterator, Optional, Sequence
 
-__all__ = ["ModelSteps", "Cancelled"]
+__all__ = ["ModelSteps", "Cancelled", "MIN_REUSE"]
+
+#: The shortest shared prefix worth starting a prefill from (a copy and a cut of a KV cache cost
+#: more than computing a few tokens); every prompt shares its chat template's first ~10.
+MIN_REUSE = 32
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class Cancelled(Exception):
@@ -26,6 +40,10 @@ class ModelSteps:
 
     #: prompt tokens per prefill forward pass (a cancelled generation stops between chunks)
     PREFILL_CHUNK = 256
+    #: prompt tokens computed by prefills, and tokens taken from a cached prompt's shared prefix
+    #: instead (class defaults; each backend counts its own from its first prefill)
+    prefill_tokens = 0
+    prefill_reused_tokens = 0
 
     torch: Any
     model: Any
@@ -119,12 +137,20 @@ class ModelSteps:
 
     def _prefill(self, ids: list[int]) -> tuple[Any, Any]:
         """The KV cache and last logits after the prompt ``ids``: a copy of the cached prefill
-        when the prompt was seen (a few are kept), else computed in chunks and cached."""
+        when the prompt was seen (a few are kept), else computed in chunks and cached. A new
+        prompt that shares a prefix of at least :data:`MIN_REUSE` tokens with a cached one (the
+        same parent with other inspirations, the same context with another question) starts from
+        a copy of that one's KV cache cut to the shared part, and only its own tail is computed
+        (issue 35: "the prompt's prefix cached across calls where it does not change")."""
         key = tuple(ids)
         if key not in self._cache:
-            past = logits = None
-            for at in range(0, len(ids), self.PREFILL_CHUNK):  # chunks: a cancel waits for one chunk at most
-                past, logits = self._forward(ids[at:at + self.PREFILL_CHUNK], past)
+            past, logits, start = self._reuse_prefix(key)
+            self.prefill_tokens += len(ids) - start
+            self.prefill_reused_tokens += start
+            for at in range(start, len(ids), self.PREFILL_CHUNK):  # chunks: a cancel waits for one chunk at most
+                # not through _forward: prompt tokens are not "fed after the prompt" (the hook's)
+                past, rows = self._forward_rows([ids[at:at + self.PREFILL_CHUNK]], past)
+                logits = rows[0]
             self._cache[key] = (past, logits)
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
@@ -135,6 +161,28 @@ class ModelSteps:
                 return copy.deepcopy(past), logits
         except InterruptedError:
             raise Cancelled() from None
+
+    def _reuse_prefix(self, key: tuple[int, ...]) -> tuple[Any, Any, int]:
+        """(KV cache, None, tokens it holds) of the cached prompt sharing the longest prefix with
+        ``key``, cut to that prefix (at most all but ``key``'s last token, whose logits the caller
+        computes), or (None, None, 0) when no cached prompt shares :data:`MIN_REUSE` tokens."""
+        best, shared = None, 0
+        for other in self._cache:
+            n = _common_prefix(other, key)
+            if n > shared:
+                best, shared = other, n
+        shared = min(shared, len(key) - 1)
+        if best is None or shared < MIN_REUSE:
+            return None, None, 0
+        try:
+            with self._leased():  # copying a GPU KV cache runs kernels
+                past = copy.deepcopy(self._cache[best][0])
+                extra = past.get_seq_length() - shared
+                if extra > 0:  # a negative count removes that many (transformers 4 and 5 alike)
+                    past.crop(-extra)
+        except InterruptedError:
+            raise Cancelled() from None
+        return past, None, shared
 
     def _sample(self, logits: Any, ids: Optional[Sequence[int]], temperature: float, rng: random.Random) -> int:
         """A token drawn from ``logits`` (among ``ids`` when given), or the hook's choice."""

@@ -7,7 +7,7 @@ own decoding loop (``complete_many``: one prefill from the prompt cache, one for
 step over the live rows, free sampling, a fixed number of tokens) over three models of the same
 backend: the base, the served merge, and the unmerged ``PeftModel`` of the same adapter (through
 ``with_model``, the path RL samples its policy with). The adapter is a real peft one with the
-RL trainer's settings (``evo.rl._policy.LoraSettings``: r 16 on the attention and MLP
+RL trainer's settings (``evo.rl.LoraSettings``: r 16 on the attention and MLP
 projections) and random non-zero LoRA weights.
 
     python bench/lora_merge_bench.py [--rows 1,8,32] [--tokens 16] [--repeats 3] [--device cpu] [--out FILE]
@@ -45,7 +45,7 @@ def random_adapter(base, folder: Path, seed: int) -> Path:
     import torch
     from peft import get_peft_model
 
-    from evo.rl._policy import LoraSettings
+    from evo.rl import LoraSettings
 
     model = get_peft_model(copy.deepcopy(base), LoraSettings().config())
     gen = torch.Generator().manual_seed(seed)

@@ -144,7 +144,8 @@ class ModelSteps:
         (issue 35: "the prompt's prefix cached across calls where it does not change")."""
         key = tuple(ids)
         if key not in self._cache:
-            past, logits, start = self._reuse_prefix(key)
+            past, start = self._reuse_prefix(key)
+            logits = None
             self.prefill_tokens += len(ids) - start
             self.prefill_reused_tokens += start
             for at in range(start, len(ids), self.PREFILL_CHUNK):  # chunks: a cancel waits for one chunk at most
@@ -162,10 +163,10 @@ class ModelSteps:
         except InterruptedError:
             raise Cancelled() from None
 
-    def _reuse_prefix(self, key: tuple[int, ...]) -> tuple[Any, Any, int]:
-        """(KV cache, None, tokens it holds) of the cached prompt sharing the longest prefix with
+    def _reuse_prefix(self, key: tuple[int, ...]) -> tuple[Any, int]:
+        """(KV cache, tokens it holds) of the cached prompt sharing the longest prefix with
         ``key``, cut to that prefix (at most all but ``key``'s last token, whose logits the caller
-        computes), or (None, None, 0) when no cached prompt shares :data:`MIN_REUSE` tokens."""
+        computes), or (None, 0) when no cached prompt shares :data:`MIN_REUSE` tokens."""
         best, shared = None, 0
         for other in self._cache:
             n = _common_prefix(other, key)
@@ -173,7 +174,7 @@ class ModelSteps:
                 best, shared = other, n
         shared = min(shared, len(key) - 1)
         if best is None or shared < MIN_REUSE:
-            return None, None, 0
+            return None, 0
         try:
             with self._leased():  # copying a GPU KV cache runs kernels
                 past = copy.deepcopy(self._cache[best][0])
@@ -182,7 +183,7 @@ class ModelSteps:
                     past.crop(-extra)
         except InterruptedError:
             raise Cancelled() from None
-        return past, None, shared
+        return past, shared
 
     def _sample(self, logits: Any, ids: Optional[Sequence[int]], temperature: float, rng: random.Random) -> int:
         """A token drawn from ``logits`` (among ``ids`` when given), or the hook's choice."""

@@ -162,7 +162,7 @@ class TransformersBackend(ModelSteps, LLMBackend):
     def base_model(self) -> Any:
         """The model without any adapter: the served model itself, or, while an adapter is merged
         into that one, the pristine base kept beside it (on the CPU)."""
-        return self._base if getattr(self, "_base", None) is not None else self.model
+        return self._base if self._base is not None else self.model
 
     def warm(self, gate: Optional[Gate] = None) -> None:
         """One forward pass of a short prompt (a GPU model moves to its device there, inside a

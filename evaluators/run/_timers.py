@@ -178,8 +178,7 @@ def device_timer(arms: Sequence[Arm], *, settings: DeviceTiming = DeviceTiming()
     rounds = sample_rounds(settings, replay_s)
     t_sample = time.perf_counter()
     race = _Race(graphs, settings.min_rounds, stop) if stop is not None else None
-    events, host, done, cost = _sample(arms, graphs, rounds, settings.replays_per_round, rng, touch, on_replay, race,
-                                       touch_is_real=perturb is not None)
+    events, host, done, cost = _sample(arms, graphs, rounds, settings.replays_per_round, rng, perturb, on_replay, race)
     sample_s = time.perf_counter() - t_sample
     loop = cost.summary()
     out = {}
@@ -292,21 +291,21 @@ class _Race:
 
 
 def _sample(arms: Sequence[Arm], graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]], rounds: int,
-            replays_per_round: int, rng: random.Random, touch: Callable[[], None],
-            on_replay: Optional[Callable[[str], None]] = None, race: Optional[_Race] = None,
-            touch_is_real: bool = True
+            replays_per_round: int, rng: random.Random, perturb: Optional[Callable[[], None]],
+            on_replay: Optional[Callable[[str], None]] = None, race: Optional[_Race] = None
             ) -> tuple[dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]], dict[str, list[float]], int, "LoopCost"]:
     """The timed rounds, arms in a fresh random order each: per arm, its event pairs (one per
     replay: ``replays_per_round + 1`` a round) and its host-synchronised seconds per call (one
     per round in :data:`HOST_SYNC_ROUNDS` rounds drawn at random; the round's last replay is
     then synchronised before and after). ``on_replay(name)`` runs before every replay's
-    ``touch`` (see :func:`device_timer`). Events are recorded on the current stream, passed
+    ``perturb`` (see :func:`device_timer`). Events are recorded on the current stream, passed
     explicitly (``Event.record()`` without one looks the stream up, tens of microseconds of
     host time a replay). ``race``: may end the rounds early (see :class:`_Race`); the third
-    value returned is the number of rounds run, the fourth the loop's :class:`LoopCost`
-    (``touch_is_real``: the perturbation is a real one, whose GPU time is worth an event pair)."""
+    value returned is the number of rounds run, the fourth the loop's :class:`LoopCost` (the
+    perturbation's GPU time timed only where there is one)."""
     stream = torch.cuda.current_stream()
-    cost = LoopCost(stream, measure_gpu=touch_is_real)
+    cost = LoopCost(stream, measure_gpu=perturb is not None)
+    touch = perturb or (lambda: None)
     events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {a.name: [] for a in arms}
     host: dict[str, list[float]] = {a.name: [] for a in arms}
     synced = {a.name: set(rng.sample(range(rounds), min(rounds, HOST_SYNC_ROUNDS))) for a in arms}

@@ -157,9 +157,9 @@ class TimingPhase:
             res.phases["device_sample_gpu"] = sum(st.events_s for st in run.stats["device"].values())
             # ... and where the rest went (``_timers.LoopCost``): seconds as phases, counts as notes
             loop = dev_st.loop
-            for key in ("perturb_host_s", "perturb_gpu_s", "note_host_s", "replay_host_s", "race_host_s", "sync_s"):
-                if key in loop:
-                    res.phases["device_sample_" + key[:-2]] = float(loop[key])
+            for key, value in loop.items():
+                if key.endswith("_s"):
+                    res.phases["device_sample_" + key[:-2]] = float(value)
             res.note(device_replays=int(loop.get("replays", 0)), device_syncs=int(loop.get("syncs", 0)))
             res.note(device_warmup_s=dev_st.warmup_s, device_capture_s=dev_st.capture_s,
                      device_prewarm_replays=dev_st.prewarm_replays, device_rounds=dev_st.rounds,

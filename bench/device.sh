@@ -14,7 +14,8 @@
 #   false-rejections  issue 18: every template seed on the LLM-layer sample, and (OLD_TREE=dir of a
 #                pre-hardening checkout) the elites of an archive that tree's evo run made (bench/false_rejections.py)
 #   perturb-profile  the device timer's perturbation between timed replays, piece by piece, and the timed
-#                rounds with and without each piece at 4096^3 and 64x128x64 (bench/perturb_profile.py)
+#                rounds with and without each piece at 4096^3 and 64x128x64 (bench/perturb_profile.py;
+#                PERTURB_BUSY processes spin on the host's cores throughout, as compiler children do)
 #   profile      the GPU worker under cProfile for PROFILE_N candidates at PROFILE_SHAPES (default 4096^3): where
 #                the time goes; the raw .prof files under $OUT/prof
 #   small-dev    issue 34's small rows (cuBLAS at 3-15 us): which kernel of the space is fastest (bench/small_dev.py;
@@ -105,8 +106,9 @@ for part in "$@"; do
     # archive, so that the summary and the legs both come back
     (cd "$OUT" && tar -czf ab_legs.tgz ab_* && rm -rf ab_new_* ab_old_*) ;;
   perturb-profile)
-    timeout 240 python3 bench/perturb_profile.py --out "$OUT/perturb_profile.json" > "$OUT/perturb_profile.log" 2>&1
-    echo "rc=$?"; grep -v "^-\|^ *$" "$OUT/perturb_profile.log" | cut -c1-220 | head -n 90 ;;
+    timeout 240 python3 bench/perturb_profile.py --busy "${PERTURB_BUSY:-0}" --out "$OUT/perturb_profile.json" \
+      > "$OUT/perturb_profile.log" 2>&1
+    echo "rc=$?"; grep -v "^-\|^ *$" "$OUT/perturb_profile.log" | grep -v "aten::\|void \|nvjet\|cuda\|Mem" | cut -c1-220 | head -n 40 ;;
   false-rejections)
     fr_arch=()
     if [ -n "${OLD_TREE:-}" ]; then

@@ -4,9 +4,9 @@ For each shape: the timing rotation the evaluator builds (:class:`TimingBuffers`
 workspace row per set), then
 
 1. each piece of the perturbation between timed replays (:func:`_perturber`: the dense scramble,
-   the hidden cancellation with its draws on the host as the harness makes them and, beside it,
-   on the device as before 7165b37, the poisoned C, the workspace refill, and the whole
-   perturbation as the timer calls it) timed alone: host seconds to enqueue a call (no synchronisation) and GPU
+   the hidden cancellation with the draws the harness makes once per candidate and, beside it,
+   drawn per call on the host (7165b37 to this change) and on the device (before 7165b37), the
+   poisoned C, the workspace refill, and the whole perturbation as the timer calls it) timed alone: host seconds to enqueue a call (no synchronisation) and GPU
    seconds a call (events around a batch);
 2. the device timer itself over three cuBLAS arms (the "candidate" is torch.matmul TN, not
    cached, as a candidate's graph is not) with the real perturbation, with none, and with the
@@ -14,14 +14,18 @@ workspace row per set), then
    event seconds of the timed replays, and the rounds drawn;
 3. a torch.profiler table of one timed loop with the perturbation (GPU kernels by total time).
 
+``--busy N``: N processes spin on the host's cores throughout, as the compiler children do beside
+the GPU worker in an evaluation (host work that waits for torch's CPU threads shows only then).
+
 Run on the GPU machine: ``python3 bench/perturb_profile.py --shapes 4096x4096x4096,64x128x64
---out $OUT/perturb_profile.json``. A measurement script, not a test: its figures go to
+--busy 16 --out $OUT/perturb_profile.json``. A measurement script, not a test: its figures go to
 bench/RESULTS.md.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import random
 import sys
 import time
@@ -60,13 +64,15 @@ def profile_shape(shape: Shape, n: int, seed: int) -> dict[str, Any]:
     tb = TimingBuffers(shape, 0, l2, dev)
     rng = random.Random(seed)
     gen = torch.Generator(device=dev).manual_seed(seed)
-    host = torch.Generator().manual_seed(seed)  # the hidden test's draws are made on the host, as the harness does
+    host = torch.Generator().manual_seed(seed)  # per-call draws on the host (7165b37 to the per-candidate draws)
     rows = WorkspaceRows(tb.n_sets, 0, dev, gen, workspace_fill(rng))
     tb.cc_all.fill_(float("nan"))
     out: dict[str, Any] = {"shape": str(shape), "n_sets": tb.n_sets}
+    drawn = _perturber(tb, shape, rows.rows, rng)  # the harness's: draws made once per candidate
     pieces = {
         "scramble": lambda: tb.scramble(gen, rng, shape.layout),
-        "embed": lambda: tb.embed(host, rng, shape),
+        "embed": drawn.embed,
+        "embed (host draws)": lambda: tb.embed(host, rng, shape),
         "embed (device draws)": lambda: tb.embed(gen, rng, shape),
         "poison": lambda: tb.poison_outputs(gen, rng, shape),
         "workspace_fill": lambda: rows.rows.fill_(workspace_fill(rng)),
@@ -87,7 +93,7 @@ def profile_shape(shape: Shape, n: int, seed: int) -> dict[str, Any]:
             if piece != "scramble":
                 tb.scramble(gen, rng, shape.layout)
             if piece != "embed" and rng.random() < 0.25:
-                tb.embed(host, rng, shape)
+                drawn.embed()
             if piece != "poison" and rng.random() < 0.25:
                 tb.poison_outputs(gen, rng, shape)
             if piece != "workspace_fill":
@@ -121,28 +127,41 @@ def profile_shape(shape: Shape, n: int, seed: int) -> dict[str, Any]:
     return out
 
 
+def _spin() -> None:
+    while True:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="4096x4096x4096,64x128x64")
     ap.add_argument("--n", type=int, default=100, help="calls per piece")
     ap.add_argument("--seed", type=int, default=36)
+    ap.add_argument("--busy", type=int, default=0, help="processes spinning on the host's cores throughout")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("perturb_profile: needs a CUDA GPU", file=sys.stderr)
         return 2
+    spinners = [multiprocessing.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(args.busy)]
+    for p in spinners:
+        p.start()
+    print(f"{args.busy} host processes spinning beside the timer")
     results = []
     for text in args.shapes.split(","):
         m, n, k = (int(x) for x in text.split("x"))
         res = profile_shape(Shape(m, n, k, "TN"), args.n, args.seed)
+        res["busy"] = args.busy
         results.append(res)
         print(f"== {res['shape']} ({res['n_sets']} sets)")
         for name, p in res["pieces"].items():
-            print(f"  {name:15s} host {p['host_us']:8.1f} us  gpu {p['gpu_us']:8.1f} us")
+            print(f"  {name:20s} host {p['host_us']:8.1f} us  gpu {p['gpu_us']:8.1f} us")
         for name, runs in res["loops"].items():
             print(f"  loop {name:22s} " + "  ".join(
                 f"wall {r['sample_ms']:6.1f} ms gpu {r['events_ms']:6.1f} ms n={r['samples']}" for r in runs))
         print(res["profiler"])
+    for p in spinners:
+        p.terminate()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     return 0

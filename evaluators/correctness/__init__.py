@@ -11,7 +11,7 @@ from ._correctness import Cascade
 from ._cover import COVER_CHECK, CoverItem, CoverOperands, check_cover
 from ._instances import MAX_INSTANCES, alignment_class, beyond_claim, class_cover, large_ragged, ragged_instances
 from ._recheck import RotationReference, recheck_sets, verify_sets
-from ._probes import POISONS, SCRAMBLE_MASK, draw_random, embed_cancellation, poison_, scramble_, scramble_mask
+from ._probes import POISONS, SCRAMBLE_MASK, CancellationDraws, cancellation_draws, draw_random, embed_cancellation, poison_, scramble_, scramble_mask
 from ._reference import integer_reference, reference, reference_scales
 from ._tolerance import (EPS16, EPS32, FP64_LIMIT, CheckFailed, tolerance_exact, tolerance_random, tolerance_strict,
                          ulp16)
@@ -20,7 +20,7 @@ __all__ = ["PLACEMENT_ALIGN", "WORKSPACE_FILLS", "Guarded", "Operands", "workspa
            "Cascade", "COVER_CHECK", "CoverItem", "CoverOperands", "check_cover", "MAX_INSTANCES", "alignment_class", "beyond_claim", "class_cover", "large_ragged",
            "ragged_instances",
            "RotationReference", "recheck_sets", "verify_sets",
-           "POISONS", "SCRAMBLE_MASK", "draw_random", "embed_cancellation", "poison_", "scramble_", "scramble_mask",
+           "POISONS", "SCRAMBLE_MASK", "CancellationDraws", "cancellation_draws", "draw_random", "embed_cancellation", "poison_", "scramble_", "scramble_mask",
            "integer_reference", "reference", "reference_scales",
            "EPS16", "EPS32", "FP64_LIMIT", "CheckFailed", "tolerance_exact", "tolerance_random", "tolerance_strict",
            "ulp16"]

@@ -22,11 +22,12 @@
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
-__all__ = ["SCRAMBLE_MASK", "scramble_", "scramble_mask", "draw_random", "embed_cancellation", "POISONS", "poison_"]
+__all__ = ["SCRAMBLE_MASK", "scramble_", "scramble_mask", "draw_random", "embed_cancellation", "CancellationDraws",
+           "cancellation_draws", "POISONS", "poison_"]
 
 #: Bits of an fp16 that :func:`scramble_` draws: sign (15), the two lowest exponent bits (10, 11)
 #: and the mantissa (0..9). A value below 1 in magnitude has exponent field <= 14, whose high
@@ -68,15 +69,52 @@ _PLUS_MINUS: dict[torch.device, torch.Tensor] = {}
 
 
 def _signs(n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
-    """``n`` random signs (fp16 -1 or 1): one draw and one lookup (two launches, not four)."""
+    """``n`` random signs (fp16 -1 or 1). On a GPU one draw and one lookup (two launches, not
+    four); on the host arithmetic instead of the lookup: a host index of a few thousand elements
+    runs on torch's intra-op thread pool, and on a machine whose cores are busy (compiler
+    children beside the GPU worker) waiting for those threads cost 1.4 ms a call (issue 36)."""
+    bits = torch.randint(0, 2, (n,), generator=gen, device=device)
+    if device.type == "cpu":
+        return bits.mul_(2).sub_(1).to(torch.float16)
     table = _PLUS_MINUS.get(device)
     if table is None:
         table = _PLUS_MINUS[device] = torch.tensor([-1.0, 1.0], dtype=torch.float16, device=device)
-    return table[torch.randint(0, 2, (n,), generator=gen, device=device)]
+    return table[bits]
 
 
-def embed_cancellation(a: torch.Tensor, b_kn: torch.Tensor, gen: torch.Generator,
-                       rows: Optional[int] = None) -> torch.Tensor:
+class CancellationDraws(NamedTuple):
+    """One hidden test's random draws, on the operands' device: the partners' permutation of
+    ``h = K // 2`` (``perm``), the signs ``t`` (``h``) and ``u`` (``N``), the carrying rows of A
+    (``picked``) and their signs (``s``)."""
+
+    perm: torch.Tensor
+    t: torch.Tensor
+    u: torch.Tensor
+    picked: torch.Tensor
+    s: torch.Tensor
+
+
+def cancellation_draws(m: int, n: int, k: int, gen: torch.Generator, copies: int,
+                       rows: Optional[int] = None) -> list[CancellationDraws]:
+    """``copies`` independent draws for :func:`embed_cancellation` at M x N x K, all made at once
+    where ``gen`` lives (a GPU generator: six launches for all of them; permutations as the
+    argsort of uniform keys). The timers draw a few per candidate before its timed replays and
+    hide the test with one drawn at random each time (:func:`evaluators.run._rotation._perturber`):
+    drawing per call cost about fifteen launches, or host work that waits on busy cores, between
+    timed replays. ``rows``: as for :func:`embed_cancellation`."""
+    h = k // 2
+    count = max(1, m // 4) if rows is None else max(1, min(rows, m))
+    at = gen.device
+    perm = torch.rand(copies, h, generator=gen, device=at).argsort(dim=1)
+    picked = torch.rand(copies, m, generator=gen, device=at).argsort(dim=1)[:, :count]
+    signs = torch.randint(0, 2, (copies, h + n + count), generator=gen, device=at, dtype=torch.float16)
+    signs.mul_(2).sub_(1)
+    return [CancellationDraws(perm[i], signs[i, :h], signs[i, h:h + n], picked[i], signs[i, h + n:])
+            for i in range(copies)]
+
+
+def embed_cancellation(a: torch.Tensor, b_kn: torch.Tensor, gen: Optional[torch.Generator] = None,
+                       rows: Optional[int] = None, draws: Optional[CancellationDraws] = None) -> torch.Tensor:
     """Hide the cancellation test (module docstring) in ``a`` (..., M, K) and ``b_kn`` (..., K, N),
     in place (leading dimensions: rotation sets, all given the same positions); returns the rows
     of A that carry it (their outputs are exactly 0 up to an odd K's last term). ``rows``: how
@@ -92,15 +130,22 @@ def embed_cancellation(a: torch.Tensor, b_kn: torch.Tensor, gen: torch.Generator
     ``gen`` on the CPU with ``a`` on a GPU (the timers' case): the draws (two permutations and
     three sets of signs, in the same order) are made on the host and reach the device in two
     asynchronous copies from pinned memory, instead of about fifteen launches of device
-    permutations (sorts) and sign lookups: 0.6 ms of host time per call before (issue 36)."""
+    permutations (sorts) and sign lookups: 0.6 ms of host time per call before (issue 36).
+
+    ``draws``: made before (:func:`cancellation_draws`, same M, N, K and ``rows``), instead of
+    ``gen``'s: a dozen launches and no draw at all."""
     m, k = a.shape[-2], a.shape[-1]
     n = b_kn.shape[-1]
     dev = a.device
     h = k // 2
     if h < 1:
         return torch.empty(0, dtype=torch.long, device=dev)
-    count = max(1, m // 4) if rows is None else max(1, min(rows, m))
-    perm, t, u, picked, s = _draws(h, n, m, count, gen, dev)
+    if draws is None:
+        if gen is None:
+            raise ValueError("embed_cancellation needs gen or draws")
+        count = max(1, m // 4) if rows is None else max(1, min(rows, m))
+        draws = CancellationDraws(*_draws(h, n, m, count, gen, dev))
+    perm, t, u, picked, s = draws
     k_fast = b_kn.dim() >= 2 and b_kn.stride(-2) == 1 and n > 1  # B stored N x K: work on that view
     bs = b_kn.transpose(-1, -2) if k_fast else b_kn  # K on dim kd
     kd = -1 if k_fast else -2

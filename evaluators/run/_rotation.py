@@ -10,8 +10,9 @@ import torch
 
 from populations import Shape
 
-from ..correctness import (FP64_LIMIT, POISONS, CheckFailed, Guarded, RotationReference, embed_cancellation, poison_,
-                           scramble_, scramble_mask, verify_sets, workspace_fill)
+from ..correctness import (FP64_LIMIT, POISONS, CancellationDraws, CheckFailed, Guarded, RotationReference,
+                           cancellation_draws, embed_cancellation, poison_, scramble_, scramble_mask, verify_sets,
+                           workspace_fill)
 from ._timers import rotation_sets
 
 
@@ -56,31 +57,59 @@ class WorkspaceRows:
 EMBED_CHANCE, POISON_CHANCE = 0.25, 0.25
 
 
-def _perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Tensor],
-               rng: random.Random) -> Callable[[], None]:
+#: Draws of the hidden cancellation test made per candidate (at its first perturbation that hides
+#: it); each hiding uses one of them at random, in a run of sets drawn at random.
+EMBED_DRAWS = 16
+
+
+class Perturbation:
     """What runs before every timed replay (outside the timed events): every element of every
     set's A or B (as stored for the layout, one drawn at random) is scrambled
     (:meth:`TimingBuffers.scramble`: sign, magnitude within 4x and digits drawn at random, so an
     output kept from an earlier call cannot be updated for less than a full product), at random
-    the cancellation test is hidden in some sets and some sets' C are poisoned (the device
+    the cancellation test is hidden in some sets (:meth:`embed`) and some sets' C are poisoned (the device
     timer's replays rewrite every set; the host timers, which call single sets, perturb the
     one they call next: :func:`_set_perturber`), and the workspace rows
     (``workspaces``: every row a kernel can reach, the 256-byte rows of a plan without a
     workspace included; None where the call zeroes them itself) are refilled with a byte drawn
     as for the checked calls (:func:`evaluators.correctness.workspace_fill`), so that nothing a
-    kernel leaves there survives to the next call or tells timing from checking."""
-    gen = torch.Generator(device=tb.a_all.device).manual_seed(rng.getrandbits(62))
-    host = torch.Generator().manual_seed(rng.getrandbits(62))  # the hidden test's draws: on the host
+    kernel leaves there survives to the next call or tells timing from checking.
 
-    def perturb() -> None:
-        tb.scramble(gen, rng, shape.layout)
-        if rng.random() < EMBED_CHANCE:
-            tb.embed(host, rng, shape)
-        if rng.random() < POISON_CHANCE:
-            tb.poison_outputs(gen, rng, shape)
-        if workspaces is not None:
-            workspaces.fill_(workspace_fill(rng))
-    return perturb
+    Everything here is device work launched from the host: no host tensor op, no copy and no
+    synchronisation. The hidden test's draws are made once per candidate, :data:`EMBED_DRAWS` of
+    them in a few launches (:func:`evaluators.correctness.cancellation_draws`). Drawing them per
+    hiding on the host (to spare the device's sorts) cost 5 ms a time inside the GPU worker at
+    4096^3, where compiler children keep the cores busy and torch's host thread pool waited for
+    them: the perturbation's host time was half of the timed rounds' wall time (issue 36)."""
+
+    def __init__(self, tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Tensor],
+                 rng: random.Random) -> None:
+        self.tb, self.shape, self.workspaces, self.rng = tb, shape, workspaces, rng
+        self.gen = torch.Generator(device=tb.a_all.device).manual_seed(rng.getrandbits(62))
+        self._draws: list[CancellationDraws] = []
+
+    def __call__(self) -> None:
+        self.tb.scramble(self.gen, self.rng, self.shape.layout)
+        if self.rng.random() < EMBED_CHANCE:
+            self.embed()
+        if self.rng.random() < POISON_CHANCE:
+            self.tb.poison_outputs(self.gen, self.rng, self.shape)
+        if self.workspaces is not None:
+            self.workspaces.fill_(workspace_fill(self.rng))
+
+    def embed(self) -> None:
+        """Hide the cancellation test in a random run of sets (:meth:`TimingBuffers.embed`) with
+        one of this candidate's draws, drawn at random (the draws are made at the first call)."""
+        if not self._draws:
+            m, n, k = self.shape.m, self.shape.n, self.shape.k
+            self._draws = cancellation_draws(m, n, k, self.gen, EMBED_DRAWS)
+        self.tb.embed(self.gen, self.rng, self.shape, draws=self._draws[self.rng.randrange(len(self._draws))])
+
+
+def _perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Tensor],
+               rng: random.Random) -> Perturbation:
+    """The device timer's perturbation for one candidate (:class:`Perturbation`)."""
+    return Perturbation(tb, shape, workspaces, rng)
 
 
 def _set_perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch.Tensor],
@@ -110,7 +139,7 @@ def _set_perturber(tb: "TimingBuffers", shape: Shape, workspaces: Optional[torch
 TIMED_CHECK_ROWS, TIMED_CHECK_SETS = 64, 256
 
 
-def _check_timed(graph: Any, perturb: Callable[[], None], tb: "TimingBuffers", shape: Shape, where: str,
+def _check_timed(graph: Any, perturb: Perturbation, tb: "TimingBuffers", shape: Shape, where: str,
                  sync: Callable[[], None], rng: random.Random) -> None:
     """Verify the outputs of the timed calls: one more replay of the timed graph (every set into
     its own C, after the same random perturbation as every timed replay, the cancellation test
@@ -120,8 +149,7 @@ def _check_timed(graph: Any, perturb: Callable[[], None], tb: "TimingBuffers", s
     current inputs with the stricter of both tolerances (the rows carrying the hidden test with
     the exact one). Raises :class:`CheckFailed` naming the set."""
     perturb()
-    host = torch.Generator().manual_seed(rng.getrandbits(62))  # draws on the host, copied asynchronously
-    tb.embed(host, rng, shape)  # recorded in tb.coherent, with any the perturbation hid
+    perturb.embed()  # recorded in tb.coherent, with any the perturbation hid
     live = [t.clone() for t in tb.live_inputs(shape.layout)]  # restoring from the pristine copy erases changes
     graph.replay()
     sync()
@@ -196,7 +224,9 @@ class TimedSamples:
         exact = torch.zeros(len(picked_l), m, dtype=torch.bool, device=dev)
         for i, s in enumerate(picked_l):
             if s in tb.coherent:
-                exact[i, tb.coherent[s]] = True  # a device-side scatter (isin would synchronise)
+                # a device-side fill (isin would synchronise; so would `exact[i, rows] = True`,
+                # whose scalar becomes a host tensor copied to the device)
+                exact[i].index_fill_(0, tb.coherent[s], True)
         exact = exact[:, r0:r1]
         entry = (self.pending, picked_l, list(range(r0, r1)), torch.stack([a[s, r0:r1] for s in picked_l]),
                  torch.stack([b[s] for s in picked_l]), torch.stack([c[s, r0:r1] for s in picked_l]), exact)
@@ -335,16 +365,17 @@ class TimingBuffers:
         lo = rng.randrange(self.n_sets - count + 1)
         return lo, lo + count
 
-    def embed(self, gen: torch.Generator, rng: random.Random, shape: Shape) -> tuple[list[int], torch.Tensor]:
+    def embed(self, gen: torch.Generator, rng: random.Random, shape: Shape,
+              draws: Optional[CancellationDraws] = None) -> tuple[list[int], torch.Tensor]:
         """Hide the cancellation test (:func:`evaluators.correctness.embed_cancellation`) in a
         random run of sets, in place; (those sets, the rows of A that carry it, on the device:
-        no synchronisation between timed replays)."""
+        no synchronisation between timed replays). ``draws``: made before (instead of ``gen``'s)."""
         m, n, k = shape.m, shape.n, shape.k
         lo, hi = self._run_of_sets(rng)
         a3 = self.a_all[lo:hi, :m * k].view(hi - lo, m, k)
         b_kn = (self.bnk_all[lo:hi, :n * k].view(hi - lo, n, k).transpose(1, 2) if shape.layout == "TN"
                 else self.bkn_all[lo:hi, :k * n].view(hi - lo, k, n))
-        rows = embed_cancellation(a3, b_kn, gen)
+        rows = embed_cancellation(a3, b_kn, gen, draws=draws)
         self._dirty |= {0, 1 if shape.layout == "TN" else 2}
         self.coherent.update({i: rows for i in range(lo, hi)})
         return list(range(lo, hi)), rows

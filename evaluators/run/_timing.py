@@ -20,7 +20,8 @@ from ..correctness import CheckFailed, recheck_sets, workspace_fill
 from .._provenance import sm_clock_mhz
 from ._gates import (DEFAULT_CEILINGS, _baseline, _speedup, host_timers_wanted, memo_flag, memo_wanted, physical_floor,
                      race_stop)
-from ._rotation import InputsModified, TimedSamples, TimingBuffers, WorkspaceRows, _check_timed, _perturber, _set_perturber
+from ._rotation import (InputsModified, Perturbation, TimedSamples, TimingBuffers, WorkspaceRows, _check_timed, _perturber,
+                        _set_perturber)
 from ._timers import Arm, DeviceTiming, device_timer, host_timer
 
 TIMERS = ("device", "offline", "server")
@@ -296,7 +297,7 @@ class _Run:
     candidate: Callable[[int], None]  # the candidate's call on rotation set i
     arms: list[Arm]
     wanted: list[str]  # the timers the job asks for
-    perturb: Callable[[], None]
+    perturb: Perturbation
     host_perturb: Callable[[int], None]  # the same on the one set a host-timed call uses, C not poisoned
     stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     kept: dict[str, Any] = field(default_factory=dict)  # the candidate's one-rotation graph, replayed again

@@ -19,8 +19,10 @@ Launches go through the evaluator's binder (``align_mid_check.Kernels``: staged 
 maps). Timing: CUDA-graph replay over a rotation of more than 3x L2 (no cap on the set count,
 unlike ``decode_dev.rotation``: a small shape's operands must come from HBM, as in the
 evaluator), each variant checked against an fp32 reference (C NaN-poisoned) first. Prints one
-line per variant and a table per shape (first pick, best variant, best of tiny); writes
-``small_dev.json``. Exit 1 when a variant is wrong.
+line per variant and a table per shape (first pick, best variant, best of tiny), and the kernels
+cuBLAS launches for the shape in each layout (one call under torch.profiler: the tile and split
+cuBLAS chose, the shape of kernel the space should hold); writes ``small_dev.json``. Exit 1 when
+a variant is wrong.
 """
 from __future__ import annotations
 
@@ -189,6 +191,29 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def cublas_kernels(shape: Shape) -> dict[str, list[str]]:
+    """The CUDA kernels cuBLAS runs for one call of ``shape`` in each layout (TN: B stored N x K,
+    as nn.Linear; NN: K x N), in launch order, from one profiled call after a warm-up call."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    m, n, k = shape.m, shape.n, shape.k
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b_nk = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    b_kn = b_nk.t().contiguous()
+    out: dict[str, list[str]] = {}
+    for layout, call in (("TN", lambda: torch.matmul(a, b_nk.t())), ("NN", lambda: torch.matmul(a, b_kn))):
+        call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            call()
+            torch.cuda.synchronize()
+        names = [e.name for e in sorted(prof.events(), key=lambda e: e.time_range.start)
+                 if e.device_type == torch.autograd.DeviceType.CUDA]
+        out[layout] = [x for x in names if not x.startswith(("Memset", "Memcpy"))]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=SHAPES)
@@ -231,9 +256,19 @@ def main() -> int:
             print(f"budget: {s} and later shapes not timed", flush=True)
             break
         time_variants(s, vs, kern, rows, bad, make_sets=hbm_rotation)
+    kernels: dict[str, dict[str, list[str]]] = {}
+    for s, _ in plan:
+        try:
+            kernels[str(s)] = cublas_kernels(s)
+        except Exception as exc:  # a profiler failure costs the names, not the timings
+            kernels[str(s)] = {"error": [f"{type(exc).__name__}: {exc}"]}
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "small_dev.json").write_text(json.dumps({"rows": rows, "bad": bad}, indent=1, default=str))
+    (Path(args.out) / "small_dev.json").write_text(json.dumps({"rows": rows, "bad": bad, "cublas_kernels": kernels},
+                                                              indent=1, default=str))
     print("\n" + "\n".join(table(rows)))
+    print("\ncuBLAS's kernels (TN | NN):" + "".join(
+        f"\n  {shape}: {' + '.join(v.get('TN', []))} | {' + '.join(v.get('NN', v.get('error', [])))}"
+        for shape, v in kernels.items()))
     print(f"\n{len(bad)} problems" + "".join(f"\n  {b}" for b in bad[:20]) + f"\n{time.time() - t0:.0f} s")
     return 1 if bad else 0
 

@@ -14,6 +14,8 @@ import time
 import warnings
 from typing import Any, Iterator, Optional, Sequence
 
+from ._gil import short_switch_interval
+
 __all__ = ["ModelSteps", "Cancelled", "MIN_REUSE"]
 
 #: The shortest shared prefix worth starting a prefill from (a copy and a cut of a KV cache cost
@@ -61,13 +63,15 @@ class ModelSteps:
         Accounting (issue 35): the seconds from entering the slice to the device being
         synchronised at its end are *held* (:attr:`gpu_s`, on a GPU: the model's cost); the
         seconds before, waiting for timers to release the lease, are *waited*
-        (:attr:`gpu_wait_s`), a delay the model did not cause and is not charged for."""
+        (:attr:`gpu_wait_s`), a delay the model did not cause and is not charged for. Inside a
+        held slice the GIL's switch interval is short (:func:`._gil.short_switch_interval`), so
+        the pass's ops do not wait 5 ms each for a busy engine thread to give the GIL back."""
         gate = getattr(self, "_gate", None)  # given only when the model shares a timing GPU
         on_gpu = str(self.device).startswith("cuda")
         sync = (lambda: self.torch.cuda.synchronize(self.device)) if on_gpu else None
         t0 = time.perf_counter()
         with (gate.slice(cancel=getattr(self, "_cancel_event", None)) if gate is not None  # we sync inside
-              else contextlib.nullcontext()):
+              else contextlib.nullcontext()), short_switch_interval():
             t1 = time.perf_counter()
             try:
                 yield

@@ -1,0 +1,43 @@
+"""bench/gil_convoy_bench.py: bad arguments get one line and exit 2; a one-step run with the real
+model writes every condition's step and held milliseconds and leaves the shared backend as it was."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from operators import available_operators
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("gil_convoy_bench", ROOT / "bench" / "gil_convoy_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("argv", [["--steps", "0"], ["--rounds", "-1"], ["--prompt-tokens", "0"]])
+def test_bad_arguments_exit_2_with_one_line(argv, capsys):
+    assert _bench().main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gil_convoy_bench:")
+
+
+@pytest.mark.skipif("llm" not in available_operators(), reason="the llm extra is not installed")
+def test_one_step_run_writes_every_condition(tmp_path):
+    out = tmp_path / "g.json"
+    before = sys.getswitchinterval()
+    assert _bench().main(["--steps", "1", "--rounds", "1", "--prompt-tokens", "40", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 6 and {k.split(" | ")[0] for k in rows} == {"alone", "spin", "half"}
+    assert all(0 < r["held_ms"] <= r["step_ms"] for r in rows.values())
+    from operators.llm import load_backend
+    from operators.llm._gil import HELD_SWITCH_INTERVAL_S
+
+    assert not hasattr(load_backend(threads=1), "count_gpu_s") and HELD_SWITCH_INTERVAL_S == pytest.approx(1e-4)
+    assert sys.getswitchinterval() == pytest.approx(before)

@@ -2,23 +2,17 @@
 model writes every condition's step and held milliseconds and leaves the shared backend as it was."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
+import bench_script
 from operators import available_operators
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("gil_convoy_bench", ROOT / "bench" / "gil_convoy_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_script.load("gil_convoy_bench")
 
 
 @pytest.mark.parametrize("argv", [["--steps", "0"], ["--rounds", "-1"], ["--prompt-tokens", "0"]])

@@ -2,22 +2,16 @@
 model writes the three models' seconds per step and the ratio."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+import bench_script
 from operators import available_operators
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("lora_merge_bench", ROOT / "bench" / "lora_merge_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_script.load("lora_merge_bench")
 
 
 @pytest.mark.parametrize("argv", [["--rows", "x"], ["--rows", "0"], ["--tokens", "0"]])

@@ -13,7 +13,9 @@ grid of tiny's knobs (latency-first: fragments straight from global memory, no p
 K split through the workspace, ``s2``-``s8``, or a cluster) *whether or not tiny's ``applies``
 rule admits the shape* (labels ``tiny!`` where it does not: the question is whether the rule
 should), a small-tile grid of sm80_mma, and leaner sm90_wgmma kernels than its first picks (a
-fitted BN, a shallow ring, one CTA a tile, split-K), beside cuBLAS in both layouts.
+fitted BN, a shallow ring, one CTA a tile, split-K; tiles whose width is cut so that they fill one
+or two waves of the SMs, swapped and not, as cuBLAS's mid-row kernels are: label ``w`` for
+swapped), beside cuBLAS in both layouts.
 
 Launches go through the evaluator's binder (``align_mid_check.Kernels``: staged plans, tensor
 maps). Timing: CUDA-graph replay over a rotation of more than 3x L2 (no cap on the set count,
@@ -123,8 +125,35 @@ def wgmma_lean(t: Any, shape: Shape) -> list[dict]:
     return out
 
 
+def wgmma_wave_fitted(t: Any, shape: Shape) -> list[dict]:
+    """sm90_wgmma with the tile width fitted so that the tiles fill one wave of 132 SMs (or two),
+    as cuBLAS's own kernels do on mid rows (``128x72``, ``128x104``, ``192x104``, ``256x88``: RESULTS
+    27): unswapped, BN cut from N for BM-row tiles of M; swapped (``SWAP``), BN cut from M for BM-row
+    tiles of N. One CTA a tile, K whole, a 4-stage ring (2 where K <= 128), the shared-memory
+    epilogue; widths 32-256 only."""
+    out = []
+    for swap in (False, True):
+        rows, cols = (shape.n, shape.m) if swap else (shape.m, shape.n)
+        for bm, cons in ((64, 1), (128, 2)):
+            for waves in (1, 2):
+                per_row = (132 * waves) // cdiv(rows, bm)
+                if per_row < 1:
+                    continue
+                bn = 8 * cdiv(cdiv(cols, per_row), 8)
+                if not 32 <= bn <= 256:
+                    continue
+                k = dict(t.space.defaults(), BM=bm, BN=bn, CONSUMERS=cons, SCHED="coop",
+                         STAGES=2 if shape.k <= 128 else 4, PERSISTENT=False, SPLIT_K=1, EPI="smem",
+                         CLUSTER_M=1, CLUSTER_N=1, SWAP=swap)
+                k = t.fitted(k, shape) or k
+                if not t.check(k, shape, 90) and k not in out:
+                    out.append(k)
+    return out
+
+
 def wgmma_label(k: dict) -> str:
-    return f"{k['BM']}x{k['BN']}st{k['STAGES']}{'p' if k['PERSISTENT'] else 'n'}s{k['SPLIT_K']}"
+    swap = "w" if k.get("SWAP") else ""
+    return f"{swap}{k['BM']}x{k['BN']}st{k['STAGES']}{'p' if k['PERSISTENT'] else 'n'}s{k['SPLIT_K']}"
 
 
 def variants(templates: dict, shape: Shape, tiny_cap: int, mma_cap: int,
@@ -148,7 +177,7 @@ def variants(templates: dict, shape: Shape, tiny_cap: int, mma_cap: int,
         add(f"sm80_mma:{k['BM']}x{k['BN']}x{k['BK']}st{k['STAGES']}s{k['SPLIT_K']}", mma, k)
     wg = templates["sm90_wgmma"]
     if wg.applicable(shape, 90):
-        for k in thin(wgmma_lean(wg, shape), wgmma_cap):
+        for k in thin(wgmma_lean(wg, shape), wgmma_cap) + wgmma_wave_fitted(wg, shape):  # the fitted: all of them
             add(f"sm90_wgmma:{wgmma_label(k)}", wg, k)
     return out
 

@@ -61,4 +61,25 @@ def test_wgmma_lean_grid_bounds_units_and_fits_the_width() -> None:
         assert k["SPLIT_K"] == 1 or k["EPI"] == "direct"
         assert not t.check(k, shape, 90)
     labels = [lb for lb, _ in small_dev.variants(load_templates(), shape, 4, 2, wgmma_cap=5)]
-    assert sum(lb.startswith("sm90_wgmma:") and "pick" not in lb for lb in labels) == 5
+    fitted = {small_dev.wgmma_label(k) for k in small_dev.wgmma_wave_fitted(t, shape)}
+    lean = [lb for lb in labels if lb.startswith("sm90_wgmma:") and "pick" not in lb]
+    assert fitted and fitted <= {lb.split(":", 1)[1] for lb in lean}  # every wave-fitted tile, beside the cap
+    assert 5 <= len(lean) <= 5 + len(fitted)
+
+
+def test_wave_fitted_tiles_fill_one_or_two_waves_swapped_and_not() -> None:
+    """The widths cut so the tiles fill 132 SMs once or twice (cuBLAS's 128x72, 128x104 on mid
+    rows): each tile count within the waves it was cut for, widths 32-256 in steps of 8, swapped
+    tiles cut from M, valid knob sets, one CTA a tile, K whole."""
+    t = load_templates()["sm90_wgmma"]
+    for text in ("1789x832x576", "1889x448x1664", "1724x744x896"):
+        shape = Shape.parse(text)
+        ks = small_dev.wgmma_wave_fitted(t, shape)
+        assert any(k["SWAP"] for k in ks) and any(not k["SWAP"] for k in ks), text
+        for k in ks:
+            rows, cols = (shape.n, shape.m) if k["SWAP"] else (shape.m, shape.n)
+            tiles = -(-rows // k["BM"]) * -(-cols // k["BN"])
+            assert tiles <= 264 and 32 <= k["BN"] <= 256 and k["BN"] % 8 == 0, (text, k, tiles)
+            assert (k["PERSISTENT"], k["SPLIT_K"], k["EPI"]) == (False, 1, "smem") and not t.check(k, shape, 90)
+    assert any((k["BM"], k["BN"], k["SWAP"]) == (128, 96, False) for k in small_dev.wgmma_wave_fitted(
+        t, Shape.parse("1789x832x576")))  # 14 rows of 128 x 9 columns of 96: 126 tiles, one wave

@@ -4,10 +4,10 @@ A forward pass of a small model is launch-bound: hundreds of torch ops, each rel
 and taking it back. When another thread of the engine's process is busy in Python (an operator
 rendering or checking proposals, the ranker scoring), every take-back waits until that thread is
 made to drop the GIL, which CPython asks for only after the switch interval (5 ms by default):
-the convoy effect. One decoding step of the 135M model on the CPU machine took 64-84 ms alone,
-271-343 ms beside a thread spinning in Python and 146 ms with a 0.1-ms interval
-(``bench/gil_convoy_bench.py``, RESULTS section 24). A held slice is charged to the model as GPU
-time, so the wait was charged too.
+the convoy effect. One decoding step of the 135M model on the 2-core CPU machine took 57 ms alone,
+7.4 s beside a thread spinning in Python and 224 ms with a 0.1-ms interval; beside a thread busy
+half the time, 109 and 88 ms (``bench/gil_convoy_bench.py``, RESULTS section 24). A held slice is
+charged to the model as GPU time, so the wait was charged too.
 
 :func:`short_switch_interval` sets the interval to :data:`HELD_SWITCH_INTERVAL_S` for as long as
 any slice is held (nested and concurrent holders count; the last one out restores what was

@@ -536,3 +536,35 @@ def test_random_timed_replays_are_kept_and_verified_after_the_loop() -> None:
                 samples.check("timed replays")
         else:
             samples.check("timed replays")
+
+
+def test_timed_hidings_use_the_candidates_draws_made_once() -> None:
+    """Issue 36's throughput cut: the timed replays' perturbation draws the hidden test once per
+    candidate (EMBED_DRAWS of them, at its first hiding) and hides it with one of those each time,
+    in a run of sets drawn at random; every hiding's rows are one draw's and cancel exactly there."""
+    from unittest import mock
+
+    from evaluators.correctness import cancellation_draws
+    from evaluators.run import _rotation
+
+    shape = Shape(40, 24, 64, "TN")
+    rot = _rotation_double()(6, shape)
+    perturb = _rotation._perturber(rot, shape, None, random.Random(11))
+    with mock.patch.object(_rotation, "cancellation_draws", wraps=cancellation_draws) as made:
+        seen = []
+        for _ in range(60):
+            rot.coherent = {}
+            perturb.embed()
+            seen.append({s: tuple(r.tolist()) for s, r in rot.coherent.items()})
+    assert made.call_count == 1 and len(perturb._draws) == _rotation.EMBED_DRAWS
+    pool = {tuple(d.picked.tolist()) for d in perturb._draws}
+    assert all(rows in pool for hid in seen for rows in hid.values())
+    assert len({rows for hid in seen for rows in hid.values()}) > 4  # several draws used, not one
+    assert len({tuple(sorted(hid)) for hid in seen}) > 4  # runs of sets drawn per hiding
+    m, n, k = shape.m, shape.n, shape.k
+    assert rot.coherent
+    for s, rows in rot.coherent.items():  # the last hiding's sets
+        a = rot.a_all[s, :m * k].view(m, k).double()
+        b = rot.bnk_all[s, :n * k].view(n, k).double()
+        r = rows.tolist()
+        assert torch.equal((a @ b.t())[r], torch.zeros(len(r), n, dtype=torch.float64))

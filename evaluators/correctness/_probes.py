@@ -82,6 +82,11 @@ def _signs(n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     return table[bits]
 
 
+def _carrying(m: int, rows: Optional[int]) -> int:
+    """How many rows of A carry the hidden test: ``rows`` within 1..M, else a quarter of M (at least 1)."""
+    return max(1, m // 4) if rows is None else max(1, min(rows, m))
+
+
 class CancellationDraws(NamedTuple):
     """One hidden test's random draws, on the operands' device: the partners' permutation of
     ``h = K // 2`` (``perm``), the signs ``t`` (``h``) and ``u`` (``N``), the carrying rows of A
@@ -103,7 +108,7 @@ def cancellation_draws(m: int, n: int, k: int, gen: torch.Generator, copies: int
     drawing per call cost about fifteen launches, or host work that waits on busy cores, between
     timed replays. ``rows``: as for :func:`embed_cancellation`."""
     h = k // 2
-    count = max(1, m // 4) if rows is None else max(1, min(rows, m))
+    count = _carrying(m, rows)
     at = gen.device
     perm = torch.rand(copies, h, generator=gen, device=at).argsort(dim=1)
     picked = torch.rand(copies, m, generator=gen, device=at).argsort(dim=1)[:, :count]
@@ -127,10 +132,12 @@ def embed_cancellation(a: torch.Tensor, b_kn: torch.Tensor, gen: Optional[torch.
     through the transposed view cost milliseconds). The timers call this between replays, so
     its host cost counts: about a dozen launches, the signs applied in place.
 
-    ``gen`` on the CPU with ``a`` on a GPU (the timers' case): the draws (two permutations and
-    three sets of signs, in the same order) are made on the host and reach the device in two
-    asynchronous copies from pinned memory, instead of about fifteen launches of device
-    permutations (sorts) and sign lookups: 0.6 ms of host time per call before (issue 36).
+    ``gen`` on the CPU with ``a`` on a GPU: the draws (two permutations and three sets of signs,
+    in the same order) are made on the host and reach the device in two asynchronous copies from
+    pinned memory, instead of about fifteen launches of device permutations (sorts) and sign
+    lookups. The timers drew this way per hiding until they moved to ``draws`` made once per
+    candidate (host draws waited on busy cores in the GPU worker, issue 36);
+    ``bench/perturb_profile.py`` still times both.
 
     ``draws``: made before (:func:`cancellation_draws`, same M, N, K and ``rows``), instead of
     ``gen``'s: a dozen launches and no draw at all."""
@@ -143,8 +150,7 @@ def embed_cancellation(a: torch.Tensor, b_kn: torch.Tensor, gen: Optional[torch.
     if draws is None:
         if gen is None:
             raise ValueError("embed_cancellation needs gen or draws")
-        count = max(1, m // 4) if rows is None else max(1, min(rows, m))
-        draws = CancellationDraws(*_draws(h, n, m, count, gen, dev))
+        draws = CancellationDraws(*_draws(h, n, m, _carrying(m, rows), gen, dev))
     perm, t, u, picked, s = draws
     k_fast = b_kn.dim() >= 2 and b_kn.stride(-2) == 1 and n > 1  # B stored N x K: work on that view
     bs = b_kn.transpose(-1, -2) if k_fast else b_kn  # K on dim kd

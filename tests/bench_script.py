@@ -14,3 +14,10 @@ def load(name: str) -> ModuleType:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def refuses(name: str, argv: list[str], capsys) -> None:
+    """``bench/<name>.py``'s main(argv) exits 2 with one line on stderr that names the script."""
+    assert load(name).main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{name}:"), err

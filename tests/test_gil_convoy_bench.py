@@ -17,9 +17,7 @@ def _bench():
 
 @pytest.mark.parametrize("argv", [["--steps", "0"], ["--rounds", "-1"], ["--prompt-tokens", "0"]])
 def test_bad_arguments_exit_2_with_one_line(argv, capsys):
-    assert _bench().main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("gil_convoy_bench:")
+    bench_script.refuses("gil_convoy_bench", argv, capsys)
 
 
 @pytest.mark.skipif("llm" not in available_operators(), reason="the llm extra is not installed")

@@ -93,25 +93,11 @@ def records(template: Template, count: int, seed: int,
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-    def ranks(xs: Sequence[float]) -> list[float]:
-        order = sorted(range(len(xs)), key=lambda i: xs[i])
-        out = [0.0] * len(xs)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                out[order[k]] = (i + j) / 2
-            i = j + 1
-        return out
+    """Spearman's rank correlation (average ranks for ties; 0 where one side is constant)."""
+    from evo.rl import spearman as rho
 
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-    return cov / var if var else 0.0
+    value = rho(a, b)
+    return 0.0 if value is None else value
 
 
 # -- the contract, over every implementation ------------------------------------------------------

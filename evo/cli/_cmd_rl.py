@@ -15,6 +15,12 @@ replayed beside the samples, and writes a peft adapter with its evo-adapter.json
 ``--measure ARCHIVE`` the evaluator is in the loop: sampled edits no archive measured are timed on
 the local GPUs and recorded there (evo.rl._measure), instead of scoring the penalty. Exit 2 on bad input.
 
+``evo rl rank --dataset PAIRS.jsonl --out ADAPTER_DIR [--steps N] [--loss pairwise|weighted]
+[--holdout F] [--init-adapter DIR]`` trains the LoRA adapter as a ranker of knob edits on pairs
+(evo.rl._rank): within each parent's children, the measured better child gets the higher
+log-likelihood, which is what the LLM cost model (``--operators llm_ranked``) scores; whole shapes
+are held out and the ranking before and after is printed and kept in the manifest.
+
 ``evo rl split --layers llm_layers.csv --out SPLIT.json [--test-model M...] [--seed S]
 [--grid-size N...]`` splits the shapes by model (evo.rl._split): no test shape's model, and no
 test shape, is on the training side; the grid (sizes cubed) joins training. ``--reward
@@ -72,6 +78,24 @@ def add_parser(subparsers: Any) -> None:
                         "when it exists); without it such an edit scores the unmapped penalty")
     add_gpus(t)
     t.add_argument("--compile-workers", type=int, default=4, metavar="N", help="with --measure: NVRTC workers (default 4)")
+    r = sub.add_parser("rank", help="train the LLM as a ranker of knob edits on evo rl export --pairs data (LoRA)")
+    r.add_argument("--dataset", required=True, metavar="PAIRS.jsonl", help="the rows evo rl export --pairs wrote")
+    r.add_argument("--out", required=True, metavar="ADAPTER_DIR", help="where the adapter and its manifest go (new or empty)")
+    r.add_argument("--model", default=None, help="the base model (default: the LLM operator's default)")
+    r.add_argument("--device", default="cpu", help="where the model trains: cpu (default), cuda or cuda:N")
+    r.add_argument("--steps", type=count(1, 10 ** 6), default=64, metavar="N", help="optimiser steps, one group each (default 64)")
+    r.add_argument("--loss", choices=("pairwise", "weighted"), default="pairwise",
+                   help="pairwise: RankNet over ordered pairs of one parent's children (default); "
+                        "weighted: reward-weighted likelihood")
+    r.add_argument("--lr", type=float, default=5e-4, help="LoRA learning rate (default 0.0005)")
+    r.add_argument("--holdout", type=float, default=0.25, metavar="F",
+                   help="share of the shapes held out to measure the ranking (default 0.25; 0: none)")
+    r.add_argument("--max-children", type=count(2, 4096), default=16, metavar="N",
+                   help="children of one group in one step (a seeded sample of larger groups; default 16)")
+    r.add_argument("--seed", type=int, default=0, help="random seed for the split, order and samples (default 0)")
+    r.add_argument("--init-adapter", metavar="DIR", help="continue training this adapter")
+    r.add_argument("--version", type=int, help="version number (default: the init adapter's + 1, else 1)")
+    r.add_argument("--max-seconds", type=float, default=0.0, metavar="S", help="stop starting steps after S seconds")
     s = sub.add_parser("split", help="split llm_layers.csv's shapes into train and test by model (JSON)")
     s.add_argument("--layers", required=True, metavar="CSV", help="M,N,K,model,layer rows (llm_layers.csv)")
     s.add_argument("--out", required=True, metavar="SPLIT.json", help="where the split is written (JSON)")
@@ -226,9 +250,65 @@ def _measurer(args: argparse.Namespace, table: Any, pool_factory: Any) -> tuple[
     return Measurer(pool, archive), gate
 
 
+def _rank(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from populations import load_templates
+
+    from ..rl import DatasetError, RankConfig, read_jsonl, read_manifest
+
+    deadline = time.monotonic() + args.max_seconds if args.max_seconds > 0 else None
+    try:
+        from evaluators import visible_gpus
+        from operators.llm import check_device
+
+        check_device(args.device, len(visible_gpus()) if args.device != "cpu" else 0)
+        config = RankConfig(steps=args.steps, lr=args.lr, seed=args.seed, loss=args.loss, holdout=args.holdout,
+                            max_children=args.max_children)
+        rows = read_jsonl(args.dataset)
+        if rows and "gain" not in rows[0]:
+            raise ValueError(f"{args.dataset}: not pairs (no 'gain'); write them with evo rl export --pairs")
+        version, parent = 1, None
+        if args.init_adapter:
+            m = read_manifest(args.init_adapter)
+            version, parent = m.version + 1, m.name
+        version = args.version if args.version is not None else version
+        if Path(args.out).exists() and any(Path(args.out).iterdir()):
+            raise ValueError(f"--out {args.out} exists and is not empty")
+        from ..rl import rank_groups
+        templates = load_templates(errors="warn")
+        if not rank_groups(rows, templates)[0]:
+            raise ValueError(f"{args.dataset}: no group to rank (a parent at a shape with two children of different outcomes)")
+    except (DatasetError, ValueError) as exc:
+        return fail("rl rank", exc)
+    except OSError as exc:
+        return fail("rl rank", f"{exc.filename or args.dataset}: {exc.strerror or exc}")
+    from operators.llm import DEFAULT_MODEL, load_backend
+
+    from ..rl import Policy, train_rank_adapter
+
+    backend = load_backend(args.model or DEFAULT_MODEL, args.device)
+    policy = Policy(backend, seed=args.seed, init_adapter=args.init_adapter)
+    try:
+        manifest, report = train_rank_adapter(rows, args.out, policy=policy, templates=templates, config=config,
+                                              version=version, parent_adapter=parent,
+                                              log=lambda m: print(m, flush=True), deadline=deadline)
+    except ValueError as exc:
+        return fail("rl rank", exc)
+    held = report.get("held_out_after") or report.get("train_after") or {}
+    print(f"evo rl rank: adapter {manifest.name} -> {args.out} "
+          f"({'held-out' if 'held_out_after' in report else 'training'} pairwise accuracy "
+          f"{(report.get('held_out_before') or report.get('train_before') or {}).get('pairwise_accuracy')} -> "
+          f"{held.get('pairwise_accuracy')}; report in {json.dumps(str(Path(args.out) / 'evo-adapter.json'))})")
+    return 0
+
+
 def run(args: argparse.Namespace, *, pool_factory: Any = None) -> int:
     """``pool_factory``: the evaluator pool ``train --measure`` uses instead of the GPUs' (for
     programs embedding the command line, as the tests do with their stand-in pool)."""
     if args.rl_command == "split":
         return _split(args)
+    if args.rl_command == "rank":
+        return _rank(args)
     return _export(args) if args.rl_command == "export" else _train(args, pool_factory)

@@ -56,6 +56,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--rl-every", type=int, metavar="N",
                    help="every N evaluations, train the LLM operators' model with GRPO + LoRA on the archive's "
                         "newest LLM-made candidates (in the background) and switch to the new adapter")
+    p.add_argument("--rl-mode", choices=("grpo", "rank"), default=None,
+                   help="with --rl-every: grpo (default) trains the generator on LLM-made children; rank trains the "
+                        "model as a ranker (evo rl rank) on every operator's measured pairs, for --operators llm_ranked")
 
 
 def _gpus(text: Optional[str]) -> Optional[list[int]]:
@@ -94,7 +97,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         "progress": args.progress, "pool": pool or None,
         "transfer": {"enabled": False} if args.no_transfer else None,
         "bandit": {"enabled": True} if getattr(args, "operator_bandit", None) else None,
-        "rl": {"every": args.rl_every} if getattr(args, "rl_every", None) is not None else None,
+        "rl": ({k: v for k, v in {"every": getattr(args, "rl_every", None), "mode": getattr(args, "rl_mode", None)}.items()
+                if v is not None} or None),
     }
     return merge(file_values, flags)
 

@@ -265,9 +265,14 @@ def _rl_updater(cfg: RunConfig, operators: dict[str, Any], templates: Any, event
 
     r = cfg.rl
     assert cfg.archive is not None
+    if r.mode == "rank":
+        from ..rl import RankConfig
+
+        config: Any = RankConfig(steps=r.steps, seed=cfg.seed, holdout=0.0)  # its own lr: GRPO's 2e-3 is too high here
+    else:
+        config = GRPOConfig(steps=r.steps, group_size=r.group_size, lr=r.lr, seed=cfg.seed)
     return RLUpdater(cfg.archive, operators, templates, every=r.every, window=r.window, events=events,
-                     log=progress.message, config=GRPOConfig(steps=r.steps, group_size=r.group_size, lr=r.lr,
-                                                             seed=cfg.seed))
+                     log=progress.message, config=config)
 
 
 def _place_llm(cfg: RunConfig, pool: "EvaluatorPool", operators: dict[str, Any], llm_device: Optional[str],

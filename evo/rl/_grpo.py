@@ -36,7 +36,7 @@ import statistics
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 from operators.llm import PREFIX, KnobEditGrammar, parse_knob_edit
 from populations import Candidate, Evaluation, Shape, Template, TemplateError
@@ -44,8 +44,9 @@ from populations import Candidate, Evaluation, Shape, Template, TemplateError
 from ._policy import Policy
 from ._reward import RewardConfig, RewardTable
 
-__all__ = ["GRPOConfig", "Prompt", "RewardSource", "prompts_from_rows", "add_elite_demos", "train"]
+__all__ = ["GRPOConfig", "Prompt", "RewardSource", "prompts_from_rows", "add_elite_demos", "cycled", "train"]
 
+T = TypeVar("T")
 Evaluate = Callable[[Candidate], Sequence[Evaluation]]
 
 
@@ -215,6 +216,22 @@ class RewardSource:
         return self.config.unmapped, "penalty", cand.id
 
 
+def cycled(items: Sequence[T], steps: int, rng: random.Random, deadline: Optional[float] = None,
+           log: Optional[Callable[[str], None]] = None, what: str = "rl") -> Iterator[tuple[int, T]]:
+    """(step, item) for ``steps`` steps over ``items`` cycled, each cycle in a new order drawn from
+    ``rng``; no step starts after ``deadline`` (a time.monotonic() value), which ``log`` is told."""
+    order: list[T] = []
+    for step in range(steps):
+        if deadline is not None and time.monotonic() >= deadline:
+            if log:
+                log(f"{what}: time is up after {step} of {steps} steps")
+            return
+        if not order:
+            order = list(items)
+            rng.shuffle(order)
+        yield step, order.pop()
+
+
 def train(policy: Policy, prompts: Sequence[Prompt], rewards: RewardSource, config: GRPOConfig,
           log: Optional[Callable[[str], None]] = None, deadline: Optional[float] = None) -> list[dict[str, Any]]:
     """Run ``config.steps`` GRPO steps over ``prompts`` (cycled in a seeded order); one record per
@@ -225,17 +242,8 @@ def train(policy: Policy, prompts: Sequence[Prompt], rewards: RewardSource, conf
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
     opt = torch.optim.Adam(policy.trainable(), lr=config.lr)
-    order: list[Prompt] = []
     history: list[dict[str, Any]] = []
-    for step in range(config.steps):
-        if deadline is not None and time.monotonic() >= deadline:
-            if log:
-                log(f"rl: time is up after {step} of {config.steps} steps")
-            break
-        if not order:
-            order = list(prompts)
-            rng.shuffle(order)
-        prompt = order.pop()
+    for step, prompt in cycled(prompts, config.steps, rng, deadline, log, "rl"):
         start = time.perf_counter()
         ids = policy.prompt_ids(prompt.messages)
         samples = []

@@ -9,7 +9,10 @@ source (and each group's best archived children of its parent replayed as demons
 whatever operator made them), and save adapter ``vN+1`` under ``ARCHIVE/adapters``. When a round has finished, the
 next step (on the engine's thread again) switches the LLM operators to the new adapter
 and emits an ``rl_update`` event. A round that fails emits ``rl_failed`` with the error and the
-run goes on; rounds with no trainable rows are skipped (``rl_skip``). The policy is created on
+run goes on; rounds with no trainable rows are skipped (``rl_skip``). With a
+:class:`~evo.rl._rank.RankConfig` (``--rl-mode rank``) a round trains the model as a ranker
+instead (``evo rl rank`` on the newest ``window`` pairs of every operator, no shape held out), for
+the ``llm_ranked`` operator's scorer, which shares the model and so switches with it. The policy is created on
 the first round (a copy of the operator's model) and keeps training from round to round; a
 resumed run continues from the newest adapter in the store and switches the operators to it
 when the updater is made, before the run's first proposal.
@@ -19,13 +22,15 @@ from __future__ import annotations
 import threading
 import traceback
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 from populations import Archive, Template
 
 from ._adapters import AdapterStore, read_manifest, switch_adapter, train_adapter
 from ._dataset import export_rows
 from ._grpo import GRPOConfig
+from ._pairs import export_pairs
+from ._rank import RankConfig, rank_groups, train_rank_adapter
 from ._reward import RewardTable
 
 __all__ = ["RLUpdater"]
@@ -35,7 +40,7 @@ class RLUpdater:
     """See the module docstring."""
 
     def __init__(self, archive: Path, operators: Mapping[str, Any], templates: Mapping[str, Template], *,
-                 every: int, config: GRPOConfig = GRPOConfig(steps=4), window: int = 256,
+                 every: int, config: Union[GRPOConfig, RankConfig] = GRPOConfig(steps=4), window: int = 256,
                  model: Optional[str] = None, events: Any = None, log: Any = None) -> None:
         if every < 1:
             raise ValueError("every must be >= 1")
@@ -92,12 +97,14 @@ class RLUpdater:
             m = result["manifest"]
             self.version, self.current = m.version, m.name
             self._switch(Path(result["folder"]), m.name)
-            rewards = [s["reward_mean"] for s in m.metrics]
+            rewards = [s["reward_mean"] for s in m.metrics if "reward_mean" in s]
+            ranking = {"losses": [s["loss"] for s in m.metrics if "reward_mean" not in s],
+                       "ranking": dict(m.extra.get("ranking", {}))} if "rank" in m.config else {}
             self._emit("rl_update", adapter=m.name, version=m.version, rows=m.dataset["rows"],
                        groups=m.dataset["groups"], evaluations=result["evaluations"], reward_means=rewards,
-                       seconds=m.train_seconds)
+                       seconds=m.train_seconds, mode="rank" if ranking else "grpo", **ranking)
             self.log(f"evo: rl: adapter {m.name} from {m.dataset['rows']} rows, "
-                     f"{len(rewards)} steps in {m.train_seconds:.0f}s")
+                     f"{len(m.metrics)} {'ranking' if ranking else 'GRPO'} steps in {m.train_seconds:.0f}s")
 
     def close(self, wait_s: float = 0.0) -> None:
         """At the end of the run: wait up to ``wait_s`` for a round in progress, then report it."""
@@ -122,11 +129,19 @@ class RLUpdater:
             self._result = {"error": traceback.format_exc(limit=6)}
 
     def _train(self, reader: Archive, evaluations: int) -> None:
-        rows = export_rows([reader], last=self.window)
-        table = RewardTable().add_archive(reader)
-        if not any(r.get("template") and r.get("parent_knobs") is not None for r in rows):
-            self._result = {"skip": "no LLM knob-edit rows in the archive yet", "evaluations": evaluations}
-            return
+        ranking = isinstance(self.config, RankConfig)
+        if ranking:  # every operator's measured pairs, the newest ``window`` of them
+            rows = export_pairs([reader], templates=self.templates)[0][-self.window:]
+            if not rank_groups(rows, self.templates)[0]:
+                self._result = {"skip": "no parent with two measured children of different outcomes yet",
+                                "evaluations": evaluations}
+                return
+        else:
+            rows = export_rows([reader], last=self.window)
+            table = RewardTable().add_archive(reader)
+            if not any(r.get("template") and r.get("parent_knobs") is not None for r in rows):
+                self._result = {"skip": "no LLM knob-edit rows in the archive yet", "evaluations": evaluations}
+                return
         if self.policy is None:
             from ._adapters import backends_of, gate_of
             from ._policy import Policy
@@ -137,6 +152,11 @@ class RLUpdater:
             self.policy = Policy(backend, seed=self.config.seed, init_adapter=init, gate=gate_of(self.operators))
         version = self.version + 1
         folder = self.store.folder(version)
+        if ranking:
+            manifest = train_rank_adapter(rows, folder, policy=self.policy, templates=self.templates, config=self.config,
+                                          version=version, parent_adapter=self.current)[0]
+            self._result = {"manifest": manifest, "folder": str(folder), "evaluations": evaluations}
+            return
         manifest = train_adapter(rows, folder, policy=self.policy, templates=self.templates, table=table,
                                  config=self.config, version=version, parent_adapter=self.current,
                                  demos=[reader])

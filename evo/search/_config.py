@@ -136,9 +136,10 @@ class RLConfig:
     """Periodic RL updates of the LLM operators' model during a run (evo.rl, ``--rl-every N``)."""
 
     every: int = 0                    # evaluations between updates (0: off)
-    steps: int = 4                    # GRPO steps per update
+    mode: str = "grpo"                # grpo: the generator from LLM-made rows; rank: the ranker from every pair
+    steps: int = 4                    # GRPO (or ranking) steps per update
     group_size: int = 8               # completions sampled per prompt
-    window: int = 256                 # the newest LLM-made rows of the archive trained on
+    window: int = 256                 # the newest LLM-made rows (rank: pairs) of the archive trained on
     lr: float = 2e-3
     wait_s: float = 0.0               # at the end of the run, wait this long for an update in progress
 
@@ -212,6 +213,8 @@ class RunConfig:
         r = self.rl
         if r.every < 0 or r.steps < 1 or r.group_size < 2 or r.window < 1 or not r.lr > 0 or not r.wait_s >= 0:
             raise ConfigError("rl: every >= 0, steps >= 1, group_size >= 2, window >= 1, lr > 0, wait_s >= 0")
+        if r.mode not in ("grpo", "rank"):
+            raise ConfigError(f"rl.mode: grpo or rank, got {r.mode!r}")
         a = self.allocation
         if not 0 < a.saturated <= 10 or a.stall_window < 0 or not 0 <= a.stall_threshold < 10 or a.min_evals < 0:
             raise ConfigError("allocation: saturated in (0, 10], stall_window >= 0, stall_threshold in [0, 10), "

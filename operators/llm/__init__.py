@@ -18,12 +18,12 @@ from ._models import (BACKENDS, LLM_BACKENDS, MODELS_FILE, SPEC_STRINGS, ModelSp
 from ._operator import LLMOperator
 from ._parse import Parsed, apply_edits, code_blocks, parse_edits, parse_knob_edit, parse_source
 from ._prompts import KINDS, MODES, PROMPTS_DIR, load_prompts, render_messages
-from ._scorer import UNSCORED, LLMScorer
+from ._scorer import UNSCORED, LLMScorer, scored_edit
 from ._transformers import DEFAULT_MODEL, TransformersBackend, load_backend
 
 __all__ = ["LLMBackend", "LLMOperator", "BatchClaims", "KnobEditGrammar", "PREFIX", "Parsed", "apply_edits", "code_blocks", "parse_edits",
            "parse_knob_edit", "parse_source", "KINDS", "MODES", "PROMPTS_DIR", "load_prompts", "render_messages",
            "DEFAULT_MODEL", "Completion", "TransformersBackend", "load_backend", "ModelBandit", "BACKENDS",
            "LLM_BACKENDS", "SPEC_STRINGS", "spec_string",
-           "MODELS_FILE", "ModelSpec", "get_backend", "load_gguf", "load_models", "resolve_model", "LLMScorer",
+           "MODELS_FILE", "ModelSpec", "get_backend", "load_gguf", "load_models", "resolve_model", "LLMScorer", "scored_edit",
            "UNSCORED", "check_device", "check_spec", "check_url", "probe_server", "DecodeHook"]

@@ -33,10 +33,18 @@ from ._operator import LLMOperator
 from ._steps import Cancelled
 from ._transformers import DEFAULT_MODEL
 
-__all__ = ["LLMScorer", "UNSCORED"]
+__all__ = ["LLMScorer", "UNSCORED", "scored_edit"]
 
 #: The score of a candidate the model cannot score (no parent, another template, no knobs).
 UNSCORED = -1e9
+
+
+def scored_edit(template: Any, parent_knobs: Any, knobs: Any) -> str:
+    """A child's knob edit as the scorer scores it (and the knob grammar decodes it): a JSON object
+    of the knobs that differ from the parent's, the parent's unset knobs at their defaults.
+    ``evo rl rank`` trains on exactly this text."""
+    base = dict(template.space.complete(dict(parent_knobs)))
+    return json.dumps({k: v for k, v in sorted(dict(knobs).items()) if base.get(k) != v})
 
 
 class LLMScorer(CostModel):
@@ -109,12 +117,11 @@ class LLMScorer(CostModel):
             return [UNSCORED] * len(candidates)
         context = OperatorContext(history=self.history.get(str(shape), ()), templates={template.name: template})
         messages = self.prompter.messages([parent], shape, context, context.template(template.name))
-        base = dict(template.space.complete(dict(parent.candidate.knobs)))
         rows, edits = [], []
         for i, c in enumerate(candidates):
             if c.template == parent.template and c.knobs is not None:
                 rows.append(i)
-                edits.append(json.dumps({k: v for k, v in sorted(c.knobs.items()) if base.get(k) != v}))
+                edits.append(scored_edit(template, parent.candidate.knobs, c.knobs))
         out = [UNSCORED] * len(candidates)
         for i, lp in zip(rows, self.logprobs(messages, edits) if edits else []):
             out[i] = lp

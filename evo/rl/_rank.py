@@ -89,6 +89,8 @@ class RankGroup:
     edits: tuple[str, ...]
     gains: tuple[float, ...]
     operators: tuple[str, ...] = field(default=())
+    candidates: tuple[str, ...] = field(default=())  # the children's ids, as the edits
+    parent: str = ""
 
     def pairs(self, min_gap: float) -> list[tuple[int, int]]:
         """Ordered pairs (better, worse) whose outcomes differ by more than ``min_gap``."""
@@ -119,6 +121,7 @@ def rank_groups(rows: Sequence[Mapping[str, Any]], templates: Mapping[str, Templ
         template = templates[members[0]["template"]]
         seen: dict[str, float] = {}
         ops: dict[str, str] = {}
+        ids: dict[str, str] = {}
         for r in members:
             edit = scored_edit(template, r["parent_knobs"], r["knobs"])
             if edit in seen or edit == "{}":
@@ -126,12 +129,14 @@ def rank_groups(rows: Sequence[Mapping[str, Any]], templates: Mapping[str, Templ
                 continue
             seen[edit] = FAILED if r.get("log_gain") is None else float(r["log_gain"])
             ops[edit] = str(r.get("operator") or "")
+            ids[edit] = str(r.get("candidate") or "")
         if len(set(seen.values())) < 2:
             left["a group without two outcomes to compare"] = left.get("a group without two outcomes to compare", 0) + len(seen)
             continue
         edits = tuple(seen)
         groups.append(RankGroup(key=key, shape=str(members[0]["shape"]), messages=tuple(members[0]["prompt"]),
-                                edits=edits, gains=tuple(seen[e] for e in edits), operators=tuple(ops[e] for e in edits)))
+                                edits=edits, gains=tuple(seen[e] for e in edits), operators=tuple(ops[e] for e in edits),
+                                candidates=tuple(ids[e] for e in edits), parent=str(members[0].get("parent") or "")))
     groups.sort(key=lambda g: g.key)
     return groups, left
 

@@ -1,0 +1,118 @@
+"""Offline ranking check of the cost models on a real archive (issue 35): do they order the
+measured children of one parent, on shapes they never saw, better than chance?
+
+    python bench/ranker_offline.py --archive DIR [--holdout 0.34] [--seed 0] [--steps 64]
+                                   [--device cpu] [--no-llm] [--json OUT]
+
+From the archive, every measured parent-child pair of every operator (``evo rl export --pairs``)
+grouped by parent and shape (:func:`evo.rl.rank_groups`); whole shapes held out with the seed
+(:func:`evo.rl.split_groups`). On the held-out groups, each ranker scores the children and
+:func:`evo.rl.ranking_metrics` compares the order with the measured gains:
+
+- ``random``: scores drawn at random (50 draws, the mean);
+- ``tabular``: the tabular cost model (scikit-learn's gradient-boosted trees) fitted on every
+  measured record of the training shapes (transfer: it has seen no record of the held-out shape,
+  where a run's ranker would also learn online from that shape's own history);
+- ``llm base``: the LLM scorer's zero-shot log-likelihoods (SmolLM2-135M);
+- ``llm ranked``: the same model after ``--steps`` steps of ``evo rl rank`` on the training groups.
+
+A measurement script, not a test: its figures go to bench/RESULTS.md (issue 35's table).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from evo.rl import RankConfig, export_pairs, rank_groups, ranking_metrics, split_groups  # noqa: E402
+from populations import Archive, ArchiveError, Shape, load_templates  # noqa: E402
+
+
+def _tabular_scores(archive: Archive, train_shapes: set[str], held: list[Any]) -> Optional[list[list[float]]]:
+    """The tabular model, fitted on the training shapes' records, scoring each held-out group."""
+    from operators import ParentView, archive_records, cost_models, get_cost_model
+
+    if "tabular" not in cost_models():
+        return None
+    model = get_cost_model("tabular")
+    shapes = [s for s in archive.shapes() if str(s) in train_shapes]
+    model.update(archive_records(archive, shapes))
+    out = []
+    for g in held:
+        shape = Shape.parse(g.shape)
+        cands = {c.id: c for c in archive.candidates(shape)}
+        evs = {ev.candidate_id: ev for ev in archive.evaluations(shape)}
+        parent = ParentView(cands[g.parent], evs.get(g.parent)) if g.parent in cands else None
+        out.append(list(model.predict(shape, [cands[c] for c in g.candidates], parent)))
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--archive", required=True, help="an evo archive (read only)")
+    ap.add_argument("--holdout", type=float, default=0.34, help="share of the shapes held out (default 0.34)")
+    ap.add_argument("--seed", type=int, default=0, help="the split's and training's seed (default 0)")
+    ap.add_argument("--steps", type=int, default=64, help="evo rl rank steps for the trained LLM (default 64)")
+    ap.add_argument("--device", default="cpu", help="where the LLM runs (default cpu)")
+    ap.add_argument("--no-llm", action="store_true", help="only the random and tabular rankers")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args(argv)
+    if not 0 < args.holdout < 1 or args.steps < 1:
+        print("ranker_offline: --holdout in (0, 1) and --steps >= 1", file=sys.stderr)
+        return 2
+    templates = load_templates(errors="warn")
+    try:
+        archive = Archive(args.archive, mode="r")
+    except (ArchiveError, OSError) as exc:
+        print(f"ranker_offline: --archive {args.archive}: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    with archive:
+        rows, _ = export_pairs([archive], templates=templates)
+        groups, left = rank_groups(rows, templates)
+        train, held = split_groups(groups, args.holdout, args.seed)
+        if not train or not held:
+            print(f"ranker_offline: {len(groups)} groups over {len({g.shape for g in groups})} shapes: "
+                  "too few to hold shapes out", file=sys.stderr)
+            return 2
+        print(f"{len(rows)} pairs, {len(groups)} groups ({len(train)} train, {len(held)} held out over "
+              f"{len({g.shape for g in held})} shapes); left out {left}", flush=True)
+        result: dict[str, Any] = {"archive": str(args.archive), "pairs": len(rows), "seed": args.seed,
+                                  "holdout": args.holdout, "train_groups": len(train), "held_out_groups": len(held),
+                                  "held_out_shapes": sorted({g.shape for g in held}), "rankers": {}}
+        rng = random.Random(args.seed)
+        draws = [ranking_metrics(held, [[rng.random() for _ in g.edits] for g in held]) for _ in range(50)]
+        result["rankers"]["random"] = {k: (round(sum(d[k] for d in draws) / len(draws), 4)
+                                           if isinstance(draws[0][k], float) else draws[0][k]) for k in draws[0]}
+        tab = _tabular_scores(archive, {g.shape for g in train}, held)
+        if tab is not None:
+            result["rankers"]["tabular"] = ranking_metrics(held, tab)
+    if not args.no_llm:
+        from evo.rl import Policy, train_ranker
+        from evo.rl._rank import score_groups
+        from operators.llm import DEFAULT_MODEL, load_backend
+
+        policy = Policy(load_backend(DEFAULT_MODEL, args.device), seed=args.seed)
+        result["rankers"]["llm base"] = ranking_metrics(held, score_groups(policy, held, base=True))
+        history = train_ranker(policy, train, RankConfig(steps=args.steps, seed=args.seed),
+                               log=lambda m: print(m, flush=True))
+        result["rankers"]["llm ranked"] = ranking_metrics(held, score_groups(policy, held))
+        result["llm_steps"] = len(history)
+    result["seconds"] = round(time.time() - t0, 1)
+    print("| ranker | held-out pairs | pairwise accuracy | Spearman (groups) | top-1 |")
+    print("|---|---:|---:|---:|---:|")
+    for name, m in result["rankers"].items():
+        print(f"| {name} | {m['pairs']} | {m['pairwise_accuracy']} | {m['spearman']} ({m['spearman_groups']}) | {m['top1']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -94,8 +94,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if tab is not None:
             result["rankers"]["tabular"] = ranking_metrics(held, tab)
     if not args.no_llm:
-        from evo.rl import Policy, train_ranker
-        from evo.rl._rank import score_groups
+        from evo.rl import Policy, score_groups, train_ranker
         from operators.llm import DEFAULT_MODEL, load_backend
 
         policy = Policy(load_backend(DEFAULT_MODEL, args.device), seed=args.seed)

@@ -140,7 +140,7 @@ def test_training_improves_the_ranking_and_the_scorer_scores_what_was_trained(
     edits = list(g.edits[:6])
     scorer = LLMScorer(adapter=str(out), device="cpu")
     served = scorer.logprobs([dict(m) for m in g.messages], edits)
-    from evo.rl._rank import score_groups
+    from evo.rl import score_groups
     policy = Policy(load_backend(DEFAULT_MODEL, "cpu"), init_adapter=out)
     trained = score_groups(policy, [RankGroup(g.key, g.shape, g.messages, tuple(edits), g.gains[:6])])[0]
     assert served == pytest.approx(trained, abs=0.05)

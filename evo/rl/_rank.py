@@ -43,7 +43,7 @@ from populations import Template
 
 from ._grpo import cycled
 
-__all__ = ["RankConfig", "RankGroup", "spearman", "rank_groups", "split_groups", "ranking_metrics", "train_ranker"]
+__all__ = ["RankConfig", "RankGroup", "spearman", "rank_groups", "split_groups", "ranking_metrics", "score_groups", "train_ranker", "train_rank_adapter"]
 
 #: log-gain given to a failed child: below every child that ran (ranking only compares)
 FAILED = -math.inf

@@ -30,6 +30,7 @@ at least three distinct outcomes.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import random
@@ -224,7 +225,7 @@ class _Scorer:
         seqs = [self.tok.encode(group.edits[i], add_special_tokens=False) for i in rows]
         ids = self.prompt_ids(group)
         device = self.policy.sampler.device
-        adapter = model.disable_adapter() if base else _nothing()
+        adapter = model.disable_adapter() if base else contextlib.nullcontext()
         with self.policy.leased(), adapter, warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             past = self._past.get((group.key, base)) if not grad else None
@@ -248,14 +249,6 @@ class _Scorer:
                     out.append(lp[r, :len(s)].gather(1, target[:, None]).sum())
                 scores = torch.stack(out)
         return scores, torch.tensor([len(s) for s in seqs], dtype=scores.dtype, device=scores.device)
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def _group_loss(torch: Any, group: RankGroup, rows: Sequence[int], s: Any, lengths: Any, config: RankConfig) -> Optional[Any]:

@@ -327,6 +327,29 @@ def test_swab_ragged_rows_take_the_realigning_path(fams: dict[str, Template]) ->
     compile_and_check(jobs)
 
 
+def test_swab_short_k_first_picks_are_one_warp_over_the_whole_row(fams: dict[str, Template]) -> None:
+    """K <= 256 at M <= 16 (random seed 18's decode rows where the plain peer's one-warp swap-AB
+    launch beat every decode kernel): swab's first two picks are one warp walking the row's k32
+    steps in one round trip (U = the steps, snapped to the domain; 16 or 32 rows, every token tile
+    of up to 16 tokens), no cluster; deeper K keeps the rules below. They compile without spills
+    for sm_90a and sm_80, aligned and realigning."""
+    sw = fams["swab"]
+    for text in ("4x23424x128", "6x17472x128", "8x416x64", "2x100x40", "16x5000x256", "12x3000x96", "5x3000x130"):
+        shape = Shape.parse(text)
+        picks = sw.heuristic(shape, "sm_90a")
+        steps = -(-shape.k // 32)
+        for k, rt in zip(picks[:2], (1, 2)):
+            assert (k["WARPS"], k["RT"], k["CLUSTER"], k["NT"]) == (1, rt, 1, -(-shape.m // 8)), (text, k)
+            assert k["U"] == max(u for u in (1, 2, 3, 4, 6, 8) if u <= min(steps, 8 if shape.m <= 8 and rt == 1 else 4)), (text, k)
+            assert not sw.check(k, shape, "sm_90a"), (text, k)
+    for text in ("8x2304x768", "8x416x288", "17x4000x128"):
+        assert sw.heuristic(Shape.parse(text), "sm_90a")[0]["WARPS"] > 1, text
+    jobs = _valid_jobs(sw, ("4x23424x128", "8x416x64", "16x5000x256", "12x3000x96", "5x3000x130", "3x77x9"),
+                       lambda shape, arch: sw.heuristic(shape, arch)[:2])
+    assert len(jobs) >= 16
+    compile_and_check(jobs)
+
+
 def _valid_jobs(t: Template, shapes: tuple[str, ...], knob_sets, archs=("sm_90a", "sm_80")) -> list:
     """Compile jobs of ``t`` for every knob set ``knob_sets(shape, arch)`` gives that the template
     accepts at that shape and arch (one job per distinct source and arch)."""

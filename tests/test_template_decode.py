@@ -436,7 +436,7 @@ def test_first_picks_pass_the_evaluator_on_the_gpu(fams: dict[str, Template], tm
     cases = []
     for text in ["8x6144x768", "8x50257x768", "16x6144x4096", "16x1152x896", "1x9216x3072", "3x77x9", "5x4100x1030",
                  "1x851x21953", "2x1001x4413", "4x129x1030", "1x300x7", "9x511x2945", "14x1201x1765", "40x100x73",
-                 "1x7000x200", "1x900x456", "3x500x4816"]:
+                 "1x7000x200", "1x900x456", "3x500x4816", "6x17472x128", "8x416x64", "12x3000x96"]:
         s = Shape.parse(text)
         for name in DECODE:
             if fams[name].applicable(s, 90):

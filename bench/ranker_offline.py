@@ -16,6 +16,10 @@ grouped by parent and shape (:func:`evo.rl.rank_groups`); whole shapes held out 
 - ``llm base``: the LLM scorer's zero-shot log-likelihoods (SmolLM2-135M);
 - ``llm ranked``: the same model after ``--steps`` steps of ``evo rl rank`` on the training groups.
 
+Each scored ranker gets a 95% interval of its pairwise accuracy by resampling whole held-out groups
+(1,000 draws); the JSON keeps every held-out group's gains and each ranker's scores, so intervals
+of differences can be drawn from it later.
+
 A measurement script, not a test: its figures go to bench/RESULTS.md (issue 35's table).
 """
 from __future__ import annotations
@@ -51,6 +55,22 @@ def _tabular_scores(archive: Archive, train_shapes: set[str], held: list[Any]) -
         parent = ParentView(cands[g.parent], evs.get(g.parent)) if g.parent in cands else None
         out.append(list(model.predict(shape, [cands[c] for c in g.candidates], parent)))
     return out
+
+
+def _interval(held: list[Any], scores: list[list[float]], seed: int, draws: int = 1000) -> list[Optional[float]]:
+    """95% interval of the pairwise accuracy, resampling whole groups (pairs of one parent are not
+    independent draws)."""
+    rng = random.Random(seed)
+    values = []
+    for _ in range(draws):
+        pick = [rng.randrange(len(held)) for _ in held]
+        m = ranking_metrics([held[i] for i in pick], [scores[i] for i in pick])
+        if m["pairwise_accuracy"] is not None:
+            values.append(m["pairwise_accuracy"])
+    if not values:
+        return [None, None]
+    values.sort()
+    return [round(values[int(0.025 * (len(values) - 1))], 4), round(values[int(0.975 * (len(values) - 1))], 4)]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -90,24 +110,32 @@ def main(argv: Optional[list[str]] = None) -> int:
         draws = [ranking_metrics(held, [[rng.random() for _ in g.edits] for g in held]) for _ in range(50)]
         result["rankers"]["random"] = {k: (round(sum(d[k] for d in draws) / len(draws), 4)
                                            if isinstance(draws[0][k], float) else draws[0][k]) for k in draws[0]}
+        scored: dict[str, list[list[float]]] = {}
         tab = _tabular_scores(archive, {g.shape for g in train}, held)
         if tab is not None:
-            result["rankers"]["tabular"] = ranking_metrics(held, tab)
+            scored["tabular"] = tab
     if not args.no_llm:
         from evo.rl import Policy, score_groups, train_ranker
         from operators.llm import DEFAULT_MODEL, load_backend
 
         policy = Policy(load_backend(DEFAULT_MODEL, args.device), seed=args.seed)
-        result["rankers"]["llm base"] = ranking_metrics(held, score_groups(policy, held, base=True))
+        scored["llm base"] = score_groups(policy, held, base=True)
         history = train_ranker(policy, train, RankConfig(steps=args.steps, seed=args.seed),
                                log=lambda m: print(m, flush=True))
-        result["rankers"]["llm ranked"] = ranking_metrics(held, score_groups(policy, held))
+        scored["llm ranked"] = score_groups(policy, held)
         result["llm_steps"] = len(history)
+    for name, scores in scored.items():
+        result["rankers"][name] = {**ranking_metrics(held, scores), "ci95": _interval(held, scores, args.seed)}
+    result["scores"] = {name: scores for name, scores in scored.items()}  # per held-out group, as the edits
+    result["groups"] = [{"key": g.key, "shape": g.shape, "gains": [None if x == float("-inf") else x for x in g.gains]}
+                        for g in held]
     result["seconds"] = round(time.time() - t0, 1)
-    print("| ranker | held-out pairs | pairwise accuracy | Spearman (groups) | top-1 |")
+    print("| ranker | held-out pairs | pairwise accuracy (95% interval, groups resampled) | Spearman (groups) | top-1 |")
     print("|---|---:|---:|---:|---:|")
     for name, m in result["rankers"].items():
-        print(f"| {name} | {m['pairs']} | {m['pairwise_accuracy']} | {m['spearman']} ({m['spearman_groups']}) | {m['top1']} |")
+        ci = m.get("ci95")
+        print(f"| {name} | {m['pairs']} | {m['pairwise_accuracy']}" + (f" ({ci[0]}-{ci[1]})" if ci else "")
+              + f" | {m['spearman']} ({m['spearman_groups']}) | {m['top1']} |")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -293,6 +293,8 @@ def train_ranker(policy: Any, train: Sequence[RankGroup], config: RankConfig,
     than ``max_children`` children gives a seeded sample of them each time); one record per step.
     With ``deadline`` (a time.monotonic() value) no step starts after it."""
     torch = policy.torch
+    if config.loss == "pairwise":  # a group whose outcomes all lie within min_gap has nothing to teach
+        train = [g for g in train if g.pairs(config.min_gap)]
     if not train:
         raise ValueError("no groups to train on (a parent at a shape with two children of different outcomes)")
     rng = random.Random(config.seed)

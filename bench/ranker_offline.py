@@ -126,7 +126,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         result["llm_steps"] = len(history)
     for name, scores in scored.items():
         result["rankers"][name] = {**ranking_metrics(held, scores), "ci95": _interval(held, scores, args.seed)}
-    result["scores"] = {name: scores for name, scores in scored.items()}  # per held-out group, as the edits
+    result["scores"] = scored  # per held-out group, as the edits
     result["groups"] = [{"key": g.key, "shape": g.shape, "gains": [None if x == float("-inf") else x for x in g.gains]}
                         for g in held]
     result["seconds"] = round(time.time() - t0, 1)

@@ -37,6 +37,7 @@ import random
 import statistics
 import time
 import warnings
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -79,6 +80,13 @@ class RankConfig:
         return asdict(self)
 
 
+def ordered_pairs(gains: Sequence[float], min_gap: float) -> list[tuple[int, int]]:
+    """Index pairs (better, worse) of ``gains`` that differ by more than ``min_gap`` (a failure,
+    ``FAILED``, is below every other outcome whatever the gap)."""
+    return [(i, j) for i, gi in enumerate(gains) for j, gj in enumerate(gains)
+            if gi > gj and (gj == FAILED or gi - gj > min_gap)]
+
+
 @dataclass(frozen=True)
 class RankGroup:
     """One parent at one shape: the prompt and its children's edits with their measured log-gains
@@ -95,12 +103,7 @@ class RankGroup:
 
     def pairs(self, min_gap: float) -> list[tuple[int, int]]:
         """Ordered pairs (better, worse) whose outcomes differ by more than ``min_gap``."""
-        out = []
-        for i, gi in enumerate(self.gains):
-            for j, gj in enumerate(self.gains):
-                if gi > gj and (gj == FAILED or gi - gj > min_gap):
-                    out.append((i, j))
-        return out
+        return ordered_pairs(self.gains, min_gap)
 
 
 def rank_groups(rows: Sequence[Mapping[str, Any]], templates: Mapping[str, Template]) -> tuple[list[RankGroup], dict[str, int]]:
@@ -110,11 +113,11 @@ def rank_groups(rows: Sequence[Mapping[str, Any]], templates: Mapping[str, Templ
     from operators.llm import scored_edit
 
     by_group: dict[str, list[Mapping[str, Any]]] = {}
-    left: dict[str, int] = {}
+    left: Counter = Counter()
     for r in rows:
         template = templates.get(r.get("template", ""))
         if template is None or not isinstance(r.get("knobs"), Mapping) or not isinstance(r.get("parent_knobs"), Mapping):
-            left["not a knob edit of a loaded template"] = left.get("not a knob edit of a loaded template", 0) + 1
+            left["not a knob edit of a loaded template"] += 1
             continue
         by_group.setdefault(str(r["group"]), []).append(r)
     groups = []
@@ -126,20 +129,20 @@ def rank_groups(rows: Sequence[Mapping[str, Any]], templates: Mapping[str, Templ
         for r in members:
             edit = scored_edit(template, r["parent_knobs"], r["knobs"])
             if edit in seen or edit == "{}":
-                left["a repeated or empty edit"] = left.get("a repeated or empty edit", 0) + 1
+                left["a repeated or empty edit"] += 1
                 continue
             seen[edit] = FAILED if r.get("log_gain") is None else float(r["log_gain"])
             ops[edit] = str(r.get("operator") or "")
             ids[edit] = str(r.get("candidate") or "")
         if len(set(seen.values())) < 2:
-            left["a group without two outcomes to compare"] = left.get("a group without two outcomes to compare", 0) + len(seen)
+            left["a group without two outcomes to compare"] += len(seen)
             continue
         edits = tuple(seen)
         groups.append(RankGroup(key=key, shape=str(members[0]["shape"]), messages=tuple(members[0]["prompt"]),
                                 edits=edits, gains=tuple(seen[e] for e in edits), operators=tuple(ops[e] for e in edits),
                                 candidates=tuple(ids[e] for e in edits), parent=str(members[0].get("parent") or "")))
     groups.sort(key=lambda g: g.key)
-    return groups, left
+    return groups, dict(left)
 
 
 def split_groups(groups: Sequence[RankGroup], holdout: float, seed: int) -> tuple[list[RankGroup], list[RankGroup]]:
@@ -260,8 +263,7 @@ def _group_loss(torch: Any, group: RankGroup, rows: Sequence[int], s: Any, lengt
             return None
         w = torch.tensor([r / total for r in rewards], dtype=s.dtype, device=s.device)
         return -(w * s / lengths).sum()
-    sub = RankGroup(group.key, group.shape, group.messages, tuple(group.edits[i] for i in rows), tuple(gains))
-    pairs = sub.pairs(config.min_gap)
+    pairs = ordered_pairs(gains, config.min_gap)
     if not pairs:
         return None
     better = torch.tensor([i for i, _ in pairs], device=s.device)

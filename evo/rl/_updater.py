@@ -97,14 +97,15 @@ class RLUpdater:
             m = result["manifest"]
             self.version, self.current = m.version, m.name
             self._switch(Path(result["folder"]), m.name)
-            rewards = [s["reward_mean"] for s in m.metrics if "reward_mean" in s]
-            ranking = {"losses": [s["loss"] for s in m.metrics if "reward_mean" not in s],
-                       "ranking": dict(m.extra.get("ranking", {}))} if "rank" in m.config else {}
+            ranks = isinstance(self.config, RankConfig)  # ranking steps record a loss, GRPO steps a reward mean
+            rewards = [] if ranks else [s["reward_mean"] for s in m.metrics]
+            ranking = {"losses": [s["loss"] for s in m.metrics],
+                       "ranking": dict(m.extra.get("ranking", {}))} if ranks else {}
             self._emit("rl_update", adapter=m.name, version=m.version, rows=m.dataset["rows"],
                        groups=m.dataset["groups"], evaluations=result["evaluations"], reward_means=rewards,
-                       seconds=m.train_seconds, mode="rank" if ranking else "grpo", **ranking)
+                       seconds=m.train_seconds, mode="rank" if ranks else "grpo", **ranking)
             self.log(f"evo: rl: adapter {m.name} from {m.dataset['rows']} rows, "
-                     f"{len(m.metrics)} {'ranking' if ranking else 'GRPO'} steps in {m.train_seconds:.0f}s")
+                     f"{len(m.metrics)} {'ranking' if ranks else 'GRPO'} steps in {m.train_seconds:.0f}s")
 
     def close(self, wait_s: float = 0.0) -> None:
         """At the end of the run: wait up to ``wait_s`` for a round in progress, then report it."""

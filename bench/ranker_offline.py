@@ -3,6 +3,7 @@ measured children of one parent, on shapes they never saw, better than chance?
 
     python bench/ranker_offline.py --archive DIR [--holdout 0.34] [--seed 0] [--steps 64]
                                    [--device cpu] [--no-llm] [--json OUT]
+    python bench/ranker_offline.py --compare OUT.json [OUT2.json ...]    # paired differences, no model
 
 From the archive, every measured parent-child pair of every operator (``evo rl export --pairs``)
 grouped by parent and shape (:func:`evo.rl.rank_groups`); whole shapes held out with the seed
@@ -17,8 +18,12 @@ grouped by parent and shape (:func:`evo.rl.rank_groups`); whole shapes held out 
 - ``llm ranked``: the same model after ``--steps`` steps of ``evo rl rank`` on the training groups.
 
 Each scored ranker gets a 95% interval of its pairwise accuracy by resampling whole held-out groups
-(1,000 draws); the JSON keeps every held-out group's gains and each ranker's scores, so intervals
-of differences can be drawn from it later.
+(1,000 draws), and each scored ranker's difference from the tabular one (and the trained LLM's from
+the base LLM) a paired interval: the same resampled groups scored by both, so the interval says
+whether one ranker beats the other, which two overlapping intervals cannot. The JSON keeps every
+held-out group's gains and each ranker's scores; ``--compare`` reads such files (one per split
+seed) and gives the paired differences per seed and pooled over the seeds (groups resampled
+within each seed, every split weighted by its pairs).
 
 A measurement script, not a test: its figures go to bench/RESULTS.md (issue 35's table).
 """
@@ -34,7 +39,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evo.rl import RankConfig, export_pairs, rank_groups, ranking_metrics, split_groups  # noqa: E402
+from evo.rl import RankConfig, RankGroup, export_pairs, rank_groups, ranking_metrics, split_groups  # noqa: E402
 from populations import Archive, ArchiveError, Shape, load_templates  # noqa: E402
 
 
@@ -73,9 +78,83 @@ def _interval(held: list[Any], scores: list[list[float]], seed: int, draws: int 
     return [round(values[int(0.025 * (len(values) - 1))], 4), round(values[int(0.975 * (len(values) - 1))], 4)]
 
 
+#: the paired comparisons: (ranker, against)
+COMPARISONS = (("llm ranked", "tabular"), ("llm base", "tabular"), ("llm ranked", "llm base"))
+
+
+def _accuracy_counts(held: list[Any], scores: list[list[float]]) -> tuple[float, int]:
+    """Right (a tie of scores counts half) and total ordered pairs, as ranking_metrics counts them."""
+    right, total = 0.0, 0
+    for g, s in zip(held, scores):
+        for i, j in g.pairs(0.0):
+            total += 1
+            right += 1.0 if s[i] > s[j] else 0.5 if s[i] == s[j] else 0.0
+    return right, total
+
+
+def paired_difference(splits: list[tuple[list[Any], list[list[float]], list[list[float]]]], seed: int,
+                      draws: int = 1000) -> dict[str, Any]:
+    """Pairwise accuracy of ranker a minus ranker b over one or more splits (each: held-out groups,
+    a's scores, b's scores), with a 95% interval from resampling whole groups within each split; the
+    pooled accuracy is over all the splits' pairs together."""
+    def diff(picks: list[list[int]]) -> Optional[float]:
+        ra = rb = tot = 0.0
+        for (held, a, b), pick in zip(splits, picks):
+            r1, t = _accuracy_counts([held[i] for i in pick], [a[i] for i in pick])
+            r2, _ = _accuracy_counts([held[i] for i in pick], [b[i] for i in pick])
+            ra, rb, tot = ra + r1, rb + r2, tot + t
+        return (ra - rb) / tot if tot else None
+
+    point = diff([list(range(len(held))) for held, _, _ in splits])
+    rng = random.Random(seed)
+    values = sorted(v for v in (diff([[rng.randrange(len(held)) for _ in held] for held, _, _ in splits])
+                                for _ in range(draws)) if v is not None)
+    ci = ([round(values[int(0.025 * (len(values) - 1))], 4), round(values[int(0.975 * (len(values) - 1))], 4)]
+          if values else [None, None])
+    return {"difference": None if point is None else round(point, 4), "ci95": ci,
+            "pairs": sum(_accuracy_counts(held, a)[1] for held, a, _ in splits)}
+
+
+def _groups_from_json(result: dict[str, Any]) -> list[RankGroup]:
+    """The held-out groups of a saved result (gains only: enough to count ordered pairs)."""
+    return [RankGroup(key=g["key"], shape=g["shape"], messages=(), edits=tuple(str(i) for i in range(len(g["gains"]))),
+                      gains=tuple(float("-inf") if x is None else float(x) for x in g["gains"]))
+            for g in result["groups"]]
+
+
+def compare(paths: list[str]) -> int:
+    """Paired differences of saved results, per split and pooled (``--compare``)."""
+    results = []
+    for path in paths:
+        try:
+            r = json.loads(Path(path).read_text())
+            results.append((r, _groups_from_json(r)))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            print(f"ranker_offline: --compare {path}: not a result of this script ({exc})", file=sys.stderr)
+            return 2
+    splits = [(r.get("archive"), r.get("seed"), r.get("holdout")) for r, _ in results]
+    if len(set(splits)) < len(splits):
+        print("ranker_offline: --compare: the same split twice (archive, seed, holdout): pooling it would count "
+              "its groups twice", file=sys.stderr)
+        return 2
+    print("| comparison | split seed | ordered pairs | accuracy difference | 95% interval (groups resampled) |")
+    print("|---|---|---:|---:|---:|")
+    for a, b in COMPARISONS:
+        usable = [(r, held) for r, held in results if a in r.get("scores", {}) and b in r.get("scores", {})]
+        for r, held in usable:
+            d = paired_difference([(held, r["scores"][a], r["scores"][b])], r.get("seed", 0))
+            print(f"| {a} - {b} | {r.get('seed')} | {d['pairs']} | {d['difference']:+.4f} | {d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f} |")
+        if len(usable) > 1:
+            d = paired_difference([(held, r["scores"][a], r["scores"][b]) for r, held in usable], 0)
+            seeds = ",".join(str(r.get("seed")) for r, _ in usable)
+            print(f"| {a} - {b} | pooled ({seeds}) | {d['pairs']} | {d['difference']:+.4f} | {d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f} |")
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--archive", required=True, help="an evo archive (read only)")
+    ap.add_argument("--archive", help="an evo archive (read only)")
+    ap.add_argument("--compare", nargs="+", metavar="JSON", help="saved results (--json): paired differences only")
     ap.add_argument("--holdout", type=float, default=0.34, help="share of the shapes held out (default 0.34)")
     ap.add_argument("--seed", type=int, default=0, help="the split's and training's seed (default 0)")
     ap.add_argument("--steps", type=int, default=64, help="evo rl rank steps for the trained LLM (default 64)")
@@ -83,6 +162,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--no-llm", action="store_true", help="only the random and tabular rankers")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
+    if args.compare:
+        return compare(args.compare)
+    if not args.archive:
+        print("ranker_offline: --archive (or --compare) is required", file=sys.stderr)
+        return 2
     if not 0 < args.holdout < 1 or args.steps < 1:
         print("ranker_offline: --holdout in (0, 1) and --steps >= 1", file=sys.stderr)
         return 2
@@ -126,6 +210,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         result["llm_steps"] = len(history)
     for name, scores in scored.items():
         result["rankers"][name] = {**ranking_metrics(held, scores), "ci95": _interval(held, scores, args.seed)}
+    result["differences"] = {f"{a} - {b}": paired_difference([(held, scored[a], scored[b])], args.seed)
+                             for a, b in COMPARISONS if a in scored and b in scored}
     result["scores"] = scored  # per held-out group, as the edits
     result["groups"] = [{"key": g.key, "shape": g.shape, "gains": [None if x == float("-inf") else x for x in g.gains]}
                         for g in held]
@@ -136,6 +222,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         ci = m.get("ci95")
         print(f"| {name} | {m['pairs']} | {m['pairwise_accuracy']}" + (f" ({ci[0]}-{ci[1]})" if ci else "")
               + f" | {m['spearman']} ({m['spearman_groups']}) | {m['top1']} |")
+    for name, d in result["differences"].items():
+        print(f"paired: {name} {d['difference']:+.4f} (95% interval {d['ci95'][0]:+.4f} to {d['ci95'][1]:+.4f}, {d['pairs']} pairs)")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -50,3 +50,37 @@ def test_the_tabular_ranker_beats_random_draws_on_held_out_shapes(archive: Path,
 def test_bad_input_is_one_line(tmp_path: Path, archive: Path, capsys: pytest.CaptureFixture) -> None:
     refuses("ranker_offline", ["--archive", str(tmp_path / "none")], capsys)
     refuses("ranker_offline", ["--archive", str(archive), "--holdout", "1.5"], capsys)
+
+
+def _saved(seed: int, gains: list, scores: dict) -> dict:
+    """A saved result of the script's shape (--json), made here: held-out gains and scores."""
+    return {"archive": "A", "seed": seed, "holdout": 0.34, "scores": scores,
+            "groups": [{"key": f"g{i}", "shape": "8x64x64:TN:f32", "gains": g} for i, g in enumerate(gains)]}
+
+
+def test_paired_differences_count_the_same_pairs_and_pool_splits(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--compare: one ranker that orders every pair right against one that orders none gives +1.0 with
+    a degenerate interval; a failed child (None) ranks lowest; two splits pool their pairs; the same
+    split twice is refused."""
+    gains = [[0.1, 0.0, None], [0.3, -0.2]]            # 3 + 1 ordered pairs
+    right = [[3.0, 2.0, 1.0], [1.0, 0.0]]
+    wrong = [[1.0, 2.0, 3.0], [0.0, 1.0]]
+    tied = [[0.0, 0.0, 0.0], [0.0, 0.0]]
+    mod = load("ranker_offline")
+    a = tmp_path / "s0.json"
+    a.write_text(json.dumps(_saved(0, gains, {"llm ranked": right, "tabular": wrong, "llm base": tied})))
+    b = tmp_path / "s1.json"
+    b.write_text(json.dumps(_saved(1, gains[:1], {"llm ranked": tied, "tabular": wrong, "llm base": tied})))
+    assert mod.main(["--compare", str(a), str(b)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| llm")]
+    by = {(ln.split("|")[1].strip(), ln.split("|")[2].strip()): ln for ln in lines}
+    assert "| 4 | +1.0000 | +1.0000 to +1.0000 |" in by[("llm ranked - tabular", "0")]
+    assert "| 3 | +0.5000 | +0.5000 to +0.5000 |" in by[("llm ranked - tabular", "1")]   # ties count half
+    assert "| 7 | +0.7857 |" in by[("llm ranked - tabular", "pooled (0,1)")]            # (4 + 1.5) / 7
+    assert "| 4 | +0.5000 | +0.5000 to +0.5000 |" in by[("llm ranked - llm base", "0")]
+    held = mod._groups_from_json(_saved(0, gains, {}))
+    d = mod.paired_difference([(held, wrong, right)], seed=3)
+    assert d == {"difference": -1.0, "ci95": [-1.0, -1.0], "pairs": 4}
+    refuses("ranker_offline", ["--compare", str(a), str(a)], capsys)
+    refuses("ranker_offline", ["--compare", str(tmp_path / "none.json")], capsys)
+    refuses("ranker_offline", [], capsys)

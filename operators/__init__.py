@@ -17,7 +17,7 @@ from ._mutation import KnobMutation
 from ._optuna import FLOOR_SPEEDUP, PENALTY, OptunaOperator, objective
 from ._random import RandomKnobs
 from ._ranked import RankedOperator
-from ._tabular import TabularCostModel, features
+from ._tabular import TabularCostModel, derived_values, features
 from ._thompson import ThompsonRates
 from ._registry import (OPERATORS, OperatorSpec, available_operators, get_operator, register_operator,
                         registered_operators)
@@ -26,7 +26,7 @@ __all__ = [
     "OPERATOR_ERROR", "Operator", "OperatorContext", "ParentView", "Proposal", "score",
     "ModelFace", "ModelOperator", "ModelUsage", "model_face", "model_usage",
     "KnobCrossover", "KnobMutation", "OptunaOperator", "RandomKnobs", "RankedOperator",
-    "COST_MODEL_FORMAT", "CostModel", "Record", "TabularCostModel", "archive_records", "cost_models", "features",
+    "COST_MODEL_FORMAT", "CostModel", "Record", "TabularCostModel", "archive_records", "cost_models", "derived_values", "features",
     "get_cost_model", "load_cost_model", "register_cost_model",
     "FLOOR_SPEEDUP", "PENALTY", "objective",
     "OPERATORS", "OperatorSpec", "available_operators", "get_operator", "register_operator", "registered_operators",

@@ -5,8 +5,16 @@ template (one column per template, 1 for the candidate's), each knob's value und
 (ints as numbers, bools 0/1, strings as their index in the order the model first saw them; a
 knob the template lacks is missing, which the trees handle natively), and log2 of the number of
 output tiles where the knobs name a tile (``BM``/``BN``, times ``SPLIT_K``), which ties knob
-sets to shapes. Knobs of one name share a column across templates (``BM`` is a tile height in
-every template that has one), the template columns letting the trees tell them apart.
+sets to shapes, and every integer the candidate's template derives from its knobs and the shape
+(``[derived]`` in its ``template.toml``: CTAs, threads, shared memory, registers, tiles, work
+units; ``derived.NAME``). Knobs of one name share a column across templates (``BM`` is a tile
+height in every template that has one), the template columns letting the trees tell them apart.
+
+The derived values are the template author's own account of what a knob set costs at a shape (how
+many CTAs fill the machine, how much shared memory limits residency), which the trees otherwise
+have to rebuild from the knobs and log2 of M, N and K. On a real archive (bench/RESULTS.md section
+30: 12 shapes, 786 evaluations on an H100, five splits of whole held-out shapes) they raise the
+held-out pairwise accuracy from 0.618-0.671 to 0.672-0.740 on every split.
 
 The regressor is scikit-learn's ``HistGradientBoostingRegressor`` (the ``ranker`` extra) on the
 :func:`~._costmodel.target` of every measured record; it is refitted on all records lazily,
@@ -19,17 +27,31 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional, Sequence
 
-from populations import Candidate, Shape
+from populations import Candidate, Shape, Template, load_templates
 
 from ._base import ParentView
 from ._costmodel import CostModel, Record, target
 
-__all__ = ["TabularCostModel", "features"]
+__all__ = ["TabularCostModel", "derived_values", "features"]
 
 
-def features(shape: Shape, candidate: Candidate, strings: Mapping[str, Mapping[str, int]]) -> dict[str, float]:
+def derived_values(template: Template, shape: Shape, knobs: Mapping[str, Any], arch: int = 90) -> dict[str, float]:
+    """The template's derived integers for ``knobs`` at ``shape`` (missing knobs take their
+    defaults); a value that cannot be computed (a knob set from another version of the template)
+    is left out."""
+    try:
+        env = template.space.env(template.space.complete(knobs), shape, arch=arch)
+    except Exception:  # an unknown knob or value, a derived expression that fails: no derived features
+        return {}
+    return {name: float(env[name]) for name in template.space.derived
+            if isinstance(env.get(name), (int, float)) and not isinstance(env.get(name), bool)}
+
+
+def features(shape: Shape, candidate: Candidate, strings: Mapping[str, Mapping[str, int]],
+             template: Optional[Template] = None, arch: int = 90) -> dict[str, float]:
     """The feature row of ``candidate`` at ``shape`` (see the module docstring); ``strings`` maps
-    a knob name to its string values' indices (a string it lacks is left out: missing)."""
+    a knob name to its string values' indices (a string it lacks is left out: missing);
+    ``template``: the candidate's template, whose derived values join the row at ``arch``."""
     row: dict[str, float] = {"log2_m": math.log2(shape.m), "log2_n": math.log2(shape.n), "log2_k": math.log2(shape.k),
                              "layout_tn": float(shape.layout == "TN")}
     if candidate.template:
@@ -47,6 +69,8 @@ def features(shape: Shape, candidate: Candidate, strings: Mapping[str, Mapping[s
         split = knobs.get("SPLIT_K", 1)
         split = split if isinstance(split, int) and split > 0 else 1
         row["log2_tiles"] = math.log2(math.ceil(shape.m / bm) * math.ceil(shape.n / bn) * split)
+    if template is not None:
+        row.update({f"derived.{name}": v for name, v in derived_values(template, shape, knobs, arch).items()})
     return row
 
 
@@ -56,10 +80,16 @@ class TabularCostModel(CostModel):
     name = "tabular"
 
     def __init__(self, *, min_fit: int = 8, refit: int = 8, max_iter: int = 150, learning_rate: float = 0.1,
-                 max_leaf_nodes: int = 15, seed: int = 0, threads: Optional[int] = 1) -> None:
+                 max_leaf_nodes: int = 15, seed: int = 0, threads: Optional[int] = 1,
+                 templates: Optional[Mapping[str, Template]] = None, derived: bool = True, arch: int = 90) -> None:
+        """``templates``: where the derived features come from (default: the built-in templates,
+        loaded on first use); ``derived`` False leaves them out (the model before they came);
+        ``arch``: the compute capability they are computed for."""
         super().__init__()
         if min_fit < 2 or refit < 1 or max_iter < 1 or not learning_rate > 0:
             raise ValueError("min_fit >= 2, refit >= 1, max_iter >= 1 and learning_rate > 0")
+        self.derived, self.arch = derived, arch
+        self._templates: Optional[Mapping[str, Template]] = dict(templates) if templates is not None else None
         self.min_fit, self.refit, self.max_iter = min_fit, refit, max_iter
         self.learning_rate, self.max_leaf_nodes, self.seed = learning_rate, max_leaf_nodes, seed
         self.threads = threads  # OpenMP threads of a fit and a prediction (see predict)
@@ -70,13 +100,34 @@ class TabularCostModel(CostModel):
         self._fitted_on = 0
         self._regressor: Any = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_templates"] = None  # a saved model reloads the templates where it is loaded
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("derived", False)  # a model saved before derived features had none
+        state.setdefault("arch", 90)
+        state.setdefault("_templates", None)
+        self.__dict__.update(state)
+
+    def _template(self, name: Optional[str]) -> Optional[Template]:
+        if not self.derived or not name:
+            return None
+        if self._templates is None:
+            self._templates = load_templates(errors="warn")
+        return self._templates.get(name)
+
+    def _row(self, shape: Shape, cand: Candidate) -> dict[str, float]:
+        return features(shape, cand, self._strings, self._template(cand.template), self.arch)
+
     def _learn(self, records: list[Record]) -> None:
         for cand, ev in records:
             for name, value in (cand.knobs or {}).items():
                 if isinstance(value, str):
                     seen = self._strings.setdefault(name, {})
                     seen.setdefault(value, len(seen))
-            self._rows.append(features(ev.shape, cand, self._strings))
+            self._rows.append(self._row(ev.shape, cand))
             self._targets.append(target(ev))
 
     def _matrix(self, rows: Sequence[Mapping[str, float]]) -> Any:
@@ -115,5 +166,5 @@ class TabularCostModel(CostModel):
                 self._fit()
             if self._regressor is None or not candidates:
                 return [0.0] * len(candidates)
-            rows = [features(shape, c, self._strings) for c in candidates]
+            rows = [self._row(shape, c) for c in candidates]
             return [float(v) for v in self._regressor.predict(self._matrix(rows))]

@@ -176,6 +176,37 @@ def test_loading_something_else_is_refused(tmp_path: Path) -> None:
         get_cost_model("no_such_model")
 
 
+@pytest.mark.skipif("tabular" not in cost_models(), reason="the ranker extra (scikit-learn) is not installed")
+def test_the_tabular_rows_carry_the_templates_derived_values(template: Template, tmp_path: Path) -> None:
+    """A candidate's row holds every integer its template derives at the shape (CTAs, threads,
+    shared memory ...), computed by the template itself; a row without a template and a model built
+    with ``derived=False`` have none; a saved model reloads its templates and predicts the
+    same; a model saved before the derived features (no ``derived`` attribute) loads without them."""
+    from operators import TabularCostModel, derived_values, features
+
+    cand = records(template, 1, seed=3)[0][0]
+    env = template.space.env(template.space.complete(cand.knobs), SHAPE, arch=90)
+    want = {n: float(env[n]) for n in template.space.derived}
+    assert want and derived_values(template, SHAPE, cand.knobs) == want
+    row = features(SHAPE, cand, {}, template)
+    assert {k[len("derived."):]: v for k, v in row.items() if k.startswith("derived.")} == want
+    assert not any(k.startswith("derived.") for k in features(SHAPE, cand, {}))
+    model = TabularCostModel()
+    model.update(records(template, 30, seed=9))
+    assert any(k.startswith("derived.") for k in model._columns or model._rows[0])
+    plain = TabularCostModel(derived=False)
+    plain.update(records(template, 30, seed=9))
+    assert not any(k.startswith("derived.") for row in plain._rows for k in row)
+    held = [c for c, _ in records(template, 10, seed=10)]
+    before = model.predict(SHAPE, held)
+    model.save(tmp_path / "m")
+    assert load_cost_model(tmp_path / "m").predict(SHAPE, held) == pytest.approx(before)
+    old = TabularCostModel()
+    del old.__dict__["derived"]  # the state a model pickled before this feature carries
+    old.save(tmp_path / "old")
+    assert load_cost_model(tmp_path / "old").derived is False
+
+
 # -- the ranking step -------------------------------------------------------------------------------
 class ScriptedCostModelDouble(CostModel):
     """A test double: scores by a fixed function of the knobs and records what it was asked."""

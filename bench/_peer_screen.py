@@ -174,7 +174,8 @@ def _readline(child: subprocess.Popen, limit: float) -> Optional[str]:
 def _child(peer_path: str) -> int:  # pragma: no cover - runs on the GPU machine
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here), str(here.parent)]  # bench/ and the checkout (evo), without PYTHONPATH set
     from _llm_timer import PeerRunner
 
     jobs = [tuple(j) for j in json.load(sys.stdin)]

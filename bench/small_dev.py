@@ -151,9 +151,31 @@ def wgmma_wave_fitted(t: Any, shape: Shape) -> list[dict]:
     return out
 
 
+def wgmma_thin_clusters(t: Any, shape: Shape) -> list[dict]:
+    """sm90_wgmma as cuBLAS runs small mid rows (its kernel names there, RESULTS 27 (n), fourth run:
+    ``64x24_64x16_2x4``, ``40x64_64x16_4x2``, ``64x32_64x16_4x2``): a 64-row tile of one consumer, a
+    thin width (8-64, the narrow side fitted), a 12-stage ring, and a 2- or 4-CTA cluster sharing the
+    wide operand by multicast along either axis; swapped and not, persistent or one CTA a tile."""
+    out = []
+    for swap in (False, True):
+        cols = shape.m if swap else shape.n
+        widths = sorted({w for w in (16, 24, 32, 40, 48, 64) if w <= max(16, 8 * cdiv(cols, 8))}
+                        | ({8 * cdiv(cols, 8)} if cols <= 64 else set()))
+        for bn in widths:
+            for cm, cn in ((2, 1), (4, 1), (1, 2), (1, 4)):
+                for persistent in (False, True):
+                    k = dict(t.space.defaults(), BM=64, BN=bn, CONSUMERS=1, SCHED="coop", STAGES=12,
+                             PERSISTENT=persistent, SPLIT_K=1, EPI="tsmem" if swap else "smem",
+                             CLUSTER_M=cm, CLUSTER_N=cn, SWAP=swap)
+                    if not t.check(k, shape, 90) and k not in out:
+                        out.append(k)
+    return out
+
+
 def wgmma_label(k: dict) -> str:
     swap = "w" if k.get("SWAP") else ""
-    return f"{swap}{k['BM']}x{k['BN']}st{k['STAGES']}{'p' if k['PERSISTENT'] else 'n'}s{k['SPLIT_K']}"
+    cluster = (f"c{k['CLUSTER_M']}x{k['CLUSTER_N']}" if k.get("CLUSTER_M", 1) * k.get("CLUSTER_N", 1) > 1 else "")
+    return f"{swap}{k['BM']}x{k['BN']}st{k['STAGES']}{'p' if k['PERSISTENT'] else 'n'}s{k['SPLIT_K']}{cluster}"
 
 
 def variants(templates: dict, shape: Shape, tiny_cap: int, mma_cap: int,
@@ -177,7 +199,8 @@ def variants(templates: dict, shape: Shape, tiny_cap: int, mma_cap: int,
         add(f"sm80_mma:{k['BM']}x{k['BN']}x{k['BK']}st{k['STAGES']}s{k['SPLIT_K']}", mma, k)
     wg = templates["sm90_wgmma"]
     if wg.applicable(shape, 90):
-        for k in thin(wgmma_lean(wg, shape), wgmma_cap) + wgmma_wave_fitted(wg, shape):  # the fitted: all of them
+        for k in (thin(wgmma_lean(wg, shape), wgmma_cap) + wgmma_wave_fitted(wg, shape)  # the fitted: all of them
+                  + thin(wgmma_thin_clusters(wg, shape), 2 * wgmma_cap)):
             add(f"sm90_wgmma:{wgmma_label(k)}", wg, k)
     return out
 

@@ -1,6 +1,7 @@
 """bench/small_dev.py's variant lists (CPU: no GPU is touched by --list)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,9 +63,25 @@ def test_wgmma_lean_grid_bounds_units_and_fits_the_width() -> None:
         assert not t.check(k, shape, 90)
     labels = [lb for lb, _ in small_dev.variants(load_templates(), shape, 4, 2, wgmma_cap=5)]
     fitted = {small_dev.wgmma_label(k) for k in small_dev.wgmma_wave_fitted(t, shape)}
-    lean = [lb for lb in labels if lb.startswith("sm90_wgmma:") and "pick" not in lb]
+    clustered = [lb for lb in labels if lb.startswith("sm90_wgmma:") and re.search(r"c\d+x\d+$", lb)]
+    lean = [lb for lb in labels if lb.startswith("sm90_wgmma:") and "pick" not in lb and lb not in clustered]
     assert fitted and fitted <= {lb.split(":", 1)[1] for lb in lean}  # every wave-fitted tile, beside the cap
     assert 5 <= len(lean) <= 5 + len(fitted)
+    assert 1 <= len(clustered) <= 10  # the thin clustered tiles, thinned to twice the cap
+
+
+def test_thin_clustered_tiles_are_cublas_like_and_valid() -> None:
+    """The thin tiles in 2- and 4-CTA clusters along either axis (cuBLAS's kernels on small mid rows):
+    64 rows, one consumer, a 12-stage ring, widths 8-64, swapped and not, every set valid."""
+    t = load_templates()["sm90_wgmma"]
+    for text in ("115x1408x1280", "907x128x512", "56x3008x4224"):
+        shape = Shape.parse(text)
+        ks = small_dev.wgmma_thin_clusters(t, shape)
+        assert any(k["CLUSTER_M"] == 4 for k in ks) and any(k["CLUSTER_N"] == 4 for k in ks), text
+        assert any(k["SWAP"] for k in ks) and any(not k["SWAP"] for k in ks), text
+        for k in ks:
+            assert k["BM"] == 64 and k["STAGES"] == 12 and 8 <= k["BN"] <= 64 and not t.check(k, shape, 90)
+            assert (k["CLUSTER_M"] == 1) != (k["CLUSTER_N"] == 1)
 
 
 def test_wave_fitted_tiles_fill_one_or_two_waves_swapped_and_not() -> None:

@@ -329,18 +329,23 @@ def test_swab_ragged_rows_take_the_realigning_path(fams: dict[str, Template]) ->
 
 def test_swab_short_k_first_picks_are_one_warp_over_the_whole_row(fams: dict[str, Template]) -> None:
     """K <= 256 at M <= 16 (random seed 18's decode rows where the plain peer's one-warp swap-AB
-    launch beat every decode kernel): swab's first two picks are one warp walking the row's k32
-    steps in one round trip (U = the steps, snapped to the domain; 16 or 32 rows, every token tile
-    of up to 16 tokens), no cluster; deeper K keeps the rules below. They compile without spills
-    for sm_90a and sm_80, aligned and realigning."""
+    launch beat every decode kernel): swab's first pick is one warp walking the row's k32 steps in
+    one round trip (U = the steps, snapped to the domain; every token tile of up to 16 tokens), its
+    second spreads the same row's steps over the largest power of two of warps <= the steps (one or
+    two steps a warp, a shared-memory reduction); 16 rows, no cluster; deeper K keeps the rules
+    below. They compile without spills for sm_90a and sm_80, aligned and realigning."""
     sw = fams["swab"]
     for text in ("4x23424x128", "6x17472x128", "8x416x64", "2x100x40", "16x5000x256", "12x3000x96", "5x3000x130"):
         shape = Shape.parse(text)
-        picks = sw.heuristic(shape, "sm_90a")
+        first, second = sw.heuristic(shape, "sm_90a")[:2]
         steps = -(-shape.k // 32)
-        for k, rt in zip(picks[:2], (1, 2)):
-            assert (k["WARPS"], k["RT"], k["CLUSTER"], k["NT"]) == (1, rt, 1, -(-shape.m // 8)), (text, k)
-            assert k["U"] == max(u for u in (1, 2, 3, 4, 6, 8) if u <= min(steps, 8 if shape.m <= 8 and rt == 1 else 4)), (text, k)
+        assert (first["WARPS"], first["RT"], first["CLUSTER"], first["NT"]) == (1, 1, 1, -(-shape.m // 8)), (text, first)
+        assert first["U"] == max(u for u in (1, 2, 3, 4, 6, 8) if u <= min(steps, 8 if shape.m <= 8 else 4)), (text, first)
+        warps = max(w for w in (1, 2, 4, 8) if w <= steps)
+        assert (second["WARPS"], second["RT"], second["CLUSTER"], second["NT"], second["WMAP"]) == \
+            (warps, 1, 1, -(-shape.m // 8), 0), (text, second)
+        assert second["U"] == -(-steps // warps) and second["U"] * second["WARPS"] >= steps, (text, second)
+        for k in (first, second):
             assert not sw.check(k, shape, "sm_90a"), (text, k)
     for text in ("8x2304x768", "8x416x288", "17x4000x128"):
         assert sw.heuristic(Shape.parse(text), "sm_90a")[0]["WARPS"] > 1, text

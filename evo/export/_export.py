@@ -37,7 +37,7 @@ The sources are written by :mod:`evo.export._export_source`; the loader (``evo.l
 ``EvoLibrary``) is in the runtime wing, :mod:`evo.runtime`, its names re-exported here.
 
 Thread-block clusters: a plan carries no cluster shape; kernels that need clusters declare
-``__cluster_dims__`` at compile time (the sm90_wgmma template with ``CLUSTER_M`` or ``CLUSTER_N`` 2), and such
+``__cluster_dims__`` at compile time (the sm90_wgmma template with ``CLUSTER_M`` or ``CLUSTER_N`` 2 or 4), and such
 kernels launch through the classic ``cudaLaunchKernel`` (like ``<<<>>>``) as long as the grid is
 a multiple of the cluster shape, which the plan's grid expression guarantees. Only a cluster
 shape chosen at launch time would need ``cudaLaunchKernelEx`` with a cluster attribute.

@@ -17,8 +17,11 @@
 //                   consumers release a stage in both CTAs.
 //   CLUSTER_N 2:    the same along N: the pair computes horizontally adjacent tiles that share an
 //                   A panel, each CTA loading BM / 2 of its rows and multicasting them (with SWAP,
-//                   the weights' tile: what a mid-M shape re-reads most from L2). A cluster holds
-//                   at most two CTAs (CLUSTER_M x CLUSTER_N <= 2).
+//                   the weights' tile: what a mid-M shape re-reads most from L2). CLUSTER_M or
+//                   CLUSTER_N 4: the same over four CTAs (each loads a quarter of the shared panel,
+//                   or its whole box in every fourth K block); a cluster is one-dimensional (one
+//                   of CLUSTER_M, CLUSTER_N is 1). cuBLAS runs thin tiles with deep rings in such
+//                   clusters on small mid rows (bench/RESULTS.md 27 (n), fourth run).
 //   EPI direct:     fp32 registers -> fp16 global, guarded 4-byte stores.
 //   EPI smem:       registers -> padded shared staging -> coalesced, guarded 16-byte stores.
 //   BN % 64 != 0:   (TN, CLUSTER_M 1) a tile width fitted to a dimension (72, 104, ...): B comes in
@@ -120,17 +123,17 @@
 #if BK != 64
 #error "BK must be 64 (one 128-byte swizzle row of fp16)"
 #endif
-#if CLUSTER_M != 1 && CLUSTER_M != 2
-#error "CLUSTER_M must be 1 or 2"
+#if CLUSTER_M != 1 && CLUSTER_M != 2 && CLUSTER_M != 4
+#error "CLUSTER_M must be 1, 2 or 4"
 #endif
-#if CLUSTER_N != 1 && CLUSTER_N != 2
-#error "CLUSTER_N must be 1 or 2"
+#if CLUSTER_N != 1 && CLUSTER_N != 2 && CLUSTER_N != 4
+#error "CLUSTER_N must be 1, 2 or 4"
 #endif
 #ifndef CLUSTER
 #define CLUSTER (CLUSTER_M * CLUSTER_N)   // CTAs per cluster, ranks 0 .. CLUSTER - 1 along the grid's x
 #endif
-#if CLUSTER > 2
-#error "a cluster holds at most two CTAs: CLUSTER_M or CLUSTER_N, not both"
+#if CLUSTER_M > 1 && CLUSTER_N > 1
+#error "a cluster is one-dimensional: CLUSTER_M or CLUSTER_N, not both"
 #endif
 #if RAGGED && (CLUSTER > 1 || defined(EVO_LAYOUT_NN))
 #error "RAGGED reads K-major rows (TN) into its own CTA's ring: no cluster, no NN"

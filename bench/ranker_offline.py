@@ -3,6 +3,7 @@ measured children of one parent, on shapes they never saw, better than chance?
 
     python bench/ranker_offline.py --archive DIR [--holdout 0.34] [--seed 0] [--steps 64]
                                    [--device cpu] [--no-llm] [--json OUT]
+    python bench/ranker_offline.py --archive DIR --seed 1 --reuse-llm OUT.json   # new tabular, saved LLM rows
     python bench/ranker_offline.py --compare OUT.json [OUT2.json ...]    # paired differences, no model
 
 From the archive, every measured parent-child pair of every operator (``evo rl export --pairs``)
@@ -122,6 +123,24 @@ def _groups_from_json(result: dict[str, Any]) -> list[RankGroup]:
             for g in result["groups"]]
 
 
+def _reuse_llm(path: str, held: list[Any], args: argparse.Namespace, scored: dict[str, list[list[float]]],
+               result: dict[str, Any]) -> Optional[str]:
+    """Copy a saved result's LLM scores into ``scored`` when it is the same split; why not, else."""
+    try:
+        saved = json.loads(Path(path).read_text())
+        keys = [g["key"] for g in saved["groups"]]
+        llm = {name: saved["scores"][name] for name in ("llm base", "llm ranked") if name in saved["scores"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"not a result of this script ({exc})"
+    if (saved.get("seed"), saved.get("holdout")) != (args.seed, args.holdout) or keys != [g.key for g in held]:
+        return "another split (seed, holdout or held-out groups differ)"
+    if not llm or any(len(s) != len(g.edits) for scores in llm.values() for s, g in zip(scores, held)):
+        return "no LLM scores for these groups"
+    scored.update(llm)
+    result["llm_steps"], result["llm_from"] = saved.get("llm_steps"), str(path)
+    return None
+
+
 def compare(paths: list[str]) -> int:
     """Paired differences of saved results, per split and pooled (``--compare``)."""
     results = []
@@ -160,6 +179,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=64, help="evo rl rank steps for the trained LLM (default 64)")
     ap.add_argument("--device", default="cpu", help="where the LLM runs (default cpu)")
     ap.add_argument("--no-llm", action="store_true", help="only the random and tabular rankers")
+    ap.add_argument("--reuse-llm", metavar="JSON", help="take the LLM rows from a saved result of the same split "
+                    "(same archive, seed and holdout; checked group by group) instead of running the model")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     if args.compare:
@@ -198,7 +219,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         tab = _tabular_scores(archive, {g.shape for g in train}, held)
         if tab is not None:
             scored["tabular"] = tab
-    if not args.no_llm:
+    if args.reuse_llm:
+        why = _reuse_llm(args.reuse_llm, held, args, scored, result)
+        if why:
+            print(f"ranker_offline: --reuse-llm {args.reuse_llm}: {why}", file=sys.stderr)
+            return 2
+    elif not args.no_llm:
         from evo.rl import Policy, score_groups, train_ranker
         from operators.llm import DEFAULT_MODEL, load_backend
 

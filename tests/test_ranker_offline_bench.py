@@ -84,3 +84,26 @@ def test_paired_differences_count_the_same_pairs_and_pool_splits(tmp_path: Path,
     refuses("ranker_offline", ["--compare", str(a), str(a)], capsys)
     refuses("ranker_offline", ["--compare", str(tmp_path / "none.json")], capsys)
     refuses("ranker_offline", [], capsys)
+
+
+@pytest.mark.skipif("tabular" not in cost_models(), reason="the ranker extra (scikit-learn) is not installed")
+def test_saved_llm_rows_are_reused_only_on_the_same_split(archive: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """--reuse-llm: the LLM rows of a saved result join a new run of the same split (its tabular
+    row recomputed) with their paired differences; a result of another split is refused."""
+    mod = load("ranker_offline")
+    first = tmp_path / "first.json"
+    assert mod.main(["--archive", str(archive), "--no-llm", "--holdout", "0.5", "--json", str(first)]) == 0
+    saved = json.loads(first.read_text())
+    saved["scores"]["llm base"] = [[0.0] * len(g["gains"]) for g in saved["groups"]]   # ties: accuracy 0.5
+    saved["llm_steps"] = 0
+    first.write_text(json.dumps(saved))
+    again = tmp_path / "again.json"
+    assert mod.main(["--archive", str(archive), "--no-llm", "--holdout", "0.5", "--reuse-llm", str(first),
+                     "--json", str(again)]) == 0
+    r = json.loads(again.read_text())
+    assert r["rankers"]["llm base"]["pairwise_accuracy"] == 0.5 and r["llm_from"] == str(first)
+    assert r["differences"]["llm base - tabular"]["difference"] == pytest.approx(
+        0.5 - r["rankers"]["tabular"]["pairwise_accuracy"], abs=1e-3)
+    refuses("ranker_offline", ["--archive", str(archive), "--no-llm", "--holdout", "0.5", "--seed", "1",
+                               "--reuse-llm", str(first)], capsys)

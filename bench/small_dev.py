@@ -172,10 +172,31 @@ def wgmma_thin_clusters(t: Any, shape: Shape) -> list[dict]:
     return out
 
 
+def wgmma_output_bound(t: Any, shape: Shape) -> list[dict]:
+    """sm90_wgmma where writing C is most of the work (K of a few 64-wide blocks, M x N large):
+    persistent, two consumers cooperating on a tile or ping-ponging whole tiles (one's epilogue
+    under the other's main loop, what CUTLASS uses where the epilogue dominates), BN 64-256, a
+    2- or 4-stage ring (a smaller ring leaves room for a second CTA on the SM), the staged epilogue;
+    only where K <= 256."""
+    if shape.k > 256:
+        return []
+    out = []
+    for sched in ("coop", "pingpong"):
+        for bn in (64, 128, 256):
+            for stages in (2, 4):
+                k = dict(t.space.defaults(), BM=128, BN=bn, CONSUMERS=2, SCHED=sched, STAGES=stages,
+                         PERSISTENT=True, SPLIT_K=1, EPI="smem", CLUSTER_M=1, CLUSTER_N=1, SWAP=False)
+                k = t.fitted(k, shape) or k
+                if not t.check(k, shape, 90) and k not in out:
+                    out.append(k)
+    return out
+
+
 def wgmma_label(k: dict) -> str:
     swap = "w" if k.get("SWAP") else ""
     cluster = (f"c{k['CLUSTER_M']}x{k['CLUSTER_N']}" if k.get("CLUSTER_M", 1) * k.get("CLUSTER_N", 1) > 1 else "")
-    return f"{swap}{k['BM']}x{k['BN']}st{k['STAGES']}{'p' if k['PERSISTENT'] else 'n'}s{k['SPLIT_K']}{cluster}"
+    pp = "pp" if k.get("SCHED") == "pingpong" else ""
+    return f"{swap}{k['BM']}x{k['BN']}st{k['STAGES']}{'p' if k['PERSISTENT'] else 'n'}{pp}s{k['SPLIT_K']}{cluster}"
 
 
 def variants(templates: dict, shape: Shape, tiny_cap: int, mma_cap: int,
@@ -200,7 +221,7 @@ def variants(templates: dict, shape: Shape, tiny_cap: int, mma_cap: int,
     wg = templates["sm90_wgmma"]
     if wg.applicable(shape, 90):
         for k in (thin(wgmma_lean(wg, shape), wgmma_cap) + wgmma_wave_fitted(wg, shape)  # the fitted: all of them
-                  + thin(wgmma_thin_clusters(wg, shape), 2 * wgmma_cap)):
+                  + thin(wgmma_thin_clusters(wg, shape), 2 * wgmma_cap) + wgmma_output_bound(wg, shape)):
             add(f"sm90_wgmma:{wgmma_label(k)}", wg, k)
     return out
 

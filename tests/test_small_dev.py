@@ -63,11 +63,24 @@ def test_wgmma_lean_grid_bounds_units_and_fits_the_width() -> None:
         assert not t.check(k, shape, 90)
     labels = [lb for lb, _ in small_dev.variants(load_templates(), shape, 4, 2, wgmma_cap=5)]
     fitted = {small_dev.wgmma_label(k) for k in small_dev.wgmma_wave_fitted(t, shape)}
+    output_bound = {small_dev.wgmma_label(k) for k in small_dev.wgmma_output_bound(t, shape)}
     clustered = [lb for lb in labels if lb.startswith("sm90_wgmma:") and re.search(r"c\d+x\d+$", lb)]
     lean = [lb for lb in labels if lb.startswith("sm90_wgmma:") and "pick" not in lb and lb not in clustered]
     assert fitted and fitted <= {lb.split(":", 1)[1] for lb in lean}  # every wave-fitted tile, beside the cap
-    assert 5 <= len(lean) <= 5 + len(fitted)
+    assert output_bound and any("pp" in lb for lb in lean)  # K 80: the output-bound set (a source once)
+    assert 5 <= len(lean) <= 5 + len(fitted) + len(output_bound)
     assert 1 <= len(clustered) <= 10  # the thin clustered tiles, thinned to twice the cap
+
+
+def test_output_bound_tiles_only_at_short_k_and_ping_pong_among_them() -> None:
+    """K <= 256 (writing C is most of the work): persistent 128-row tiles, cooperative and
+    ping-pong, every set valid; none where K is deep."""
+    t = load_templates()["sm90_wgmma"]
+    shape = Shape.parse("6693x11409x82")
+    ks = small_dev.wgmma_output_bound(t, shape)
+    assert {k["SCHED"] for k in ks} == {"coop", "pingpong"} and all(k["PERSISTENT"] and k["BM"] == 128 for k in ks)
+    assert all(not t.check(k, shape, 90) for k in ks) and "pp" in small_dev.wgmma_label(ks[-1])
+    assert small_dev.wgmma_output_bound(t, Shape.parse("6693x11409x1024")) == []
 
 
 def test_thin_clustered_tiles_are_cublas_like_and_valid() -> None:

@@ -36,7 +36,8 @@
 #                bench/sass_stalls.py; SRC_SHAPE, SRC_KNOBS, SRC_KERNEL; default the in-place ragged kernel)
 #   random-shapes  issue 34's benchmark: shapes drawn from SEED (required: a seed bench/RESULTS.md does not record),
 #                evolve, export, re-time beside cuBLAS and the plain and pad peers (bench/random_shapes_bench.py);
-#                work in /tmp/evo34_$SEED, results in $OUT/random_$SEED, the work folder packed to $OUT/random_$SEED.tgz
+#                work in /tmp/evo34_$SEED, results in $OUT/random_$SEED, the work folder packed to $OUT/random_$SEED.tgz;
+#                OPERATORS overrides evo run's operators (e.g. knob:1,ranked:1: the tabular ranking step)
 #   e2e          issue 19's end-to-end model benchmark (bench/model_e2e_device.sh; E2E_CALL=1 or 2, the
 #                smollm2 wheel needs a second call: see that script)
 #   ranker-data  issue 35: a knob-only evo run (RANKER_SHAPES, RANKER_S s, default 12 shapes, 300 s), its pairs,
@@ -183,6 +184,7 @@ for part in "$@"; do
     : "${SEED:?random-shapes needs SEED, a seed bench/RESULTS.md does not record}"
     timeout 590 python3 bench/random_shapes_bench.py --seed "$SEED" --budget "${EVOLVE:-4m}" --work "/tmp/evo34_$SEED" \
       --out "$OUT/random_$SEED" --stages "${STAGES:-evolve,export,time}" --time-max-seconds "${TIME_MAX:-500}" \
+      ${OPERATORS:+--operators "$OPERATORS"} \
       ${RESTORE:+--restore "$RESTORE"} --pack "$OUT/random_$SEED.tgz" > "$OUT/random_shapes_$SEED.log" 2>&1
     rc=$?
     # a row past its watchdog (bench/_bench_time.py ROW_TIMEOUT_S) ends the process and stays marked:

@@ -40,7 +40,8 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evo.rl import RankConfig, RankGroup, export_pairs, rank_groups, ranking_metrics, split_groups  # noqa: E402
+from evo.rl import (RankConfig, RankGroup, export_pairs, pairwise_counts, rank_groups, ranking_metrics,  # noqa: E402
+                    split_groups)
 from populations import Archive, ArchiveError, Shape, load_templates  # noqa: E402
 
 
@@ -63,6 +64,14 @@ def _tabular_scores(archive: Archive, train_shapes: set[str], held: list[Any]) -
     return out
 
 
+def _percentiles(values: list[float]) -> list[Optional[float]]:
+    """The 2.5th and 97.5th percentiles of resampled values (None, None where there are none)."""
+    if not values:
+        return [None, None]
+    values = sorted(values)
+    return [round(values[int(0.025 * (len(values) - 1))], 4), round(values[int(0.975 * (len(values) - 1))], 4)]
+
+
 def _interval(held: list[Any], scores: list[list[float]], seed: int, draws: int = 1000) -> list[Optional[float]]:
     """95% interval of the pairwise accuracy, resampling whole groups (pairs of one parent are not
     independent draws)."""
@@ -70,27 +79,14 @@ def _interval(held: list[Any], scores: list[list[float]], seed: int, draws: int 
     values = []
     for _ in range(draws):
         pick = [rng.randrange(len(held)) for _ in held]
-        m = ranking_metrics([held[i] for i in pick], [scores[i] for i in pick])
-        if m["pairwise_accuracy"] is not None:
-            values.append(m["pairwise_accuracy"])
-    if not values:
-        return [None, None]
-    values.sort()
-    return [round(values[int(0.025 * (len(values) - 1))], 4), round(values[int(0.975 * (len(values) - 1))], 4)]
+        right, total = pairwise_counts([held[i] for i in pick], [scores[i] for i in pick])
+        if total:
+            values.append(round(right / total, 4))
+    return _percentiles(values)
 
 
 #: the paired comparisons: (ranker, against)
 COMPARISONS = (("llm ranked", "tabular"), ("llm base", "tabular"), ("llm ranked", "llm base"))
-
-
-def _accuracy_counts(held: list[Any], scores: list[list[float]]) -> tuple[float, int]:
-    """Right (a tie of scores counts half) and total ordered pairs, as ranking_metrics counts them."""
-    right, total = 0.0, 0
-    for g, s in zip(held, scores):
-        for i, j in g.pairs(0.0):
-            total += 1
-            right += 1.0 if s[i] > s[j] else 0.5 if s[i] == s[j] else 0.0
-    return right, total
 
 
 def paired_difference(splits: list[tuple[list[Any], list[list[float]], list[list[float]]]], seed: int,
@@ -98,22 +94,21 @@ def paired_difference(splits: list[tuple[list[Any], list[list[float]], list[list
     """Pairwise accuracy of ranker a minus ranker b over one or more splits (each: held-out groups,
     a's scores, b's scores), with a 95% interval from resampling whole groups within each split; the
     pooled accuracy is over all the splits' pairs together."""
-    def diff(picks: list[list[int]]) -> Optional[float]:
-        ra = rb = tot = 0.0
+    def diff(picks: list[list[int]]) -> tuple[Optional[float], int]:
+        ra = rb = 0.0
+        tot = 0
         for (held, a, b), pick in zip(splits, picks):
-            r1, t = _accuracy_counts([held[i] for i in pick], [a[i] for i in pick])
-            r2, _ = _accuracy_counts([held[i] for i in pick], [b[i] for i in pick])
+            groups = [held[i] for i in pick]
+            r1, t = pairwise_counts(groups, [a[i] for i in pick])
+            r2, _ = pairwise_counts(groups, [b[i] for i in pick])
             ra, rb, tot = ra + r1, rb + r2, tot + t
-        return (ra - rb) / tot if tot else None
+        return ((ra - rb) / tot if tot else None), tot
 
-    point = diff([list(range(len(held))) for held, _, _ in splits])
+    point, pairs = diff([list(range(len(held))) for held, _, _ in splits])
     rng = random.Random(seed)
-    values = sorted(v for v in (diff([[rng.randrange(len(held)) for _ in held] for held, _, _ in splits])
-                                for _ in range(draws)) if v is not None)
-    ci = ([round(values[int(0.025 * (len(values) - 1))], 4), round(values[int(0.975 * (len(values) - 1))], 4)]
-          if values else [None, None])
-    return {"difference": None if point is None else round(point, 4), "ci95": ci,
-            "pairs": sum(_accuracy_counts(held, a)[1] for held, a, _ in splits)}
+    values = [v for v, _ in (diff([[rng.randrange(len(held)) for _ in held] for held, _, _ in splits])
+                             for _ in range(draws)) if v is not None]
+    return {"difference": None if point is None else round(point, 4), "ci95": _percentiles(values), "pairs": pairs}
 
 
 def _groups_from_json(result: dict[str, Any]) -> list[RankGroup]:

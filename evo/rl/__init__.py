@@ -10,7 +10,7 @@ no torch; the policy and trainer load torch, transformers and peft when they are
 - training: :class:`Policy`, :class:`LoraSettings`, :class:`GRPOConfig`, :func:`train_adapter`,
   :func:`prompts_from_rows`, :func:`add_elite_demos`, :class:`Prompt`, :class:`RewardSource`;
 - the ranker (``evo rl rank``): :class:`RankConfig`, :func:`rank_groups`, :func:`split_groups`,
-  :func:`train_ranker`, :func:`train_rank_adapter`, :func:`score_groups`, :func:`ranking_metrics`;
+  :func:`train_ranker`, :func:`train_rank_adapter`, :func:`score_groups`, :func:`ranking_metrics` (:func:`pairwise_counts`);
 - during a run: :class:`RLUpdater`, :func:`switch_adapter`, :func:`read_manifest` (an
   :class:`AdapterManifest`, the frozen record of a version's ``evo-adapter.json``),
   :func:`backends_of`, :class:`Measurer`, :func:`colocated_gate`;
@@ -24,7 +24,7 @@ from ._grpo import GRPOConfig, Prompt, RewardSource, add_elite_demos, prompts_fr
 from ._measure import Measurer, colocated_gate
 from ._pairs import edit_completion, export_pairs
 from ._plot import check_figure
-from ._rank import RankConfig, RankGroup, rank_groups, ranking_metrics, score_groups, spearman, split_groups, train_rank_adapter, train_ranker
+from ._rank import RankConfig, RankGroup, pairwise_counts, rank_groups, ranking_metrics, score_groups, spearman, split_groups, train_rank_adapter, train_ranker
 from ._policy import LoraSettings, Policy
 from ._reward import RewardConfig, RewardTable, reward_of
 from ._split import LayerRow, ShapeSplit, read_layers, split_by_model
@@ -37,5 +37,5 @@ __all__ = ["RewardConfig", "RewardTable", "reward_of", "DatasetError", "export_r
            "AdapterManifest", "backends_of", "read_manifest", "switch_adapter", "table_from_rows", "train_adapter", "GRPOConfig", "Prompt",
            "RewardSource", "add_elite_demos", "prompts_from_rows", "Measurer", "colocated_gate", "check_figure",
            "LoraSettings", "Policy", "LayerRow", "ShapeSplit", "read_layers", "split_by_model", "adapter_stats",
-           "RLUpdater", "RankConfig", "RankGroup", "rank_groups", "ranking_metrics", "score_groups", "spearman", "split_groups", "train_ranker",
+           "RLUpdater", "RankConfig", "RankGroup", "pairwise_counts", "rank_groups", "ranking_metrics", "score_groups", "spearman", "split_groups", "train_ranker",
            "train_rank_adapter"]

@@ -175,18 +175,27 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
     return statistics.correlation(ra, rb)
 
 
+def pairwise_counts(groups: Sequence[RankGroup], scores: Sequence[Sequence[float]],
+                    min_gap: float = 0.0) -> tuple[float, int]:
+    """Ordered pairs of :meth:`RankGroup.pairs` that ``scores`` put in order (a tie of scores
+    counts half), and how many pairs there are."""
+    right, total = 0.0, 0
+    for g, s in zip(groups, scores):
+        for i, j in g.pairs(min_gap):
+            total += 1
+            right += 1.0 if s[i] > s[j] else 0.5 if s[i] == s[j] else 0.0
+    return right, total
+
+
 def ranking_metrics(groups: Sequence[RankGroup], scores: Sequence[Sequence[float]], min_gap: float = 0.0) -> dict[str, Any]:
     """How well ``scores`` (one list per group, one score per edit) order the measured outcomes:
     pairwise accuracy over the ordered pairs of :meth:`RankGroup.pairs` (a tie of scores counts
     half), the mean Spearman correlation over groups with at least three distinct outcomes
     (failures rank as the lowest), and how often the group's top-scored child is its best (within
     ``min_gap``)."""
-    right = total = 0.0
+    right, total = pairwise_counts(groups, scores, min_gap)
     rhos, top = [], []
     for g, s in zip(groups, scores):
-        for i, j in g.pairs(min_gap):
-            total += 1
-            right += 1.0 if s[i] > s[j] else 0.5 if s[i] == s[j] else 0.0
         finite = [x if x != FAILED else -1e9 for x in g.gains]
         if len(set(finite)) >= 3:
             rho = spearman(finite, s)

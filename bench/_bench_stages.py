@@ -67,9 +67,10 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_stage_args(p: argparse.ArgumentParser, *, work: str, budget_s: float, operators: str, anchors: int) -> None:
+def add_stage_args(p: argparse.ArgumentParser, *, work: str, budget_s: float, operators: str, anchors: int,
+                   wave2_seeds: int = 1) -> None:
     """The arguments every such benchmark takes (its own defaults for the work folder, the
-    evolution budget, the operators and the first wave's size)."""
+    evolution budget, the operators, the first wave's size and the second wave's picks a template)."""
     p.add_argument("--work", type=Path, default=Path(work), help="archive, library and state")
     p.add_argument("--out", type=Path, help="results (default $OUT, else WORK/out)")
     p.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset of evolve,export,time")
@@ -77,7 +78,8 @@ def add_stage_args(p: argparse.ArgumentParser, *, work: str, budget_s: float, op
                    help=f"evolution wall budget in total (default {budget_s / 60:g}m)")
     p.add_argument("--anchors", type=int, default=anchors, help="shapes of the first wave (transfer sources)")
     p.add_argument("--anchor-share", type=float, default=0.35, help="share of the budget for the first wave")
-    p.add_argument("--wave2-seeds", type=int, default=1, help="seeds per template for the second wave's new shapes")
+    p.add_argument("--wave2-seeds", type=int, default=wave2_seeds,
+                   help=f"seeds per template for the second wave's new shapes (default {wave2_seeds})")
     p.add_argument("--operators", default=operators, help=f"evo run --operators (default {operators})")
     p.add_argument("--arch", default="sm_90a")
     p.add_argument("--peer", type=Path, help="the plain peer (default ../shared/peers/plain_gemv.py, or the carried copy)")

@@ -77,7 +77,11 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog="\n".join(__doc__.splitlines()[4:]))
     p.add_argument("--seed", type=int, help="the draw's seed (required; a seed not used before: see bench/RESULTS.md)")
     p.add_argument("--count", type=int, default=100, help="rows drawn before the quotas' conditional draws (default 100, the issue's least)")
-    stg.add_stage_args(p, work="/tmp/evo_random_shapes", budget_s=600.0, operators="auto", anchors=12)
+    # two picks a template in the second wave: with one, the families that trail at a shape (the
+    # portable mma.sync ones on sm_90a) take the own-pick slot after sm90_wgmma's first, and a mid row
+    # given four evaluations (seed 20) measured sm80_mma or streamk90 at 0.33-0.67x instead of
+    # sm90_wgmma's second pick (_seeding.seed_population's rank order)
+    stg.add_stage_args(p, work="/tmp/evo_random_shapes", budget_s=600.0, operators="auto", anchors=12, wave2_seeds=2)
     p.add_argument("--pad-peer", type=Path, help="the pad peer (default ../shared/peers/pad_cublas.py, or the carried copy)")
     p.add_argument("--list", action="store_true", help="print the shapes, their classes and waves; no GPU")
     args = p.parse_args(argv)

@@ -159,6 +159,8 @@ def test_evolve_runs_evo_over_every_shape_within_the_budget_and_resumes(tmp_path
     assert sum(budgets) == pytest.approx(600, abs=1)  # 10 minutes in all, the default
     assert {c[c.index("--operators") + 1] for c in (w1, w2)} == {bench.default_operators()}
     assert all(c[c.index("--seed") + 1] == "5" for c in (w1, w2))
+    # the second wave seeds two picks a template (sm90_wgmma's second before the trailing families')
+    assert "--seeds-per-template" not in w1 and w2[w2.index("--seeds-per-template") + 1] == "2"
     assert bench.main(argv) == 0 and len(calls) == 3 and len(shapes(calls[2])) == len(rows)  # only wave 2 again
     other = ["--seed", "6", *argv[2:]]
     assert bench.main(other) == 2  # the work folder was made for seed 5

@@ -13,12 +13,21 @@ import random
 import statistics
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["paired_ratio", "vs_base", "end_best"]
+__all__ = ["paired_ratio", "vs_base", "end_best", "ci95"]
 
 
 def end_best(run: dict[str, Any]) -> Optional[float]:
     """The run's best speedup at its end (geomean over shapes): the last point of its curve."""
     return next((v for v in reversed(run.get("best_over_time") or []) if v is not None), None)
+
+
+def ci95(values: Sequence[float]) -> list[Optional[float]]:
+    """The percentile bootstrap's 95% interval of resampled ``values``: their 2.5th and 97.5th
+    percentiles, rounded to 4 places (None, None where there are none)."""
+    if not values:
+        return [None, None]
+    ordered = sorted(values)
+    return [round(ordered[int(q * (len(ordered) - 1))], 4) for q in (0.025, 0.975)]
 
 
 def paired_ratio(pairs: Sequence[tuple[float, float]], reps: int = 4000, seed: int = 0) -> dict[str, Any]:
@@ -37,10 +46,7 @@ def paired_ratio(pairs: Sequence[tuple[float, float]], reps: int = 4000, seed: i
         b = statistics.fmean(x for _, x in sample)
         if b > 0:
             ratios.append(statistics.fmean(x for x, _ in sample) / b)
-    if ratios:
-        ratios.sort()
-        out["lo"] = round(ratios[int(0.025 * (len(ratios) - 1))], 4)
-        out["hi"] = round(ratios[int(0.975 * (len(ratios) - 1))], 4)
+    out["lo"], out["hi"] = ci95(ratios)
     return out
 
 

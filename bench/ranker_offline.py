@@ -39,10 +39,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from evo.rl import (RankConfig, RankGroup, export_pairs, pairwise_counts, rank_groups, ranking_metrics,  # noqa: E402
                     split_groups)
 from populations import Archive, ArchiveError, Shape, load_templates  # noqa: E402
+from _ablation_stats import ci95  # noqa: E402
 
 
 def _tabular_scores(archive: Archive, train_shapes: set[str], held: list[Any]) -> Optional[list[list[float]]]:
@@ -64,14 +66,6 @@ def _tabular_scores(archive: Archive, train_shapes: set[str], held: list[Any]) -
     return out
 
 
-def _percentiles(values: list[float]) -> list[Optional[float]]:
-    """The 2.5th and 97.5th percentiles of resampled values (None, None where there are none)."""
-    if not values:
-        return [None, None]
-    values = sorted(values)
-    return [round(values[int(0.025 * (len(values) - 1))], 4), round(values[int(0.975 * (len(values) - 1))], 4)]
-
-
 def _interval(held: list[Any], scores: list[list[float]], seed: int, draws: int = 1000) -> list[Optional[float]]:
     """95% interval of the pairwise accuracy, resampling whole groups (pairs of one parent are not
     independent draws)."""
@@ -82,7 +76,7 @@ def _interval(held: list[Any], scores: list[list[float]], seed: int, draws: int 
         right, total = pairwise_counts([held[i] for i in pick], [scores[i] for i in pick])
         if total:
             values.append(round(right / total, 4))
-    return _percentiles(values)
+    return ci95(values)
 
 
 #: the paired comparisons: (ranker, against)
@@ -108,7 +102,7 @@ def paired_difference(splits: list[tuple[list[Any], list[list[float]], list[list
     rng = random.Random(seed)
     values = [v for v, _ in (diff([[rng.randrange(len(held)) for _ in held] for held, _, _ in splits])
                              for _ in range(draws)) if v is not None]
-    return {"difference": None if point is None else round(point, 4), "ci95": _percentiles(values), "pairs": pairs}
+    return {"difference": None if point is None else round(point, 4), "ci95": ci95(values), "pairs": pairs}
 
 
 def _groups_from_json(result: dict[str, Any]) -> list[RankGroup]:

@@ -83,7 +83,7 @@ def grid(name: str, shape: Shape) -> list[dict]:
     if name == "gemv":
         if m > 4:  # tokens past 4: swab's tensor cores
             return []
-        tok = next(t for t in (1, 2, 4, 8) if t >= m)
+        tok = m  # every token in the CTA, none clamped (TOK takes any count 1-8)
         for rows in (1, 2, 4, 8):
             for warps in (2, 4, 8):
                 for unroll in (1, 2, 4):
@@ -127,6 +127,11 @@ def grid(name: str, shape: Shape) -> list[dict]:
                                         out.append(dict(RT=rt, NT=nt, WARPS=warps, U=u, PIPE=pipe, CLUSTER=cluster,
                                                         WMAP=wmap))
     return out
+
+
+def pow2(x: int) -> int:
+    """The least power of two >= x."""
+    return 1 << max(0, x - 1).bit_length()
 
 
 def thin(sets: list[dict], cap: int) -> list[dict]:
@@ -177,6 +182,10 @@ def variants(shape: Shape, templates: dict[str, Any], per_template: int, seed: i
             picks += [(k, f"base{i}") for i, k in enumerate(baseline_picks(t, shape, baseline, n_picks))]
         full = [k for k in grid(name, shape) if not t.check(dict(t.space.defaults(), **k), shape, 90)] if use_grid else []
         full = thin(full, max_grid)
+        # each gemv pick holding a token count off the powers of two (TOK = M = 3) beside its
+        # power-of-two twin (the count the picks held before TOK took every value): settles TOK = M
+        picks += [(dict(k, TOK=pow2(k["TOK"])), "tokpow2") for k, o in list(picks)
+                  if name == "gemv" and o.startswith("heur") and pow2(k["TOK"]) != k["TOK"]]
         if picks_only:  # and each swab pick with the other K order (KMAP), to settle that knob
             picks += [(dict(k, KMAP=1 - k["KMAP"]), "kmap") for k, o in picks if name == "swab" and o.startswith("heur")]
         elif full:

@@ -60,3 +60,21 @@ def test_skipped_configurations_are_never_launched() -> None:
     assert peer_best(runner, Shape.parse("3x406x12953"), [], None) == (None, "", None)  # ragged K: no peer
     assert peer_best(None, s, [], None) == (None, "", None)  # no peer file
     assert launched == []
+
+
+def test_gemv_picks_of_three_tokens_are_timed_beside_their_power_of_two_twin() -> None:
+    """decode_dev's variants: at M = 3 every gemv first pick of all tokens holds TOK 3 and comes with a twin at TOK 4
+    (origin tokpow2: the count the picks held before TOK took every value), so one run settles TOK = M;
+    M = 2 and 4 picks get none, and the grid holds TOK = M only."""
+    from decode_dev import grid, variants
+    from populations import load_templates
+
+    templates = load_templates(errors="warn")
+    rows = variants(Shape.parse("3x1232x2400"), templates, 8, 0, n_picks=3)
+    picks = [k for n, k, o in rows if n == "gemv" and o.startswith("heuristic") and k["TOK"] != 1]
+    twins = [k for n, k, o in rows if n == "gemv" and o == "tokpow2"]
+    assert picks and all(k["TOK"] == 3 for k in picks)
+    assert [dict(k, TOK=4) for k in picks] == twins
+    assert {k["TOK"] for k in grid("gemv", Shape.parse("3x1232x2400"))} == {3}
+    for text in ("2x1232x2400", "4x1232x2400"):
+        assert not [o for n, _, o in variants(Shape.parse(text), templates, 8, 0, n_picks=3) if o == "tokpow2"]

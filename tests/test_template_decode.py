@@ -162,12 +162,13 @@ def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> N
         ks = g.heuristic(Shape.parse(text), 90)
         assert [(k["ROWS"], k["WARPS"], k["UNROLL"]) for k in ks[:2]] == [(1, 8, 4), (1, 8, 2)], (text, ks[:2])
     assert first(g, "1x513x8192")["UNROLL"] == first(g, "1x512x8184")["UNROLL"] == 2
-    # M = 2..4: all tokens of a row tile in one CTA (TOK = M rounded up to the domain)
-    assert [first(g, f"{m}x2304x768")["TOK"] for m in (2, 3, 4)] == [2, 4, 4]
+    # M = 2..4: all tokens of a row tile in one CTA, exactly M of them (no clamped duplicate row)
+    assert [first(g, f"{m}x2304x768")["TOK"] for m in (2, 3, 4)] == [2, 3, 4]
+    assert all(k["TOK"] == 3 for k in g.heuristic(Shape.parse("3x1232x2400"), 90) if k["TOK"] != 1)
     # ... and with few rows (N <= 1024) and deep K, one row a CTA and 8 warps (enough CTAs for the SMs)
     for text in ("3x392x4816", "2x64x17856", "4x1000x2048"):
         k = first(g, text)
-        assert (k["ROWS"], k["WARPS"]) == (1, 8) and k["TOK"] >= Shape.parse(text).m, (text, k)
+        assert (k["ROWS"], k["WARPS"]) == (1, 8) and k["TOK"] == Shape.parse(text).m, (text, k)
     assert first(g, "3x2048x4816")["ROWS"] == 4  # wide N keeps the ROWS 4 rule
     # M = 2..4, K <= 512: the M = 1 rule's warps with every token in the CTA, ROWS x WARPS = 8 on wide N,
     # 4 elsewhere; the 4-warp pick next
@@ -176,7 +177,7 @@ def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> N
         chunks = -(-shape.k // 8)
         ks = g.heuristic(shape, 90)
         k = ks[0]
-        assert (k["WARPS"] - 1) * 32 < chunks <= k["WARPS"] * 32 and k["TOK"] >= shape.m, (text, k)
+        assert (k["WARPS"] - 1) * 32 < chunks <= k["WARPS"] * 32 and k["TOK"] == shape.m, (text, k)
         assert k["ROWS"] * k["WARPS"] == (8 if shape.n >= 6144 else 4) and k["UNROLL"] == 1, (text, k)
         assert any(x["WARPS"] == 4 and x["ROWS"] == 4 for x in ks[1:3]), (text, ks[:3])
     assert first(g, "4x14208x128")["ROWS"] == 8 and first(g, "4x14208x128")["WARPS"] == 1
@@ -269,6 +270,24 @@ def test_gemv_one_warp_picks_of_m_2_to_4_compile_without_spills(fams: dict[str, 
     jobs = _valid_jobs(g, ("4x14208x128", "3x2816x128", "2x8000x384", "4x6150x131", "3x704x197"),
                        lambda shape, arch: g.heuristic(shape, arch)[:2])
     assert len(jobs) >= 10 and any(k["ROWS"] == 8 and k["TOK"] == 4 for _, _, c in jobs for k in [c.knobs])
+    compile_and_check(jobs)
+
+
+def test_gemv_token_counts_off_the_powers_of_two_compile_without_spills(fams: dict[str, Template]) -> None:
+    """TOK takes every count 1-8 (a CTA holds exactly M tokens at M = 3, 5, 6, 7): the plain, ping-pong,
+    row-tile, one-warp, cluster and realigning loops at TOK 3, 5, 6 and 7 compile for sm_90a and (no
+    cluster) sm_80 without spills, and the template refuses no such count for its own sake."""
+    g = fams["gemv"]
+    assert set(range(1, 9)) <= set(g.space.knobs["TOK"].values)
+    loops = (dict(ROWS=4, WARPS=4, UNROLL=2), dict(ROWS=2, WARPS=8, UNROLL=2, PIPE=1), dict(ROWS=2, WARPS=4, UNROLL=1, TILES=2),
+             dict(ROWS=4, WARPS=1, UNROLL=1), dict(ROWS=1, WARPS=8, UNROLL=2, CLUSTER=2), dict(ROWS=4, WARPS=4, UNROLL=1, ISSUE=1))
+
+    def sets(shape: Shape, arch: str) -> list[dict]:
+        base = dict(g.space.defaults(), RAGGED=int(shape.k % 8 != 0))
+        return [dict(base, TOK=tok, **v) for tok in (3, 5, 6, 7) for v in loops
+                if not (v.get("ISSUE") and base["RAGGED"]) and not (v.get("TILES") and tok * v["ROWS"] > 8)]
+    jobs = _valid_jobs(g, ("7x2304x768", "3x1001x999"), sets)
+    assert {c.knobs["TOK"] for _, _, c in jobs} == {3, 5, 6, 7} and len(jobs) >= 30, len(jobs)
     compile_and_check(jobs)
 
 

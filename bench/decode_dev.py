@@ -129,6 +129,17 @@ def grid(name: str, shape: Shape) -> list[dict]:
     return out
 
 
+def peer_shapes(shape: Shape) -> list[dict]:
+    """gemv knob sets at the launch shapes the plain peer's CUDA-core kernel wins with on decode rows
+    (1 or 2 rows a CTA, 2, 4 or 8 warps) with every token in the CTA, UNROLL 1 and 2, the plain
+    loop (PIPE 0) and no cluster: where the pruned grid thins them away, the comparison of the two
+    kernels at one launch shape is lost. Empty past M = 8 (TOK's domain)."""
+    if shape.m > 8:
+        return []
+    return [dict(ROWS=rows, TOK=shape.m, WARPS=warps, UNROLL=unroll, PIPE=0, CLUSTER=1)
+            for rows in (1, 2) for warps in (2, 4, 8) for unroll in (1, 2)]
+
+
 def pow2(x: int) -> int:
     """The least power of two >= x."""
     return 1 << max(0, x - 1).bit_length()
@@ -182,6 +193,10 @@ def variants(shape: Shape, templates: dict[str, Any], per_template: int, seed: i
             picks += [(k, f"base{i}") for i, k in enumerate(baseline_picks(t, shape, baseline, n_picks))]
         full = [k for k in grid(name, shape) if not t.check(dict(t.space.defaults(), **k), shape, 90)] if use_grid else []
         full = thin(full, max_grid)
+        # gemv at the plain peer's own launch shapes (1 or 2 rows a CTA, 2-8 warps, all tokens, the plain
+        # loop, no cluster), never thinned away: kernel against kernel at one launch shape
+        if name == "gemv" and not picks_only:
+            picks += [(dict(t.space.defaults(), **k), "peershape") for k in peer_shapes(shape)]
         # each gemv pick holding a token count off the powers of two (TOK = M = 3) beside its
         # power-of-two twin (the count the picks held before TOK took every value): settles TOK = M
         picks += [(dict(k, TOK=pow2(k["TOK"])), "tokpow2") for k, o in list(picks)

@@ -78,3 +78,21 @@ def test_gemv_picks_of_three_tokens_are_timed_beside_their_power_of_two_twin() -
     assert {k["TOK"] for k in grid("gemv", Shape.parse("3x1232x2400"))} == {3}
     for text in ("2x1232x2400", "4x1232x2400"):
         assert not [o for n, _, o in variants(Shape.parse(text), templates, 8, 0, n_picks=3) if o == "tokpow2"]
+
+
+def test_gemv_is_timed_at_the_peers_launch_shapes() -> None:
+    """Beside the thinned grid, gemv runs at the plain peer's winning launch shapes (1-2 rows a CTA,
+    2-8 warps, all tokens, the plain loop, no cluster: origin peershape), each once, so the two
+    kernels meet at one launch shape; none under --picks-only."""
+    from decode_dev import variants
+    from populations import load_templates
+
+    templates = load_templates(errors="warn")
+    rows = variants(Shape.parse("3x1232x2400"), templates, 8, 0, n_picks=3)
+    shapes = [k for n, k, o in rows if n == "gemv" and "peershape" in o.split("+")]
+    assert len(shapes) == 12 and all(k["TOK"] == 3 and k["PIPE"] == 0 and k["CLUSTER"] == 1 for k in shapes)
+    assert {(k["ROWS"], k["WARPS"]) for k in shapes} == {(r, w) for r in (1, 2) for w in (2, 4, 8)}
+    keys = [tuple(sorted(k.items())) for n, k, _ in rows if n == "gemv"]
+    assert len(keys) == len(set(keys))
+    quick = variants(Shape.parse("3x1232x2400"), templates, 8, 0, picks_only=True, n_picks=3)
+    assert not [o for _, _, o in quick if "peershape" in o]

@@ -165,6 +165,11 @@ def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> N
     # M = 2..4: all tokens of a row tile in one CTA, exactly M of them (no clamped duplicate row)
     assert [first(g, f"{m}x2304x768")["TOK"] for m in (2, 3, 4)] == [2, 3, 4]
     assert all(k["TOK"] == 3 for k in g.heuristic(Shape.parse("3x1232x2400"), 90) if k["TOK"] != 1)
+    # ... K > 1024 on N > 1024: the plain peer's launch shape (2 rows, 4 warps, UNROLL 1) second
+    for text in ("3x1232x2400", "2x2160x11920", "4x4096x4096"):
+        ks = g.heuristic(Shape.parse(text), 90)
+        assert (ks[0]["ROWS"], ks[0]["UNROLL"]) == (4, 2), (text, ks[0])
+        assert (ks[1]["ROWS"], ks[1]["WARPS"], ks[1]["UNROLL"], ks[1]["TOK"]) == (2, 4, 1, Shape.parse(text).m), (text, ks[1])
     # ... and with few rows (N <= 1024) and deep K, one row a CTA and 8 warps (enough CTAs for the SMs)
     for text in ("3x392x4816", "2x64x17856", "4x1000x2048"):
         k = first(g, text)

@@ -193,14 +193,14 @@ def variants(shape: Shape, templates: dict[str, Any], per_template: int, seed: i
             picks += [(k, f"base{i}") for i, k in enumerate(baseline_picks(t, shape, baseline, n_picks))]
         full = [k for k in grid(name, shape) if not t.check(dict(t.space.defaults(), **k), shape, 90)] if use_grid else []
         full = thin(full, max_grid)
-        # gemv at the plain peer's own launch shapes (1 or 2 rows a CTA, 2-8 warps, all tokens, the plain
-        # loop, no cluster), never thinned away: kernel against kernel at one launch shape
-        if name == "gemv" and not picks_only:
-            picks += [(dict(t.space.defaults(), **k), "peershape") for k in peer_shapes(shape)]
-        # each gemv pick holding a token count off the powers of two (TOK = M = 3) beside its
-        # power-of-two twin (the count the picks held before TOK took every value): settles TOK = M
-        picks += [(dict(k, TOK=pow2(k["TOK"])), "tokpow2") for k, o in list(picks)
-                  if name == "gemv" and o.startswith("heur") and pow2(k["TOK"]) != k["TOK"]]
+        if name == "gemv":
+            # each pick holding a token count off the powers of two (TOK = M = 3) beside its
+            # power-of-two twin (the count the picks held before TOK took every value): settles TOK = M
+            picks += [(dict(k, TOK=pow2(k["TOK"])), "tokpow2") for k, o in picks
+                      if o.startswith("heur") and pow2(k["TOK"]) != k["TOK"]]
+            if not picks_only:  # the plain peer's own launch shapes (1 or 2 rows a CTA, 2-8 warps, all
+                # tokens, the plain loop, no cluster), never thinned away: kernel against kernel
+                picks += [(dict(t.space.defaults(), **k), "peershape") for k in peer_shapes(shape)]
         if picks_only:  # and each swab pick with the other K order (KMAP), to settle that knob
             picks += [(dict(k, KMAP=1 - k["KMAP"]), "kmap") for k, o in picks if name == "swab" and o.startswith("heur")]
         elif full:

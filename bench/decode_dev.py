@@ -81,9 +81,9 @@ def grid(name: str, shape: Shape) -> list[dict]:
     m, n, k = shape.m, shape.n, shape.k
     out = []
     if name == "gemv":
-        if m > 4:  # tokens past 4: swab's tensor cores
-            return []
-        tok = m  # every token in the CTA, none clamped (TOK takes any count 1-8)
+        # every token in the CTA, none clamped (TOK takes any count 1-8); past 8 tokens the fewest
+        # groups (9 = 5 + 4), as gemv's own picks at M 5..16 (where `applies` lets it in)
+        tok = cdiv(m, cdiv(m, 8))
         for rows in (1, 2, 4, 8):
             for warps in (2, 4, 8):
                 for unroll in (1, 2, 4):
@@ -133,10 +133,9 @@ def peer_shapes(shape: Shape) -> list[dict]:
     """gemv knob sets at the launch shapes the plain peer's CUDA-core kernel wins with on decode rows
     (1 or 2 rows a CTA, 2, 4 or 8 warps) with every token in the CTA, UNROLL 1 and 2, the plain
     loop (PIPE 0) and no cluster: where the pruned grid thins them away, the comparison of the two
-    kernels at one launch shape is lost. Empty past M = 8 (TOK's domain)."""
-    if shape.m > 8:
-        return []
-    return [dict(ROWS=rows, TOK=shape.m, WARPS=warps, UNROLL=unroll, PIPE=0, CLUSTER=1)
+    kernels at one launch shape is lost. Past M = 8 (TOK's domain) the tokens in the fewest groups."""
+    tok = cdiv(shape.m, cdiv(shape.m, 8))
+    return [dict(ROWS=rows, TOK=tok, WARPS=warps, UNROLL=unroll, PIPE=0, CLUSTER=1)
             for rows in (1, 2) for warps in (2, 4, 8) for unroll in (1, 2)]
 
 

@@ -44,6 +44,11 @@ def test_metadata_and_applies(fams: dict[str, Template]) -> None:
     assert g.layouts == s.layouts == ("TN",) and not g.applicable(Shape.parse("1x4096x4096:NN"), 90)
     assert g.applicable(Shape.parse("1x4096x4096"), 80) and g.applicable(Shape.parse("4x50257x768"), 90)
     assert not g.applicable(Shape.parse("8x4096x4096"), 90) and g.applicable(Shape.parse("8x576x576"), 90)
+    # M 5..16 on few rows (N <= 1024) and deep K (K > 1024): the plain peer's one-row launch, weights any size
+    assert g.applicable(Shape.parse("9x264x3080"), 90) and g.applicable(Shape.parse("16x1024x20000"), 90)
+    assert g.applicable(Shape.parse("7x432x4776"), 90)  # 2.1M weights: past the M 5..8 small-weight bound
+    for text in ("17x264x3080", "9x1025x3080", "16x1000x1024", "12x2000x2000"):
+        assert not g.applicable(Shape.parse(text), 90), text
     assert s.applicable(Shape.parse("8x4096x4096"), 90) and s.applicable(Shape.parse("16x128256x4096"), 80)
     assert s.applicable(Shape.parse("64x576x576"), 90) and not s.applicable(Shape.parse("64x4096x4096"), 90)
     assert not s.applicable(Shape.parse("1x4096x4096"), 90)  # one token: gemv's CUDA cores win
@@ -157,11 +162,12 @@ def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> N
         assert k["ROWS"] * k["WARPS"] == (8 if shape.n >= 6144 else 4) and k["TOK"] == 1, (text, k)
         if shape.n >= 6144:
             assert picks[1]["ROWS"] * picks[1]["WARPS"] == 4 and picks[1]["WARPS"] == k["WARPS"], (text, picks[1])
-    # M = 1, at most 512 rows and K >= 8192: one row a CTA, 8 warps, 4 chunks in flight a thread; 2 next
-    for text in ("1x144x14720", "1x304x12992", "1x512x8192"):
+    # M = 1, at most 512 rows and K > 4096 (more than UNROLL 2's one round trip of 256 threads): one row a
+    # CTA, 8 warps, 4 chunks in flight a thread; 2 next
+    for text in ("1x144x14720", "1x304x12992", "1x512x8192", "1x135x5288", "1x128x5632", "1x512x4104"):
         ks = g.heuristic(Shape.parse(text), 90)
         assert [(k["ROWS"], k["WARPS"], k["UNROLL"]) for k in ks[:2]] == [(1, 8, 4), (1, 8, 2)], (text, ks[:2])
-    assert first(g, "1x513x8192")["UNROLL"] == first(g, "1x512x8184")["UNROLL"] == 2
+    assert first(g, "1x513x8192")["UNROLL"] == first(g, "1x512x4096")["UNROLL"] == 2
     # M = 2..4: all tokens of a row tile in one CTA, exactly M of them (no clamped duplicate row)
     assert [first(g, f"{m}x2304x768")["TOK"] for m in (2, 3, 4)] == [2, 3, 4]
     assert all(k["TOK"] == 3 for k in g.heuristic(Shape.parse("3x1232x2400"), 90) if k["TOK"] != 1)
@@ -175,6 +181,11 @@ def test_first_picks_follow_the_measured_classes(fams: dict[str, Template]) -> N
         k = first(g, text)
         assert (k["ROWS"], k["WARPS"]) == (1, 8) and k["TOK"] == Shape.parse(text).m, (text, k)
     assert first(g, "3x2048x4816")["ROWS"] == 4  # wide N keeps the ROWS 4 rule
+    # ... and so at M = 5..16, the tokens in the fewest groups of at most 8 (9 = 5 + 4, 16 = 8 + 8)
+    for text, tok in (("5x160x1952", 5), ("7x432x4776", 7), ("9x264x3080", 5), ("10x128x2816", 5), ("16x1000x2000", 8),
+                      ("9x196x13569", 5)):
+        k = first(g, text)
+        assert (k["ROWS"], k["WARPS"], k["UNROLL"], k["TOK"]) == (1, 8, 2, tok), (text, k)
     # M = 2..4, K <= 512: the M = 1 rule's warps with every token in the CTA, ROWS x WARPS = 8 on wide N,
     # 4 elsewhere; the 4-warp pick next
     for text in ("4x14208x128", "3x2816x128", "3x704x192", "2x8000x384", "4x896x384", "2x635x205"):
@@ -293,6 +304,17 @@ def test_gemv_token_counts_off_the_powers_of_two_compile_without_spills(fams: di
                 if not (v.get("ISSUE") and base["RAGGED"]) and not (v.get("TILES") and tok * v["ROWS"] > 8)]
     jobs = _valid_jobs(g, ("7x2304x768", "3x1001x999"), sets)
     assert {c.knobs["TOK"] for _, _, c in jobs} == {3, 5, 6, 7} and len(jobs) >= 30, len(jobs)
+    compile_and_check(jobs)
+
+
+def test_gemv_picks_of_m_5_to_16_compile_without_spills(fams: dict[str, Template]) -> None:
+    """gemv's first three picks where `applies` now lets it in past M 8 (few rows, deep K: up to 8
+    tokens a CTA in two groups, UNROLL 2 at the register estimate's bound), aligned and realigning,
+    sm_90a and sm_80."""
+    g = fams["gemv"]
+    jobs = _valid_jobs(g, ("9x264x3080", "16x1000x2000", "7x432x4776", "13x777x9001", "9x196x13569"),
+                       lambda shape, arch: g.heuristic(shape, arch)[:3])
+    assert {c.knobs["TOK"] for _, _, c in jobs} >= {5, 7, 8} and any(c.knobs["RAGGED"] for _, _, c in jobs), jobs
     compile_and_check(jobs)
 
 

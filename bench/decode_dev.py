@@ -82,7 +82,7 @@ def grid(name: str, shape: Shape) -> list[dict]:
     out = []
     if name == "gemv":
         # every token in the CTA, none clamped (TOK takes any count 1-8); past 8 tokens the fewest
-        # groups (9 = 5 + 4), as gemv's own picks at M 5..16 (where `applies` lets it in)
+        # groups (9 = 5 + 4), as gemv's own picks at M 9..12 (where `applies` lets it in)
         tok = cdiv(m, cdiv(m, 8))
         for rows in (1, 2, 4, 8):
             for warps in (2, 4, 8):

@@ -94,7 +94,7 @@ def test_gemv_is_timed_at_the_peers_launch_shapes() -> None:
     assert {(k["ROWS"], k["WARPS"]) for k in shapes} == {(r, w) for r in (1, 2) for w in (2, 4, 8)}
     keys = [tuple(sorted(k.items())) for n, k, _ in rows if n == "gemv"]
     assert len(keys) == len(set(keys))
-    # past 8 tokens (gemv applies at M 5..16 on few rows and deep K) the tokens in the fewest groups
+    # past 8 tokens (gemv applies up to M 12 on few rows and deep K) the tokens in the fewest groups
     nine = variants(Shape.parse("9x264x3080"), templates, 8, 0, n_picks=3)
     shapes = [k for n, k, o in nine if n == "gemv" and "peershape" in o.split("+")]
     assert len(shapes) == 12 and all(k["TOK"] == 5 for k in shapes)

@@ -75,15 +75,19 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def gemv_tokens(m: int) -> int:
+    """Tokens a gemv CTA holds at M tokens: every one (TOK takes any count 1-8, none clamped), past 8
+    the fewest groups of at most 8 (9 = 5 + 4), as gemv's own picks at M 9..12."""
+    return cdiv(m, cdiv(m, 8))
+
+
 def grid(name: str, shape: Shape) -> list[dict]:
     """A pruned full grid over the knobs that matter at this shape: PIPE only where a thread runs
     more than one iteration, at most 4 iterations (more are serial round trips), >= 100 CTAs."""
     m, n, k = shape.m, shape.n, shape.k
     out = []
     if name == "gemv":
-        # every token in the CTA, none clamped (TOK takes any count 1-8); past 8 tokens the fewest
-        # groups (9 = 5 + 4), as gemv's own picks at M 9..12 (where `applies` lets it in)
-        tok = cdiv(m, cdiv(m, 8))
+        tok = gemv_tokens(m)
         for rows in (1, 2, 4, 8):
             for warps in (2, 4, 8):
                 for unroll in (1, 2, 4):
@@ -134,7 +138,7 @@ def peer_shapes(shape: Shape) -> list[dict]:
     (1 or 2 rows a CTA, 2, 4 or 8 warps) with every token in the CTA, UNROLL 1 and 2, the plain
     loop (PIPE 0) and no cluster: where the pruned grid thins them away, the comparison of the two
     kernels at one launch shape is lost. Past M = 8 (TOK's domain) the tokens in the fewest groups."""
-    tok = cdiv(shape.m, cdiv(shape.m, 8))
+    tok = gemv_tokens(shape.m)
     return [dict(ROWS=rows, TOK=tok, WARPS=warps, UNROLL=unroll, PIPE=0, CLUSTER=1)
             for rows in (1, 2) for warps in (2, 4, 8) for unroll in (1, 2)]
 
